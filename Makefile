@@ -1,0 +1,28 @@
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export RAY_AUTH_MODE ?= disabled
+
+.PHONY: run test install clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[llm,mujoco,viz,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## run: create .venv, install, run the main demo on CPU
+run: $(STAMP)
+	$(BIN)/m2flow demo
+
+## test: create .venv, install, run the test suite
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache
