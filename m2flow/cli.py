@@ -1,0 +1,220 @@
+"""The ``m2flow`` command: a small registry of subcommands, each parsing its own arguments.
+
+Subcommands plug in without editing this file: a module ``m2flow/<package>/commands.py`` (found
+on disk, imported when the parser is built) or a ``m2flow.commands`` entry point calls
+:func:`register_command`. Such modules must stay light to import: heavy imports (torch, ray) go
+inside the ``run`` function, so ``m2flow --help`` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from m2flow import __version__
+
+PLUGIN_MODULE = "commands"
+ENTRY_POINT_GROUP = "m2flow.commands"
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: ``configure_parser`` adds its arguments, ``run(args)`` returns the exit code."""
+
+    name: str
+    help: str
+    configure_parser: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+_COMMANDS: dict[str, Command] = {}
+
+
+def register_command(
+    name: str,
+    help: str,
+    configure_parser: Callable[[argparse.ArgumentParser], None],
+    run: Callable[[argparse.Namespace], int],
+) -> Command:
+    """Add subcommand ``name``; registering a name twice raises ValueError."""
+    if name in _COMMANDS:
+        raise ValueError(f"m2flow subcommand {name!r} is already registered")
+    command = Command(name, help, configure_parser, run)
+    _COMMANDS[name] = command
+    return command
+
+
+def unregister_command(name: str) -> None:
+    """Remove subcommand ``name`` (for tests); unknown names raise KeyError."""
+    del _COMMANDS[name]
+
+
+def registered_commands() -> list[str]:
+    """Names of the registered subcommands, sorted."""
+    return sorted(_COMMANDS)
+
+
+def _load_plugins() -> None:
+    """Import every ``m2flow/<package>/commands.py`` and ``m2flow.commands`` entry point once."""
+    if getattr(_load_plugins, "done", False):
+        return
+    _load_plugins.done = True  # type: ignore[attr-defined]
+    root = Path(__file__).resolve().parent
+    modules = sorted(
+        f"m2flow.{p.parent.name}.{PLUGIN_MODULE}" for p in root.glob(f"*/{PLUGIN_MODULE}.py")
+    )
+    loaders: list[tuple[str, Callable[[], object]]] = [
+        (m, lambda m=m: importlib.import_module(m)) for m in modules
+    ]
+    loaders += [(ep.value, ep.load) for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)]
+    for origin, load in loaders:
+        try:
+            loaded = load()
+            if callable(loaded):  # an entry point may name a register() function
+                loaded()
+        except Exception as error:  # noqa: BLE001 - one broken plug-in must not disable the CLI
+            print(f"warning: could not load m2flow commands from {origin}: {error}", file=sys.stderr)
+
+
+# ----------------------------------------------------------------------------- built-in commands
+
+
+def _add_overrides(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. cluster.num_cpus=4"
+    )
+
+
+def _run_version(args: argparse.Namespace) -> int:
+    print(f"m2flow {__version__}")
+    return 0
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    try:
+        demo = importlib.import_module("m2flow.runners.demo")
+    except ModuleNotFoundError as error:
+        if error.name not in ("m2flow.runners", "m2flow.runners.demo"):
+            raise
+        print("error: the demo is not available in this installation", file=sys.stderr)
+        return 1
+    return int(demo.run_demo(list(args.overrides)) or 0)
+
+
+def _configure_train(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", type=Path, help="YAML file with a top-level 'workflow:' key")
+    _add_overrides(parser)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from m2flow.config.workflows import load_workflow_config
+
+    spec, cfg = load_workflow_config(args.config, args.overrides)
+    logging.getLogger("m2flow").info("running workflow %r from %s", spec.name, args.config)
+    return int(spec.run(cfg) or 0)
+
+
+def _configure_config(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="config_command", metavar="{show,docs}", required=True)
+    show = sub.add_parser("show", help="print the resolved config (defaults, overrides, interpolations)")
+    show.add_argument("config", type=Path, help="YAML file with a top-level 'workflow:' key")
+    _add_overrides(show)
+    docs = sub.add_parser("docs", help="list every field of a workflow's config with type, default, doc")
+    docs.add_argument("workflow", nargs="?", help="workflow name (omit to list the workflows)")
+
+
+def _run_config(args: argparse.Namespace) -> int:
+    from m2flow.config import (
+        available_workflows,
+        describe,
+        get_workflow,
+        load_workflow_config,
+        to_dict,
+        to_yaml,
+    )
+    from m2flow.config.schema import MISSING
+    from m2flow.config.yaml_io import dump_inline
+
+    if args.config_command == "show":
+        spec, cfg = load_workflow_config(args.config, args.overrides)
+        sys.stdout.write(to_yaml(cfg, workflow=spec.name))
+        return 0
+    if args.workflow is None:
+        for name in available_workflows():
+            print(f"{name:<16} {get_workflow(name).help}")
+        return 0
+    spec = get_workflow(args.workflow)
+    print(f"# workflow {spec.name}: {spec.schema.__module__}.{spec.schema.__qualname__}")
+    for info in describe(spec.schema):
+        if info.section:
+            print(f"\n{info.key}: {info.type}\n    {info.doc}")
+            continue
+        default = "(required)" if info.default is MISSING else dump_inline(to_dict(info.default))
+        print(f"{info.key}: {info.type} = {default}")
+        if info.doc:
+            print(f"    {info.doc}")
+    return 0
+
+
+register_command("version", "print the m2flow version", lambda parser: None, _run_version)
+register_command("demo", "run the CPU demo (a tiny end-to-end training run)", _add_overrides, _run_demo)
+register_command("train", "run the workflow a YAML config names", _configure_train, _run_train)
+register_command(
+    "config", "show a resolved config or document a workflow's fields", _configure_config, _run_config
+)
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every registered subcommand."""
+    _load_plugins()
+    parser = argparse.ArgumentParser(
+        prog="m2flow",
+        description="Flexible and efficient RL training via macro-to-micro flow transformation.",
+    )
+    parser.add_argument("--version", action="version", version=f"m2flow {__version__}")
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="logging level (default: INFO)",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in registered_commands():
+        command = _COMMANDS[name]
+        command.configure_parser(sub.add_parser(name, help=command.help, description=command.help))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``m2flow`` with ``argv`` (default: sys.argv[1:]); returns the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help, --version and usage errors; keep main() returning
+        return int(exit_.code or 0) if not isinstance(exit_.code, str) else 2
+    if args.command is None:
+        parser.print_help()
+        return 2
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    # Imported here, not at the top, so the parser is built without loading the config stack.
+    from m2flow.config.errors import ConfigError
+
+    try:
+        return _COMMANDS[args.command].run(args)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
