@@ -1,0 +1,24 @@
+"""Generation backends: `HFGenerationBackend` (CPU or GPU, HF generate) and `VLLMGenerationBackend` (CUDA, lazy)."""
+
+from m2flow.backends.generation.base import (
+    GenerationBackend,
+    Response,
+    ResponseGroup,
+    SamplingParams,
+    create_generation_backend,
+    register_generation_backend,
+)
+from m2flow.backends.generation.hf import HFGenerationBackend
+from m2flow.backends.generation.vllm import VLLMGenerationBackend, vllm_available
+
+__all__ = [
+    "GenerationBackend",
+    "HFGenerationBackend",
+    "Response",
+    "ResponseGroup",
+    "SamplingParams",
+    "VLLMGenerationBackend",
+    "create_generation_backend",
+    "register_generation_backend",
+    "vllm_available",
+]

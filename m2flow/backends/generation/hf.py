@@ -1,0 +1,234 @@
+"""Generation with Hugging Face `generate`: batched, left-padded, KV cache, stop strings, per-token log-probs.
+
+Log-probs: each sampled token's log-prob is taken from `log_softmax(logits / temperature)` of the raw
+model logits, i.e. the policy at the sampling temperature *before* top-k / top-p truncation (for
+greedy decoding, temperature 0, the temperature-1 policy). That is exactly what
+`m2flow.models.causal_lm.response_logprobs(..., temperature=T)` recomputes for the same tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel, StoppingCriteria, StoppingCriteriaList
+
+from m2flow.backends.generation.base import SamplingParams, register_generation_backend
+from m2flow.data.batch import FinishReason, Response, ResponseGroup, left_pad
+
+logger = logging.getLogger(__name__)
+
+
+class _LogprobRecorder(LogitsProcessor):
+    """Sees the raw logits of each step first and keeps the log-prob of the token sampled from them."""
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature if temperature > 0 else 1.0
+        self._last: torch.Tensor | None = None  # (B, V) log-probs of the latest step
+        self.picked: list[torch.Tensor] = []  # one (B,) tensor per generated token
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        # The token sampled from the previous step's distribution is now the last input id.
+        self._gather(input_ids[:, -1])
+        self._last = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def _gather(self, tokens: torch.Tensor) -> None:
+        if self._last is not None:
+            self.picked.append(self._last.gather(-1, tokens[:, None]).squeeze(-1))
+            self._last = None
+
+    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
+        """(B, T) log-probs of all generated tokens, once generation has returned `sequences`."""
+        self._gather(sequences[:, -1])
+        return torch.stack(self.picked, dim=1)
+
+
+class _StopStrings(StoppingCriteria):
+    """Ends a row when its generated text contains a stop string; records how many tokens that took."""
+
+    def __init__(self, tokenizer: Any, stops: Sequence[str], prompt_len: int, batch: int) -> None:
+        self.tokenizer = tokenizer
+        self.stops = tuple(stops)
+        self.prompt_len = prompt_len
+        # A stop string of c characters is completed within the last c tokens, unless tokens decode to
+        # less than a character (byte pieces of one UTF-8 character: at most 4 per character).
+        self.tail = 4 * max(len(s) for s in stops) + 4
+        self.stopped_at = [0] * batch  # generated-token count when the stop string completed; 0 = not yet
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+        generated = input_ids[:, self.prompt_len :]
+        texts = self.tokenizer.batch_decode(generated[:, -self.tail :], skip_special_tokens=True)
+        done = torch.zeros(len(texts), dtype=torch.bool, device=input_ids.device)
+        for row, text in enumerate(texts):
+            if self.stopped_at[row]:
+                done[row] = True
+            elif any(s in text for s in self.stops):
+                self.stopped_at[row] = generated.shape[1]
+                done[row] = True
+        return done
+
+
+def _chunk_seed(seed: int, chunk: int) -> int:
+    """A distinct, reproducible seed for each chunk of one call."""
+    return int(np.random.SeedSequence([seed, chunk]).generate_state(1)[0])
+
+
+@register_generation_backend("hf")
+class HFGenerationBackend:
+    """A `GenerationBackend` over a Hugging Face causal LM held in this process."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: Any,
+        device: str | torch.device = "cpu",
+        prompts_per_chunk: int | None = None,
+    ) -> None:
+        self.model = model.to(device).eval()
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.prompts_per_chunk = prompts_per_chunk
+        """Default number of prompts per `generate` call in `generate_iter` (None: all at once)."""
+        self.offloaded = False
+        eos = model.generation_config.eos_token_id
+        eos_ids = set(eos if isinstance(eos, list) else ([] if eos is None else [eos]))
+        if tokenizer.eos_token_id is not None:
+            eos_ids.add(tokenizer.eos_token_id)
+        if not eos_ids:
+            raise ValueError("the tokenizer or generation config must define an end-of-sequence token")
+        self.eos_ids = sorted(eos_ids)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        prompts_per_chunk: int | None = None,
+    ) -> HFGenerationBackend:
+        """Load model and tokenizer from one local directory."""
+        from m2flow.models.causal_lm import load_model_and_tokenizer
+
+        model, tokenizer = load_model_and_tokenizer(path, dtype=dtype, device=device)
+        return cls(model, tokenizer, device=device, prompts_per_chunk=prompts_per_chunk)
+
+    # ---- generation -------------------------------------------------------------------------
+
+    def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> list[ResponseGroup]:
+        """One group of `params.n` responses per prompt, in prompt order (one batched call)."""
+        return list(self.generate_iter(prompt_ids, params, prompts_per_chunk=len(prompt_ids) or 1))
+
+    def generate_iter(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        params: SamplingParams,
+        prompts_per_chunk: int | None = None,
+    ) -> Iterator[ResponseGroup]:
+        """Generate chunk by chunk, yielding each chunk's groups (in prompt order) as soon as it is done.
+
+        Chunk k is sampled with a seed derived from (params.seed, k), so results depend on the seed
+        and on the chunk size, and on nothing else.
+        """
+        if self.offloaded:
+            raise RuntimeError("generation backend is offloaded; call onload() first")
+        if any(len(p) == 0 for p in prompt_ids):
+            raise ValueError("every prompt needs at least one token")
+        size = prompts_per_chunk or self.prompts_per_chunk or len(prompt_ids) or 1
+        for k, start in enumerate(range(0, len(prompt_ids), size)):
+            chunk = prompt_ids[start : start + size]
+            seed = None if params.seed is None else _chunk_seed(params.seed, k)
+            yield from self._generate_chunk(chunk, params, start, seed)
+
+    @torch.no_grad()
+    def _generate_chunk(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, first_index: int, seed: int | None
+    ) -> list[ResponseGroup]:
+        n = params.n
+        ids, mask = left_pad(prompts, self.pad_id)
+        # Rows are prompt-major: row p * n + j is response j of prompt p.
+        ids = ids.repeat_interleave(n, dim=0).to(self.device)
+        mask = mask.repeat_interleave(n, dim=0).to(self.device)
+        prompt_len = ids.shape[1]
+        recorder = _LogprobRecorder(params.temperature)
+        criteria = StoppingCriteriaList()
+        stopper = None
+        if params.stop:
+            stopper = _StopStrings(self.tokenizer, params.stop, prompt_len, ids.shape[0])
+            criteria.append(stopper)
+        greedy = params.temperature == 0
+        kwargs: dict[str, Any] = dict(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=params.max_new_tokens,
+            do_sample=not greedy,
+            pad_token_id=self.pad_id,
+            eos_token_id=self.eos_ids,
+            logits_processor=LogitsProcessorList([recorder]),
+            stopping_criteria=criteria,
+            use_cache=True,
+        )
+        if not greedy:
+            kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
+        else:
+            kwargs.update(temperature=None, top_p=None, top_k=None)
+        with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
+            if seed is not None:
+                torch.manual_seed(seed)
+            sequences = self.model.generate(**kwargs)
+        generated = sequences[:, prompt_len:].cpu()
+        logprobs = recorder.finish(sequences).cpu()
+        groups: list[ResponseGroup] = []
+        for p, prompt in enumerate(prompts):
+            responses = []
+            for row in range(p * n, (p + 1) * n):
+                stop_len = stopper.stopped_at[row] if stopper is not None else 0
+                responses.append(self._cut(generated[row], logprobs[row], stop_len, params.stop))
+            groups.append(ResponseGroup(prompt_index=first_index + p, prompt_ids=list(prompt), responses=responses))
+        return groups
+
+    def _cut(self, tokens: torch.Tensor, logprobs: torch.Tensor, stop_len: int, stops: Sequence[str]) -> Response:
+        """Cut one row after its end-of-sequence token or the token completing a stop string."""
+        end, reason = len(tokens), "length"
+        eos_hits = torch.isin(tokens, torch.tensor(self.eos_ids)).nonzero()
+        if len(eos_hits):
+            end, reason = int(eos_hits[0]) + 1, "stop"
+        if stop_len and stop_len <= end:
+            end, reason = stop_len, "stop"
+        finish: FinishReason = reason  # type: ignore[assignment]
+        kept = tokens[:end].tolist()
+        text = self.tokenizer.decode(kept, skip_special_tokens=True)
+        cuts = [text.find(s) for s in stops if s in text]
+        if cuts:
+            text = text[: min(cuts)]
+        return Response(token_ids=kept, logprobs=logprobs[:end].tolist(), finish_reason=finish, text=text)
+
+    # ---- weights and memory -----------------------------------------------------------------
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Copy the given parameters in place by name; unknown names raise, missing ones are kept."""
+        own = self.model.state_dict()
+        unknown = [k for k in state_dict if k not in own]
+        if unknown:
+            raise KeyError(f"unknown parameter name(s) for this model: {unknown[:5]}")
+        with torch.no_grad():
+            for name, value in state_dict.items():
+                own[name].copy_(value)
+
+    def offload(self) -> None:
+        """Move the weights to host memory (a no-op for a CPU model beyond marking it unavailable)."""
+        if self.device.type != "cpu":
+            self.model.to("cpu")
+            torch.cuda.empty_cache()
+        self.offloaded = True
+
+    def onload(self) -> None:
+        """Move the weights back to the generation device."""
+        if self.device.type != "cpu":
+            self.model.to(self.device)
+        self.offloaded = False

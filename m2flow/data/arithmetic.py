@@ -1,0 +1,111 @@
+"""A synthetic arithmetic task ("12+7=" -> "19") for offline demos and tests.
+
+Each problem belongs to the train or held-out split by a fixed hash of its text, so the two splits
+never share a problem, whatever the seed or the number of samples drawn.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+ARITHMETIC_ALPHABET = "0123456789+-*= "
+"""Every character a prompt or answer of this task can contain."""
+
+Split = Literal["train", "test"]
+_OPERATORS = ("+", "-", "*")
+_HASH_BUCKETS = 10_000
+_ENUMERATE_LIMIT = 200_000  # below this many problems, enumerate instead of rejection sampling
+
+
+@dataclass(frozen=True)
+class ArithmeticTask:
+    """Problems `a<op>b=` with operands of up to `digits` digits; the answer is the exact result."""
+
+    digits: int = 2
+    """Largest number of digits of each operand (operands are 0 .. 10**digits - 1)."""
+    operators: tuple[str, ...] = ("+", "-")
+    """Operators to draw from; any of '+', '-', '*'."""
+    heldout_fraction: float = 0.1
+    """Share of all problems that belongs to the held-out ('test') split."""
+    allow_negative: bool = False
+    """If False, subtraction puts the larger operand first so results are never negative."""
+
+    def __post_init__(self) -> None:
+        if self.digits < 1:
+            raise ValueError(f"digits must be >= 1, got {self.digits}")
+        if not self.operators:
+            raise ValueError("operators must not be empty")
+        bad = [op for op in self.operators if op not in _OPERATORS]
+        if bad:
+            raise ValueError(f"unknown operator(s) {bad}; valid: {list(_OPERATORS)}")
+        if not 0.0 < self.heldout_fraction < 1.0:
+            raise ValueError(f"heldout_fraction must be in (0, 1), got {self.heldout_fraction}")
+
+    @staticmethod
+    def prompt(a: int, op: str, b: int) -> str:
+        """The prompt text, e.g. '12+7='."""
+        return f"{a}{op}{b}="
+
+    @staticmethod
+    def solve(a: int, op: str, b: int) -> str:
+        """The answer text, e.g. '19'."""
+        if op == "+":
+            return str(a + b)
+        if op == "-":
+            return str(a - b)
+        return str(a * b)
+
+    def split_of(self, a: int, op: str, b: int) -> Split:
+        """Which split a problem belongs to, fixed by a hash of its prompt text."""
+        bucket = zlib.crc32(self.prompt(a, op, b).encode()) % _HASH_BUCKETS
+        return "test" if bucket < self.heldout_fraction * _HASH_BUCKETS else "train"
+
+    def _canonical(self, a: int, op: str, b: int) -> tuple[int, str, int]:
+        if op == "-" and not self.allow_negative and a < b:
+            return b, op, a
+        return a, op, b
+
+    def _all_problems(self) -> Iterator[tuple[int, str, int]]:
+        top = 10**self.digits
+        for op in self.operators:
+            for a in range(top):
+                for b in range(top):
+                    if (a, op, b) == self._canonical(a, op, b):
+                        yield a, op, b
+
+    @property
+    def space_size(self) -> int:
+        """Upper bound on the number of distinct problems (before the split)."""
+        return (10**self.digits) ** 2 * len(self.operators)
+
+    def sample(self, split: Split, count: int, seed: int = 0, unique: bool = True) -> list[dict[str, str]]:
+        """`count` problems of one split as `{"prompt", "answer"}` dicts, drawn with `seed`.
+
+        With `unique=True` no problem repeats; asking for more than the split holds is an error.
+        """
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        rng = np.random.default_rng(seed)
+        if self.space_size <= _ENUMERATE_LIMIT:
+            pool = [p for p in self._all_problems() if self.split_of(*p) == split]
+            if unique and count > len(pool):
+                raise ValueError(f"the {split} split has only {len(pool)} distinct problems, asked for {count}")
+            picks = rng.choice(len(pool), size=count, replace=not unique)
+            chosen = [pool[int(i)] for i in picks]
+        else:
+            chosen, seen = [], set()
+            top = 10**self.digits
+            while len(chosen) < count:
+                a, b = (int(x) for x in rng.integers(0, top, size=2))
+                op = self.operators[int(rng.integers(len(self.operators)))]
+                problem = self._canonical(a, op, b)
+                if self.split_of(*problem) != split or (unique and problem in seen):
+                    continue
+                seen.add(problem)
+                chosen.append(problem)
+        return [{"prompt": self.prompt(*p), "answer": self.solve(*p)} for p in chosen]

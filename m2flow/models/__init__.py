@@ -1,0 +1,42 @@
+"""Policy models: Hugging Face causal LMs (with value heads, tokenizers, tiny test models) and embodied policies.
+
+Language-model helpers import `transformers`, an optional dependency, so they are loaded on first
+use: `from m2flow.models import response_logprobs` works, while embodied code that never touches
+them does not pay for (or need) that import.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "CausalLMWithValueHead": "m2flow.models.causal_lm",
+    "entropy_from_logits": "m2flow.models.causal_lm",
+    "load_causal_lm": "m2flow.models.causal_lm",
+    "load_model_and_tokenizer": "m2flow.models.causal_lm",
+    "logprobs_from_logits": "m2flow.models.causal_lm",
+    "position_ids_from_mask": "m2flow.models.causal_lm",
+    "response_logprobs": "m2flow.models.causal_lm",
+    "sft_steps": "m2flow.models.sft",
+    "TinyModelConfig": "m2flow.models.tiny",
+    "build_tiny_model": "m2flow.models.tiny",
+    "make_tiny_checkpoint": "m2flow.models.tiny",
+    "save_checkpoint": "m2flow.models.tiny",
+    "load_tokenizer": "m2flow.models.tokenizer",
+    "save_tokenizer": "m2flow.models.tokenizer",
+    "train_bpe_tokenizer": "m2flow.models.tokenizer",
+    "train_char_tokenizer": "m2flow.models.tokenizer",
+    "train_tokenizer": "m2flow.models.tokenizer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'm2flow.models' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_LAZY))
