@@ -1,0 +1,178 @@
+"""Start or attach to Ray, and describe the nodes and devices placement works with.
+
+On machines with CUDA GPUs the devices are the GPUs. On CPU-only nodes each node offers a configurable
+number of CPU "device slots", so the same placement strings work identically everywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from m2flow.runtime.placement import NodeLayout, PlacementError, PlacementPlan, parse_placement
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ClusterConfig:
+    """Where the workers run."""
+
+    address: str | None = field(
+        default=None,
+        metadata={"doc": "Ray address to attach to (e.g. 'auto' or 'ip:6379'); None starts a local Ray"},
+    )
+    namespace: str = field(default="m2flow", metadata={"doc": "Ray namespace for named worker groups"})
+    cpu_devices_per_node: int = field(
+        default=8, metadata={"doc": "device slots per node when a node has no CUDA GPU"}
+    )
+    num_cpus: int | None = field(
+        default=None, metadata={"doc": "CPUs a locally started Ray may use (None: all of them)"}
+    )
+    include_dashboard: bool = field(
+        default=False, metadata={"doc": "start Ray's dashboard with a locally started Ray"}
+    )
+    node_groups: dict[str, list[int]] = field(
+        default_factory=dict,
+        metadata={"doc": "named sets of node ranks, used as 'component: 0-3@group' in placements"},
+    )
+
+    def validate(self) -> None:
+        if self.cpu_devices_per_node < 1:
+            raise ValueError(f"cpu_devices_per_node must be >= 1, got {self.cpu_devices_per_node}")
+        if self.num_cpus is not None and self.num_cpus < 1:
+            raise ValueError(f"num_cpus must be >= 1 or None, got {self.num_cpus}")
+        for name, nodes in self.node_groups.items():
+            if not nodes:
+                raise ValueError(f"node group {name!r} is empty")
+            if len(set(nodes)) != len(nodes) or min(nodes) < 0:
+                raise ValueError(f"node group {name!r} must list distinct node ranks >= 0, got {nodes}")
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node of the cluster, as placement sees it."""
+
+    node_rank: int
+    node_id: str
+    ip: str
+    num_cpus: int
+    num_gpus: int
+    device_type: str  # "cuda" or "cpu"
+    num_devices: int
+
+
+def _prefer_loopback() -> None:
+    """Make a locally started Ray bind its node to 127.0.0.1.
+
+    On Linux Ray replaces a loopback ``_node_ip_address`` with the machine's routable address unless
+    its cluster mode is off; a single-machine engine should not listen on the network.
+    """
+    try:
+        from ray._private import ray_constants
+    except ImportError:  # layout changed: fall back to Ray's default address
+        log.warning("cannot bind the local Ray to 127.0.0.1 with this Ray version")
+        return
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def _local_init_kwargs(cfg: ClusterConfig) -> dict[str, Any]:
+    # Bound to loopback and without the dashboard: a local Ray is a private engine, not a service.
+    kwargs: dict[str, Any] = {
+        "address": "local",
+        "_node_ip_address": "127.0.0.1",
+        "include_dashboard": cfg.include_dashboard,
+        "namespace": cfg.namespace,
+        "log_to_driver": True,
+        "configure_logging": False,
+    }
+    if cfg.num_cpus is not None:
+        kwargs["num_cpus"] = cfg.num_cpus
+    return kwargs
+
+
+class Cluster:
+    """A handle on the Ray cluster: start or attach, list nodes and devices, resolve placements."""
+
+    def __init__(self, config: ClusterConfig | None = None) -> None:
+        self.config = config or ClusterConfig()
+        self.config.validate()
+        # Ray's token auth writes a file under ~/.ray unless disabled; a local engine needs no auth.
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        self._started_ray = False
+        if not ray.is_initialized():
+            if self.config.address:
+                log.info("attaching to Ray at %s", self.config.address)
+                ray.init(address=self.config.address, namespace=self.config.namespace,
+                         log_to_driver=True, configure_logging=False)
+            else:
+                log.info("starting a local Ray (dashboard %s)",
+                         "on" if self.config.include_dashboard else "off")
+                _prefer_loopback()
+                ray.init(**_local_init_kwargs(self.config))
+                self._started_ray = True
+        self.cluster_id = uuid.uuid4().hex[:12]
+        self.nodes = self._discover_nodes()
+        for name, ranks in self.config.node_groups.items():
+            bad = [r for r in ranks if r >= len(self.nodes)]
+            if bad:
+                raise PlacementError(
+                    f"node group {name!r} names node(s) {bad}, but the cluster has {len(self.nodes)} node(s)"
+                )
+
+    def _discover_nodes(self) -> list[NodeInfo]:
+        alive = [n for n in ray.nodes() if n.get("Alive")]
+        head_ip = ray.util.get_node_ip_address()
+        # Stable node ranks: the node this driver runs on first, then by IP and id.
+        alive.sort(key=lambda n: (n["NodeManagerAddress"] != head_ip, n["NodeManagerAddress"], n["NodeID"]))
+        nodes = []
+        for rank, n in enumerate(alive):
+            res = n.get("Resources", {})
+            gpus = int(res.get("GPU", 0))
+            nodes.append(
+                NodeInfo(
+                    node_rank=rank,
+                    node_id=n["NodeID"],
+                    ip=n["NodeManagerAddress"],
+                    num_cpus=int(res.get("CPU", 0)),
+                    num_gpus=gpus,
+                    device_type="cuda" if gpus else "cpu",
+                    num_devices=gpus if gpus else self.config.cpu_devices_per_node,
+                )
+            )
+        return nodes
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def num_devices(self) -> int:
+        return sum(n.num_devices for n in self.nodes)
+
+    @property
+    def layout(self) -> NodeLayout:
+        groups = {k: tuple(v) for k, v in self.config.node_groups.items()}
+        return NodeLayout(tuple(n.num_devices for n in self.nodes), groups)
+
+    def placement(
+        self, spec: str | Mapping[str, str], components: Sequence[str] | None = None
+    ) -> PlacementPlan:
+        """Resolve a placement string against this cluster's nodes and devices."""
+        return parse_placement(spec, self.layout, components)
+
+    def shutdown(self) -> None:
+        """Stop Ray if this handle started it."""
+        if self._started_ray and ray.is_initialized():
+            ray.shutdown()
+            self._started_ray = False
+
+    def __repr__(self) -> str:
+        kinds = ", ".join(f"node{n.node_rank}:{n.num_devices}x{n.device_type}" for n in self.nodes)
+        return f"Cluster({kinds})"

@@ -1,0 +1,46 @@
+"""Exceptions that carry where a failure happened: group, rank, node, and the worker's traceback."""
+
+from __future__ import annotations
+
+
+class WorkerError(RuntimeError):
+    """A worker method raised; carries the group, rank, node and the worker's own traceback."""
+
+    def __init__(
+        self,
+        group: str,
+        rank: int,
+        node: str,
+        message: str,
+        remote_traceback: str = "",
+        exc_type: str = "",
+    ) -> None:
+        self.group = group
+        self.rank = rank
+        self.node = node
+        self.message = message
+        self.remote_traceback = remote_traceback
+        self.exc_type = exc_type
+        super().__init__(self._render())
+
+    def _what(self) -> str:
+        return f"raised {self.exc_type}: {self.message}" if self.exc_type else self.message
+
+    def _render(self) -> str:
+        head = f"worker {self.group}[rank {self.rank}] on node {self.node} {self._what()}"
+        if self.remote_traceback:
+            return f"{head}\n--- traceback in the worker ---\n{self.remote_traceback.rstrip()}"
+        return head
+
+    def __reduce__(self):  # keep the fields when the error crosses processes
+        return (
+            type(self),
+            (self.group, self.rank, self.node, self.message, self.remote_traceback, self.exc_type),
+        )
+
+
+class WorkerDiedError(WorkerError):
+    """A worker process died (killed, out of memory, crashed) while the caller waited on it."""
+
+    def _what(self) -> str:
+        return f"died: {self.message}"

@@ -1,0 +1,34 @@
+"""Shared fixtures: one local Ray session for the whole test run (start-up costs seconds)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    if _cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def cluster():
+    """The shared local Ray cluster (see ``tests/ray_session.py``)."""
+    from tests.ray_session import shared_cluster
+
+    return shared_cluster()
