@@ -47,19 +47,16 @@ def to_dict(cfg: Any) -> Any:
 
 def validate_tree(cfg: Any, *, path: str = "") -> None:
     """Run ``validate()`` on every dataclass in ``cfg``, innermost first; failures raise ConfigError."""
-    if not (dataclasses.is_dataclass(cfg) and not isinstance(cfg, type)):
-        return
-    for f in schema_fields(type(cfg)):
-        value = getattr(cfg, f.name)
-        items = value.items() if isinstance(value, Mapping) else None
-        if items is None and isinstance(value, (list, tuple)):
-            items = enumerate(value)
-        if items is not None:
-            for k, v in items:
-                validate_tree(v, path=join_key(join_key(path, f.name), k))
-        else:
-            validate_tree(value, path=join_key(path, f.name))
-    _run_validate(cfg, path)
+    if isinstance(cfg, Mapping):
+        for key, value in cfg.items():
+            validate_tree(value, path=join_key(path, str(key)))
+    elif isinstance(cfg, (list, tuple)):
+        for index, value in enumerate(cfg):
+            validate_tree(value, path=join_key(path, index))
+    elif dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        for f in schema_fields(type(cfg)):
+            validate_tree(getattr(cfg, f.name), path=join_key(path, f.name))
+        _run_validate(cfg, path)
 
 
 def _run_validate(cfg: Any, path: str) -> None:
@@ -233,11 +230,19 @@ def _convert_schema(schema: type, value: Any, path: str) -> Any:
         if f.name in value:
             kwargs[f.name] = _convert(types_[f.name], value[f.name], key)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            if is_schema(types_[f.name]):
+                # A section without a default: build it from nothing, so the error (if any)
+                # names the innermost field that is really missing.
+                kwargs[f.name] = _convert(types_[f.name], {}, key)
+                continue
             raise ConfigError(key, f"missing required field ({type_name(types_[f.name])})")
     try:
         cfg = schema(**kwargs)
     except (ValueError, TypeError) as error:  # a check in __post_init__
         raise _prefixed(schema, path, error) from None
+    for f in schema_fields(schema):
+        if f.name not in kwargs:  # defaulted sections are validated like given ones
+            validate_tree(getattr(cfg, f.name), path=join_key(path, f.name))
     _run_validate(cfg, path)
     return cfg
 
