@@ -1,0 +1,28 @@
+"""Simulator adapters: a worker's vector of gymnasium envs in pipeline groups, with normalisation.
+
+- ``config.py``     EnvConfig: env id, backend, envs per rank, pipeline groups, normalisation
+- ``factory.py``    building one env by backend name ('gymnasium', 'maniskill')
+- ``vector.py``     EnvGroup (raw stepping, same-step autoreset, episode stats) and VecEnv
+- ``normalize.py``  RunningMeanStd, ObsNormalizer, RewardScaler (checkpointable, freezable)
+- ``types.py``      StepResult, the per-step message
+- ``maniskill.py``  optional ManiSkill 3 adapter (imported lazily)
+"""
+
+from m2flow.envs.config import EnvConfig
+from m2flow.envs.factory import available_env_backends, make_env, register_env_backend
+from m2flow.envs.normalize import ObsNormalizer, RewardScaler, RunningMeanStd
+from m2flow.envs.types import StepResult
+from m2flow.envs.vector import EnvGroup, VecEnv
+
+__all__ = [
+    "EnvConfig",
+    "EnvGroup",
+    "ObsNormalizer",
+    "RewardScaler",
+    "RunningMeanStd",
+    "StepResult",
+    "VecEnv",
+    "available_env_backends",
+    "make_env",
+    "register_env_backend",
+]
