@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import enum
 import math
+import re
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -69,17 +70,24 @@ def _run_validate(cfg: Any, path: str) -> None:
         raise _prefixed(type(cfg), path, error) from None
 
 
+# "num_cpus: must be >= 1", "num_cpus must be >= 1", "stages[0].envs: too many"
+_LEADING_KEY = re.compile(r"([A-Za-z_]\w*)((?:\.\w+|\[\d+\])*)(?::\s*|\s+)(.+)", re.DOTALL)
+
+
 def _prefixed(schema: type, path: str, error: Exception) -> ConfigError:
-    """Re-raise a validate()/__post_init__ failure under the dotted path of the config that raised it."""
+    """A validate()/__post_init__ failure as a ConfigError under the dotted path of its config.
+
+    A message that starts with one of the config's field names is attributed to that field:
+    ``num_cpus must be >= 1`` raised by the ``cluster`` section becomes ``cluster.num_cpus: must be >= 1``.
+    """
     if isinstance(error, ConfigError):
         key, reason = error.key, error.reason
     else:
         message = str(error)
-        head, sep, rest = message.partition(":")
+        match = _LEADING_KEY.fullmatch(message)
         names = {f.name for f in dataclasses.fields(schema)}
-        # "placement: ..." from ClusterConfig.validate() becomes "cluster.placement: ...".
-        if sep and head.split(".")[0].split("[")[0] in names:
-            key, reason = head.strip(), rest.strip()
+        if match and match.group(1) in names:
+            key, reason = match.group(1) + match.group(2), match.group(3)
         else:
             key, reason = "", message
     if not path:

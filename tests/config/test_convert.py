@@ -131,6 +131,22 @@ def test_nested_validate_is_prefixed_with_the_dotted_path():
     assert message == "cluster.num_cpus: must be >= 1, got 0"
 
 
+def test_validate_message_starting_with_a_field_name_without_colon():
+    @dataclass
+    class Section:
+        num_cpus: int = option(1, "cpus")
+
+        def validate(self) -> None:
+            if self.num_cpus < 1:
+                raise ValueError(f"num_cpus must be >= 1, got {self.num_cpus}")
+
+    @dataclass
+    class Top:
+        cluster: Section = option(Section(), "cluster")
+
+    assert error_of({"cluster": {"num_cpus": 0}}, Top) == "cluster.num_cpus: must be >= 1, got 0"
+
+
 def test_validate_message_without_a_field_name_gets_the_section_path():
     message = error_of({**MINIMAL, "cluster": {"placement": "bad"}})
     assert message == "cluster: this placement cannot be parsed"
