@@ -35,6 +35,7 @@ class Command:
 
 
 _COMMANDS: dict[str, Command] = {}
+_plugins_loaded = False
 
 
 def register_command(
@@ -63,9 +64,10 @@ def registered_commands() -> list[str]:
 
 def _load_plugins() -> None:
     """Import every ``m2flow/<package>/commands.py`` and ``m2flow.commands`` entry point once."""
-    if getattr(_load_plugins, "done", False):
+    global _plugins_loaded
+    if _plugins_loaded:
         return
-    _load_plugins.done = True  # type: ignore[attr-defined]
+    _plugins_loaded = True
     root = Path(__file__).resolve().parent
     modules = sorted(
         f"m2flow.{p.parent.name}.{PLUGIN_MODULE}" for p in root.glob(f"*/{PLUGIN_MODULE}.py")
