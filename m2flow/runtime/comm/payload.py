@@ -1,0 +1,79 @@
+"""Place an encoded payload for one transport: inline in the frame, or in a shared-memory segment."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from m2flow.runtime.comm.serialization import BufferSpec, Encoded, copy_into, decode, source_bytes
+from m2flow.runtime.comm.shm import HEADER, Segment, SegmentCache, SegmentPool, SegmentRef, layout
+
+SHM_MIN_BYTES = 256 << 10  # below this, two socket copies beat mapping a segment
+
+
+@dataclass(frozen=True)
+class Desc:
+    """The wire description of one payload; tensor bytes are inline or in ``seg``."""
+
+    meta: bytes
+    specs: tuple[BufferSpec, ...]
+    offsets: tuple[int, ...] = ()  # where each buffer sits in ``seg``
+    seg: SegmentRef | None = None
+    slot: int = 0  # this receiver's release flag in ``seg``
+
+    def for_slot(self, slot: int) -> Desc:
+        return replace(self, slot=slot)
+
+
+@dataclass
+class Packed:
+    """A payload ready to send: the description, inline buffers, and the segment if any."""
+
+    desc: Desc
+    inline: list[Any]
+    segment: Segment | None = None
+
+    @property
+    def fds(self) -> list[int]:
+        return [self.segment.fd] if self.segment is not None else []
+
+
+def pack(enc: Encoded, pool: SegmentPool | None, nslots: int = 1, shm_min_bytes: int = SHM_MIN_BYTES) -> Packed:
+    """Copy tensor bytes into one segment (same node, large) or leave them as inline buffers."""
+    specs = tuple(enc.specs)
+    if pool is None or enc.nbytes < shm_min_bytes:
+        return Packed(Desc(enc.meta, specs), [source_bytes(s) for s in enc.sources])
+    offsets, need = layout([s.nbytes for s in specs])
+    seg = pool.acquire(need - HEADER, nslots)
+    try:
+        for off, spec, src in zip(offsets, specs, enc.sources, strict=True):
+            copy_into(seg.array[off : off + spec.nbytes], src)
+    except BaseException:
+        seg.flags[:nslots] = 0
+        raise
+    return Packed(Desc(enc.meta, specs, tuple(offsets), seg.ref), [], seg)
+
+
+def unpack(desc: Desc, inline: list[Any], fds: list[int], cache: SegmentCache) -> Any:
+    """Rebuild the payload; segment-backed tensors are zero-copy views of the sender's memory."""
+    return decode(desc.meta, list(desc.specs), buffers(desc, inline, fds, cache))
+
+
+def buffers(desc: Desc, inline: list[Any], fds: list[int], cache: SegmentCache) -> list[Any]:
+    if desc.seg is None:
+        return inline
+    ranges = [(off, s.nbytes) for off, s in zip(desc.offsets, desc.specs, strict=True)]
+    return cache.views(desc.seg, fds[0], desc.slot, ranges)
+
+
+def inline_copy(desc: Desc, inline: list[Any], fds: list[int], cache: SegmentCache) -> tuple[Desc, list[Any]]:
+    """The same payload with its bytes inline, for a receiver that cannot map the segment."""
+    if desc.seg is None:
+        return desc, inline
+    return replace(desc, offsets=(), seg=None, slot=0), buffers(desc, inline, fds, cache)
+
+
+def discard(desc: Desc, fds: list[int], cache: SegmentCache) -> None:
+    """Drop a payload that will never be decoded, releasing its segment flag."""
+    if desc.seg is not None:
+        cache.views(desc.seg, fds[0], desc.slot, [])

@@ -1,0 +1,95 @@
+"""Per-pair transports behind one interface; a communicator picks one per destination.
+
+| kind    | when                                  | small objects      | tensor bytes                        |
+|---------|---------------------------------------|--------------------|-------------------------------------|
+| local   | both ends in one process              | the object itself  | the object itself (no copy)         |
+| shm     | same node                             | Unix socket frame  | memfd segment: 1 copy, receiver maps|
+| tcp     | different nodes                       | TCP frame          | inline in the TCP stream            |
+| cuda    | CUDA tensors, see ``cuda.py``         | socket frame       | CUDA IPC (same GPU) / NCCL          |
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Protocol
+
+from m2flow.runtime.comm.errors import PeerDiedError
+from m2flow.runtime.comm.payload import Packed
+from m2flow.runtime.comm.rendezvous import PeerRecord
+from m2flow.runtime.comm.shm import SegmentPool
+from m2flow.runtime.comm.wire import Connection, ConnectionLost, connect
+
+if TYPE_CHECKING:
+    from m2flow.runtime.comm.communicator import Communicator
+
+log = logging.getLogger(__name__)
+
+
+class Transport(Protocol):
+    """The sending side of one ordered pair of ranks."""
+
+    kind: str
+    peer: PeerRecord
+
+    def send(self, message: Any) -> None:
+        """Deliver one message; for ``local`` it is the object, otherwise a ``Packed`` payload."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class LocalTransport:
+    """Both ends live in this process: the receiver gets the very object that was sent."""
+
+    kind = "local"
+
+    def __init__(self, src: tuple[str, int], target: Communicator, peer: PeerRecord) -> None:
+        self._src = src
+        self._target = target
+        self.peer = peer
+
+    def send(self, message: Any) -> None:
+        if self._target.closed:
+            raise PeerDiedError(f"{self.peer.label} has closed its communicator")
+        self._target.deliver(self._src, message)
+
+    def close(self) -> None:
+        pass
+
+
+class SocketTransport:
+    """A direct connection (Unix socket on one node, TCP across nodes) opened on first use."""
+
+    def __init__(self, src: tuple[str, int], src_uid: str, peer: PeerRecord, kind: str, pool: SegmentPool | None) -> None:
+        self.kind = kind
+        self.peer = peer
+        self.pool = pool  # only same-node transports place bytes in shared memory
+        self.key = f"{peer.process_uid}:{peer.group}:{peer.rank}"
+        address = peer.unix_address if kind == "shm" else peer.tcp_address
+        try:
+            self.conn: Connection = connect(address)
+            self.conn.send(("hello", src[0], src[1], src_uid))
+        except (OSError, ConnectionLost) as exc:
+            raise PeerDiedError(f"cannot connect to {peer.label} over {kind}: {exc}") from exc
+
+    def send(self, message: Packed) -> None:
+        seg = message.segment
+        if seg is not None:
+            seg.peers.add(self.key)
+        forget = self.pool.take_forgets(self.key) if self.pool is not None else []
+        try:
+            self.conn.send(("msg", message.desc, forget), message.inline, message.fds)
+        except ConnectionLost as exc:
+            if seg is not None:
+                seg.flags[message.desc.slot] = 0  # nobody will map it now
+            raise PeerDiedError(f"lost the connection to {self.peer.label}: {exc}") from exc
+
+    def send_control(self, control: Any) -> None:
+        self.conn.send(control)
+
+    def close(self) -> None:
+        try:
+            self.conn.send(("bye",))
+        except (ConnectionLost, OSError):
+            pass
+        self.conn.close()

@@ -1,0 +1,194 @@
+"""Length-prefixed frames over stream sockets, with file descriptors riding along on Unix sockets.
+
+A frame is ``prefix | head | body``: the prefix gives the head length, the number of passed fds
+and the body length; the head is a pickled ``(control, inline_sizes)``; the body is the inline
+buffers back to back, read straight into freshly allocated arrays (no intermediate bytes).
+"""
+
+from __future__ import annotations
+
+import array
+import pickle
+import socket
+import struct
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+_PREFIX = struct.Struct("<IIQ")  # head_len, nfds, body_len
+_MAX_FDS = 64
+_SMALL = 256 << 10  # frames below this are joined and sent in one system call
+_SOCK_BUF = 4 << 20
+
+
+class ConnectionLost(ConnectionError):
+    """The peer closed the socket or the connection broke."""
+
+
+def tune(sock: socket.socket) -> None:
+    """Large kernel buffers for throughput, no Nagle delay for latency."""
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, _SOCK_BUF)
+        except OSError:
+            pass
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class Connection:
+    """One stream socket carrying frames; sends are serialized by a lock, receives by the caller."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.unix = sock.family == socket.AF_UNIX
+        self._send_lock = threading.Lock()
+        self.closed = False
+
+    def send(self, control: Any, buffers: Sequence[Any] = (), fds: Sequence[int] = ()) -> None:
+        """Send one frame; ``buffers`` are bytes-like, ``fds`` need a Unix socket."""
+        views = [memoryview(b).cast("B") for b in buffers]
+        head = pickle.dumps((control, [v.nbytes for v in views]), protocol=5)
+        body_len = sum(v.nbytes for v in views)
+        prefix = _PREFIX.pack(len(head), len(fds), body_len)
+        if fds and not self.unix:
+            raise ValueError("file descriptors travel only over Unix sockets")
+        if len(fds) > _MAX_FDS:
+            raise ValueError(f"at most {_MAX_FDS} fds per frame, got {len(fds)}")
+        try:
+            with self._send_lock:
+                if body_len + len(head) < _SMALL:
+                    self._send_first(b"".join([prefix, head, *views]), fds)
+                else:
+                    self._send_first(prefix + head, fds)
+                    for v in views:
+                        self.sock.sendall(v)
+        except OSError as exc:
+            self.closed = True
+            raise ConnectionLost(str(exc)) from exc
+
+    def _send_first(self, data: bytes, fds: Sequence[int]) -> None:
+        if fds:
+            anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+            sent = self.sock.sendmsg([data], anc)
+            if sent < len(data):
+                self.sock.sendall(memoryview(data)[sent:])
+        else:
+            self.sock.sendall(data)
+
+    def _recv_exact(self, n: int) -> bytearray:
+        buf = bytearray(n)
+        self._recv_into(memoryview(buf))
+        return buf
+
+    def _recv_into(self, view: memoryview) -> None:
+        pos, n = 0, view.nbytes
+        while pos < n:
+            got = self.sock.recv_into(view[pos:])
+            if got == 0:
+                raise ConnectionLost("peer closed the connection")
+            pos += got
+
+    def _recv_prefix(self) -> tuple[bytearray, list[int]]:
+        if not self.unix:
+            return self._recv_exact(_PREFIX.size), []
+        fds: list[int] = []
+        data, anc, _, _ = self.sock.recvmsg(_PREFIX.size, socket.CMSG_SPACE(_MAX_FDS * 4))
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                arr = array.array("i")
+                arr.frombytes(payload[: len(payload) - len(payload) % arr.itemsize])
+                fds.extend(arr)
+        if not data:
+            raise ConnectionLost("peer closed the connection")
+        buf = bytearray(data)
+        if len(buf) < _PREFIX.size:
+            buf += self._recv_exact(_PREFIX.size - len(buf))
+        return buf, fds
+
+    def recv(self) -> tuple[Any, list[np.ndarray], list[int]]:
+        """Block for the next frame: ``(control, inline buffers as uint8 arrays, received fds)``."""
+        try:
+            prefix, fds = self._recv_prefix()
+            head_len, nfds, _ = _PREFIX.unpack(prefix)
+            control, sizes = pickle.loads(self._recv_exact(head_len))
+            buffers = []
+            for n in sizes:
+                arr = np.empty(n, dtype=np.uint8)
+                if n:
+                    self._recv_into(memoryview(arr))
+                buffers.append(arr)
+        except OSError as exc:
+            self.closed = True
+            raise ConnectionLost(str(exc)) from exc
+        if len(fds) != nfds:
+            raise ConnectionLost(f"expected {nfds} file descriptors with the frame, got {len(fds)}")
+        return control, buffers, fds
+
+    def close(self) -> None:
+        self.closed = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+def connect(address: tuple[str, Any], timeout: float = 10.0) -> Connection:
+    """Open a connection to ``("unix", name)`` or ``("tcp", (host, port))``."""
+    family, where = address
+    if family == "unix":
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    else:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    sock.connect(where)
+    sock.settimeout(None)
+    tune(sock)
+    return Connection(sock)
+
+
+class Listener:
+    """Accepts connections on an abstract Unix socket and a TCP port; hands each to ``on_accept``."""
+
+    def __init__(self, host: str, on_accept: Any, name: str) -> None:
+        self.unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.unix.bind(f"\0m2flow-{name}")  # abstract namespace: no file to clean up
+        self.unix.listen(128)
+        self.tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.tcp.bind((host, 0))
+        self.tcp.listen(128)
+        self.unix_address = ("unix", f"\0m2flow-{name}")
+        self.tcp_address = ("tcp", self.tcp.getsockname()[:2])
+        self._on_accept = on_accept
+        self._stop = False
+        self._threads = [
+            threading.Thread(target=self._loop, args=(s,), daemon=True, name=f"m2flow-accept-{name}")
+            for s in (self.unix, self.tcp)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _loop(self, server: socket.socket) -> None:
+        while not self._stop:
+            try:
+                sock, _ = server.accept()
+            except OSError:
+                return  # closed
+            if self._stop:
+                sock.close()
+                return
+            tune(sock)
+            self._on_accept(Connection(sock))
+
+    def close(self) -> None:
+        self._stop = True
+        for s in (self.unix, self.tcp):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
