@@ -1,0 +1,54 @@
+"""Registries fail loudly: duplicates raise, unknown names list the valid ones sorted."""
+
+from __future__ import annotations
+
+import pytest
+
+import m2flow.algorithms as algorithms
+from m2flow.algorithms.registry import Registry, UnknownNameError
+
+
+def test_register_get_and_list():
+    reg: Registry[object] = Registry("widget")
+
+    @reg.register("zeta")
+    def zeta() -> int:
+        return 1
+
+    reg.add("alpha", len)
+    assert reg.get("zeta") is zeta and reg["alpha"] is len
+    assert reg.names() == ["alpha", "zeta"] and list(reg) == ["alpha", "zeta"]
+    assert "zeta" in reg and "beta" not in reg and len(reg) == 2
+
+
+def test_duplicate_name_raises_value_error():
+    reg: Registry[object] = Registry("widget")
+    reg.add("a", 1)
+    with pytest.raises(ValueError, match="widget 'a' is already registered"):
+        reg.add("a", 2)
+    with pytest.raises(ValueError, match="already registered"):
+        reg.register("a")(lambda: None)
+    with pytest.raises(ValueError, match="non-empty string"):
+        reg.add("", 3)
+
+
+def test_unknown_name_lists_valid_names_sorted():
+    reg: Registry[object] = Registry("widget")
+    for name in ("c", "a", "b"):
+        reg.add(name, name)
+    with pytest.raises(UnknownNameError) as info:
+        reg.get("d")
+    assert isinstance(info.value, KeyError) and isinstance(info.value, ValueError)
+    assert str(info.value) == "unknown widget 'd'; valid names: a, b, c"
+    assert "(none registered)" in str(pytest.raises(KeyError, Registry("empty").get, "x").value)
+
+
+def test_package_registries_are_filled_on_import():
+    assert algorithms.ADV_ESTIMATORS.names() == [
+        "dr_grpo", "gae", "grpo", "reinforce_pp", "reinforce_pp_baseline", "rloo",
+    ]
+    assert algorithms.POLICY_LOSSES.names() == ["ppo", "vanilla"]
+    assert algorithms.KL_ESTIMATORS.names() == ["k1", "k2", "k3"]
+    assert algorithms.LOSS_AGGREGATIONS.names() == [
+        "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-mean",
+    ]
