@@ -166,17 +166,21 @@ class HFGenerationBackend:
             input_ids=ids,
             attention_mask=mask,
             max_new_tokens=params.max_new_tokens,
+            min_new_tokens=0,
             do_sample=not greedy,
+            # Every sampling knob is set explicitly: unset ones would be filled from the checkpoint's
+            # generation_config.json (e.g. a repetition penalty), changing both sampling and log-probs.
+            temperature=1.0 if greedy else params.temperature,
+            top_p=1.0 if greedy else params.top_p,
+            top_k=0 if greedy else params.top_k,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
             pad_token_id=self.pad_id,
             eos_token_id=self.eos_ids,
             logits_processor=LogitsProcessorList([recorder]),
             stopping_criteria=criteria,
             use_cache=True,
         )
-        if not greedy:
-            kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
-        else:
-            kwargs.update(temperature=None, top_p=None, top_k=None)
         with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
             if seed is not None:
                 torch.manual_seed(seed)

@@ -115,6 +115,21 @@ def test_logprobs_match_the_trainer_recomputation(backend, tok, temperature, top
     assert torch.allclose(recomputed, batch.rollout_logprobs, atol=1e-4)
 
 
+def test_checkpoint_generation_defaults_do_not_leak_in(backend, tok):
+    # Shipped generation configs often carry sampling defaults; the backend's parameters must win.
+    cfg = backend.model.generation_config
+    cfg.repetition_penalty, cfg.temperature, cfg.top_k, cfg.min_new_tokens = 3.0, 0.2, 2, 5
+    groups = backend.generate(_prompts(tok), SamplingParams(n=2, max_new_tokens=6, seed=4))
+    batch = RolloutBatch.from_groups(groups, backend.pad_id)
+    with torch.no_grad():
+        recomputed, _ = response_logprobs(backend.model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+    assert torch.allclose(recomputed, batch.rollout_logprobs, atol=1e-4)
+    (r,) = backend.generate(_prompts(tok)[:1], SamplingParams(temperature=0, max_new_tokens=6))[0].responses
+    with torch.no_grad():
+        logits = backend.model(torch.tensor([_prompts(tok)[0]])).logits[0, -1]
+    assert r.token_ids[0] == int(logits.argmax())
+
+
 def test_load_weights_offload_onload(backend, greedy_backend, tok, ckpt):
     prompt = [tok("12+7=")["input_ids"]]
     greedy = SamplingParams(temperature=0, max_new_tokens=4)
