@@ -50,9 +50,9 @@ class ClusterConfig:
             raise ValueError(f"num_cpus must be >= 1 or None, got {self.num_cpus}")
         for name, nodes in self.node_groups.items():
             if not nodes:
-                raise ValueError(f"node group {name!r} is empty")
+                raise ValueError(f"node_groups: group {name!r} is empty")
             if len(set(nodes)) != len(nodes) or min(nodes) < 0:
-                raise ValueError(f"node group {name!r} must list distinct node ranks >= 0, got {nodes}")
+                raise ValueError(f"node_groups: group {name!r} must list distinct node ranks >= 0, got {nodes}")
 
 
 @dataclass(frozen=True)

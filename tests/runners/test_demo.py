@@ -1,0 +1,21 @@
+"""The runtime demo runs end to end on the shared cluster and writes one log per worker."""
+
+import pytest
+
+from m2flow.config.errors import ConfigError
+from m2flow.runners.demo import DemoConfig, run_demo, run_demo_config
+
+
+def test_demo_runs_and_logs_per_worker(cluster, tmp_path, capsys):
+    cfg = DemoConfig(steps=3, batch_size=256, run_dir=str(tmp_path / "run"))
+    assert run_demo_config(cfg) == 0
+    logs = sorted(p.name for p in (tmp_path / "run" / "logs").iterdir())
+    assert logs == [f"{g}.{r}.log" for g in ("producer", "reducer", "scaler") for r in (0, 1)]
+    assert "batch 2" in (tmp_path / "run" / "logs" / "producer.0.log").read_text()
+    out = capsys.readouterr().out
+    assert "moved 1536 numbers" in out  # 3 steps x 256 numbers x 2 producer ranks
+
+
+def test_demo_rejects_bad_placement_before_starting():
+    with pytest.raises(ConfigError, match="steps"):
+        run_demo(["steps=0"])
