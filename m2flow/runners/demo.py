@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from m2flow.runtime import Cluster, ClusterConfig, WorkerGroup
+from m2flow.runtime import Cluster, ClusterConfig, PlacementError, WorkerGroup
+from m2flow.runtime.cluster import check_placement
 from m2flow.runtime.logs import setup_logging
 from m2flow.runtime.worker import Worker
 
@@ -40,6 +41,10 @@ class DemoConfig:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        try:
+            check_placement(self.placement, self.cluster, COMPONENTS)
+        except PlacementError as e:
+            raise ValueError(f"placement: {e}") from None
 
 
 class Producer(Worker):

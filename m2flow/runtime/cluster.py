@@ -55,6 +55,35 @@ class ClusterConfig:
                 raise ValueError(f"node_groups: group {name!r} must list distinct node ranks >= 0, got {nodes}")
 
 
+def expected_layout(config: ClusterConfig) -> NodeLayout | None:
+    """The device layout a locally started cluster will have, known before Ray starts.
+
+    None when attaching to an existing cluster: its nodes are only known once connected.
+    """
+    if config.address:
+        return None
+    gpus = 0
+    try:
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        pass
+    groups = {k: tuple(v) for k, v in config.node_groups.items()}
+    return NodeLayout((gpus or config.cpu_devices_per_node,), groups)
+
+
+def check_placement(
+    spec: str | Mapping[str, str], config: ClusterConfig, components: Sequence[str]
+) -> None:
+    """Fail early (before Ray starts) when a placement cannot fit the cluster it will run on."""
+    layout = expected_layout(config)
+    if layout is None:
+        parse_placement(spec, NodeLayout((1 << 30,)), components)  # syntax and names only
+    else:
+        parse_placement(spec, layout, components)
+
+
 @dataclass(frozen=True)
 class NodeInfo:
     """One node of the cluster, as placement sees it."""

@@ -19,3 +19,13 @@ def test_demo_runs_and_logs_per_worker(cluster, tmp_path, capsys):
 def test_demo_rejects_bad_placement_before_starting():
     with pytest.raises(ConfigError, match="steps"):
         run_demo(["steps=0"])
+
+
+def test_impossible_placement_fails_naming_the_key(capsys):
+    from m2flow.cli import main
+
+    assert main(["demo", "placement=producer: 0-9, scaler,reducer: 2-3"]) == 2
+    err = capsys.readouterr().err
+    assert "placement" in err and "device 9" in err and "0-7 exist" in err
+    assert main(["demo", "cluster.cpu_devices_per_node=0"]) == 2
+    assert "cluster.cpu_devices_per_node" in capsys.readouterr().err
