@@ -121,8 +121,8 @@ class HFGenerationBackend:
     # ---- generation -------------------------------------------------------------------------
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> list[ResponseGroup]:
-        """One group of `params.n` responses per prompt, in prompt order (one batched call)."""
-        return list(self.generate_iter(prompt_ids, params, prompts_per_chunk=len(prompt_ids) or 1))
+        """One group of `params.n` responses per prompt, in prompt order (chunked as `prompts_per_chunk`)."""
+        return list(self.generate_iter(prompt_ids, params))
 
     def generate_iter(
         self,

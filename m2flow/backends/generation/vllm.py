@@ -86,7 +86,7 @@ class VLLMGenerationBackend:
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> list[ResponseGroup]:
         """One group of `params.n` responses per prompt, in prompt order."""
-        return list(self.generate_iter(prompt_ids, params, prompts_per_chunk=len(prompt_ids) or 1))
+        return list(self.generate_iter(prompt_ids, params))
 
     def generate_iter(
         self,
