@@ -134,3 +134,12 @@ def run_demo(overrides: list[str]) -> int:
 
     cfg = load_config(DemoConfig, None, overrides)
     return run_demo_config(cfg)
+
+
+def _register() -> None:
+    from m2flow.config.workflows import register_workflow
+
+    register_workflow("demo", DemoConfig, run_demo_config)
+
+
+_register()
