@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from m2flow.runtime.comm.errors import CommError, PeerClosedError, PeerDiedError
-from m2flow.runtime.comm.payload import Packed, pack, unpack
+from m2flow.runtime.comm.payload import Desc, Packed, pack, unpack
 from m2flow.runtime.comm.rendezvous import (
     HOSTNAME,
     PeerRecord,
@@ -316,7 +316,7 @@ class Communicator:
                     if forget:
                         self._cache.forget(owner, forget)
                     try:
-                        inbox.deliver(unpack(desc, inline, fds, self._cache))
+                        inbox.deliver(unpack(Desc.from_wire(desc), inline, fds, self._cache))
                     except Exception as exc:  # e.g. a class the receiver cannot import
                         inbox.deliver(None, error=CommError(f"cannot decode a message from {group}[{rank}]: {exc!r}"))
                 elif control[0] == "bye":

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from m2flow.runtime.comm.serialization import BufferSpec, Encoded, copy_into, decode, source_bytes
 from m2flow.runtime.comm.shm import HEADER, Segment, SegmentCache, SegmentPool, SegmentRef, layout
@@ -11,8 +11,7 @@ from m2flow.runtime.comm.shm import HEADER, Segment, SegmentCache, SegmentPool, 
 SHM_MIN_BYTES = 256 << 10  # below this, two socket copies beat mapping a segment
 
 
-@dataclass(frozen=True)
-class Desc:
+class Desc(NamedTuple):
     """The wire description of one payload; tensor bytes are inline or in ``seg``."""
 
     meta: bytes
@@ -22,7 +21,17 @@ class Desc:
     slot: int = 0  # this receiver's release flag in ``seg``
 
     def for_slot(self, slot: int) -> Desc:
-        return replace(self, slot=slot)
+        return self._replace(slot=slot)
+
+    def to_wire(self) -> tuple:
+        """Plain tuples only: pickling them is several times cheaper than named types."""
+        seg = tuple(self.seg) if self.seg is not None else None
+        return (self.meta, tuple(map(tuple, self.specs)), self.offsets, seg, self.slot)
+
+    @classmethod
+    def from_wire(cls, t: tuple) -> Desc:
+        meta, specs, offsets, seg, slot = t
+        return cls(meta, tuple(BufferSpec(*s) for s in specs), offsets, SegmentRef(*seg) if seg else None, slot)
 
 
 @dataclass
@@ -70,7 +79,7 @@ def inline_copy(desc: Desc, inline: list[Any], fds: list[int], cache: SegmentCac
     """The same payload with its bytes inline, for a receiver that cannot map the segment."""
     if desc.seg is None:
         return desc, inline
-    return replace(desc, offsets=(), seg=None, slot=0), buffers(desc, inline, fds, cache)
+    return desc._replace(offsets=(), seg=None, slot=0), buffers(desc, inline, fds, cache)
 
 
 def discard(desc: Desc, fds: list[int], cache: SegmentCache) -> None:

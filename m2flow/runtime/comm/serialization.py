@@ -17,7 +17,7 @@ import io
 import pickle
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -25,8 +25,7 @@ import torch
 BufferKind = Literal["tensor", "param", "pickle"]
 
 
-@dataclass(frozen=True)
-class BufferSpec:
+class BufferSpec(NamedTuple):
     """How to rebuild one raw buffer on the receiving side."""
 
     kind: BufferKind
@@ -67,11 +66,13 @@ _SENDABLE_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 class _Pickler(pickle.Pickler):
-    def __init__(self, file: io.BytesIO, encoded: Encoded) -> None:
+    def __init__(self, file: io.BytesIO) -> None:
         super().__init__(file, protocol=5, buffer_callback=self._out_of_band)
-        self._encoded = encoded
+        self.out = file
+        self._encoded: Encoded | None = None
 
     def _out_of_band(self, buf: pickle.PickleBuffer) -> bool:
+        assert self._encoded is not None
         try:
             raw = buf.raw()
         except BufferError:  # non-contiguous: let pickle copy it in-band
@@ -83,6 +84,7 @@ class _Pickler(pickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
         if type(obj) not in _SENDABLE_TYPES:
             return NotImplemented
+        assert self._encoded is not None
         if obj.layout != torch.strided or obj.is_quantized or obj.device.type == "meta":
             return NotImplemented  # rare kinds keep torch's own pickling
         t = obj.detach()
@@ -100,12 +102,26 @@ class _Pickler(pickle.Pickler):
         return _rebuild_tensor, (index,)
 
 
+_PICKLERS = threading.local()
+
+
 def encode(obj: Any) -> Encoded:
     """Split ``obj`` into pickled metadata and the raw buffers of its tensors and arrays."""
     encoded = Encoded(meta=b"")
-    out = io.BytesIO()
-    _Pickler(out, encoded).dump(obj)
-    encoded.meta = out.getvalue()
+    # Building a Pickler costs more than pickling a small object: keep one per thread.
+    pickler = getattr(_PICKLERS, "pickler", None)
+    if pickler is None or pickler._encoded is not None:  # absent, or in use by a nested encode
+        pickler = _PICKLERS.pickler = _Pickler(io.BytesIO())
+    out = pickler.out
+    pickler._encoded = encoded
+    try:
+        pickler.dump(obj)
+        encoded.meta = out.getvalue()
+    finally:
+        pickler._encoded = None
+        pickler.clear_memo()  # also drops references to the payload
+        out.seek(0)
+        out.truncate()
     return encoded
 
 
@@ -141,8 +157,12 @@ def copy_into(dst: np.ndarray, src: Any) -> None:
 
 
 def _as_tensor(spec: BufferSpec, buf: Any) -> torch.Tensor:
-    flat = torch.from_numpy(buf) if isinstance(buf, np.ndarray) else buf
-    t = flat.view(getattr(torch, spec.dtype)).reshape(spec.shape)
+    dtype = getattr(torch, spec.dtype)
+    if spec.nbytes == 0:  # an empty array's stride is 0: nothing to view
+        t = torch.empty(spec.shape, dtype=dtype)
+    else:
+        flat = torch.from_numpy(buf) if isinstance(buf, np.ndarray) else buf
+        t = flat.view(dtype).reshape(spec.shape)
     if spec.device.startswith("cuda") and t.device.type == "cpu" and torch.cuda.is_available():
         t = t.to(torch.device("cuda", torch.cuda.current_device()))
     if spec.kind == "param":

@@ -18,7 +18,7 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -44,8 +44,7 @@ def layout(sizes: list[int]) -> tuple[list[int], int]:
     return offsets, pos
 
 
-@dataclass(frozen=True)
-class SegmentRef:
+class SegmentRef(NamedTuple):
     """What a receiver needs to map a segment (the fd travels beside it)."""
 
     owner: str

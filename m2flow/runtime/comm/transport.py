@@ -78,7 +78,7 @@ class SocketTransport:
             seg.peers.add(self.key)
         forget = self.pool.take_forgets(self.key) if self.pool is not None else []
         try:
-            self.conn.send(("msg", message.desc, forget), message.inline, message.fds)
+            self.conn.send(("msg", message.desc.to_wire(), forget), message.inline, message.fds)
         except ConnectionLost as exc:
             if seg is not None:
                 seg.flags[message.desc.slot] = 0  # nobody will map it now

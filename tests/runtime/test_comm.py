@@ -1,0 +1,163 @@
+"""Point-to-point communication between workers on one node: every payload, order, death, weights."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+import torch
+
+from m2flow.runtime import WorkerError, WorkerGroup
+from m2flow.runtime.comm import Communicator, MemoryRendezvous, PeerDiedError, recv_weights, send_weights
+from m2flow.runtime.worker import Worker
+from tests.ray_session import shared_cluster
+from tests.runtime.test_comm_serialization import assert_same, payloads
+
+
+class Peer(Worker):
+    """Sends and checks payloads by name, so both ends agree on what should arrive."""
+
+    def use_transport(self, kind: str) -> None:
+        old = getattr(self, "_m2flow_comm", None)
+        if old is not None:
+            old.close()
+        self._m2flow_comm = Communicator(
+            self.group_name, self.rank, self.node_ip, self.cluster_namespace, transport=kind, world_size=self.world_size
+        )
+
+    def transport(self, group: str, rank: int) -> str:
+        return self.comm.transport_to(group, rank)
+
+    def send_payloads(self, group: str, rank: int, names: list[str]) -> None:
+        for name in names:
+            self.send(payloads()[name], group, rank)
+
+    def check_payloads(self, group: str, rank: int, names: list[str]) -> list[str]:
+        for name in names:
+            assert_same(payloads()[name], self.recv(group, rank))
+        return names
+
+    def send_sequence(self, group: str, rank: int, n: int) -> None:
+        works = []
+        for i in range(n):
+            big = torch.full((100_000,), float(i)) if i % 3 == 0 else None  # alternate shm and inline
+            works.append(self.comm.send({"i": i, "big": big}, group, rank, async_op=True))
+        for w in works:
+            w.wait()
+
+    def recv_sequence(self, group: str, rank: int, n: int) -> list[int]:
+        works = [self.recv(group, rank, async_op=True) for _ in range(n)]
+        got = [w.wait(timeout=60)["i"] for w in reversed(works)]  # waiting out of order changes nothing
+        return list(reversed(got))
+
+    def send_then_die(self, group: str, rank: int) -> None:
+        self.send("last words", group, rank)
+        os._exit(1)
+
+    def recv_twice(self, group: str, rank: int) -> str:
+        first = self.recv(group, rank)
+        try:
+            self.comm.recv(group, rank, timeout=60)
+        except PeerDiedError as exc:
+            return f"{first} | {exc}"
+        return "no error"
+
+
+class Trainer(Worker):
+    def __init__(self) -> None:
+        torch.manual_seed(1)
+        self.model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.LayerNorm(128), torch.nn.Linear(128, 33))
+        self.model.to(torch.bfloat16)[0].to(torch.float32)  # mixed dtypes, as real checkpoints have
+
+    def push(self, group: str, ranks: list[int], bucket_bytes: int) -> tuple[int, str]:
+        n = send_weights(self.comm, self.model, group, ranks, bucket_bytes=bucket_bytes)
+        return n, _digest(self.model)
+
+
+class Generator(Worker):
+    def __init__(self) -> None:
+        torch.manual_seed(100 + self.rank)  # different weights until synced
+        self.model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.LayerNorm(128), torch.nn.Linear(128, 33))
+        self.model.to(torch.bfloat16)[0].to(torch.float32)
+
+    def pull(self, group: str, rank: int) -> str:
+        recv_weights(self.comm, group, rank, into=self.model)
+        return _digest(self.model)
+
+
+def _digest(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        h.update(name.encode())
+        h.update(str(t.dtype).encode())
+        h.update(t.detach().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def peers():
+    group = WorkerGroup(Peer, shared_cluster(), "comm-peers", num_ranks=2)
+    yield group
+    group.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["auto", "tcp"])
+def test_every_payload_kind_arrives_intact(peers, kind):
+    peers.use_transport(kind).wait()
+    names = sorted(payloads())
+    assert peers.transport("comm-peers", 1, ranks=[0]).wait() == ["shm" if kind == "auto" else "tcp"]
+    sending = peers.send_payloads("comm-peers", 1, names, ranks=[0])
+    assert peers.check_payloads("comm-peers", 0, names, ranks=[1]).wait() == [names]
+    sending.wait()
+
+
+def test_order_is_preserved_across_inline_and_shared_memory_messages(peers):
+    peers.use_transport("auto").wait()
+    sending = peers.send_sequence("comm-peers", 1, 60, ranks=[0])
+    assert peers.recv_sequence("comm-peers", 0, 60, ranks=[1]).wait() == [list(range(60))]
+    sending.wait()
+
+
+def test_in_process_peers_get_the_object_itself():
+    rdv = MemoryRendezvous()
+    a = Communicator("local-a", 0, namespace="t-local", rendezvous=rdv)
+    b = Communicator("local-b", 0, namespace="t-local", rendezvous=rdv)
+    try:
+        assert a.transport_to("local-b", 0) == "local"
+        obj = {"t": torch.ones(3)}
+        a.send(obj, "local-b", 0)
+        a.send(2, "local-b", 0)
+        assert b.recv("local-a", 0) is obj
+        assert b.recv("local-a", 0, async_op=True).wait() == 2
+    finally:
+        a.close()
+        b.close()
+
+
+def test_receiver_of_a_dead_sender_gets_an_error_naming_it():
+    group = WorkerGroup(Peer, shared_cluster(), "comm-dying", num_ranks=2)
+    try:
+        receiving = group.recv_twice("comm-dying", 1, ranks=[0])
+        dying = group.send_then_die("comm-dying", 0, ranks=[1])
+        (message,) = receiving.wait(timeout=90)
+        assert message.startswith("last words | ")
+        assert "comm-dying[1]" in message and "died" in message
+        with pytest.raises(WorkerError):
+            dying.wait(timeout=30)
+    finally:
+        group.shutdown()
+
+
+def test_weight_broadcast_arrives_bit_identical_in_bounded_buckets():
+    cluster = shared_cluster()
+    trainer = WorkerGroup(Trainer, cluster, "comm-trainer", num_ranks=1)
+    gens = WorkerGroup(Generator, cluster, "comm-gen", num_ranks=2)
+    try:
+        pulled = gens.pull("comm-trainer", 0)
+        ((buckets, digest),) = trainer.push("comm-gen", [0, 1], 8 << 10).wait(timeout=120)
+        assert pulled.wait(timeout=120) == [digest, digest]
+        assert buckets >= 3  # the 8 KiB bound split the model
+    finally:
+        trainer.shutdown()
+        gens.shutdown()
