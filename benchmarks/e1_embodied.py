@@ -1,0 +1,278 @@
+"""Benchmark E1: embodied PPO on MuJoCo, whole-loop env-steps/s and return at equal env steps.
+
+Every side trains PPO with the same hyper-parameters (8 envs x 256 steps per update, minibatch 64,
+10 epochs, gamma 0.99, GAE lambda 0.95, clip 0.2, lr 3e-4, obs + reward normalisation) in its own
+process and prints one JSON line; the sides run alternately (A B A B ...) and the figures are
+medians, with speed ratios taken pair by pair. The limit to compare with is the raw vector-env
+stepping rate with random actions, measured here for the m2flow env adapter and bare gymnasium.
+
+    python benchmarks/e1_embodied.py --setup                  # peer venv: benchmarks/.venvs/sb3
+    python benchmarks/e1_embodied.py --steps 20000 --repeats 2
+    python benchmarks/e1_embodied.py --envs HalfCheetah-v5,Hopper-v5 --steps 300000 --seeds 0,1,2
+    python benchmarks/e1_embodied.py --raw-only               # just the stepping-rate limit
+
+Writes ``benchmarks/results/e1_embodied.json`` (or ``--out``) and prints one summary line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+SB3_VENV = HERE / ".venvs" / "sb3"
+# The peer's own environment; torch pinned to the release m2flow uses (a CPU build is served here).
+SB3_PACKAGES = [
+    "torch==2.13.0",
+    "stable-baselines3==2.9.2",
+    "gymnasium[mujoco]==1.4.0",
+    "mujoco==4.0.0",
+    "imageio",
+]
+
+
+@dataclass(frozen=True)
+class Side:
+    """One contender: how to start a training run, and why it cannot run here (None if it can)."""
+
+    name: str
+    command: Callable[[argparse.Namespace, str, int, int], list[str]]
+    unavailable: Callable[[], str | None]
+
+
+def _peer_args(args: argparse.Namespace, env: str, seed: int, threads: int) -> list[str]:
+    return [
+        "--env", env, "--steps", str(args.steps), "--seed", str(seed), "--threads", str(threads),
+        "--last-n", str(args.last_n), "--checkpoints", args.checkpoints,
+    ]
+
+
+def _sb3_python() -> Path:
+    return SB3_VENV / "bin" / "python"
+
+
+SIDES: dict[str, Side] = {
+    "sb3": Side(
+        "sb3",
+        lambda a, env, seed, th: [str(_sb3_python()), str(HERE / "peers" / "sb3_ppo.py"), *_peer_args(a, env, seed, th)],
+        lambda: None if _sb3_python().exists() else f"no {SB3_VENV}; run with --setup first",
+    ),
+    "cleanrl": Side(
+        "cleanrl",
+        lambda a, env, seed, th: [sys.executable, str(HERE / "peers" / "cleanrl_ppo.py"), *_peer_args(a, env, seed, th)],
+        lambda: None,
+    ),
+    # The m2flow side: `m2flow train` with embodied PPO, printing the same JSON line, plugs in here.
+    "m2flow": Side(
+        "m2flow",
+        lambda a, env, seed, th: [],
+        lambda: "m2flow embodied training is not wired into this benchmark yet",
+    ),
+}
+
+
+def setup() -> None:
+    """Create the SB3 peer's virtual environment and install its pinned packages."""
+    if not _sb3_python().exists():
+        subprocess.run([sys.executable, "-m", "venv", str(SB3_VENV)], check=True)
+    subprocess.run([str(_sb3_python()), "-m", "pip", "install", "-q", *SB3_PACKAGES], check=True)
+    print(f"sb3 peer ready in {SB3_VENV}")
+
+
+def run_side(side: Side, args: argparse.Namespace, env: str, seed: int, threads: int) -> dict:
+    """One training run in a fresh process (its own cwd, so MuJoCo's log file lands there)."""
+    cmd = side.command(args, env, seed, threads)
+    child_env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), child_env.get("PYTHONPATH")]))
+    with tempfile.TemporaryDirectory(prefix="e1-") as cwd:
+        proc = subprocess.run(cmd, cwd=cwd, env=child_env, capture_output=True, text=True, timeout=args.timeout)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{side.name} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def raw_step_rates(env_id: str, num_envs: int, steps: int, repeats: int) -> dict:
+    """Random-action stepping rate (env-steps/s) of m2flow's VecEnv (with and without normalisation)
+    and of bare gymnasium ``SyncVectorEnv``, measured in rotation; ratios are taken round by round."""
+    import gymnasium as gym
+
+    from m2flow.envs import EnvConfig, VecEnv
+
+    contenders = {
+        "m2flow": VecEnv(EnvConfig(env_id=env_id, num_envs=num_envs)),
+        "m2flow_unnormalized": VecEnv(
+            EnvConfig(env_id=env_id, num_envs=num_envs, normalize_obs=False, normalize_reward=False)
+        ),
+        "gymnasium": gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync"),
+    }
+    for i, venv in enumerate(contenders.values()):
+        venv.reset(seed=i) if isinstance(venv, gym.vector.VectorEnv) else venv.reset()
+    space = contenders["m2flow"].single_action_space
+    rng = np.random.default_rng(0)
+    if isinstance(space, gym.spaces.Box):
+        actions = rng.uniform(space.low, space.high, size=(steps, num_envs, *space.shape)).astype(space.dtype)
+    else:
+        actions = rng.integers(0, space.n, size=(steps, num_envs))
+
+    def rate(step: Callable[[np.ndarray], object]) -> float:
+        t0 = time.perf_counter()
+        for a in actions:
+            step(a)
+        return steps * num_envs / (time.perf_counter() - t0)
+
+    rates: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(repeats):
+        for name, venv in contenders.items():
+            rates[name].append(rate(venv.step))
+    for venv in contenders.values():
+        venv.close()
+    out: dict = {"env": env_id, "num_envs": num_envs}
+    for name, values in rates.items():
+        out[f"{name}_env_steps_per_s"] = round(statistics.median(values), 1)
+    for name in ("m2flow", "m2flow_unnormalized"):
+        pairs = zip(rates[name], rates["gymnasium"])
+        out[f"{name}_vs_gymnasium"] = round(statistics.median(a / b for a, b in pairs), 3)
+    return out
+
+
+def _median(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return round(statistics.median(values), 2) if values else None
+
+
+def summarize(runs: list[dict], sides: list[str]) -> dict:
+    """Per env and side: median speed, return, checkpoint returns; pairwise speed ratios vs the first side."""
+    out: dict = {}
+    for env in sorted({r["env"] for r in runs}):
+        per = {s: [r for r in runs if r["env"] == env and r["side"] == s] for s in sides}
+        entry: dict = {}
+        for s, rs in per.items():
+            if not rs:
+                continue
+            cps = sorted({c for r in rs for c in r["checkpoints"]}, key=int)
+            entry[s] = {
+                "env_steps_per_s": _median([r["env_steps_per_s"] for r in rs]),
+                "update_frac": _median([r["update_frac"] for r in rs]),
+                "mean_return": _median([r["mean_return"] for r in rs]),
+                "checkpoint_returns": {c: _median([r["checkpoints"].get(c) for r in rs]) for c in cps},
+                "runs": len(rs),
+            }
+        base = sides[0]
+        for s in sides[1:]:
+            pairs = zip(per[base], per[s])
+            ratios = [b["env_steps_per_s"] / a["env_steps_per_s"] for a, b in pairs]
+            if ratios and s in entry:
+                entry[s][f"speed_vs_{base}"] = round(statistics.median(ratios), 3)
+        out[env] = entry
+    return out
+
+
+def parse_threads(spec: str, sides: list[str]) -> dict[str, int]:
+    """'1' for every side, or 'sb3=1,cleanrl=2' per side (missing sides get 1)."""
+    if "=" not in spec:
+        return {s: int(spec) for s in sides}
+    table = {k.strip(): int(v) for k, v in (item.split("=") for item in spec.split(","))}
+    unknown = set(table) - set(sides)
+    if unknown:
+        raise SystemExit(f"--threads names sides not being run: {sorted(unknown)}; running: {sides}")
+    return {s: table.get(s, 1) for s in sides}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--setup", action="store_true", help="create the peer venv and exit")
+    p.add_argument("--envs", default="HalfCheetah-v5", help="comma-separated gymnasium ids")
+    p.add_argument("--sides", default="", help=f"comma-separated, first is the baseline (default: all available of {list(SIDES)})")
+    p.add_argument("--steps", type=int, default=20_000, help="env steps per training run")
+    p.add_argument("--seeds", default="0", help="comma-separated seeds, cycled over repeats")
+    p.add_argument("--repeats", type=int, default=2, help="A B rounds per env")
+    p.add_argument("--threads", default="1", help="torch threads: '1' for all or 'sb3=1,cleanrl=2'")
+    p.add_argument("--last-n", type=int, default=20, help="returns averaged over the last N episodes")
+    p.add_argument("--checkpoints", default="100000,300000", help="env steps at which returns are noted")
+    p.add_argument("--raw-steps", type=int, default=2000, help="vector steps per raw-rate sample (0 skips)")
+    p.add_argument("--raw-only", action="store_true", help="measure only the raw stepping rate")
+    p.add_argument("--timeout", type=float, default=7200, help="seconds allowed per training run")
+    p.add_argument("--out", default=str(HERE / "results" / "e1_embodied.json"), help="result JSON path")
+    args = p.parse_args()
+
+    if args.setup:
+        setup()
+        return
+    envs = [e for e in args.envs.split(",") if e]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    wanted = [s for s in args.sides.split(",") if s] or list(SIDES)
+    unknown = [s for s in wanted if s not in SIDES]
+    if unknown:
+        raise SystemExit(f"unknown sides {unknown}; valid: {list(SIDES)}")
+    sides, skipped = [], {}
+    for name in wanted:
+        reason = SIDES[name].unavailable()
+        if reason is None:
+            sides.append(name)
+        else:
+            skipped[name] = reason
+            print(f"skipping {name}: {reason}", file=sys.stderr)
+    threads = parse_threads(args.threads, sides)
+
+    raw = [raw_step_rates(e, 8, args.raw_steps, 3) for e in envs] if args.raw_steps else []
+    runs: list[dict] = []
+    if not args.raw_only:
+        for env in envs:
+            for r in range(args.repeats):
+                seed = seeds[r % len(seeds)]
+                for name in sides:  # A B A B: every round runs each side once, in the same order
+                    result = run_side(SIDES[name], args, env, seed, threads[name])
+                    runs.append(result)
+                    print(json.dumps(result), file=sys.stderr)
+
+    summary = summarize(runs, sides) if runs else {}
+    record = {
+        "benchmark": "E1",
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "cpus": os.cpu_count(),
+        "threads": threads,
+        "skipped_sides": skipped,
+        "raw_step": raw,
+        "summary": summary,
+        "runs": runs,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(summary_line(summary, raw, sides))
+
+
+def summary_line(summary: dict, raw: list[dict], sides: list[str]) -> str:
+    parts = []
+    for env, entry in summary.items():
+        speeds = []
+        for s in sides:
+            if s in entry:
+                e = entry[s]
+                ratio = next((f" ({v}x {k[9:]})" for k, v in e.items() if k.startswith("speed_vs_")), "")
+                speeds.append(f"{s} {e['env_steps_per_s']:.0f} steps/s ret {e['mean_return']}{ratio}")
+        parts.append(f"{env}: " + ", ".join(speeds))
+    for r in raw:
+        parts.append(
+            f"raw {r['env']} x{r['num_envs']}: gymnasium {r['gymnasium_env_steps_per_s']:.0f} steps/s, "
+            f"m2flow env {r['m2flow_env_steps_per_s']:.0f} ({r['m2flow_vs_gymnasium']}x), "
+            f"unnormalised {r['m2flow_unnormalized_env_steps_per_s']:.0f} ({r['m2flow_unnormalized_vs_gymnasium']}x)"
+        )
+    return "E1 | " + " | ".join(parts)
+
+
+if __name__ == "__main__":
+    main()
