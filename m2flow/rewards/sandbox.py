@@ -1,0 +1,304 @@
+"""Run reward checks under a time limit, in worker processes that may hang or die without harm.
+
+``SandboxPool`` keeps a few long-lived worker processes. Each call gets a deadline; a worker that
+misses it is killed and replaced, a worker that dies (segfault, ``os._exit``, out of memory) is
+replaced, and an exception inside a check is caught. None of these reach the caller: the call's
+result is marked ``timeout``/``crash``/``error`` and counted in ``VerifyStats``.
+
+``score_batch`` is the batch API for math rewards. It decides what it can in the caller's process
+(``quick_verify``: bounded string and exact-number work, which covers all plain-number answers)
+and only sends the rest, the symbolic comparisons, to the pool. Sending everything costs a pickle
+round trip per check and is several times slower on GSM8K (see benchmarks/rewards_gsm8k.py).
+
+Workers are started with the ``forkserver`` method: forking the training process itself would
+copy its threads' locks (torch, Ray) into the child, and ``spawn`` re-imports sympy per worker.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import multiprocessing as mp
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from multiprocessing.connection import Connection, wait
+from typing import Any, Literal
+
+from m2flow.rewards.math_verify import quick_verify, verify_symbolic
+
+logger = logging.getLogger(__name__)
+
+Status = Literal["ok", "error", "timeout", "crash"]
+
+
+@dataclass
+class VerifyStats:
+    """Counts of how checks were decided and how many failed; add them up across batches."""
+
+    total: int = 0  # checks requested
+    in_process: int = 0  # decided by the fast path in the caller's process
+    sandboxed: int = 0  # sent to a worker process
+    timeouts: int = 0  # killed at the time limit (scored 0)
+    errors: int = 0  # raised an exception (scored 0)
+    crashes: int = 0  # the worker process died (scored 0)
+    restarts: int = 0  # workers replaced after a timeout, a crash or recycling
+    seconds: float = 0.0  # wall time spent
+
+    def __iadd__(self, other: VerifyStats) -> VerifyStats:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        return self
+
+    @property
+    def failures(self) -> int:
+        """Checks that returned no verdict (timeouts, errors and crashes), all scored 0."""
+        return self.timeouts + self.errors + self.crashes
+
+    def as_metrics(self, prefix: str = "reward/verify_") -> dict[str, float]:
+        """Flat metric dict, e.g. {"reward/verify_timeouts": 0.0, ...}."""
+        return {prefix + f.name: float(getattr(self, f.name)) for f in fields(self)}
+
+
+@dataclass
+class SandboxResult:
+    """Outcome of one call: ``value`` is set only when ``status == "ok"``."""
+
+    status: Status
+    value: Any = None
+    error: str = ""
+
+
+def _worker_main(conn: Connection, memory_limit_mb: int | None) -> None:
+    """Worker loop: receive (index, fn, args), send back (index, status, payload); None stops."""
+    if memory_limit_mb:
+        import resource
+
+        limit = memory_limit_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        index, fn, args = message
+        try:
+            reply = (index, "ok", fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - every failure is reported, none kills the loop
+            reply = (index, "error", f"{type(exc).__name__}: {exc}"[:500])
+        try:
+            conn.send(reply)
+        except Exception as exc:  # noqa: BLE001 - e.g. an unpicklable return value
+            conn.send((index, "error", f"cannot send result: {type(exc).__name__}: {exc}"[:500]))
+
+
+class _Worker:
+    """One worker process and the parent's end of its pipe."""
+
+    def __init__(self, ctx: mp.context.BaseContext, memory_limit_mb: int | None) -> None:
+        self.conn, child_conn = ctx.Pipe(duplex=True)
+        self.process = ctx.Process(target=_worker_main, args=(child_conn, memory_limit_mb), daemon=True)
+        self.process.start()
+        child_conn.close()
+        self.tasks_done = 0
+
+    def stop(self, kill: bool) -> None:
+        if kill:
+            self.process.kill()
+        else:
+            try:
+                self.conn.send(None)
+            except OSError:
+                self.process.kill()
+        self.process.join(timeout=5.0)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout=5.0)
+        self.conn.close()
+
+
+class SandboxPool:
+    """A few worker processes that run picklable top-level functions with a per-call time limit."""
+
+    def __init__(
+        self,
+        num_workers: int = 2,
+        timeout_s: float = 5.0,
+        memory_limit_mb: int | None = 4096,
+        max_tasks_per_worker: int | None = 2000,
+        preload: Sequence[str] = ("m2flow.rewards.math_verify", "sympy"),
+    ) -> None:
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.timeout_s = timeout_s
+        self.memory_limit_mb = memory_limit_mb
+        # Recycling bounds the growth of sympy's caches in long runs.
+        self.max_tasks_per_worker = max_tasks_per_worker
+        self._ctx = mp.get_context("forkserver")
+        # Loaded once in the fork server, so a replacement worker starts in milliseconds.
+        self._ctx.set_forkserver_preload(list(preload))
+        self._lock = threading.Lock()
+        self._workers = [_Worker(self._ctx, memory_limit_mb) for _ in range(num_workers)]
+        self._closed = False
+
+    @property
+    def num_workers(self) -> int:
+        return len(self._workers)
+
+    def _replace(self, worker: _Worker, kill: bool) -> _Worker:
+        worker.stop(kill=kill)
+        fresh = _Worker(self._ctx, self.memory_limit_mb)
+        self._workers[self._workers.index(worker)] = fresh
+        return fresh
+
+    def map(
+        self, fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], timeout_s: float | None = None
+    ) -> tuple[list[SandboxResult], VerifyStats]:
+        """Run ``fn(*args)`` for each args tuple across the workers; never raises for a bad call."""
+        if self._closed:
+            raise RuntimeError("SandboxPool is closed")
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        start = time.perf_counter()
+        stats = VerifyStats(total=len(calls), sandboxed=len(calls))
+        results: list[SandboxResult | None] = [None] * len(calls)
+        with self._lock:
+            pending = deque(enumerate(calls))
+            busy: dict[_Worker, tuple[int, float]] = {}  # worker -> (call index, deadline)
+            while pending or busy:
+                for worker in list(self._workers):
+                    if not pending:
+                        break
+                    if worker in busy:
+                        continue
+                    if not worker.process.is_alive():  # died while idle: replace quietly
+                        worker = self._replace(worker, kill=True)
+                        stats.restarts += 1
+                    index, args = pending.popleft()
+                    worker.conn.send((index, fn, tuple(args)))
+                    busy[worker] = (index, time.monotonic() + limit)
+                self._collect(busy, results, stats)
+        stats.seconds = time.perf_counter() - start
+        return [r if r is not None else SandboxResult("crash") for r in results], stats
+
+    def _collect(
+        self, busy: dict[_Worker, tuple[int, float]], results: list[SandboxResult | None], stats: VerifyStats
+    ) -> None:
+        """Wait for the first reply, death or deadline among busy workers and record it."""
+        next_deadline = min(deadline for _, deadline in busy.values())
+        handles: list[Any] = [w.conn for w in busy] + [w.process.sentinel for w in busy]
+        ready = set(wait(handles, timeout=max(0.0, next_deadline - time.monotonic())))
+        now = time.monotonic()
+        for worker, (index, deadline) in list(busy.items()):
+            reply = None
+            if worker.conn in ready or worker.conn.poll():
+                try:
+                    reply = worker.conn.recv()
+                except (EOFError, OSError):
+                    reply = None
+            if reply is not None:
+                _, status, payload = reply
+                if status == "ok":
+                    results[index] = SandboxResult("ok", value=payload)
+                else:
+                    results[index] = SandboxResult("error", error=payload)
+                    stats.errors += 1
+                    logger.debug("sandboxed check %d raised: %s", index, payload)
+                del busy[worker]
+                worker.tasks_done += 1
+                if self.max_tasks_per_worker and worker.tasks_done >= self.max_tasks_per_worker:
+                    self._replace(worker, kill=False)
+                    stats.restarts += 1
+            elif worker.process.sentinel in ready or not worker.process.is_alive():
+                results[index] = SandboxResult("crash", error=f"worker exit code {worker.process.exitcode}")
+                stats.crashes += 1
+                logger.warning("reward check %d crashed its worker (exit code %s)", index, worker.process.exitcode)
+                del busy[worker]
+                self._replace(worker, kill=True)
+                stats.restarts += 1
+            elif now >= deadline:
+                results[index] = SandboxResult("timeout", error="no answer within the time limit")
+                stats.timeouts += 1
+                logger.warning("reward check %d hit the time limit; restarting its worker", index)
+                del busy[worker]
+                self._replace(worker, kill=True)
+                stats.restarts += 1
+
+    def close(self) -> None:
+        """Stop every worker; the pool cannot be used afterwards."""
+        if self._closed:
+            return
+        self._closed = True
+        for worker in self._workers:
+            worker.stop(kill=False)
+
+    def __enter__(self) -> SandboxPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_default_pool: SandboxPool | None = None
+_default_lock = threading.Lock()
+
+
+def default_pool() -> SandboxPool:
+    """The process-wide pool used when ``score_batch`` gets none (created on first use)."""
+    global _default_pool
+    with _default_lock:
+        if _default_pool is None or _default_pool._closed:
+            _default_pool = SandboxPool(num_workers=max(1, min(2, os.cpu_count() or 1)))
+            atexit.register(_default_pool.close)
+        return _default_pool
+
+
+def score_batch(
+    responses: Sequence[str],
+    references: Sequence[str],
+    *,
+    pool: SandboxPool | None = None,
+    timeout_s: float | None = None,
+    in_process_fast_path: bool = True,
+    check: Callable[[str, str], float | bool] | None = None,
+) -> tuple[list[float], VerifyStats]:
+    """Scores (B,) in {0.0, 1.0} (or ``check``'s floats) for B responses against B references.
+
+    ``check`` replaces math verification with any picklable top-level function run in the
+    sandbox; failures (timeout, error, crash) score 0.0 and are counted, never raised.
+    """
+    if len(responses) != len(references):
+        raise ValueError(f"{len(responses)} responses but {len(references)} references")
+    start = time.perf_counter()
+    scores = [0.0] * len(responses)
+    todo: list[int] = []
+    stats = VerifyStats(total=len(responses))
+    for i, (response, reference) in enumerate(zip(responses, references)):
+        decided = quick_verify(response, reference) if in_process_fast_path and check is None else None
+        if decided is None:
+            todo.append(i)
+        else:
+            scores[i] = 1.0 if decided else 0.0
+            stats.in_process += 1
+    if todo:
+        pool = pool or default_pool()
+        fn = check or verify_symbolic
+        results, pool_stats = pool.map(fn, [(responses[i], references[i]) for i in todo], timeout_s=timeout_s)
+        pool_stats.total = 0  # already counted above
+        stats += pool_stats
+        for i, result in zip(todo, results):
+            if result.status != "ok":
+                continue
+            try:
+                scores[i] = float(result.value)
+            except (TypeError, ValueError):
+                stats.errors += 1
+                logger.warning("reward check returned %r, not a number; scored 0", type(result.value).__name__)
+    stats.seconds = time.perf_counter() - start
+    return scores, stats
