@@ -1,0 +1,433 @@
+"""Timeline tracing: what every worker did when, as one Chrome/Perfetto trace per run.
+
+Each process owns one ``Tracer``. Spans (``with tracer.span("train", cat="train", mb=3):``) and counters
+(``tracer.counter("channel/rollout_out", depth)``) are appended to an in-memory list as plain tuples,
+with no Ray round trip and no serialisation on the hot path; the list is written as JSON lines to one
+shard per process under ``run_dir/trace/`` when it fills, on ``flush()`` and at exit. ``merge_traces``
+joins the shards into ``run_dir/trace.json`` (``traceEvents`` with ``X`` spans, ``C`` counters and ``M``
+metadata naming each process ``group[rank] @nodeN``), which Perfetto and ``chrome://tracing`` open.
+
+A disabled tracer hands out one shared no-op span, so instrumented code costs a method call when
+tracing is off. Times are taken with ``perf_counter_ns`` (monotonic, so spans on one thread nest
+exactly) and shifted onto the wall clock once per process, which lines processes up with each other.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import logging
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+log = logging.getLogger(__name__)
+
+# Categories the runtime and the workflows use; any other string is allowed too.
+CATEGORIES = (
+    "step", "generate", "reward", "logprobs", "train", "env_step", "weight_sync",
+    "offload", "onload", "wait_channel", "wait_lock",
+)
+# Time in these categories is spent waiting: the device is not busy.
+WAIT_CATEGORIES = frozenset({"wait_channel", "wait_lock"})
+# The driver marks each iteration with a span of this category; reports slice time by it.
+STEP_CATEGORY = "step"
+TRACE_SUBDIR = "trace"
+TRACE_FILE = "trace.json"
+_CATEGORY_ATTR = "_m2flow_trace_category"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """Who a trace shard belongs to; becomes the process row of the merged trace."""
+
+    group: str = "driver"
+    rank: int = 0
+    node_rank: int = 0
+    devices: tuple[int, ...] = ()
+    device_type: str = "cpu"
+
+    @property
+    def name(self) -> str:
+        """The row title: ``group[rank] @nodeN`` (just ``driver @nodeN`` for the driver)."""
+        who = self.group if self.group == "driver" else f"{self.group}[{self.rank}]"
+        return f"{who} @node{self.node_rank}"
+
+
+class _NoopSpan:
+    """The span a disabled tracer returns: entering and leaving it does nothing."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> _NoopSpan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def set(self, **args: Any) -> None:
+        """Add arguments to the span (ignored)."""
+
+
+_NOOP = _NoopSpan()
+
+
+class _Span:
+    __slots__ = ("_tracer", "_name", "_cat", "_args", "_t0")
+
+    def __init__(self, tracer: Tracer, name: str, cat: str, args: dict[str, Any]) -> None:
+        self._tracer = tracer
+        self._name = name
+        self._cat = cat
+        self._args = args
+
+    def __enter__(self) -> _Span:
+        self._t0 = time.perf_counter_ns()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        t1 = time.perf_counter_ns()
+        self._tracer._record(
+            ("X", self._name, self._cat, self._t0, t1 - self._t0, threading.get_ident(), self._args)
+        )
+
+    def set(self, **args: Any) -> None:
+        """Add arguments known only once the span has started (e.g. the size of a batch)."""
+        self._args.update(args)
+
+
+class Tracer:
+    """Spans and counters of one process, buffered in memory and flushed to a shard file."""
+
+    def __init__(
+        self,
+        trace_dir: str | Path | None = None,
+        info: ProcessInfo | None = None,
+        enabled: bool = True,
+        capacity: int = 50_000,
+    ) -> None:
+        self.enabled = enabled
+        self.info = info or ProcessInfo()
+        self.capacity = max(1, capacity)
+        self.trace_dir = Path(trace_dir) if trace_dir is not None else None
+        self._events: list[tuple] = []
+        self._flush_lock = threading.Lock()
+        # One offset per process puts monotonic readings on the wall clock all processes share.
+        self._offset_ns = time.time_ns() - time.perf_counter_ns()
+        self._shard: Path | None = None
+        self._dropped = 0
+        if enabled and self.trace_dir is not None:
+            self.trace_dir.mkdir(parents=True, exist_ok=True)
+            safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.info.group)
+            self._shard = self.trace_dir / f"{safe}.{self.info.rank}.{os.getpid()}.jsonl"
+
+    # -- recording ---------------------------------------------------------------------------
+    def span(self, name: str, cat: str | None = None, **args: Any) -> _Span | _NoopSpan:
+        """A context manager timing a block as one span; ``cat`` defaults to ``name``."""
+        if not self.enabled:
+            return _NOOP
+        return _Span(self, name, cat or name, args)
+
+    def complete(self, name: str, start_ns: int, dur_ns: int, cat: str | None = None,
+                 **args: Any) -> None:
+        """Record a span measured elsewhere, from ``time.perf_counter_ns()`` readings."""
+        if self.enabled:
+            self._record(("X", name, cat or name, start_ns, dur_ns, threading.get_ident(), args))
+
+    def counter(self, name: str, value: float, series: str = "value", shared: bool = True) -> None:
+        """Set counter track ``name`` (series ``series``) to ``value`` from now on.
+
+        Shared counters from every process meet on one "counters" row of the merged trace (a channel
+        depth seen by its producer and its consumer); others stay on this process's row.
+        """
+        if self.enabled:
+            self._record(("C", name, series, time.perf_counter_ns(), value, shared))
+
+    def _record(self, event: tuple) -> None:
+        events = self._events
+        events.append(event)
+        if len(events) >= self.capacity:
+            self._overflow()
+
+    def _overflow(self) -> None:
+        if self._shard is not None:
+            self.flush()
+            return
+        # In memory only: keep the newest half, like a ring buffer.
+        n = len(self._events) // 2
+        del self._events[:n]
+        if not self._dropped:
+            log.warning("trace buffer of %d events full with no trace dir; dropping oldest", self.capacity)
+        self._dropped += n
+
+    def events(self) -> list[tuple]:
+        """The events not yet flushed (in-memory tracers and tests)."""
+        return list(self._events)
+
+    # -- output ------------------------------------------------------------------------------
+    def flush(self) -> int:
+        """Append buffered events to this process's shard; returns how many were written."""
+        if self._shard is None:
+            return 0
+        with self._flush_lock:
+            # Slice then delete: appends from other threads in between stay in the buffer.
+            n = len(self._events)
+            if n == 0:
+                return 0
+            chunk = self._events[:n]
+            del self._events[:n]
+            first = not self._shard.exists()
+            lines = []
+            if first:
+                lines.append(json.dumps({"kind": "process", **asdict(self.info),
+                                         "pid": os.getpid(), "host": socket.gethostname()}))
+            names = {str(t.ident): t.name for t in threading.enumerate()}
+            lines.append(json.dumps({"kind": "threads", "names": names}))
+            off = self._offset_ns
+            for ev in chunk:
+                if ev[0] == "X":
+                    _, name, cat, t0, dur, tid, args = ev
+                    rec = {"kind": "X", "name": name, "cat": cat, "ts": t0 + off, "dur": dur,
+                           "tid": tid}
+                    if args:
+                        rec["args"] = args
+                else:
+                    _, name, series, t, value, shared = ev
+                    rec = {"kind": "C", "name": name, "series": series, "ts": t + off,
+                           "value": value, "shared": shared}
+                lines.append(json.dumps(rec, default=str))
+            with open(self._shard, "a", encoding="utf-8") as f:
+                f.write("\n".join(lines) + "\n")
+            return n
+
+    def close(self) -> None:
+        """Flush what is left; the tracer records nothing afterwards."""
+        self.flush()
+        self.enabled = False
+
+
+_DISABLED = Tracer(enabled=False)
+_current: Tracer = _DISABLED
+
+
+def get_tracer() -> Tracer:
+    """This process's tracer (a disabled one unless ``configure_tracer`` or ``set_tracer`` ran)."""
+    return _current
+
+
+def set_tracer(tracer: Tracer | None) -> Tracer:
+    """Install ``tracer`` (None: the disabled one) as this process's tracer; returns the previous."""
+    global _current
+    previous = _current
+    _current = tracer if tracer is not None else _DISABLED
+    return previous
+
+
+def configure_tracer(trace_dir: str | Path, info: ProcessInfo, capacity: int = 50_000) -> Tracer:
+    """Create an enabled tracer writing under ``trace_dir``, install it, and flush it at exit."""
+    tracer = Tracer(trace_dir, info, enabled=True, capacity=capacity)
+    set_tracer(tracer)
+    atexit.register(tracer.flush)
+    return tracer
+
+
+def prepare_trace_dir(run_dir: str | Path) -> Path:
+    """Empty (or create) ``run_dir/trace/`` for a new traced run; returns it.
+
+    Shards of an earlier run in the same directory would otherwise be merged into this run's trace.
+    """
+    trace_dir = Path(run_dir) / TRACE_SUBDIR
+    if trace_dir.is_dir():
+        for old in trace_dir.glob("*.jsonl"):
+            old.unlink()
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    stale = Path(run_dir) / TRACE_FILE
+    if stale.exists():
+        stale.unlink()
+    return trace_dir
+
+
+def trace_category(cat: str) -> Callable[[F], F]:
+    """Mark a worker method's category, used by the span ``WorkerGroup`` records per call."""
+
+    def mark(fn: F) -> F:
+        setattr(fn, _CATEGORY_ATTR, cat)
+        return fn
+
+    return mark
+
+
+def category_of(fn: Any, default: str) -> str:
+    """The category ``trace_category`` gave ``fn`` (bound methods included), else ``default``."""
+    return getattr(fn, _CATEGORY_ATTR, default)
+
+
+def traced(fn: F | None = None, *, name: str | None = None, cat: str | None = None) -> Any:
+    """Decorator: record a span per call of ``fn`` in the tracer current at call time."""
+
+    def wrap(f: F) -> F:
+        span_name = name or f.__name__
+        span_cat = cat or getattr(f, _CATEGORY_ATTR, span_name)
+
+        @functools.wraps(f)
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            tracer = _current
+            if not tracer.enabled:
+                return f(*args, **kwargs)
+            with _Span(tracer, span_name, span_cat, {}):
+                return f(*args, **kwargs)
+
+        return inner  # type: ignore[return-value]
+
+    return wrap(fn) if fn is not None else wrap
+
+
+# ----------------------------------------------------------------------------- merging
+
+
+@dataclass
+class _Shard:
+    info: dict[str, Any]
+    threads: dict[int, str] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _read_shard(path: Path) -> _Shard | None:
+    shard: _Shard | None = None
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:  # a process killed mid-write leaves a torn last line
+                log.warning("skipping a torn line in %s", path)
+                continue
+            kind = rec.get("kind")
+            if kind == "process":
+                shard = _Shard(info=rec)
+            elif shard is None:
+                log.warning("%s does not start with a process record; skipped", path)
+                return None
+            elif kind == "threads":
+                shard.threads.update({int(k): v for k, v in rec["names"].items()})
+            else:
+                shard.events.append(rec)
+    return shard
+
+
+def _process_name(info: dict[str, Any]) -> str:
+    return ProcessInfo(info["group"], info["rank"], info["node_rank"]).name
+
+
+def _us(ns: int) -> float:
+    return round(ns / 1000.0, 3)
+
+
+def merge_traces(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Merge ``run_dir/trace/*.jsonl`` into one Chrome/Perfetto JSON trace (``run_dir/trace.json``).
+
+    Processes are ordered driver first, then groups by their first event, then rank. Timestamps are
+    microseconds from the earliest event; the absolute origin is kept in ``otherData``.
+    """
+    run_dir = Path(run_dir)
+    out_path = Path(out) if out is not None else run_dir / TRACE_FILE
+    shards = [s for p in sorted((run_dir / TRACE_SUBDIR).glob("*.jsonl")) if (s := _read_shard(p))]
+    if not shards:
+        raise FileNotFoundError(f"no trace shards under {run_dir / TRACE_SUBDIR}")
+    all_ts = [e["ts"] for s in shards for e in s.events]
+    origin = min(all_ts) if all_ts else 0
+    group_start: dict[str, int] = {}
+    for s in shards:
+        first = min((e["ts"] for e in s.events), default=origin)
+        g = s.info["group"]
+        group_start[g] = min(group_start.get(g, first), first)
+    shards.sort(key=lambda s: (s.info["group"] != "driver", group_start[s.info["group"]],
+                               s.info["group"], s.info["rank"], s.info["pid"]))
+    meta: list[dict[str, Any]] = []
+    body: list[dict[str, Any]] = []
+    processes: list[dict[str, Any]] = []
+    counters_pid = len(shards) + 1
+    has_shared = False
+    for index, s in enumerate(shards):
+        pid = index + 1
+        info = s.info
+        name = _process_name(info)
+        devices = list(info.get("devices", []))
+        processes.append({"pid": pid, "name": name, "group": info["group"], "rank": info["rank"],
+                          "node_rank": info["node_rank"], "devices": devices,
+                          "device_type": info.get("device_type", "cpu"), "os_pid": info["pid"],
+                          "host": info.get("host", "")})
+        meta.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}})
+        meta.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
+                     "args": {"sort_index": pid}})
+        label = f"{info.get('device_type', 'cpu')} {devices}" if devices else "no devices"
+        meta.append({"ph": "M", "name": "process_labels", "pid": pid, "tid": 0,
+                     "args": {"labels": label}})
+        # Thread ids become 1, 2, ... in order of first use; the thread's own name is kept.
+        tids: dict[int, int] = {}
+        for e in s.events:
+            if e["kind"] == "X" and e["tid"] not in tids:
+                tids[e["tid"]] = len(tids) + 1
+        for ident, tid in tids.items():
+            tname = s.threads.get(ident, f"thread {tid}")
+            meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                         "args": {"name": "main" if tname == "MainThread" else tname}})
+            meta.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                         "args": {"sort_index": tid}})
+        for e in s.events:
+            if e["kind"] == "X":
+                ev = {"ph": "X", "name": e["name"], "cat": e["cat"], "pid": pid,
+                      "tid": tids[e["tid"]], "ts": _us(e["ts"] - origin), "dur": _us(e["dur"])}
+                if e.get("args"):
+                    ev["args"] = e["args"]
+            else:
+                shared = e.get("shared", True)
+                has_shared = has_shared or shared
+                ev = {"ph": "C", "name": e["name"], "pid": counters_pid if shared else pid,
+                      "tid": 0, "ts": _us(e["ts"] - origin), "args": {e["series"]: e["value"]}}
+            body.append(ev)
+    if has_shared:
+        meta.append({"ph": "M", "name": "process_name", "pid": counters_pid, "tid": 0,
+                     "args": {"name": "counters"}})
+        meta.append({"ph": "M", "name": "process_sort_index", "pid": counters_pid, "tid": 0,
+                     "args": {"sort_index": counters_pid}})
+    # Per track in time order; at equal starts the longer (enclosing) span comes first.
+    body.sort(key=lambda e: (e["pid"], e["tid"], e["ts"], -e.get("dur", 0.0)))
+    trace = {
+        "traceEvents": meta + body,
+        "displayTimeUnit": "ms",
+        "otherData": {"m2flow": {"origin_ns": origin, "processes": processes}},
+    }
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_suffix(out_path.suffix + ".tmp")
+    tmp.write_text(json.dumps(trace), encoding="utf-8")
+    tmp.replace(out_path)
+    log.info("merged %d trace shard(s), %d events, into %s", len(shards), len(body), out_path)
+    return out_path
+
+
+def load_trace(path: str | Path) -> dict[str, Any]:
+    """Read a merged trace back (``trace.json`` or the run dir holding it)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / TRACE_FILE
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def iter_spans(trace: dict[str, Any], pids: Iterable[int] | None = None) -> Iterable[dict[str, Any]]:
+    """The ``X`` events of a merged trace (of the given processes only, when ``pids`` is given)."""
+    wanted = set(pids) if pids is not None else None
+    for e in trace["traceEvents"]:
+        if e.get("ph") == "X" and (wanted is None or e["pid"] in wanted):
+            yield e
