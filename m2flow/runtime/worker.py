@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 from m2flow.runtime.device_lock import DeviceLock, device_turn
+from m2flow.runtime.trace import Tracer, get_tracer
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class WorkerContext:
     cluster_id: str
     num_threads: int
     log_dir: str | None = None
+    trace_dir: str | None = None  # where this rank writes its trace shard; None: not traced
     master_addr: str = ""
     master_port: int = 0
 
@@ -103,6 +105,11 @@ class Worker:
         import torch
 
         return torch.device("cuda:0" if self.context.device_type == "cuda" else "cpu")
+
+    @property
+    def tracer(self) -> Tracer:
+        """This process's tracer: ``with self.tracer.span("train", cat="train", mb=i):``."""
+        return get_tracer()
 
     @property
     def log(self) -> logging.Logger:
