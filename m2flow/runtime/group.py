@@ -28,6 +28,7 @@ from m2flow.runtime.placement import (
     RankPlacement,
     parse_placement,
 )
+from m2flow.runtime.trace import ProcessInfo, category_of, configure_tracer, get_tracer
 from m2flow.runtime.worker import Worker, WorkerContext, apply_thread_limits
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,9 @@ class _RankHost:
         log_file = Path(ctx.log_dir) / f"{ctx.group_name}.{ctx.rank}.log" if ctx.log_dir else None
         setup_logging(log_file=log_file, console=ctx.rank == 0,
                       prefix=f"[{ctx.group_name}:{ctx.rank}] ")
+        if ctx.trace_dir:
+            configure_tracer(ctx.trace_dir, ProcessInfo(
+                ctx.group_name, ctx.rank, ctx.node_rank, ctx.devices, ctx.device_type))
 
     def _failure(self, exc: BaseException) -> CallFailure:
         c = self.ctx
@@ -78,9 +82,15 @@ class _RankHost:
         try:
             if self.worker is None:
                 raise RuntimeError("the worker was not constructed")
-            return getattr(self.worker, method)(*args, **kwargs)
+            fn = getattr(self.worker, method)
+            # One span per call; a disabled tracer makes this a shared no-op.
+            with get_tracer().span(method, cat=category_of(fn, method)):
+                return fn(*args, **kwargs)
         except BaseException as e:  # noqa: BLE001
             return self._failure(e)
+
+    def flush_trace(self) -> int:
+        return get_tracer().flush()
 
     def context(self) -> WorkerContext:
         return self.ctx
@@ -113,6 +123,7 @@ class WorkerGroup:
         max_concurrency: int = 1,
         log_dir: str | Path | None = None,
         detached: bool = False,
+        trace_dir: str | Path | None = None,
     ) -> None:
         if not (isinstance(worker_cls, type) and issubclass(worker_cls, Worker)):
             raise TypeError(f"worker_cls must be a subclass of Worker, got {worker_cls!r}")
@@ -121,7 +132,8 @@ class WorkerGroup:
         self.name = name
         self.cluster = cluster
         self.placement = self._resolve_placement(cluster, name, num_ranks, placement)
-        contexts = self._contexts(cluster, num_threads, log_dir)
+        self._traced = trace_dir is not None
+        contexts = self._contexts(cluster, num_threads, log_dir, trace_dir)
         self._hosts = []
         for ctx in contexts:
             node = cluster.nodes[ctx.node_rank]
@@ -173,8 +185,8 @@ class WorkerGroup:
             for r in range(num_ranks)
         ))
 
-    def _contexts(self, cluster: Cluster, num_threads: int, log_dir: str | Path | None
-                  ) -> list[WorkerContext]:
+    def _contexts(self, cluster: Cluster, num_threads: int, log_dir: str | Path | None,
+                  trace_dir: str | Path | None = None) -> list[WorkerContext]:
         ranks = self.placement.ranks
         per_node: dict[int, list[int]] = {}
         for r in ranks:
@@ -192,6 +204,7 @@ class WorkerGroup:
                     namespace=cluster.config.namespace, cluster_id=cluster.cluster_id,
                     num_threads=num_threads,
                     log_dir=str(log_dir) if log_dir is not None else None,
+                    trace_dir=str(trace_dir) if trace_dir is not None else None,
                 )
             )
         return out
@@ -222,6 +235,7 @@ class WorkerGroup:
         ]
         self._contexts_by_rank = ray.get([h.context.remote() for h in self._hosts])
         self.placement = None
+        self._traced = bool(self._contexts_by_rank[0].trace_dir)
         return self
 
     # -- calling -----------------------------------------------------------------------------
@@ -283,8 +297,19 @@ class WorkerGroup:
         """Process id of every rank (for diagnostics)."""
         return ray.get([h.pid.remote() for h in self._hosts])
 
+    def flush_trace(self, timeout: float = 30.0) -> None:
+        """Write every rank's buffered trace events to its shard (a no-op when not traced)."""
+        if not getattr(self, "_traced", False) or not self._hosts:
+            return
+        try:
+            ray.get([h.flush_trace.remote() for h in self._hosts], timeout=timeout)
+        except Exception as e:  # noqa: BLE001 - a dead rank's events are lost, the rest are kept
+            log.warning("could not flush the trace of every rank of %s: %s", self.name, e)
+
     def shutdown(self) -> None:
-        """Kill every rank of the group."""
+        """Kill every rank of the group (after flushing their trace events, when traced)."""
+        # A short wait: a rank stuck in a call must not hold up the shutdown for long.
+        self.flush_trace(timeout=5.0)
         for h in getattr(self, "_hosts", []):
             try:
                 ray.kill(h, no_restart=True)
