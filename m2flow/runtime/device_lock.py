@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from m2flow.runtime.trace import get_tracer
+
 
 @runtime_checkable
 class Offloadable(Protocol):
@@ -70,6 +72,7 @@ class DeviceLock:
 
     def acquire(self, timeout: float | None = None) -> None:
         """Block until every device of the set is ours; ``TimeoutError`` after ``timeout`` seconds."""
+        t0 = time.perf_counter_ns()
         self._guard.acquire()
         start = time.time()
         try:
@@ -87,6 +90,12 @@ class DeviceLock:
             raise
         self._t_acquired = time.time()
         self._waited = self._t_acquired - start
+        tracer = get_tracer()
+        if tracer.enabled:
+            tracer.complete("wait_lock", t0, time.perf_counter_ns() - t0, cat="wait_lock",
+                            devices=list(self.devices))
+            for d in self.devices:  # ownership track per device: this owner's series is 1 while held
+                tracer.counter(f"device_lock/{d}", 1, series=self.owner)
 
     def _flock(self, fd: int, start: float, timeout: float | None) -> None:
         if timeout is None:
@@ -118,6 +127,10 @@ class DeviceLock:
             raise RuntimeError(f"{self.owner}: release of a device lock that is not held")
         released = time.time()
         self._unlock_all()
+        tracer = get_tracer()
+        if tracer.enabled:
+            for d in self.devices:
+                tracer.counter(f"device_lock/{d}", 0, series=self.owner)
         self.history.append(
             LockSpan(self.owner, self.devices, self._t_acquired, released, self._waited)
         )
@@ -141,14 +154,17 @@ def device_turn(
     ``state.onload()`` runs after the lock is held and ``state.offload()`` before it is released, so a
     component's memory is on the device only during its own turn.
     """
+    tracer = get_tracer()
     lock.acquire(timeout)
     try:
         if state is not None:
-            state.onload()
+            with tracer.span("onload", cat="onload"):
+                state.onload()
         yield
     finally:
         try:
             if state is not None and offload_after:
-                state.offload()
+                with tracer.span("offload", cat="offload"):
+                    state.offload()
         finally:
             lock.release()
