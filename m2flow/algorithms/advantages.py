@@ -126,7 +126,9 @@ def _zero_uninformative(advantages: Tensor, scores: Tensor, inverse: Tensor, num
     return torch.where(constant[inverse], torch.zeros_like(advantages), advantages)
 
 
-def rloo_advantage(scores: Tensor, *, group_index: Tensor | None = None, group_size: int | None = None) -> Tensor:
+def rloo_advantage(
+    scores: Tensor, *, group_index: Tensor | None = None, group_size: int | None = None
+) -> Tensor:
     """(B,) leave-one-out advantage r_i - mean_{j != i in group} r_j (Ahmadian et al. 2024, arXiv 2402.14740).
 
     Equals K/(K-1) * (r_i - mean_g) for a group of K; singletons get 0.

@@ -69,6 +69,8 @@ def seq_mean_token_sum_norm(
     return _divide(masked_sum(loss, mask), torch.as_tensor(seqs, dtype=loss.dtype) * length)
 
 
-def aggregate(loss: Tensor, mask: Tensor, mode: AggMode | str = "token-mean", **kwargs: float | int | None) -> Tensor:
+def aggregate(
+    loss: Tensor, mask: Tensor, mode: AggMode | str = "token-mean", **kwargs: float | int | None
+) -> Tensor:
     """Scalar reduction of a (B, L) loss under ``mode`` (see ``LOSS_AGGREGATIONS.names()``)."""
     return LOSS_AGGREGATIONS.get(mode)(loss, mask, **kwargs)

@@ -60,7 +60,8 @@ def compute_advantages(name: str, inputs: TokenBatch | StepBatch, **params: Any)
 def _need(inputs: object, estimator: str, *names: str) -> None:
     missing = [n for n in names if getattr(inputs, n) is None]
     if missing:
-        raise ValueError(f"advantage estimator {estimator!r} needs {type(inputs).__name__}.{', '.join(missing)}")
+        fields = ", ".join(missing)
+        raise ValueError(f"advantage estimator {estimator!r} needs {type(inputs).__name__}.{fields}")
 
 
 def _token_only(inputs: object, estimator: str) -> TokenBatch:
@@ -87,7 +88,8 @@ def _token_rewards(inputs: TokenBatch, estimator: str, kl_coef: float) -> Tensor
 def _broadcast(per_seq: Tensor, response_mask: Tensor) -> AdvantageOutput:
     """One value per sequence (B,) copied to its response tokens (B, L)."""
     mask = response_mask.bool()
-    tokens = torch.where(mask, per_seq.unsqueeze(-1), torch.zeros((), dtype=per_seq.dtype, device=per_seq.device))
+    zero = torch.zeros((), dtype=per_seq.dtype, device=per_seq.device)
+    tokens = torch.where(mask, per_seq.unsqueeze(-1), zero)
     return AdvantageOutput(tokens, tokens, mask)
 
 
@@ -139,7 +141,9 @@ def gae_estimator(
     return AdvantageOutput(advantages, returns, inputs.response_mask.bool())
 
 
-def _grpo(inputs: TokenBatch | StepBatch, name: str, norm_by_std: bool, group_size: int | None, eps: float) -> AdvantageOutput:
+def _grpo(
+    inputs: TokenBatch | StepBatch, name: str, norm_by_std: bool, group_size: int | None, eps: float
+) -> AdvantageOutput:
     if isinstance(inputs, StepBatch):
         advantages, _, step_mask = adv.grpo_episode_advantage(
             inputs.rewards,
@@ -161,7 +165,11 @@ def _grpo(inputs: TokenBatch | StepBatch, name: str, norm_by_std: bool, group_si
 
 @ADV_ESTIMATORS.register("grpo")
 def grpo_estimator(
-    inputs: TokenBatch | StepBatch, *, group_size: int | None = None, norm_by_std: bool = True, eps: float = 1e-6
+    inputs: TokenBatch | StepBatch,
+    *,
+    group_size: int | None = None,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
 ) -> AdvantageOutput:
     """GRPO (Shao et al. 2024): outcome scores, or embodied episode returns, normalised per group."""
     return _grpo(inputs, "grpo", norm_by_std, group_size, eps)

@@ -6,7 +6,9 @@ import torch
 from torch import Tensor
 
 
-def group_inverse(n: int, group_index: Tensor | None, group_size: int | None, device: torch.device) -> tuple[Tensor, int]:
+def group_inverse(
+    n: int, group_index: Tensor | None, group_size: int | None, device: torch.device
+) -> tuple[Tensor, int]:
     """(n,) dense group id in [0, G) per sample, and G; from ids (n,) or contiguous groups of a size."""
     if group_index is not None:
         if group_index.shape != (n,):

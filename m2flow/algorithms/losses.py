@@ -109,7 +109,9 @@ def vanilla_policy_loss(
     return LossOutput(loss, metrics)
 
 
-def policy_loss(name: str, log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, mask: Tensor, **params: Any) -> LossOutput:
+def policy_loss(
+    name: str, log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, mask: Tensor, **params: Any
+) -> LossOutput:
     """Run the policy loss registered as ``name`` (see ``POLICY_LOSSES.names()``)."""
     return POLICY_LOSSES.get(name)(log_probs, old_log_probs, advantages, mask, **params)
 

@@ -203,7 +203,7 @@ def _decimals_of(text: str) -> int | None:
 
 
 def _parts(text: str) -> tuple[str, list[str]]:
-    """Brackets and elements of a tuple/interval answer ("(1, 2)" -> ("()", ["1", "2"])); ("", [text]) else."""
+    """Brackets and elements of a tuple/interval answer: "(1, 2)" -> ("()", ["1", "2"]), "7" -> ("", ["7"])."""
     text = normalize_answer(text)
     parts = _split_top_level(text)
     if len(parts) == 1 and text[:1] in "([" and text[-1:] in ")]":

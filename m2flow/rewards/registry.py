@@ -90,7 +90,8 @@ class RewardFunction:
                 self.stats.total -= len(responses)  # counted below for every kind of function
             scores = self._check_batch(out, len(responses))
         else:
-            scores = [self._check_one(self.entry.fn(r, ref), i) for i, (r, ref) in enumerate(zip(responses, references))]
+            pairs = enumerate(zip(responses, references))
+            scores = [self._check_one(self.entry.fn(r, ref), i) for i, (r, ref) in pairs]
         self.stats.total += len(responses)
         self.stats.seconds += time.perf_counter() - start
         return scores

@@ -17,9 +17,11 @@ copy its threads' locks (torch, Ray) into the child, and ``spawn`` re-imports sy
 from __future__ import annotations
 
 import atexit
+import itertools
 import logging
 import multiprocessing as mp
 import os
+import pickle
 import threading
 import time
 from collections import deque
@@ -73,7 +75,7 @@ class SandboxResult:
 
 
 def _worker_main(conn: Connection, memory_limit_mb: int | None) -> None:
-    """Worker loop: receive (index, fn, args), send back (index, status, payload); None stops."""
+    """Worker loop: receive (task id, fn, args), send back (task id, status, payload); None stops."""
     if memory_limit_mb:
         import resource
 
@@ -86,15 +88,15 @@ def _worker_main(conn: Connection, memory_limit_mb: int | None) -> None:
             return
         if message is None:
             return
-        index, fn, args = message
+        task_id, fn, args = message
         try:
-            reply = (index, "ok", fn(*args))
+            reply = (task_id, "ok", fn(*args))
         except BaseException as exc:  # noqa: BLE001 - every failure is reported, none kills the loop
-            reply = (index, "error", f"{type(exc).__name__}: {exc}"[:500])
+            reply = (task_id, "error", f"{type(exc).__name__}: {exc}"[:500])
         try:
             conn.send(reply)
         except Exception as exc:  # noqa: BLE001 - e.g. an unpicklable return value
-            conn.send((index, "error", f"cannot send result: {type(exc).__name__}: {exc}"[:500]))
+            conn.send((task_id, "error", f"cannot send result: {type(exc).__name__}: {exc}"[:500]))
 
 
 class _Worker:
@@ -145,6 +147,7 @@ class SandboxPool:
         # Loaded once in the fork server, so a replacement worker starts in milliseconds.
         self._ctx.set_forkserver_preload(list(preload))
         self._lock = threading.Lock()
+        self._task_ids = itertools.count()
         self._workers = [_Worker(self._ctx, memory_limit_mb) for _ in range(num_workers)]
         self._closed = False
 
@@ -164,13 +167,17 @@ class SandboxPool:
         """Run ``fn(*args)`` for each args tuple across the workers; never raises for a bad call."""
         if self._closed:
             raise RuntimeError("SandboxPool is closed")
+        try:
+            pickle.dumps(fn)
+        except Exception as exc:  # noqa: BLE001 - pickling can fail with many exception types
+            raise TypeError(f"sandboxed checks must be picklable top-level functions, got {fn!r}") from exc
         limit = self.timeout_s if timeout_s is None else timeout_s
         start = time.perf_counter()
         stats = VerifyStats(total=len(calls), sandboxed=len(calls))
         results: list[SandboxResult | None] = [None] * len(calls)
         with self._lock:
             pending = deque(enumerate(calls))
-            busy: dict[_Worker, tuple[int, float]] = {}  # worker -> (call index, deadline)
+            busy: dict[_Worker, tuple[int, int, float]] = {}  # worker -> (call index, task id, deadline)
             while pending or busy:
                 for worker in list(self._workers):
                     if not pending:
@@ -181,27 +188,40 @@ class SandboxPool:
                         worker = self._replace(worker, kill=True)
                         stats.restarts += 1
                     index, args = pending.popleft()
-                    worker.conn.send((index, fn, tuple(args)))
-                    busy[worker] = (index, time.monotonic() + limit)
-                self._collect(busy, results, stats)
+                    task_id = next(self._task_ids)
+                    try:
+                        worker.conn.send((task_id, fn, tuple(args)))
+                    except OSError:  # the worker died since the check above: retry on a fresh one
+                        pending.appendleft((index, args))
+                        self._replace(worker, kill=True)
+                        stats.restarts += 1
+                        continue
+                    busy[worker] = (index, task_id, time.monotonic() + limit)
+                if busy:
+                    self._collect(busy, results, stats)
         stats.seconds = time.perf_counter() - start
         return [r if r is not None else SandboxResult("crash") for r in results], stats
 
     def _collect(
-        self, busy: dict[_Worker, tuple[int, float]], results: list[SandboxResult | None], stats: VerifyStats
+        self,
+        busy: dict[_Worker, tuple[int, int, float]],
+        results: list[SandboxResult | None],
+        stats: VerifyStats,
     ) -> None:
         """Wait for the first reply, death or deadline among busy workers and record it."""
-        next_deadline = min(deadline for _, deadline in busy.values())
+        next_deadline = min(deadline for _, _, deadline in busy.values())
         handles: list[Any] = [w.conn for w in busy] + [w.process.sentinel for w in busy]
         ready = set(wait(handles, timeout=max(0.0, next_deadline - time.monotonic())))
         now = time.monotonic()
-        for worker, (index, deadline) in list(busy.items()):
-            reply = None
+        for worker, (index, task_id, deadline) in list(busy.items()):
+            reply, dead = None, False
             if worker.conn in ready or worker.conn.poll():
                 try:
                     reply = worker.conn.recv()
                 except (EOFError, OSError):
-                    reply = None
+                    dead = True
+            if reply is not None and reply[0] != task_id:
+                continue  # a stale reply from a call interrupted earlier: keep waiting
             if reply is not None:
                 _, status, payload = reply
                 if status == "ok":
@@ -215,10 +235,11 @@ class SandboxPool:
                 if self.max_tasks_per_worker and worker.tasks_done >= self.max_tasks_per_worker:
                     self._replace(worker, kill=False)
                     stats.restarts += 1
-            elif worker.process.sentinel in ready or not worker.process.is_alive():
+            elif dead or worker.process.sentinel in ready or not worker.process.is_alive():
+                worker.process.join(timeout=1.0)
                 results[index] = SandboxResult("crash", error=f"worker exit code {worker.process.exitcode}")
                 stats.crashes += 1
-                logger.warning("reward check %d crashed its worker (exit code %s)", index, worker.process.exitcode)
+                logger.warning("reward check %d crashed its worker (exit %s)", index, worker.process.exitcode)
                 del busy[worker]
                 self._replace(worker, kill=True)
                 stats.restarts += 1
@@ -299,6 +320,6 @@ def score_batch(
                 scores[i] = float(result.value)
             except (TypeError, ValueError):
                 stats.errors += 1
-                logger.warning("reward check returned %r, not a number; scored 0", type(result.value).__name__)
+                logger.warning("reward check returned a %s, not a number; scored 0", type(result.value).__name__)
     stats.seconds = time.perf_counter() - start
     return scores, stats

@@ -84,7 +84,8 @@ def test_vanilla_policy_gradient_by_hand():
     out.loss.backward()
     torch.testing.assert_close(log_probs.grad, -adv / 3)
     assert out.metrics["actor/approx_kl"].item() == 0.0
-    assert policy_loss("vanilla", log_probs, log_probs.detach(), adv, torch.ones(1, 3)).loss.item() == pytest.approx(1 / 3)
+    by_name = policy_loss("vanilla", log_probs, log_probs.detach(), adv, torch.ones(1, 3))
+    assert by_name.loss.item() == pytest.approx(1 / 3)
 
 
 def test_value_loss_by_hand():
@@ -170,8 +171,8 @@ def test_clip_bounds_hold(seed: int):
     adv = torch.randn(8, 16, generator=gen, dtype=F64)
     mask = torch.ones(8, 16)
     lo, hi, c = 0.2, 0.28, 3.0
-    per_token = ppo_policy_loss(log_probs, old, adv, mask, clip_low=lo, clip_high=hi, clip_c=c, agg="seq-mean-token-sum").loss
-    per_token.backward()
+    loss = ppo_policy_loss(log_probs, old, adv, mask, clip_low=lo, clip_high=hi, clip_c=c, agg="seq-mean-token-sum")
+    loss.loss.backward()
     ratio = (log_probs - old).exp().detach()
     pos, neg = adv > 0, adv < 0
     # The objective gains nothing from pushing the ratio past 1 + clip_high (A > 0) or below

@@ -73,6 +73,19 @@ def test_math_batch_uses_the_fast_path_for_numbers(pool: SandboxPool):
     assert slow == scores and stats.sandboxed == 5
 
 
+def test_worker_killed_while_idle_is_replaced(pool: SandboxPool):
+    victim = pool._workers[0].process
+    victim.kill()
+    victim.join()
+    results, stats = pool.map(checks.equal_check, [("a", "a")] * 3)
+    assert [r.value for r in results] == [1.0] * 3 and stats.restarts == 1 and stats.failures == 0
+
+
+def test_unpicklable_check_is_a_clear_error(pool: SandboxPool):
+    with pytest.raises(TypeError, match="picklable top-level functions"):
+        pool.map(lambda a, b: 1.0, [("a", "a")])
+
+
 def test_workers_are_recycled_after_max_tasks():
     with SandboxPool(num_workers=1, timeout_s=30.0, max_tasks_per_worker=2) as pool:
         results, stats = pool.map(checks.worker_pid, [("", "")] * 6)
