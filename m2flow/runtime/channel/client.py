@@ -1,0 +1,459 @@
+"""``Channel``: the handle workers use to put into and get from a named channel.
+
+A handle is small and picklable (name and host address), so it can be passed to workers as an
+argument; each process opens one connection per channel on first use and shares it between
+threads. Sync calls block; ``async_op=True`` returns a ``CommWork`` that can be waited or awaited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import pickle
+import threading
+from collections.abc import Hashable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from m2flow.runtime.channel.host import ChannelHost
+from m2flow.runtime.channel.metrics import ChannelMetrics
+from m2flow.runtime.comm.communicator import PROCESS_UID, _node_id
+from m2flow.runtime.comm.errors import CommError, CommTimeout, PeerDiedError
+from m2flow.runtime.comm.payload import Desc, pack, unpack
+from m2flow.runtime.comm.rendezvous import HOSTNAME, Rendezvous, default_rendezvous
+from m2flow.runtime.comm.serialization import encode
+from m2flow.runtime.comm.shm import SegmentCache, SegmentPool
+from m2flow.runtime.comm.wire import Connection, ConnectionLost, connect
+from m2flow.runtime.comm.work import CommWork
+
+log = logging.getLogger(__name__)
+
+_CREDIT_BATCH = 64  # slots a producer asks for at once on a bounded channel
+
+
+class ChannelClosed(Exception):
+    """The channel was closed and (for a get) everything put before the close has been taken."""
+
+
+@dataclass(frozen=True)
+class ChannelAddress:
+    """Where a channel's host listens, and its capacity."""
+
+    name: str
+    node_id: str
+    unix_address: tuple
+    tcp_address: tuple
+    maxsize: int
+    actor_name: str | None = None
+
+
+def _identity() -> str:
+    name = None
+    try:
+        import ray
+
+        if ray.is_initialized():
+            name = ray.get_runtime_context().get_actor_name()
+    except Exception:
+        pass
+    where = f"pid {os.getpid()} on {HOSTNAME}"
+    return f"{name} ({where})" if name else where
+
+
+class _Connection:
+    """This process's connection to one channel host: requests, replies, credits."""
+
+    def __init__(self, address: ChannelAddress) -> None:
+        self.address = address
+        self.same_node = address.node_id == _node_id()
+        try:
+            self.conn: Connection = connect(address.unix_address if self.same_node else address.tcp_address)
+            self.conn.send(("hello", _identity()))
+        except (OSError, ConnectionLost) as exc:
+            raise PeerDiedError(f"cannot reach the host of channel {address.name!r}: {exc}") from exc
+        self.pool = SegmentPool(f"{PROCESS_UID}:channel:{address.name}") if self.same_node else None
+        self.cache = SegmentCache()
+        self.closed = False  # the channel, as last heard from the host
+        self.lost: str | None = None
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._futures: dict[int, Future] = {}
+        self._batches: dict[int, list[Any]] = {}
+        self._credits = 0
+        self._credit_req: int | None = None
+        self._pending_puts: list[tuple[tuple, list, list[int], Future]] = []
+        threading.Thread(target=self._read, daemon=True, name=f"m2flow-chc-{address.name}").start()
+
+    # -- requests ------------------------------------------------------------------------------
+    def request(self, control: tuple) -> tuple[int, Future]:
+        req = next(self._ids)
+        fut: Future = Future()
+        with self._lock:
+            self._check()
+            self._futures[req] = fut
+        self._send((control[0], req, *control[1:]))
+        return req, fut
+
+    def _send(self, control: tuple, inline: list | None = None, fds: list[int] | None = None) -> None:
+        try:
+            self.conn.send(control, inline or (), fds or ())
+        except ConnectionLost as exc:
+            raise self._lost_error(str(exc)) from exc
+
+    def _check(self) -> None:
+        if self.lost is not None:
+            raise self._lost_error(self.lost)
+
+    def _lost_error(self, why: str) -> PeerDiedError:
+        return PeerDiedError(f"the host of channel {self.address.name!r} is gone: {why}")
+
+    def cancel(self, req: int) -> None:
+        self._send(("cancel", req))
+
+    def put(self, item: Any, weight: float, key: Hashable) -> Future:
+        packed = pack(encode(item), self.pool)
+        control = ("put", key, weight, packed.desc.to_wire())
+        fut: Future = Future()
+        with self._lock:
+            self._check()
+            if self.closed:
+                raise ChannelClosed(f"channel {self.address.name!r} is closed")
+            if not self.address.maxsize or (self._credits > 0 and not self._pending_puts):
+                self._credits -= 1
+                self._send(control, packed.inline, packed.fds)  # under the lock: puts stay in order
+                fut.set_result(None)
+                return fut
+            self._pending_puts.append((control, packed.inline, packed.fds, fut))
+            if self._credit_req is None:
+                self._credit_req = req = next(self._ids)
+                self._send(("credit", req, min(_CREDIT_BATCH, self.address.maxsize)))
+        return fut
+
+    # -- replies -------------------------------------------------------------------------------
+    def _read(self) -> None:
+        why = "connection closed"
+        try:
+            while True:
+                control, inline, fds = self.conn.recv()
+                self._on_reply(control, inline, fds)
+        except ConnectionLost as exc:
+            why = str(exc) or why
+        except Exception as exc:
+            log.exception("channel %s: reading replies failed", self.address.name)
+            why = repr(exc)
+        with self._lock:
+            self.lost = why
+            futures, self._futures = list(self._futures.values()), {}
+            pending, self._pending_puts = self._pending_puts, []
+        err = self._lost_error(why)
+        for fut in futures + [p[3] for p in pending]:
+            if not fut.done():
+                fut.set_exception(err)
+
+    def _on_reply(self, control: tuple, inline: list, fds: list[int]) -> None:
+        op = control[0]
+        if op == "item":
+            _, req, last, _weight, desc = control
+            try:
+                obj = unpack(Desc.from_wire(desc), inline, fds, self.cache)
+            except Exception as exc:
+                obj = _Undecodable(exc)
+            with self._lock:
+                batch = self._batches.setdefault(req, [])
+                batch.append(obj)
+                fut = self._futures.pop(req, None) if last else None
+                if last:
+                    del self._batches[req]
+            if fut is not None:
+                fut.set_result(batch)
+        elif op == "grant":
+            self._on_grant(control[2])
+        elif op in ("stat", "cancelled"):
+            with self._lock:
+                fut = self._futures.pop(control[1], None)
+            if fut is not None:
+                fut.set_result(control[2] if op == "stat" else _CANCELLED)
+        elif op == "error":
+            _, req, kind, message = control
+            err: Exception = ChannelClosed(message) if kind == "closed" else PeerDiedError(message)
+            with self._lock:
+                fut = self._futures.pop(req, None)
+                if req == self._credit_req:
+                    self._credit_req = None
+                    pending, self._pending_puts = self._pending_puts, []
+                    futs = [p[3] for p in pending]
+                else:
+                    futs = []
+            for f in ([fut] if fut is not None else []) + futs:
+                f.set_exception(err)
+        elif op == "closed":
+            with self._lock:
+                self.closed = True
+
+    def _on_grant(self, n: int) -> None:
+        with self._lock:
+            self._credit_req = None
+            self._credits += n
+            while self._pending_puts and self._credits > 0:
+                control, inline, fds, fut = self._pending_puts.pop(0)
+                self._credits -= 1
+                try:
+                    self._send(control, inline, fds)
+                    fut.set_result(None)
+                except PeerDiedError as exc:
+                    fut.set_exception(exc)
+            if self._pending_puts:
+                self._credit_req = req = next(self._ids)
+                self._send(("credit", req, min(_CREDIT_BATCH, self.address.maxsize)))
+
+    def close(self) -> None:
+        try:
+            self.conn.send(("bye",))
+        except ConnectionLost:
+            pass
+        self.conn.close()
+        if self.pool is not None:
+            self.pool.close()
+
+
+class _Undecodable:
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+
+_CANCELLED = object()
+_CONNECTIONS: dict[tuple, _Connection] = {}
+_CONNECTIONS_LOCK = threading.Lock()
+_LOCAL_HOSTS: dict[str, ChannelHost] = {}
+
+
+def _connection(address: ChannelAddress) -> _Connection:
+    key = (address.name, address.unix_address, address.tcp_address)
+    conn = _CONNECTIONS.get(key)
+    if conn is None or conn.lost is not None:
+        with _CONNECTIONS_LOCK:
+            conn = _CONNECTIONS.get(key)
+            if conn is None or conn.lost is not None:
+                conn = _CONNECTIONS[key] = _Connection(address)
+    return conn
+
+
+def _unwrap_one(batch: list[Any]) -> Any:
+    (obj,) = batch
+    if isinstance(obj, _Undecodable):
+        raise CommError(f"cannot decode a channel item: {obj.exc!r}") from obj.exc
+    return obj
+
+
+def _unwrap_many(batch: list[Any]) -> list[Any]:
+    for obj in batch:
+        if isinstance(obj, _Undecodable):
+            raise CommError(f"cannot decode a channel item: {obj.exc!r}") from obj.exc
+    return batch
+
+
+class _Mapped(CommWork):
+    """A CommWork whose result is transformed, and that cancels its request on a timeout."""
+
+    def __init__(self, fut: Future, fn: Any, conn: _Connection, req: int, what: str = "") -> None:
+        super().__init__(fut, what=what)
+        self._fut = fut
+        self._fn = fn
+        self._conn = conn
+        self._req = req
+
+    def wait(self, timeout: float | None = None) -> Any:
+        try:
+            raw = super().wait(timeout)
+        except CommTimeout:
+            self._conn.cancel(self._req)  # the reply says whether an item was already on its way
+            raw = super().wait(30.0)
+            if raw is _CANCELLED:
+                raise
+        return self._fn(raw)
+
+    def __await__(self):
+        async def _wait() -> Any:
+            return self._fn(await asyncio.wrap_future(self._fut))
+
+        return _wait().__await__()
+
+
+class Channel:
+    """A named FIFO queue shared by worker groups, with keyed sub-queues and optional capacity.
+
+    ``maxsize`` bounds the number of items queued across all keys (0: unbounded); a put on a full
+    channel blocks until a get frees a slot. ``close()`` ends the stream: consumers first receive
+    every item put before it, then ``get`` raises ``ChannelClosed`` (iteration just stops).
+    If the channel is empty and a producer died, a blocked get raises ``PeerDiedError`` naming it.
+    """
+
+    def __init__(self, address: ChannelAddress) -> None:
+        self.address = address
+
+    @property
+    def name(self) -> str:
+        return self.address.name
+
+    @property
+    def maxsize(self) -> int:
+        return self.address.maxsize
+
+    def __reduce__(self):
+        return (Channel, (self.address,))
+
+    def __repr__(self) -> str:
+        return f"Channel({self.name!r}, maxsize={self.maxsize})"
+
+    # -- creation ------------------------------------------------------------------------------
+    @classmethod
+    def create(cls, name: str, maxsize: int = 0, *, namespace: str | None = None, rendezvous: Rendezvous | None = None) -> Channel:
+        """Start the channel's host (a Ray actor on this node when Ray is up, else a thread here)."""
+        rdv = rendezvous or default_rendezvous(_namespace(namespace))
+        address = _start_host(name, maxsize)
+        rdv.publish(f"channel/{name}", pickle.dumps(address))
+        return cls(address)
+
+    @classmethod
+    def connect(cls, name: str, *, namespace: str | None = None, rendezvous: Rendezvous | None = None, timeout: float = 60.0) -> Channel:
+        """A handle on a channel created elsewhere, looked up by name."""
+        import time
+
+        rdv = rendezvous or default_rendezvous(_namespace(namespace))
+        deadline = time.monotonic() + timeout
+        while True:
+            raw = rdv.lookup(f"channel/{name}")
+            if raw is not None:
+                return cls(pickle.loads(raw))
+            if time.monotonic() > deadline:
+                raise CommTimeout(f"no channel named {name!r} was created within {timeout:.0f}s")
+            time.sleep(0.02)
+
+    @property
+    def _conn(self) -> _Connection:
+        return _connection(self.address)
+
+    # -- queue operations ----------------------------------------------------------------------
+    def put(self, item: Any, weight: float = 1, key: Hashable = None, async_op: bool = False, timeout: float | None = None) -> CommWork | None:
+        """Append ``item`` to sub-queue ``key``; blocks while the channel is full."""
+        work = CommWork(self._conn.put(item, weight, key), what=f"put into channel {self.name!r}")
+        return work if async_op else work.wait(timeout)
+
+    def get(self, key: Hashable = None, async_op: bool = False, timeout: float | None = None) -> Any:
+        """Take the oldest item of sub-queue ``key``; blocks while it is empty."""
+        conn = self._conn
+        req, fut = conn.request(("get", key, None))
+        work = _Mapped(fut, _unwrap_one, conn, req, what=f"get from channel {self.name!r}")
+        return work if async_op else work.wait(timeout)
+
+    def get_batch(self, target_weight: float, key: Hashable = None, async_op: bool = False, timeout: float | None = None) -> Any:
+        """Take items until their total weight reaches ``target_weight`` (never exceeding it, except
+        that an item heavier than the target comes alone); blocks until then or until close."""
+        if target_weight <= 0:
+            raise ValueError(f"target_weight must be > 0, got {target_weight}")
+        conn = self._conn
+        req, fut = conn.request(("get", key, float(target_weight)))
+        work = _Mapped(fut, _unwrap_many, conn, req, what=f"get_batch from channel {self.name!r}")
+        return work if async_op else work.wait(timeout)
+
+    def _stat(self, what: str, key: Hashable = None) -> Any:
+        return self._conn.request(("stat", what, key))[1].result(timeout=60)
+
+    def qsize(self, key: Hashable = None) -> int:
+        """Items queued under ``key``."""
+        return self._stat("qsize", key)
+
+    def total_size(self) -> int:
+        """Items queued under all keys."""
+        return self._stat("total")
+
+    def empty(self, key: Hashable = None) -> bool:
+        return self.qsize(key) == 0
+
+    def full(self) -> bool:
+        """True when a bounded channel holds ``maxsize`` items."""
+        return self._stat("full")
+
+    def keys(self) -> list[Hashable]:
+        """Keys whose sub-queue holds items."""
+        return self._stat("keys")
+
+    def metrics(self) -> ChannelMetrics:
+        """Depth over time and put/get wait times, as recorded by the host."""
+        return self._stat("metrics")
+
+    def close(self) -> None:
+        """End the stream for everyone: pending and future gets finish with ``ChannelClosed``."""
+        self._conn.request(("close",))[1].result(timeout=60)
+
+    @property
+    def closed(self) -> bool:
+        return self._stat("closed")
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            try:
+                yield self.get()
+            except ChannelClosed:
+                return
+
+    def __aiter__(self):
+        return self._aiter()
+
+    async def _aiter(self):
+        while True:
+            try:
+                yield await self.get(async_op=True)
+            except ChannelClosed:
+                return
+
+    def destroy(self) -> None:
+        """Stop the host; queued items are dropped."""
+        destroy_host(self.address)
+
+
+def _namespace(namespace: str | None) -> str:
+    if namespace is not None:
+        return namespace
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.get_runtime_context().namespace
+    except Exception:
+        pass
+    return "default"
+
+
+def _start_host(name: str, maxsize: int) -> ChannelAddress:
+    try:
+        import ray
+    except ImportError:  # pragma: no cover - ray is a dependency
+        ray = None
+    if ray is not None and ray.is_initialized():
+        from m2flow.runtime.channel.actor import start_host_actor
+
+        return start_host_actor(name, maxsize)
+    host = ChannelHost(name, maxsize)
+    _LOCAL_HOSTS[name] = host
+    return ChannelAddress(name, _node_id(), host.unix_address, host.tcp_address, maxsize)
+
+
+def destroy_host(address: ChannelAddress) -> None:
+    if address.actor_name is not None:
+        import ray
+
+        from m2flow.runtime.channel.actor import _ACTORS
+
+        _ACTORS.pop(address.actor_name, None)
+        try:
+            ray.kill(ray.get_actor(address.actor_name))
+        except ValueError:
+            pass
+        return
+    host = _LOCAL_HOSTS.pop(address.name, None)
+    if host is not None:
+        host.shutdown()

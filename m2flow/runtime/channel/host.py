@@ -1,0 +1,344 @@
+"""The process that owns one channel's queues: producers and consumers talk to it over sockets.
+
+Puts are one-way frames (no reply), so a producer streams items without a round trip; a bounded
+channel hands producers *credits* (free slots) in batches, which is how back-pressure reaches them
+without a per-item acknowledgement. Tensor bytes never pass through here on one node: a put carries
+a shared-memory segment descriptor and its file descriptor, which the host forwards untouched to
+the consumer; only a consumer on another node makes the host copy the bytes into the TCP stream.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from m2flow.runtime.channel.metrics import ChannelMetrics, DepthTrace
+from m2flow.runtime.comm.payload import Desc, discard, inline_copy
+from m2flow.runtime.comm.shm import SegmentCache
+from m2flow.runtime.comm.wire import Connection, ConnectionLost, Listener
+
+log = logging.getLogger(__name__)
+_ids = itertools.count()
+
+
+@dataclass
+class _Item:
+    weight: float
+    desc: tuple  # Desc in wire form
+    inline: list
+    fds: list[int]
+    nbytes: int
+
+
+@dataclass
+class _Client:
+    conn: Connection
+    identity: str = "?"
+    puts: int = 0
+    credits: int = 0  # granted and not yet used
+
+
+@dataclass
+class _Waiter:
+    client: _Client
+    req: int
+    key: Hashable
+    target: float | None  # None: a single get
+    since: float
+    taken: list[_Item] = field(default_factory=list)
+    weight: float = 0.0
+
+
+@dataclass
+class _CreditWaiter:
+    client: _Client
+    req: int
+    want: int
+    since: float
+
+
+class ChannelHost:
+    """Queues, waiters and credits of one channel, served on a Unix socket and a TCP port."""
+
+    def __init__(self, name: str, maxsize: int = 0, host_ip: str = "127.0.0.1") -> None:
+        if maxsize < 0:
+            raise ValueError(f"maxsize must be >= 0 (0: unbounded), got {maxsize}")
+        self.name = name
+        self.maxsize = maxsize
+        self._lock = threading.Lock()
+        self._queues: dict[Hashable, deque[_Item]] = {}
+        self._size = 0
+        self._waiters: list[_Waiter] = []
+        self._credit_waiters: deque[_CreditWaiter] = deque()
+        self._clients: list[_Client] = []
+        self._closed = False
+        self._dead: list[str] = []
+        self._cache = SegmentCache()
+        self._metrics = ChannelMetrics(name)
+        self._trace = DepthTrace()
+        self._listener = Listener(host_ip, self._on_accept, name=f"ch-{uuid.uuid4().hex[:12]}-{next(_ids)}")
+        self.unix_address = self._listener.unix_address
+        self.tcp_address = self._listener.tcp_address
+
+    # -- connections ---------------------------------------------------------------------------
+    def _on_accept(self, conn: Connection) -> None:
+        client = _Client(conn)
+        with self._lock:
+            self._clients.append(client)
+        threading.Thread(target=self._serve, args=(client,), daemon=True, name=f"m2flow-ch-{self.name}").start()
+
+    def _serve(self, client: _Client) -> None:
+        graceful = False
+        try:
+            while True:
+                control, inline, fds = client.conn.recv()
+                op = control[0]
+                if op == "put":
+                    self._put(client, control, inline, fds)
+                elif op == "get":
+                    self._get(client, *control[1:])
+                elif op == "credit":
+                    self._credit(client, *control[1:])
+                elif op == "cancel":
+                    self._cancel(client, control[1])
+                elif op == "stat":
+                    self._send(client, ("stat", control[1], self._stat(*control[2:])))
+                elif op == "close":
+                    self.close()
+                    self._send(client, ("stat", control[1], True))
+                elif op == "hello":
+                    client.identity = control[1]
+                elif op == "bye":
+                    graceful = True
+                    return
+        except ConnectionLost:
+            pass
+        except Exception:
+            log.exception("channel %s: serving %s failed", self.name, client.identity)
+        finally:
+            self._drop_client(client, graceful)
+
+    def _send(self, client: _Client, control: Any, item: _Item | None = None) -> None:
+        try:
+            if item is None:
+                client.conn.send(control)
+            elif client.conn.unix:  # same node: pass the segment on, bytes untouched
+                client.conn.send((*control, item.desc), item.inline, item.fds)
+                self._close_fds(item.fds)
+            else:  # another node: the bytes must travel in the stream
+                desc, buffers = inline_copy(Desc.from_wire(item.desc), item.inline, item.fds, self._cache)
+                client.conn.send((*control, desc.to_wire()), buffers)
+        except ConnectionLost:
+            pass  # the reader of that connection cleans up
+
+    @staticmethod
+    def _close_fds(fds: list[int]) -> None:
+        import os
+
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _drop_client(self, client: _Client, graceful: bool) -> None:
+        with self._lock:
+            if client in self._clients:
+                self._clients.remove(client)
+            client.credits = 0
+            self._credit_waiters = deque(w for w in self._credit_waiters if w.client is not client)
+            for w in [w for w in self._waiters if w.client is client]:
+                self._waiters.remove(w)
+                for item in reversed(w.taken):  # a consumer died mid-batch: nothing is lost
+                    self._queues.setdefault(w.key, deque()).appendleft(item)
+                    self._size += 1
+            if client.puts and not graceful and not self._closed:
+                self._dead.append(client.identity)
+                log.warning("channel %s: producer %s died", self.name, client.identity)
+            actions = self._progress()
+        client.conn.close()
+        self._run(actions)
+
+    # -- operations ----------------------------------------------------------------------------
+    def _put(self, client: _Client, control: tuple, inline: list, fds: list[int]) -> None:
+        _, key, weight, desc = control
+        nbytes = sum(spec[1] for spec in desc[1])
+        item = _Item(weight, desc, inline, fds, nbytes)
+        with self._lock:
+            client.puts += 1
+            if self.maxsize:
+                client.credits = max(0, client.credits - 1)
+            if self._closed:
+                log.warning("channel %s: dropped an item put after close by %s", self.name, client.identity)
+                discard(Desc.from_wire(desc), fds, self._cache)
+                return
+            self._queues.setdefault(key, deque()).append(item)
+            self._size += 1
+            self._metrics.items_in += 1
+            self._metrics.bytes_in += nbytes
+            self._metrics.max_depth = max(self._metrics.max_depth, self._size)
+            self._trace.record(self._size)
+            actions = self._progress()
+        self._run(actions)
+
+    def _get(self, client: _Client, req: int, key: Hashable, target: float | None) -> None:
+        with self._lock:
+            self._waiters.append(_Waiter(client, req, key, target, time.monotonic()))
+            actions = self._progress()
+        self._run(actions)
+
+    def _credit(self, client: _Client, req: int, want: int) -> None:
+        with self._lock:
+            if self._closed:
+                actions = [lambda: self._send(client, ("error", req, "closed", f"channel {self.name!r} is closed"))]
+            else:
+                self._credit_waiters.append(_CreditWaiter(client, req, max(1, want), time.monotonic()))
+                actions = self._progress()
+        self._run(actions)
+
+    def _cancel(self, client: _Client, req: int) -> None:
+        with self._lock:
+            waiter = next((w for w in self._waiters if w.client is client and w.req == req), None)
+            if waiter is not None:
+                self._waiters.remove(waiter)
+                for item in reversed(waiter.taken):
+                    self._queues.setdefault(waiter.key, deque()).appendleft(item)
+                    self._size += 1
+        if waiter is not None:
+            self._send(client, ("cancelled", req))
+
+    def _stat(self, what: str, key: Hashable = None) -> Any:
+        with self._lock:
+            if what == "qsize":
+                return len(self._queues.get(key, ()))
+            if what == "total":
+                return self._size
+            if what == "full":
+                return bool(self.maxsize) and self._size >= self.maxsize
+            if what == "keys":
+                return [k for k, q in self._queues.items() if q]
+            if what == "closed":
+                return self._closed
+            if what == "metrics":
+                m = self._metrics
+                return ChannelMetrics(
+                    m.name, m.items_in, m.items_out, m.bytes_in, m.max_depth,
+                    m.put_wait, m.get_wait, list(self._trace.samples),
+                )
+        raise ValueError(f"unknown channel statistic {what!r}")
+
+    def close(self) -> None:
+        """End of stream: consumers drain what is queued, then get ``ChannelClosed``."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            clients = list(self._clients)
+            actions = self._progress()
+        for client in clients:
+            self._send(client, ("closed",))
+        self._run(actions)
+
+    # -- matching waiters with items (called with the lock held; returns sends to run after) ----
+    def _progress(self) -> list[Callable[[], None]]:
+        actions: list[Callable[[], None]] = []
+        now = time.monotonic()
+        for w in list(self._waiters):
+            q = self._queues.get(w.key)
+            while q and (w.target is None and not w.taken or w.target is not None and self._fits(w, q[0])):
+                item = q.popleft()
+                self._size -= 1
+                w.taken.append(item)
+                w.weight += item.weight
+            done = self._complete(w, q)
+            if done is None:
+                continue
+            self._waiters.remove(w)
+            self._metrics.get_wait.add(now - w.since)
+            self._metrics.items_out += len(w.taken)
+            actions.append(self._reply(w, done))
+        if self._size != (self._trace.samples[-1][1] if self._trace.samples else 0):
+            self._trace.record(self._size)
+        actions.extend(self._grant(now))
+        return actions
+
+    @staticmethod
+    def _fits(w: _Waiter, item: _Item) -> bool:
+        assert w.target is not None
+        return not w.taken or w.weight + item.weight <= w.target
+
+    def _complete(self, w: _Waiter, q: deque | None) -> str | None:
+        """``"items"``, ``"closed"``, ``"died"``, or None to keep waiting."""
+        if w.target is None:
+            if w.taken:
+                return "items"
+        elif w.taken and (w.weight >= w.target or (q and w.weight + q[0].weight > w.target)):
+            return "items"
+        if self._closed:
+            return "items" if w.taken else "closed"
+        if self._dead:
+            return "items" if w.taken else "died"
+        return None
+
+    def _reply(self, w: _Waiter, outcome: str) -> Callable[[], None]:
+        client, req = w.client, w.req
+        if outcome == "closed":
+            return lambda: self._send(client, ("error", req, "closed", f"channel {self.name!r} is closed"))
+        if outcome == "died":
+            who = ", ".join(self._dead)
+            msg = f"channel {self.name!r} is empty and its producer {who} died"
+            return lambda: self._send(client, ("error", req, "died", msg))
+        items = list(w.taken)
+
+        def send() -> None:
+            for i, item in enumerate(items):
+                self._send(client, ("item", req, i + 1 == len(items), item.weight), item)
+
+        return send
+
+    def _grant(self, now: float) -> list[Callable[[], None]]:
+        if not self.maxsize:
+            free = None
+        else:
+            free = self.maxsize - self._size - sum(c.credits for c in self._clients)
+        actions = []
+        while self._credit_waiters and (free is None or free > 0):
+            cw = self._credit_waiters.popleft()
+            # Half of what is free, so a second producer still finds room.
+            n = cw.want if free is None else min(cw.want, max(1, (free + 1) // 2))
+            if free is not None:
+                free -= n
+                cw.client.credits += n
+            self._metrics.put_wait.add(now - cw.since)
+            client, req = cw.client, cw.req
+            actions.append(lambda c=client, r=req, k=n: self._send(c, ("grant", r, k)))
+        if self._closed:
+            while self._credit_waiters:
+                cw = self._credit_waiters.popleft()
+                actions.append(lambda c=cw.client, r=cw.req: self._send(c, ("error", r, "closed", f"channel {self.name!r} is closed")))
+        return actions
+
+    @staticmethod
+    def _run(actions: list[Callable[[], None]]) -> None:
+        for act in actions:
+            act()
+
+    def shutdown(self) -> None:
+        """Stop serving and release every queued item's shared memory."""
+        self._listener.close()
+        with self._lock:
+            clients, self._clients = self._clients, []
+            items = [item for q in self._queues.values() for item in q]
+            self._queues.clear()
+            self._size = 0
+        for client in clients:
+            client.conn.close()
+        for item in items:
+            discard(Desc.from_wire(item.desc), item.fds, self._cache)
