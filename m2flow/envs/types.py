@@ -34,7 +34,7 @@ class StepResult:
     episode_env: np.ndarray
     """(d,) int64: worker-local indices of the envs whose episodes ended."""
     group: int = -1
-    """The pipeline group that stepped (-1: all groups)."""
+    """The pipeline group that stepped (-1: several groups joined)."""
     infos: dict[str, np.ndarray] = field(default_factory=dict)
     """Per-env arrays (n,) of the configured ``info_keys`` (NaN where an env did not report one)."""
 

@@ -28,6 +28,12 @@ from m2flow.envs.types import StepResult
 
 logger = logging.getLogger(__name__)
 
+# Shared empty results for the common step where no episode ended; read-only so none is mutated.
+_NO_INT = np.empty(0, dtype=np.int64)
+_NO_FLOAT = np.empty(0, dtype=np.float64)
+_NO_INT.flags.writeable = False
+_NO_FLOAT.flags.writeable = False
+
 
 class EnvGroup:
     """A fixed set of single envs stepped together: same-step autoreset and raw episode statistics."""
@@ -46,6 +52,7 @@ class EnvGroup:
         self.action_space = envs[0].action_space
         self.info_keys = tuple(info_keys)
         self._clip = clip_actions and isinstance(self.action_space, gym.spaces.Box)
+        self._discrete = isinstance(self.action_space, gym.spaces.Discrete)
         self._ep_return = np.zeros(self.num_envs, dtype=np.float64)
         self._ep_length = np.zeros(self.num_envs, dtype=np.int64)
         self._needs_reset = True
@@ -77,17 +84,18 @@ class EnvGroup:
             raise ValueError(f"expected actions for {self.num_envs} envs, got shape {actions.shape}")
         if self._clip:
             actions = np.clip(actions, self.action_space.low, self.action_space.high)
+        elif self._discrete:
+            # Python ints pass the env's own action-space check far faster than numpy scalars.
+            actions = actions.tolist()
         n = self.num_envs
         obs = np.empty((n, *self.observation_space.shape), self.observation_space.dtype)
-        next_obs = np.empty_like(obs)
         reward = np.empty(n, dtype=np.float64)
         terminated = np.zeros(n, dtype=bool)
         truncated = np.zeros(n, dtype=bool)
         infos = {k: np.full(n, np.nan) for k in self.info_keys}
-        ended: list[int] = []
+        finals: dict[int, np.ndarray] = {}  # env -> last obs of the episode that ended there
         for i, env in enumerate(self.envs):
             o, r, term, trunc, info = env.step(actions[i])
-            next_obs[i] = o
             reward[i] = r
             for key in self.info_keys:
                 if key in info:
@@ -95,16 +103,23 @@ class EnvGroup:
             if term or trunc:
                 terminated[i] = term
                 truncated[i] = trunc
-                ended.append(i)
+                finals[i] = o
                 o, _ = env.reset()
             obs[i] = o
         self._ep_return += reward
         self._ep_length += 1
-        ended_idx = np.asarray(ended, dtype=np.int64)
-        episode_return = self._ep_return[ended_idx].copy()
-        episode_length = self._ep_length[ended_idx].copy()
-        self._ep_return[ended_idx] = 0.0
-        self._ep_length[ended_idx] = 0
+        if finals:
+            next_obs = obs.copy()
+            for i, o in finals.items():
+                next_obs[i] = o
+            ended = np.fromiter(finals, dtype=np.int64, count=len(finals))
+            episode_return = self._ep_return[ended]
+            episode_length = self._ep_length[ended]
+            self._ep_return[ended] = 0.0
+            self._ep_length[ended] = 0
+        else:
+            next_obs = obs
+            ended, episode_return, episode_length = _NO_INT, _NO_FLOAT, _NO_INT
         return StepResult(
             obs=obs,
             next_obs=next_obs,
@@ -114,7 +129,7 @@ class EnvGroup:
             truncated=truncated,
             episode_return=episode_return,
             episode_length=episode_length,
-            episode_env=ended_idx + self.first_index,
+            episode_env=ended + self.first_index,
             infos=infos,
         )
 
@@ -168,6 +183,7 @@ class VecEnv:
             if config.normalize_reward
             else None
         )
+        self._float_obs = np.issubdtype(self.single_observation_space.dtype, np.floating)
         self.training = True
         self.episodes: deque[tuple[float, int]] = deque(maxlen=episode_window)
         self._seeded = False
@@ -210,13 +226,15 @@ class VecEnv:
         """Step group ``k`` alone with ``actions`` (n_k, *action_shape); the others do not move."""
         group = self.groups[k]
         result = group.step(actions)
+        ended = result.episode_env.size > 0
         done = result.terminated | result.truncated
-        raw_obs, raw_next = result.obs, result.next_obs
-        result.obs = self._normalize_obs(raw_obs, update=self.training)
-        if done.any():
+        raw_next = result.next_obs
+        result.obs = self._normalize_obs(result.obs, update=self.training)
+        if ended:
             result.next_obs = result.obs.copy()
             # The last observation of an ended episode is normalised but not counted (SB3 does the same).
             result.next_obs[done] = self._normalize_obs(raw_next[done], update=False)
+            self.episodes.extend(zip(result.episode_return.tolist(), result.episode_length.tolist()))
         else:
             result.next_obs = result.obs
         if self.reward_scaler is not None:
@@ -224,11 +242,12 @@ class VecEnv:
                 result.raw_reward, done, group.indices, update=self.training
             )
         result.group = k
-        self.episodes.extend(zip(result.episode_return.tolist(), result.episode_length.tolist()))
         return result
 
     def step(self, actions: np.ndarray) -> StepResult:
         """Step every group in turn with ``actions`` (num_envs, *action_shape)."""
+        if len(self.groups) == 1:
+            return self.step_group(0, actions)
         return StepResult.concatenate(
             [self.step_group(k, actions[g.indices]) for k, g in enumerate(self.groups)]
         )
@@ -236,7 +255,7 @@ class VecEnv:
     def _normalize_obs(self, obs: np.ndarray, update: bool) -> np.ndarray:
         if self.obs_normalizer is not None:
             return self.obs_normalizer(obs, update=update)
-        if np.issubdtype(obs.dtype, np.floating):
+        if self._float_obs:
             return obs.astype(np.float32, copy=False)
         return obs
 
