@@ -189,6 +189,22 @@ def test_normalisation_in_the_pipeline_round_trips_and_freezes():
         VecEnv(raw_config()).load_state_dict(state)
 
 
+def test_obs_statistics_count_reset_obs_but_not_final_obs():
+    env = VecEnv(raw_config(num_envs=2, normalize_obs=True, clip_obs=100.0, norm_epsilon=1e-12))
+    env.reset()
+    for _ in range(TIME_LIMIT):
+        res = env.step(np.zeros((2, 1)))
+    # Counted per env: t = 0 (reset), 1, 2, 3, 4, then 0 again (autoreset); the final t = 5 is not.
+    seen_t = np.array([0, 1, 2, 3, 4, 0], dtype=np.float64)
+    rms = env.obs_normalizer.rms
+    assert rms.count == 12
+    assert rms.mean[0] == pytest.approx(seen_t.mean())
+    assert rms.var[0] == pytest.approx(seen_t.var())
+    expected_final = (TIME_LIMIT - seen_t.mean()) / seen_t.std()
+    np.testing.assert_allclose(res.next_obs[:, 0], [expected_final] * 2, rtol=1e-6)
+    np.testing.assert_allclose(res.obs[:, 0], [-seen_t.mean() / seen_t.std()] * 2, rtol=1e-6)
+
+
 def test_bad_env_id_and_config_fail_fast():
     with pytest.raises(ValueError, match=r"env_id: 'HalfCheeta-v5'.*HalfCheetah-v5"):
         VecEnv(EnvConfig(env_id="HalfCheeta-v5"))
