@@ -114,7 +114,9 @@ class Tracer:
         info: ProcessInfo | None = None,
         enabled: bool = True,
         capacity: int = 50_000,
+        offset_ns: int | None = None,
     ) -> None:
+        """``offset_ns`` maps ``perf_counter_ns`` onto the wall clock; by default it is measured now."""
         self.enabled = enabled
         self.info = info or ProcessInfo()
         self.capacity = max(1, capacity)
@@ -122,7 +124,7 @@ class Tracer:
         self._events: list[tuple] = []
         self._flush_lock = threading.Lock()
         # One offset per process puts monotonic readings on the wall clock all processes share.
-        self._offset_ns = time.time_ns() - time.perf_counter_ns()
+        self._offset_ns = time.time_ns() - time.perf_counter_ns() if offset_ns is None else offset_ns
         self._shard: Path | None = None
         self._dropped = 0
         if enabled and self.trace_dir is not None:
