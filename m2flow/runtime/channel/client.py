@@ -8,11 +8,13 @@ threads. Sync calls block; ``async_op=True`` returns a ``CommWork`` that can be 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import logging
 import os
 import pickle
 import threading
+from collections import deque
 from collections.abc import Hashable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -27,7 +29,7 @@ from m2flow.runtime.comm.rendezvous import HOSTNAME, Rendezvous, default_rendezv
 from m2flow.runtime.comm.serialization import encode
 from m2flow.runtime.comm.shm import SegmentCache, SegmentPool
 from m2flow.runtime.comm.wire import Connection, ConnectionLost, connect
-from m2flow.runtime.comm.work import CommWork
+from m2flow.runtime.comm.work import CommWork, done_work
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,7 @@ class _Connection:
         self._credits = 0
         self._credit_req: int | None = None
         self._pending_puts: list[tuple[tuple, list, list[int], Future]] = []
+        self._local: dict[Hashable, deque[tuple[float, Any]]] = {}  # prefetched, not yet taken
         threading.Thread(target=self._read, daemon=True, name=f"m2flow-chc-{address.name}").start()
 
     # -- requests ------------------------------------------------------------------------------
@@ -163,7 +166,7 @@ class _Connection:
                 obj = _Undecodable(exc)
             with self._lock:
                 batch = self._batches.setdefault(req, [])
-                batch.append(obj)
+                batch.append((_weight, obj))
                 fut = self._futures.pop(req, None) if last else None
                 if last:
                     del self._batches[req]
@@ -209,7 +212,48 @@ class _Connection:
                 self._credit_req = req = next(self._ids)
                 self._send(("credit", req, min(_CREDIT_BATCH, self.address.maxsize)))
 
+    # -- prefetched items ------------------------------------------------------------------------
+    def take_local(self, key: Hashable) -> Any:
+        with self._lock:
+            q = self._local.get(key)
+            return q.popleft()[1] if q else _MISS
+
+    def take_local_batch(self, key: Hashable, target: float) -> tuple[list[Any], float, bool]:
+        """Prefetched items towards ``target``: ``(items, weight, complete)``."""
+        items: list[Any] = []
+        weight = 0.0
+        with self._lock:
+            q = self._local.get(key)
+            while q and (not items or weight + q[0][0] <= target):
+                w, obj = q.popleft()
+                items.append(obj)
+                weight += w
+            complete = bool(items) and (weight >= target or bool(q))
+        return items, weight, complete
+
+    def keep(self, key: Hashable, batch: list[tuple[float, Any]]) -> Any:
+        """Return the first item of a reply and keep the rest for the next gets."""
+        first = _unwrap_one(batch[:1])
+        if len(batch) > 1:
+            with self._lock:
+                self._local.setdefault(key, deque()).extend(batch[1:])
+        return first
+
+    def _give_back(self) -> None:
+        with self._lock:
+            local, self._local = self._local, {}
+        for key, q in local.items():
+            for weight, obj in reversed(q):  # each goes to the front: last one first
+                packed = pack(encode(obj), self.pool)
+                self._send(("requeue", key, weight, packed.desc.to_wire()), packed.inline, packed.fds)
+
     def close(self) -> None:
+        """Give prefetched items back to the channel and say goodbye."""
+        try:
+            if self.lost is None:
+                self._give_back()
+        except PeerDiedError:
+            pass
         try:
             self.conn.send(("bye",))
         except ConnectionLost:
@@ -225,6 +269,7 @@ class _Undecodable:
 
 
 _CANCELLED = object()
+_MISS = object()
 _CONNECTIONS: dict[tuple, _Connection] = {}
 _CONNECTIONS_LOCK = threading.Lock()
 _LOCAL_HOSTS: dict[str, ChannelHost] = {}
@@ -241,18 +286,31 @@ def _connection(address: ChannelAddress) -> _Connection:
     return conn
 
 
-def _unwrap_one(batch: list[Any]) -> Any:
-    (obj,) = batch
+def _unwrap_one(batch: list[tuple[float, Any]]) -> Any:
+    ((_, obj),) = batch
     if isinstance(obj, _Undecodable):
         raise CommError(f"cannot decode a channel item: {obj.exc!r}") from obj.exc
     return obj
 
 
-def _unwrap_many(batch: list[Any]) -> list[Any]:
-    for obj in batch:
+def _unwrap_many(batch: list[tuple[float, Any]]) -> list[Any]:
+    out = []
+    for _, obj in batch:
         if isinstance(obj, _Undecodable):
             raise CommError(f"cannot decode a channel item: {obj.exc!r}") from obj.exc
-    return batch
+        out.append(obj)
+    return out
+
+
+def _close_all() -> None:
+    with _CONNECTIONS_LOCK:
+        conns = list(_CONNECTIONS.values())
+        _CONNECTIONS.clear()
+    for conn in conns:
+        conn.close()
+
+
+atexit.register(_close_all)  # a clean exit is not a dead producer, and prefetched items go back
 
 
 class _Mapped(CommWork):
@@ -266,6 +324,7 @@ class _Mapped(CommWork):
         self._req = req
 
     def wait(self, timeout: float | None = None) -> Any:
+        """The result; on a timeout the request is withdrawn, so no item is taken and lost."""
         try:
             raw = super().wait(timeout)
         except CommTimeout:
@@ -273,6 +332,8 @@ class _Mapped(CommWork):
             raw = super().wait(30.0)
             if raw is _CANCELLED:
                 raise
+        if raw is _CANCELLED:
+            raise CommTimeout(f"{self._what} was withdrawn after a timeout")
         return self._fn(raw)
 
     def __await__(self):
@@ -289,10 +350,21 @@ class Channel:
     channel blocks until a get frees a slot. ``close()`` ends the stream: consumers first receive
     every item put before it, then ``get`` raises ``ChannelClosed`` (iteration just stops).
     If the channel is empty and a producer died, a blocked get raises ``PeerDiedError`` naming it.
+
+    ``prefetch`` (see ``with_options``) lets one ``get`` bring back up to that many items already
+    queued, so the next gets need no round trip. Prefetched items leave the channel's count; they
+    go back to the front of the queue when the process exits cleanly or calls ``disconnect()``.
     """
 
-    def __init__(self, address: ChannelAddress) -> None:
+    def __init__(self, address: ChannelAddress, prefetch: int = 1) -> None:
+        if prefetch < 1:
+            raise ValueError(f"prefetch must be >= 1, got {prefetch}")
         self.address = address
+        self.prefetch = prefetch
+
+    def with_options(self, prefetch: int) -> Channel:
+        """The same channel, with gets that prefetch up to ``prefetch`` queued items."""
+        return Channel(self.address, prefetch)
 
     @property
     def name(self) -> str:
@@ -303,17 +375,26 @@ class Channel:
         return self.address.maxsize
 
     def __reduce__(self):
-        return (Channel, (self.address,))
+        return (Channel, (self.address, self.prefetch))
 
     def __repr__(self) -> str:
         return f"Channel({self.name!r}, maxsize={self.maxsize})"
 
     # -- creation ------------------------------------------------------------------------------
     @classmethod
-    def create(cls, name: str, maxsize: int = 0, *, namespace: str | None = None, rendezvous: Rendezvous | None = None) -> Channel:
-        """Start the channel's host (a Ray actor on this node when Ray is up, else a thread here)."""
+    def create(
+        cls,
+        name: str,
+        maxsize: int = 0,
+        *,
+        local: bool = False,
+        namespace: str | None = None,
+        rendezvous: Rendezvous | None = None,
+    ) -> Channel:
+        """Start the channel's host: a Ray actor on this node when Ray is up, else (or with
+        ``local``) threads in this process, which must then outlive the channel's users."""
         rdv = rendezvous or default_rendezvous(_namespace(namespace))
-        address = _start_host(name, maxsize)
+        address = _start_host(name, maxsize, local)
         rdv.publish(f"channel/{name}", pickle.dumps(address))
         return cls(address)
 
@@ -345,8 +426,11 @@ class Channel:
     def get(self, key: Hashable = None, async_op: bool = False, timeout: float | None = None) -> Any:
         """Take the oldest item of sub-queue ``key``; blocks while it is empty."""
         conn = self._conn
-        req, fut = conn.request(("get", key, None))
-        work = _Mapped(fut, _unwrap_one, conn, req, what=f"get from channel {self.name!r}")
+        hit = conn.take_local(key)
+        if hit is not _MISS:
+            return done_work(hit) if async_op else hit
+        req, fut = conn.request(("get", key, None, self.prefetch, 0.0))
+        work = _Mapped(fut, lambda batch: conn.keep(key, batch), conn, req, what=f"get from channel {self.name!r}")
         return work if async_op else work.wait(timeout)
 
     def get_batch(self, target_weight: float, key: Hashable = None, async_op: bool = False, timeout: float | None = None) -> Any:
@@ -355,8 +439,11 @@ class Channel:
         if target_weight <= 0:
             raise ValueError(f"target_weight must be > 0, got {target_weight}")
         conn = self._conn
-        req, fut = conn.request(("get", key, float(target_weight)))
-        work = _Mapped(fut, _unwrap_many, conn, req, what=f"get_batch from channel {self.name!r}")
+        local, weight, complete = conn.take_local_batch(key, target_weight)
+        if complete:
+            return done_work(local) if async_op else local
+        req, fut = conn.request(("get", key, float(target_weight), 1, weight))
+        work = _Mapped(fut, lambda batch: local + _unwrap_many(batch), conn, req, what=f"get_batch from channel {self.name!r}")
         return work if async_op else work.wait(timeout)
 
     def _stat(self, what: str, key: Hashable = None) -> Any:
@@ -410,6 +497,14 @@ class Channel:
             except ChannelClosed:
                 return
 
+    def disconnect(self) -> None:
+        """Close this process's connection (prefetched items go back); the channel lives on."""
+        key = (self.address.name, self.address.unix_address, self.address.tcp_address)
+        with _CONNECTIONS_LOCK:
+            conn = _CONNECTIONS.pop(key, None)
+        if conn is not None:
+            conn.close()
+
     def destroy(self) -> None:
         """Stop the host; queued items are dropped."""
         destroy_host(self.address)
@@ -428,12 +523,10 @@ def _namespace(namespace: str | None) -> str:
     return "default"
 
 
-def _start_host(name: str, maxsize: int) -> ChannelAddress:
-    try:
-        import ray
-    except ImportError:  # pragma: no cover - ray is a dependency
-        ray = None
-    if ray is not None and ray.is_initialized():
+def _start_host(name: str, maxsize: int, local: bool) -> ChannelAddress:
+    import ray
+
+    if not local and ray.is_initialized():
         from m2flow.runtime.channel.actor import start_host_actor
 
         return start_host_actor(name, maxsize)

@@ -52,8 +52,14 @@ class _Waiter:
     key: Hashable
     target: float | None  # None: a single get
     since: float
+    limit: int = 1  # a single get may take up to this many items that are already queued
+    base: float = 0.0  # weight the consumer already holds towards ``target`` (its prefetch)
     taken: list[_Item] = field(default_factory=list)
     weight: float = 0.0
+
+    @property
+    def holds(self) -> bool:
+        return bool(self.taken) or self.base > 0
 
 
 @dataclass
@@ -113,6 +119,8 @@ class ChannelHost:
                 elif op == "close":
                     self.close()
                     self._send(client, ("stat", control[1], True))
+                elif op == "requeue":
+                    self._requeue(client, control, inline, fds)
                 elif op == "hello":
                     client.identity = control[1]
                 elif op == "bye":
@@ -188,9 +196,20 @@ class ChannelHost:
             actions = self._progress()
         self._run(actions)
 
-    def _get(self, client: _Client, req: int, key: Hashable, target: float | None) -> None:
+    def _requeue(self, client: _Client, control: tuple, inline: list, fds: list[int]) -> None:
+        """Items a consumer had prefetched and gives back: they go to the front, in order."""
+        _, key, weight, desc = control
+        item = _Item(weight, desc, inline, fds, sum(spec[1] for spec in desc[1]))
         with self._lock:
-            self._waiters.append(_Waiter(client, req, key, target, time.monotonic()))
+            self._queues.setdefault(key, deque()).appendleft(item)
+            self._size += 1
+            self._metrics.items_out -= 1
+            actions = self._progress()
+        self._run(actions)
+
+    def _get(self, client: _Client, req: int, key: Hashable, target: float | None, limit: int = 1, base: float = 0.0) -> None:
+        with self._lock:
+            self._waiters.append(_Waiter(client, req, key, target, time.monotonic(), max(1, limit), base))
             actions = self._progress()
         self._run(actions)
 
@@ -252,7 +271,7 @@ class ChannelHost:
         now = time.monotonic()
         for w in list(self._waiters):
             q = self._queues.get(w.key)
-            while q and (w.target is None and not w.taken or w.target is not None and self._fits(w, q[0])):
+            while q and (len(w.taken) < w.limit if w.target is None else self._fits(w, q[0])):
                 item = q.popleft()
                 self._size -= 1
                 w.taken.append(item)
@@ -272,19 +291,21 @@ class ChannelHost:
     @staticmethod
     def _fits(w: _Waiter, item: _Item) -> bool:
         assert w.target is not None
-        return not w.taken or w.weight + item.weight <= w.target
+        return not w.holds or w.base + w.weight + item.weight <= w.target
 
     def _complete(self, w: _Waiter, q: deque | None) -> str | None:
         """``"items"``, ``"closed"``, ``"died"``, or None to keep waiting."""
         if w.target is None:
             if w.taken:
                 return "items"
-        elif w.taken and (w.weight >= w.target or (q and w.weight + q[0].weight > w.target)):
-            return "items"
+        elif w.holds:
+            total = w.base + w.weight
+            if total >= w.target or (q and total + q[0].weight > w.target):
+                return "items"
         if self._closed:
-            return "items" if w.taken else "closed"
+            return "items" if w.holds else "closed"
         if self._dead:
-            return "items" if w.taken else "died"
+            return "items" if w.holds else "died"
         return None
 
     def _reply(self, w: _Waiter, outcome: str) -> Callable[[], None]:
@@ -296,6 +317,8 @@ class ChannelHost:
             msg = f"channel {self.name!r} is empty and its producer {who} died"
             return lambda: self._send(client, ("error", req, "died", msg))
         items = list(w.taken)
+        if not items:  # a batch completed by what the consumer already held
+            return lambda: self._send(client, ("stat", req, []))
 
         def send() -> None:
             for i, item in enumerate(items):

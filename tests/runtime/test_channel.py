@@ -1,0 +1,199 @@
+"""Channels in one process (host in threads here, clients over its sockets): semantics and races."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from m2flow.runtime.channel import Channel, ChannelClosed
+from m2flow.runtime.comm import CommTimeout
+
+_names = itertools.count()
+
+
+@pytest.fixture
+def make_channel():
+    made: list[Channel] = []
+
+    def make(maxsize: int = 0) -> Channel:
+        ch = Channel.create(f"test-{next(_names)}", maxsize, local=True)
+        made.append(ch)
+        return ch
+
+    yield make
+    for ch in made:
+        ch.disconnect()
+        ch.destroy()
+
+
+def test_fifo_per_key_and_sizes(make_channel):
+    ch = make_channel(maxsize=10)
+    for i in range(3):
+        ch.put(i)
+    ch.put({"t": torch.arange(4)}, key="b")
+    assert (ch.qsize(), ch.qsize("b"), ch.total_size()) == (3, 1, 4)
+    assert not ch.empty() and ch.empty("nothing") and not ch.full()
+    assert sorted(ch.keys(), key=str) == [None, "b"]
+    assert [ch.get() for _ in range(3)] == [0, 1, 2]
+    assert torch.equal(ch.get(key="b")["t"], torch.arange(4))
+    assert ch.total_size() == 0
+
+
+def test_get_batch_stops_before_exceeding_the_target_weight(make_channel):
+    ch = make_channel()
+    for name, w in [("a", 3), ("b", 2), ("c", 4), ("d", 1), ("heavy", 10), ("e", 1)]:
+        ch.put(name, weight=w)
+    assert ch.get_batch(5) == ["a", "b"]  # 3 + 2 = 5
+    assert ch.get_batch(6) == ["c", "d"]  # 4 + 1, and the heavy item would exceed 6
+    assert ch.get_batch(5) == ["heavy"]  # heavier than the target: it comes alone
+    ch.put("f", weight=1)
+    assert ch.get_batch(2) == ["e", "f"]
+
+
+def test_get_batch_waits_until_the_target_is_reached(make_channel):
+    ch = make_channel()
+    ch.put("a", weight=1)
+    work = ch.get_batch(3, async_op=True)
+    ch.total_size()  # a reply on the same connection: the host has seen the request by now
+    assert not work.done()  # still waiting: only weight 1 of 3 is there
+    ch.put("b", weight=2)
+    assert work.wait(timeout=30) == ["a", "b"]
+
+
+def test_bounded_put_blocks_while_full_and_resumes_after_a_get(make_channel):
+    ch = make_channel(maxsize=2)
+    ch.put("a")
+    ch.put("b")
+    assert ch.full()
+    blocked = ch.put("c", async_op=True)
+    assert ch.total_size() == 2  # the blocked item did not slip in
+    assert not blocked.done()
+    assert ch.get() == "a"
+    blocked.wait(timeout=30)
+    assert [ch.get(), ch.get()] == ["b", "c"]
+    assert ch.metrics().put_wait.count >= 1
+
+
+def test_close_wakes_waiting_consumers_after_draining(make_channel):
+    ch = make_channel()
+    ch.put(1)
+    ch.put(2)
+    waiting = []
+    outcomes: list[object] = []
+
+    def consume() -> None:
+        waiting.append(True)
+        try:
+            outcomes.append(list(ch))  # iteration ends at close
+            ch.get()
+        except ChannelClosed as exc:
+            outcomes.append(exc)
+
+    t = threading.Thread(target=consume)
+    t.start()
+    blocked = ch.get(async_op=True)  # this one waits: the thread takes 1 and 2 or we do
+    ch.close()
+    t.join(timeout=30)
+    assert not t.is_alive()
+    got = outcomes[0]
+    try:
+        mine = [blocked.wait(timeout=30)]
+    except ChannelClosed:
+        mine = []
+    assert sorted(got + mine) == [1, 2]
+    assert isinstance(outcomes[1], ChannelClosed)
+    with pytest.raises(ChannelClosed):
+        ch.put(3)
+
+
+def test_timed_out_get_loses_nothing(make_channel):
+    ch = make_channel()
+    with pytest.raises(CommTimeout):
+        ch.get(timeout=0.2)
+    ch.put("kept")
+    assert ch.get(timeout=30) == "kept"
+
+
+def test_prefetched_items_are_served_in_order_and_given_back(make_channel):
+    ch = make_channel()
+    for i in range(5):
+        ch.put(i)
+    fast = ch.with_options(prefetch=4)
+    assert fast.get() == 0  # brought 1, 2, 3 along
+    assert ch.total_size() == 1
+    assert fast.get() == 1
+    fast.disconnect()  # 2 and 3 go back to the front
+    assert [ch.get() for _ in range(3)] == [2, 3, 4]
+
+
+def test_async_forms(make_channel):
+    ch = make_channel()
+
+    async def run() -> list[int]:
+        await ch.put(1, async_op=True)
+        await ch.put(2, async_op=True)
+        first = await ch.get(async_op=True)
+        ch.close()
+        return [first] + [x async for x in ch]
+
+    assert asyncio.run(run()) == [1, 2]
+
+
+def test_metrics_record_depth_and_counts(make_channel):
+    ch = make_channel()
+    for i in range(3):
+        ch.put(torch.zeros(4), weight=1)
+    ch.get_batch(2)
+    m = ch.metrics()
+    assert (m.items_in, m.items_out, m.max_depth, m.bytes_in) == (3, 2, 3, 48)
+    assert m.depth[-1][1] == 1
+    assert m.summary()[f"channel/{ch.name}/items_out"] == 2
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    per_producer=st.lists(st.integers(0, 25), min_size=1, max_size=3),
+    consumers=st.lists(st.sampled_from(["get", "batch", "prefetch"]), min_size=1, max_size=3),
+    maxsize=st.integers(0, 4),
+)
+def test_many_producers_and_consumers_lose_and_duplicate_nothing(make_channel, per_producer, consumers, maxsize):
+    ch = make_channel(maxsize)
+    received: list[list[tuple[int, int]]] = [[] for _ in consumers]
+
+    def produce(p: int, n: int) -> None:
+        for i in range(n):
+            ch.put((p, i), weight=1 + (i % 2))
+
+    def consume(c: int, mode: str) -> None:
+        handle = ch.with_options(prefetch=3) if mode == "prefetch" else ch
+        try:
+            while True:
+                if mode == "batch":
+                    received[c].extend(handle.get_batch(3))
+                else:
+                    received[c].append(handle.get())
+        except ChannelClosed:
+            pass
+
+    cons = [threading.Thread(target=consume, args=(c, m)) for c, m in enumerate(consumers)]
+    prods = [threading.Thread(target=produce, args=(p, n)) for p, n in enumerate(per_producer)]
+    for t in cons + prods:
+        t.start()
+    for t in prods:
+        t.join(timeout=60)
+    ch.close()
+    for t in cons:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in cons + prods)
+    everything = sorted(x for got in received for x in got)
+    assert everything == sorted((p, i) for p, n in enumerate(per_producer) for i in range(n))
+    for got in received:  # each consumer saw each producer's items in order
+        for p in range(len(per_producer)):
+            mine = [i for q, i in got if q == p]
+            assert mine == sorted(mine)
