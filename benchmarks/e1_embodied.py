@@ -127,24 +127,32 @@ def raw_step_rates(env_id: str, num_envs: int, steps: int, repeats: int) -> dict
     else:
         actions = rng.integers(0, space.n, size=(steps, num_envs))
 
-    def rate(step: Callable[[np.ndarray], object]) -> float:
-        t0 = time.perf_counter()
+    def rate(step: Callable[[np.ndarray], object]) -> tuple[float, float]:
+        t0, c0 = time.perf_counter(), time.process_time()
         for a in actions:
             step(a)
-        return steps * num_envs / (time.perf_counter() - t0)
+        n = steps * num_envs
+        return n / (time.perf_counter() - t0), n / (time.process_time() - c0)
 
-    rates: dict[str, list[float]] = {name: [] for name in contenders}
+    # Per CPU-second rates too: on a shared machine they move far less with the neighbours' load.
+    rates: dict[str, list[tuple[float, float]]] = {name: [] for name in contenders}
     for _ in range(repeats):
         for name, venv in contenders.items():
             rates[name].append(rate(venv.step))
     for venv in contenders.values():
         venv.close()
-    out: dict = {"env": env_id, "num_envs": num_envs}
+    out: dict = {
+        "env": env_id,
+        "num_envs": num_envs,
+        "note": "gymnasium's default next-step autoreset spends one step per episode on a reset alone",
+    }
     for name, values in rates.items():
-        out[f"{name}_env_steps_per_s"] = round(statistics.median(values), 1)
+        out[f"{name}_env_steps_per_s"] = round(statistics.median(v[0] for v in values), 1)
+        out[f"{name}_env_steps_per_cpu_s"] = round(statistics.median(v[1] for v in values), 1)
     for name in ("m2flow", "m2flow_unnormalized"):
-        pairs = zip(rates[name], rates["gymnasium"])
-        out[f"{name}_vs_gymnasium"] = round(statistics.median(a / b for a, b in pairs), 3)
+        for unit, j in (("", 0), ("_cpu", 1)):
+            pairs = zip(rates[name], rates["gymnasium"])
+            out[f"{name}_vs_gymnasium{unit}"] = round(statistics.median(a[j] / b[j] for a, b in pairs), 3)
     return out
 
 
@@ -203,6 +211,7 @@ def main() -> None:
     p.add_argument("--last-n", type=int, default=20, help="returns averaged over the last N episodes")
     p.add_argument("--checkpoints", default="100000,300000", help="env steps at which returns are noted")
     p.add_argument("--raw-steps", type=int, default=2000, help="vector steps per raw-rate sample (0 skips)")
+    p.add_argument("--raw-repeats", type=int, default=5, help="rotations of the raw-rate contenders")
     p.add_argument("--raw-only", action="store_true", help="measure only the raw stepping rate")
     p.add_argument("--timeout", type=float, default=7200, help="seconds allowed per training run")
     p.add_argument("--out", default=str(HERE / "results" / "e1_embodied.json"), help="result JSON path")
@@ -227,7 +236,7 @@ def main() -> None:
             print(f"skipping {name}: {reason}", file=sys.stderr)
     threads = parse_threads(args.threads, sides)
 
-    raw = [raw_step_rates(e, 8, args.raw_steps, 3) for e in envs] if args.raw_steps else []
+    raw = [raw_step_rates(e, 8, args.raw_steps, args.raw_repeats) for e in envs] if args.raw_steps else []
     runs: list[dict] = []
     if not args.raw_only:
         for env in envs:
@@ -269,7 +278,8 @@ def summary_line(summary: dict, raw: list[dict], sides: list[str]) -> str:
         parts.append(
             f"raw {r['env']} x{r['num_envs']}: gymnasium {r['gymnasium_env_steps_per_s']:.0f} steps/s, "
             f"m2flow env {r['m2flow_env_steps_per_s']:.0f} ({r['m2flow_vs_gymnasium']}x), "
-            f"unnormalised {r['m2flow_unnormalized_env_steps_per_s']:.0f} ({r['m2flow_unnormalized_vs_gymnasium']}x)"
+            f"unnormalised {r['m2flow_unnormalized_env_steps_per_s']:.0f} ({r['m2flow_unnormalized_vs_gymnasium']}x); "
+            f"per CPU-s {r['m2flow_vs_gymnasium_cpu']}x / {r['m2flow_unnormalized_vs_gymnasium_cpu']}x"
         )
     return "E1 | " + " | ".join(parts)
 
