@@ -153,14 +153,24 @@ class VecEnv:
         episode_window: int = 1000,
     ) -> None:
         config.validate()
+        if rank < 0:
+            raise ValueError(f"rank must be >= 0, got {rank}")
         self.config = config
         self.rank = rank
         envs = [env_maker(config) for _ in range(config.num_envs)]
         self.single_observation_space = envs[0].observation_space
         self.single_action_space = envs[0].action_space
         for env in envs[1:]:
-            if env.observation_space != self.single_observation_space:
-                raise ValueError(f"env_id: {config.env_id} builds envs with differing observation spaces")
+            if (env.observation_space, env.action_space) != (
+                self.single_observation_space,
+                self.single_action_space,
+            ):
+                raise ValueError(f"env_id: {config.env_id} builds envs with differing spaces")
+        if config.normalize_obs and self.single_observation_space.dtype == np.uint8:
+            raise ValueError(
+                f"normalize_obs: {config.env_id} has image observations (uint8); set it to false "
+                "(the CNN encoder scales pixels itself)"
+            )
         # Contiguous, near-equal groups: group k owns envs [bounds[k], bounds[k+1]).
         bounds = np.linspace(0, config.num_envs, config.num_groups + 1).round().astype(int)
         self.groups = [
@@ -187,6 +197,10 @@ class VecEnv:
         self.training = True
         self.episodes: deque[tuple[float, int]] = deque(maxlen=episode_window)
         self._seeded = False
+        logger.debug(
+            "rank %d: %d x %s in groups of %s", rank, config.num_envs, config.env_id,
+            [g.num_envs for g in self.groups],
+        )
 
     @property
     def num_envs(self) -> int:

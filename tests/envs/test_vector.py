@@ -235,3 +235,23 @@ def test_discrete_cartpole_actions():
     assert obs.shape == (3, 4) and obs.dtype == np.float32
     res = env.step(np.array([0, 1, 0]))
     assert res.reward.shape == (3,)
+
+
+def test_pixel_observations_refuse_obs_normalisation():
+    class Pixels(gym.Env):
+        observation_space = gym.spaces.Box(0, 255, (8, 8, 3), np.uint8)
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            return np.zeros((8, 8, 3), np.uint8), {}
+
+        def step(self, action):
+            return np.full((8, 8, 3), 7, np.uint8), 1.0, False, False, {}
+
+    with pytest.raises(ValueError, match="normalize_obs"):
+        VecEnv(raw_config(normalize_obs=True), env_maker=lambda cfg: Pixels())
+    env = VecEnv(raw_config(num_envs=2), env_maker=lambda cfg: Pixels())
+    assert env.reset().dtype == np.uint8
+    res = env.step(np.array([0, 1]))
+    assert res.obs.dtype == np.uint8 and res.obs.shape == (2, 8, 8, 3)
