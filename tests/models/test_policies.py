@@ -127,3 +127,13 @@ def test_bad_config_and_spaces_fail_listing_choices():
         build_policy(VEC_OBS, gym.spaces.MultiBinary(3))
     with pytest.raises(ValueError, match="already registered"):
         register_encoder("mlp")(lambda space, cfg: None)
+
+
+def test_config_documented_and_loaded_from_plain_data():
+    from m2flow.config import ConfigError, from_dict, undocumented
+
+    assert undocumented(PolicyConfig) == []
+    cfg = from_dict(PolicyConfig, {"hidden_sizes": [32, 32], "activation": "relu"})
+    assert build_policy(VEC_OBS, BOX_ACT, cfg).actor_trunk.net[1].out_features == 32
+    with pytest.raises(ConfigError, match="hidden_sizes"):
+        from_dict(PolicyConfig, {"hidden_sizes": [0]})
