@@ -1,0 +1,324 @@
+"""The reasoning RL workflow (``workflow: reasoning``): the macro loop, and what launches it.
+
+``train_loop`` is the whole algorithm as a short sequence of named steps. It is the same for every
+placement: collocated components take turns on their shared devices (the device lock), while
+disaggregated or hybrid ones overlap, each consuming the groups the previous stage emits as soon
+as they are ready. Which of those happens is decided by the placement alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from m2flow.config.convert import to_dict
+from m2flow.data import PromptDataLoader, PromptDataset, PromptItem
+from m2flow.runners.evaluation import score_responses
+from m2flow.runners.reasoning_config import COMPONENTS, ReasoningConfig
+from m2flow.runtime import Cluster, GroupHandle, WorkerGroup
+from m2flow.runtime.trace import ProcessInfo, configure_tracer, get_tracer, merge_traces, prepare_trace_dir
+from m2flow.workers.messages import PromptTask
+from m2flow.workers.stats import WEIGHT_KEY, merge_rank_metrics
+from m2flow.workers.streams import GroupStream
+
+log = logging.getLogger(__name__)
+
+CHECKPOINTS = "checkpoints"
+TRAINER_STATE = "trainer_state.json"
+
+
+@dataclass
+class TrainResult:
+    """What a run did: its directory, the metrics of every iteration, its last checkpoint."""
+
+    run_dir: Path
+    mode: str
+    history: list[dict[str, float]] = field(default_factory=list)
+    last_checkpoint: Path | None = None
+
+
+# ----------------------------------------------------------------------------- the macro loop
+
+
+def train_loop(flow: ReasoningFlow, loader: PromptDataLoader, start: int, steps: int, logger: Any,
+               eval_every: int = 0, checkpoint_every: int = 0) -> list[dict[str, float]]:
+    """Iterations ``start .. steps - 1`` of: sync, generate, score, log-probs, train, log, checkpoint."""
+    history = []
+    for step in range(start, steps):
+        t0 = time.perf_counter()
+        with get_tracer().span("step", cat="step", step=step):
+            flow.sync_weights()                                      # actor -> rollout, inference
+            evaluated = flow.evaluate() if eval_every and step % eval_every == 0 else {}
+            slots = flow.put_prompts(step, loader.next_batch())      # channel "prompts"
+            metrics = flow.finish(
+                rollout=flow.rollout.generate(step, slots),          # emits each group when done
+                reward=flow.reward.score(step, slots),               # scores what is ready
+                inference=flow.inference.compute(step, slots),       # old / reference log-probs
+                actor=flow.actor.train(step, slots),                 # trains on micro-batches as they come
+            )
+        metrics.update(evaluated, **flow.rates(metrics, time.perf_counter() - t0))
+        logger.log(metrics, step=step + 1)
+        history.append(metrics)
+        if checkpoint_every and ((step + 1) % checkpoint_every == 0 or step + 1 == steps):
+            flow.save_checkpoint(step + 1, loader)
+    if eval_every:
+        flow.sync_weights()
+        final = flow.evaluate()
+        logger.log(final, step=steps)
+        if history:  # the last entry describes the policy after the last update
+            history[-1].update(final)
+    return history
+
+
+# ----------------------------------------------------------------------------- the running system
+
+
+def _gather(handles: Sequence[GroupHandle]) -> list[list[Any]]:
+    """Results of every handle; the first failure anywhere raises at once (others would wait forever)."""
+    async def all_of() -> list[list[Any]]:
+        return list(await asyncio.gather(*handles))
+
+    return asyncio.run(all_of())
+
+
+def _shares_devices(plan: Any, component: str) -> bool:
+    """True when another device-holding component runs on some of ``component``'s devices."""
+    mine = plan[component].devices
+    return any(mine & plan[c].devices for c in ("rollout", "inference", "actor") if c != component)
+
+
+class ReasoningFlow:
+    """The launched system of one run: worker groups, the streams between them, and the data."""
+
+    def __init__(self, cfg: ReasoningConfig, cluster: Cluster, model_path: Path, train: PromptDataset,
+                 test: PromptDataset | None, resume_dir: Path | None = None, trace_dir: Path | None = None) -> None:
+        from m2flow.workers.actor import ActorWorker
+        from m2flow.workers.inference import InferenceWorker
+        from m2flow.workers.reward import RewardWorker
+        from m2flow.workers.rollout import RolloutWorker
+
+        self.cfg = cfg
+        self.train_set = train
+        self.test_set = test
+        self.run_dir = Path(cfg.run_dir)
+        plan = cluster.placement(cfg.placement, components=COMPONENTS)
+        self.mode = plan.mode
+        rid = uuid.uuid4().hex[:8]
+        ranks = {c: plan[c].world_size for c in COMPONENTS}
+        # One stream per edge of the workflow; each routes a group to rank slot % (consumer ranks).
+        self.prompts = GroupStream.create(f"prompts-{rid}", ranks["rollout"])
+        responses = GroupStream.create(f"responses-{rid}", ranks["reward"])
+        scored = GroupStream.create(f"scored-{rid}", ranks["inference"])
+        ready = GroupStream.create(f"ready-{rid}", ranks["actor"])
+        self.streams = [self.prompts, responses, scored, ready]
+        n = cfg.rollout.sampling.n
+        temperature = cfg.rollout.sampling.temperature
+        shares = {c: _shares_devices(plan, c) for c in COMPONENTS}
+        path = str(model_path)
+        specs: dict[str, tuple[type, tuple, dict, int]] = {
+            "rollout": (RolloutWorker, (path, cfg.rollout, self.prompts, responses),
+                        {"seed": cfg.seed, "shares_devices": shares["rollout"]}, cfg.rollout.num_threads),
+            "reward": (RewardWorker, (cfg.reward, responses, scored),
+                       {"max_new_tokens": cfg.rollout.sampling.max_new_tokens,
+                        "dynamic_sampling": cfg.algorithm.dynamic_sampling}, cfg.reward.num_threads),
+            "inference": (InferenceWorker, (path, cfg.inference, cfg.algorithm, temperature, n, scored, ready),
+                          {"shares_devices": shares["inference"]}, cfg.inference.num_threads),
+            "actor": (ActorWorker, (path, cfg.actor, cfg.algorithm, temperature, n, ready),
+                      {"total_steps": cfg.steps, "seed": cfg.seed, "shares_devices": shares["actor"],
+                       "resume_dir": str(resume_dir) if resume_dir else None}, cfg.actor.num_threads),
+        }
+        self.names = {c: f"{c}-{rid}" for c in COMPONENTS}
+        groups = self._launch(cluster, plan, specs, trace_dir)
+        self.rollout, self.reward, self.inference, self.actor = (groups[c] for c in COMPONENTS)
+        self.weight_targets = [(self.names["rollout"], list(range(ranks["rollout"])))]
+        if self.inference.wants_weights(ranks=[0]).wait()[0]:
+            self.weight_targets.append((self.names["inference"], list(range(ranks["inference"]))))
+        log.info("launched %s: %s", self.mode, ", ".join(f"{c} x{ranks[c]}" for c in COMPONENTS))
+
+    def _launch(self, cluster: Cluster, plan: Any, specs: dict[str, tuple[type, tuple, dict, int]],
+                trace_dir: Path | None) -> dict[str, WorkerGroup]:
+        """Start the four groups side by side: their processes import torch and load models in parallel."""
+        def start(component: str) -> WorkerGroup:
+            cls, args, kwargs, threads = specs[component]
+            return WorkerGroup(cls, cluster, self.names[component], placement=plan[component], args=args,
+                               kwargs=kwargs, num_threads=threads, log_dir=self.run_dir / "logs",
+                               trace_dir=trace_dir)
+
+        with ThreadPoolExecutor(len(specs)) as pool:
+            futures = {c: pool.submit(start, c) for c in specs}
+        groups: dict[str, WorkerGroup] = {}
+        errors = []
+        for c, fut in futures.items():
+            try:
+                groups[c] = fut.result()
+            except BaseException as e:  # noqa: BLE001 - shut the others down, then report
+                errors.append(e)
+        if errors:
+            for g in groups.values():
+                g.shutdown()
+            raise errors[0]
+        return groups
+
+    # -- the named steps of the loop ---------------------------------------------------------
+    def sync_weights(self) -> None:
+        """Stream the actor's weights to every rollout rank (and inference's policy copy)."""
+        receivers = [self.rollout.receive_weights(self.names["actor"], 0)]
+        if len(self.weight_targets) > 1:
+            receivers.append(self.inference.receive_weights(self.names["actor"], 0))
+        _gather([self.actor.send_weights(self.weight_targets), *receivers])
+
+    def put_prompts(self, step: int, items: Sequence[PromptItem]) -> int:
+        """Put an iteration's prompts into the prompts channel; returns how many (the slots)."""
+        for slot, item in enumerate(items):
+            self.prompts.put(PromptTask(step, slot, item.index, list(item.prompt_ids), item.answer))
+        return len(items)
+
+    def finish(self, **handles: GroupHandle) -> dict[str, float]:
+        """Wait for the iteration's calls; one dict of metrics (actor: rank 0's, already global)."""
+        results = dict(zip(handles, _gather(list(handles.values()))))
+        metrics: dict[str, float] = {}
+        for component, per_rank in results.items():
+            merged = per_rank[0] if component == "actor" else merge_rank_metrics(per_rank)
+            metrics.update({k: v for k, v in merged.items() if k != WEIGHT_KEY})
+        return metrics
+
+    def rates(self, metrics: dict[str, float], seconds: float) -> dict[str, float]:
+        """Throughput of the iteration from its counts and wall time."""
+        return {
+            "time/step_s": seconds,
+            "perf/completions_per_s": metrics.get("rollout/responses_count", 0.0) / seconds,
+            "perf/tokens_per_s": metrics.get("rollout/tokens_count", 0.0) / seconds,
+        }
+
+    def evaluate(self) -> dict[str, float]:
+        """Greedy held-out accuracy of the rollout's current weights (empty without a held-out set)."""
+        if self.test_set is None:
+            return {}
+        from m2flow.workers.reward import build_reward_fn
+
+        items = list(self.test_set)[: self.cfg.eval_size] if self.cfg.eval_size else list(self.test_set)
+        world = self.rollout.world_size
+        shares = [items[r::world] for r in range(world)]
+        s = self.cfg.rollout.sampling
+        out = self.rollout.execute_each(
+            "evaluate", [([it.prompt_ids for it in part], s.max_new_tokens, list(s.stop)) for part in shares]).wait()
+        texts, lengths, answers = [], [], []
+        for part, results in zip(shares, out):
+            for it, (text, length) in zip(part, results):
+                texts.append(text)
+                lengths.append(length)
+                answers.append(it.answer)
+        if not hasattr(self, "_reward_fn"):
+            self._reward_fn = build_reward_fn(self.cfg.reward)
+        return score_responses(texts, lengths, answers, self._reward_fn)
+
+    def save_checkpoint(self, next_step: int, loader: PromptDataLoader) -> Path:
+        """Actor weights + optimizer + RNG (by the actor), data position and step (here)."""
+        path = self.run_dir / CHECKPOINTS / f"step_{next_step:06d}"
+        self.actor.save_checkpoint(str(path)).wait()
+        state = {"next_step": next_step, "loader": loader.state_dict(), "seed": self.cfg.seed}
+        (path / TRAINER_STATE).write_text(json.dumps(state, indent=1))
+        log.info("checkpoint %s", path)
+        return path
+
+    def shutdown(self) -> None:
+        """Close the streams (ending any wait on them), then stop every group."""
+        for stream in getattr(self, "streams", []):
+            try:
+                stream.close()
+            except Exception:  # noqa: BLE001 - the host may be gone already
+                pass
+        for name in ("actor", "inference", "reward", "rollout"):
+            group = getattr(self, name, None)
+            if group is not None:
+                group.shutdown()
+
+
+# ----------------------------------------------------------------------------- entry points
+
+
+def find_checkpoint(cfg: ReasoningConfig) -> Path | None:
+    """The checkpoint to resume from: ``resume`` itself, or the latest complete one in run_dir."""
+    if cfg.resume is None:
+        return None
+    if cfg.resume != "auto":
+        path = Path(cfg.resume)
+        if not (path / TRAINER_STATE).is_file():
+            raise FileNotFoundError(f"resume: {path} is not a checkpoint (no {TRAINER_STATE})")
+        return path
+    done = sorted(p for p in (Path(cfg.run_dir) / CHECKPOINTS).glob("step_*") if (p / TRAINER_STATE).is_file())
+    return done[-1] if done else None
+
+
+def train(cfg: ReasoningConfig, cluster: Cluster | None = None) -> TrainResult:
+    """Run (or resume) the workflow; ``cluster`` reuses a running one (else Ray starts here)."""
+    from m2flow.metrics import MetricsLogger
+    from m2flow.models.tokenizer import load_tokenizer
+    from m2flow.runners.reasoning_data import load_datasets, prepare_model
+    from m2flow.runtime.logs import setup_logging
+
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    setup_logging(log_file=run_dir / "driver.log", console=False)
+    model_path = prepare_model(cfg.model, cfg.data)
+    train_set, test_set = load_datasets(cfg.data, load_tokenizer(model_path))
+    loader: PromptDataLoader = PromptDataLoader(train_set, cfg.data.prompts_per_step, seed=cfg.seed,
+                                                shuffle=cfg.data.shuffle)
+    resume = find_checkpoint(cfg)
+    start = 0
+    if resume is not None:
+        state = json.loads((resume / TRAINER_STATE).read_text())
+        start = int(state["next_step"])
+        loader.load_state_dict(state["loader"])
+        log.info("resuming from %s at iteration %d", resume, start)
+    trace_dir = prepare_trace_dir(run_dir) if cfg.trace else None
+    if trace_dir is not None:
+        configure_tracer(trace_dir, ProcessInfo())
+    own_cluster = cluster is None
+    cluster = cluster or Cluster(cfg.cluster)
+    flow = None
+    result = TrainResult(run_dir, "")
+    try:
+        flow = ReasoningFlow(cfg, cluster, model_path, train_set, test_set, resume, trace_dir)
+        result.mode = flow.mode
+        with MetricsLogger(run_dir, cfg.metrics, total_steps=cfg.steps, description=f"reasoning ({flow.mode})",
+                           run_config=to_dict(cfg)) as logger:
+            result.history = train_loop(flow, loader, start, cfg.steps, logger, cfg.eval_every, cfg.checkpoint_every)
+    finally:
+        if flow is not None:
+            flow.shutdown()
+        if own_cluster:
+            cluster.shutdown()
+        if trace_dir is not None:
+            get_tracer().close()
+            merge_traces(run_dir)
+    done = sorted((run_dir / CHECKPOINTS).glob("step_*"))
+    result.last_checkpoint = done[-1] if done else None
+    return result
+
+
+def run_reasoning(cfg: ReasoningConfig) -> int:
+    """Entry point of ``m2flow train`` for ``workflow: reasoning``."""
+    result = train(cfg)
+    last = result.history[-1] if result.history else {}
+    summary = ", ".join(f"{k}={last[k]:.4g}" for k in ("reward/mean", "eval/accuracy") if k in last)
+    logging.getLogger("m2flow").info("done (%s): %s; run directory %s", result.mode, summary or "no steps run",
+                                     result.run_dir)
+    return 0
+
+
+def _register() -> None:
+    from m2flow.config.workflows import register_workflow
+
+    register_workflow("reasoning", ReasoningConfig, run_reasoning)
+
+
+_register()

@@ -1,0 +1,135 @@
+"""The config of the reasoning RL workflow (``workflow: reasoning``): model, data, workers, algorithm, run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from m2flow.config.schema import option
+from m2flow.metrics import MetricsConfig
+from m2flow.runtime.cluster import ClusterConfig, expected_layout
+from m2flow.runtime.placement import NodeLayout, PlacementError, parse_placement
+from m2flow.workers.config import (
+    ActorConfig,
+    AlgorithmConfig,
+    InferenceConfig,
+    RewardConfig,
+    RolloutConfig,
+)
+
+COMPONENTS = ("rollout", "reward", "inference", "actor")
+
+
+@dataclass
+class TinyModelSpec:
+    """A tiny random causal LM built at ``model.path`` when it does not exist yet (offline runs, tests)."""
+
+    arch: Literal["qwen2", "llama"] = option("qwen2", "architecture")
+    hidden_size: int = option(64, "width of the residual stream")
+    num_layers: int = option(2, "transformer blocks")
+    num_heads: int = option(4, "attention heads")
+    num_kv_heads: int = option(2, "key/value heads")
+    intermediate_size: int = option(128, "MLP width")
+    max_position_embeddings: int = option(1024, "longest prompt + response")
+    tokenizer: Literal["char", "bpe"] = option(
+        "char", "tokenizer trained on the training data: one token per character, or a small byte-level BPE")
+    vocab_size: int = option(512, "BPE vocabulary size (bpe only)")
+    seed: int = option(0, "seed of the random initialisation")
+
+
+@dataclass
+class ModelConfig:
+    """The policy model."""
+
+    path: str = option("runs/models/tiny-arithmetic", "local Hugging Face model directory (model + tokenizer)")
+    create_tiny: bool = option(False, "build a tiny random model at path first when the directory does not exist")
+    tiny: TinyModelSpec = option(TinyModelSpec(), "shape of the tiny model built by create_tiny")
+    warm_start_steps: int = option(0, "supervised steps on the training answers after building the tiny model")
+    warm_start_lr: float = option(1e-3, "learning rate of the supervised warm start")
+    warm_start_batch_size: int = option(64, "examples per supervised step")
+
+
+@dataclass
+class ArithmeticDataConfig:
+    """The built-in arithmetic task ('12+7=' -> '19')."""
+
+    digits: int = option(2, "largest number of digits of each operand")
+    operators: list[str] = option(["+", "-"], "operators drawn from: any of + - *")
+    train_size: int = option(2000, "training problems")
+    test_size: int = option(200, "held-out problems (a disjoint split)")
+    seed: int = option(0, "seed of the problem draw")
+
+
+@dataclass
+class DataConfig:
+    """Where prompts and reference answers come from."""
+
+    kind: Literal["arithmetic", "gsm8k", "file"] = option(
+        "arithmetic", "arithmetic (built in), gsm8k (a directory with train/test jsonl), file (jsonl or parquet)")
+    path: str | None = option(None, "gsm8k: directory or file; file: the training prompts")
+    eval_path: str | None = option(None, "file: held-out prompts (None: no held-out set); gsm8k: the test split of path")
+    prompt_key: str = option("prompt", "file: key of the prompt text")
+    answer_key: str = option("answer", "file: key of the reference answer")
+    prompt_template: str | None = option(None, "wording around each prompt, with {prompt} (gsm8k: its own by default)")
+    use_chat_template: bool = option(False, "wrap prompts in the tokenizer's chat template")
+    system_prompt: str | None = option(None, "system message of the chat template")
+    max_prompt_tokens: int | None = option(None, "drop prompts longer than this")
+    on_bad_line: Literal["error", "skip"] = option("error", "a malformed record: fail naming file and line, or skip and count")
+    limit: int | None = option(None, "use only the first this-many training records")
+    arithmetic: ArithmeticDataConfig = option(ArithmeticDataConfig(), "the arithmetic task (kind: arithmetic)")
+    prompts_per_step: int = option(8, "prompts per iteration (each gets rollout.sampling.n responses)")
+    shuffle: bool = option(True, "shuffle the prompts every epoch")
+
+    def validate(self) -> None:
+        if self.kind in ("gsm8k", "file") and not self.path:
+            raise ValueError(f"path is required for kind {self.kind!r}")
+        if self.prompts_per_step < 1:
+            raise ValueError(f"prompts_per_step must be >= 1, got {self.prompts_per_step}")
+
+
+@dataclass
+class ReasoningConfig:
+    """Reasoning RL on a causal language model: GRPO, PPO, DAPO, REINFORCE++, RLOO."""
+
+    cluster: ClusterConfig = option(ClusterConfig(), "where the workers run")
+    placement: str = option(
+        "actor,rollout,inference,reward: 0",
+        "devices of each component (rollout, reward, inference, actor); shared devices are taken in turn")
+    model: ModelConfig = option(ModelConfig(), "the policy model")
+    data: DataConfig = option(DataConfig(), "prompts and answers")
+    rollout: RolloutConfig = option(RolloutConfig(), "generation")
+    reward: RewardConfig = option(RewardConfig(), "scoring")
+    inference: InferenceConfig = option(InferenceConfig(), "old-policy and reference log-probs")
+    actor: ActorConfig = option(ActorConfig(), "policy updates")
+    algorithm: AlgorithmConfig = option(AlgorithmConfig(), "advantages, losses, KL, DAPO options")
+    steps: int = option(20, "training iterations")
+    seed: int = option(0, "seed of data order, sampling and initialisation")
+    run_dir: str = option("runs/reasoning", "where logs, metrics, checkpoints and the trace go")
+    checkpoint_every: int = option(0, "save a checkpoint every this-many iterations and after the last (0: never)")
+    resume: str | None = option(None, "'auto' (latest checkpoint in run_dir, if any) or a checkpoint directory")
+    eval_every: int = option(0, "held-out accuracy every this-many iterations and at the end (0: never)")
+    eval_size: int | None = option(None, "held-out prompts evaluated (None: all)")
+    metrics: MetricsConfig = option(MetricsConfig(), "metric sinks")
+    trace: bool = option(False, "record a timeline of every worker to run_dir/trace.json")
+
+    def validate(self) -> None:
+        for key in ("steps",):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        for key in ("checkpoint_every", "eval_every"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
+        if self.algorithm.old_logprobs == "actor" and not self.actor.updates_once:
+            raise ValueError(
+                "algorithm.old_logprobs: 'actor' is exact only with one optimizer step per iteration "
+                "(actor.mini_batches = actor.update_epochs = 1)")
+        layout = expected_layout(self.cluster)
+        try:
+            plan = parse_placement(self.placement, layout or NodeLayout((1 << 30,)), COMPONENTS)
+        except PlacementError as e:
+            raise ValueError(f"placement: {e}") from None
+        actor_ranks = plan["actor"].world_size
+        if self.actor.strategy == "fsdp" and self.data.prompts_per_step < actor_ranks:
+            raise ValueError(
+                f"data.prompts_per_step ({self.data.prompts_per_step}) must be at least the number of "
+                f"actor ranks ({actor_ranks}) with the fsdp strategy")

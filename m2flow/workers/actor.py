@@ -1,0 +1,287 @@
+"""``ActorWorker``: policy (and, for PPO, critic) updates from the groups routed to this rank.
+
+Two ways through an iteration, chosen once from the config:
+
+- **streaming** (group-local advantages such as GRPO/RLOO, no critic, one optimizer step per
+  iteration, replicated weights): each micro-batch of ready groups gets its advantages and a
+  forward/backward in its own device turn as soon as it arrives, overlapping generation of the
+  rest; gradients accumulate and one optimizer step closes the iteration;
+- **gathered** (PPO's critic, batch-wide whitening as in REINFORCE++, several mini-batches or
+  epochs, or FSDP's lockstep passes): all groups are taken first, then values, advantages and the
+  mini-batch updates run in one device turn.
+
+Losses are sums scaled once by the global token or sequence count (see ``objective.py``), so both
+ways, and any micro-batching, give the same update. Before any step that synchronises ranks, every
+rank waits on a host barrier without holding its devices: a rank holding the device lock while
+waiting for a peer whose data still needs that device would deadlock a collocated placement.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from m2flow.backends.training.collectives import all_reduce_max, all_reduce_sum, barrier
+from m2flow.data.batch import RolloutBatch
+from m2flow.models.causal_lm import CausalLMWithValueHead, load_causal_lm, response_logprobs
+from m2flow.models.tokenizer import load_tokenizer
+from m2flow.runtime.comm import send_weights
+from m2flow.workers.advantages import fill_advantages
+from m2flow.workers.common import ReasoningWorker, state_digest
+from m2flow.workers.config import ActorConfig, AlgorithmConfig, torch_dtype
+from m2flow.workers.messages import GroupSample, join_groups
+from m2flow.workers.objective import StepTotals, critic_objective, policy_objective
+from m2flow.workers.stats import WEIGHT_KEY
+from m2flow.workers.streams import GroupStream
+from m2flow.workers.trainable import TrainedModel
+
+ACTOR_DIR = "actor"
+CRITIC_DIR = "critic"
+TRAINING_STATE = "training_state.pt"
+
+
+class ActorWorker(ReasoningWorker):
+    """Trains the policy on the groups routed to this rank; rank 0 streams weights to the generators."""
+
+    def __init__(self, model_path: str, cfg: ActorConfig, algo: AlgorithmConfig, temperature: float,
+                 group_size: int, ready: GroupStream, *, total_steps: int, seed: int = 0,
+                 resume_dir: str | None = None, shares_devices: bool = False) -> None:
+        self.cfg = cfg
+        self.algo = algo
+        self.inp = ready
+        self.shares_devices = shares_devices
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.groups_per_micro_batch = max(1, cfg.micro_batch_size // group_size)
+        torch.manual_seed(seed)  # the same on every rank: a fresh value head starts identical
+        if self.world_size > 1:
+            self.init_process_group()
+        source = Path(resume_dir) / ACTOR_DIR if resume_dir else Path(model_path)
+        device, dtype = self.torch_device, torch_dtype(cfg.dtype)
+        updates = total_steps * cfg.mini_batches * cfg.update_epochs
+        self.tokenizer = load_tokenizer(model_path)
+        self.policy = TrainedModel(load_causal_lm(source, dtype=dtype, device=device), cfg.strategy, device,
+                                   cfg.optim, updates, cpu_offload=cfg.fsdp_cpu_offload)
+        self.critic: TrainedModel | None = None
+        if algo.uses_critic:
+            critic_source = Path(resume_dir) / CRITIC_DIR if resume_dir else Path(cfg.critic.path or model_path)
+            value_model = CausalLMWithValueHead.from_pretrained(critic_source, dtype=dtype).to(device)
+            self.critic = TrainedModel(value_model, cfg.strategy, device, cfg.critic.optim, updates,
+                                       cpu_offload=cfg.fsdp_cpu_offload)
+        self.streaming = (algo.group_local and self.critic is None and cfg.updates_once
+                          and not self.policy.strategy.lockstep)
+        if resume_dir:
+            self._load_training_state(Path(resume_dir))
+
+    # -- context switching ------------------------------------------------------------------
+    def offload(self) -> None:
+        for m in self._trained():
+            m.offload()
+
+    def onload(self) -> None:
+        for m in self._trained():
+            m.onload()
+
+    def _trained(self) -> list[TrainedModel]:
+        return [self.policy] + ([self.critic] if self.critic is not None else [])
+
+    # -- weights -----------------------------------------------------------------------------
+    def send_weights(self, targets: list[tuple[str, list[int]]]) -> int:
+        """Stream the policy weights to ranks of other groups (every actor rank calls; rank 0 sends)."""
+        with self.tracer.span("send_weights", cat="weight_sync"):
+            state = self.policy.full_state_dict()
+            if self.rank == 0:
+                for group, ranks in targets:
+                    send_weights(self.comm, state, group, ranks, bucket_bytes=self.cfg.weight_sync_bucket_mb << 20)
+        return len(state)
+
+    def weights_digest(self) -> str:
+        """Digest of the full policy weights (every rank calls under FSDP; rank 0's is complete)."""
+        return state_digest(self.policy.full_state_dict())
+
+    # -- the step ----------------------------------------------------------------------------
+    def train(self, step: int, num_slots: int) -> dict[str, float]:
+        """Update on this rank's groups of iteration ``step``; returns actor (and critic) metrics."""
+        expected = self.inp.expected(self.rank, num_slots)
+        start = time.perf_counter()
+        if self.streaming:
+            metrics = self._train_streaming(step, expected)
+        else:
+            metrics = self._train_gathered(step, expected)
+        metrics["time/train_s"] = time.perf_counter() - start
+        metrics[WEIGHT_KEY] = 1.0
+        return metrics
+
+    def _train_streaming(self, step: int, expected: int) -> dict[str, float]:
+        totals = StepTotals()
+        remaining = expected
+        while remaining:
+            groups: list[GroupSample] = self.inp.take_ready(self.rank, min(self.groups_per_micro_batch, remaining))
+            remaining -= len(groups)
+            live = [g for g in groups if not g.dropped]
+            if not live:
+                continue
+            batch = join_groups(live)
+            fill_advantages(batch, self.algo)
+            with self.turn(), self.tracer.span("train", cat="train", step=step, groups=len(live)):
+                self._backward(batch, totals, last=False)
+        # The reduce below is a host-side collective: it is also the barrier before the device turn.
+        count, metrics = StepTotals.summarize(all_reduce_sum(totals.as_vector()))
+        with self.turn(), self.tracer.span("optimizer_step", cat="train", step=step):
+            metrics.update(self._update(count))
+        return metrics
+
+    def _train_gathered(self, step: int, expected: int) -> dict[str, float]:
+        groups: list[GroupSample] = self.inp.take(self.rank, expected)
+        live = [g for g in groups if not g.dropped]
+        barrier()  # every rank holds its data: nothing upstream needs a device from here on
+        metrics: dict[str, float] = {}
+        with self.turn(), self.tracer.span("train", cat="train", step=step, groups=len(live)):
+            batch = join_groups(live) if live else None
+            if batch is not None:
+                if self.critic is not None:
+                    batch.values = self._values(batch)
+                fill_advantages(batch, self.algo)
+            dummy = join_groups(groups[:1]) if groups else None  # input for lockstep padding passes
+            for _ in range(self.cfg.update_epochs):
+                for mini in _split(batch, self.cfg.mini_batches):
+                    metrics = self._mini_batch_update(mini, dummy)
+        return metrics
+
+    def _mini_batch_update(self, mini: RolloutBatch | None, dummy: RolloutBatch | None) -> dict[str, float]:
+        micro = mini.split(self.cfg.micro_batch_size) if mini is not None and len(mini) else []
+        rounds = len(micro)
+        if self.policy.strategy.lockstep:  # every rank runs as many passes as the busiest one
+            rounds = int(all_reduce_max([len(micro)])[0])
+        totals = StepTotals()
+        for i in range(rounds):
+            last = i == rounds - 1
+            if i < len(micro):
+                self._backward(micro[i], totals, last)
+            else:
+                self._backward(micro[0] if micro else _with_zero_advantages(dummy), totals, last, weight=0.0)
+        count, metrics = StepTotals.summarize(all_reduce_sum(totals.as_vector()))
+        metrics.update(self._update(count))
+        return metrics
+
+    def _backward(self, batch: RolloutBatch, totals: StepTotals, last: bool, weight: float = 1.0) -> None:
+        """Forward and backward of one micro-batch, gradients accumulated (``weight`` 0: a padding pass)."""
+        batch = batch.to(self.torch_device)
+        need_entropy = self.algo.entropy_coef > 0
+        with self.policy.strategy.accumulate(last):
+            logp, entropy = response_logprobs(
+                self.policy.module, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
+                batch.response_mask, temperature=self.temperature, return_entropy=need_entropy)
+            obj = policy_objective(logp, entropy, batch, self.algo)
+            (obj.loss * weight).backward()
+        if weight:
+            totals.add(obj)
+        if self.critic is not None:
+            with self.critic.strategy.accumulate(last):
+                values = self.critic.module.response_values(
+                    batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+                cobj = critic_objective(values, batch, self.algo, self.cfg.critic.value_clip)
+                (cobj.loss * weight).backward()
+            if weight:
+                totals.add(cobj, counted=False)
+
+    def _update(self, count: float) -> dict[str, float]:
+        """One optimizer step of the policy (and critic) with gradients scaled by 1 / ``count``."""
+        if count <= 0:  # every group was dropped on every rank: nothing to learn from
+            for m in self._trained():
+                m.zero_grad()
+            return {"actor/skipped_steps_count": 1.0}
+        out = self.policy.apply_update(1.0 / count)
+        metrics = {"actor/grad_norm": out["grad_norm"], "actor/lr": out["lr"],
+                   "actor/skipped_steps_count": out["skipped"]}
+        if self.critic is not None:
+            cout = self.critic.apply_update(1.0 / count)
+            metrics.update({"critic/grad_norm": cout["grad_norm"], "critic/lr": cout["lr"]})
+        return metrics
+
+    @torch.no_grad()
+    def _values(self, batch: RolloutBatch) -> torch.Tensor:
+        """(B, Lr) values of the critic before this iteration's update, in micro-batches."""
+        assert self.critic is not None
+        b = batch.to(self.torch_device)
+        values = self.critic.module.response_values(b.prompt_ids, b.prompt_mask, b.response_ids, b.response_mask,
+                                                    micro_batch_size=self.cfg.micro_batch_size)
+        return values.float().cpu()
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def save_checkpoint(self, path: str) -> None:
+        """Write weights (HF format), optimizer and schedule state and RNG state under ``path``."""
+        root = Path(path)
+        states = {}
+        for name, model in (("policy", self.policy), ("critic", self.critic)):
+            if model is not None:
+                states[name] = (model.full_state_dict(), model.training_state())
+        if self.rank == 0:
+            root.mkdir(parents=True, exist_ok=True)
+            weights, policy_state = states["policy"]
+            self.policy.module.save_pretrained(str(root / ACTOR_DIR), state_dict=weights)
+            self.tokenizer.save_pretrained(str(root / ACTOR_DIR))
+            saved: dict[str, Any] = {"policy": policy_state}
+            if "critic" in states:
+                weights, critic_state = states["critic"]
+                critic_dir = root / CRITIC_DIR
+                self.critic.module.trunk.save_pretrained(  # type: ignore[union-attr]
+                    str(critic_dir), state_dict={k[len("trunk."):]: v for k, v in weights.items() if k.startswith("trunk.")})
+                from safetensors.torch import save_file
+
+                from m2flow.models.causal_lm import VALUE_HEAD_FILE
+
+                head = {k[len("value_head."):]: v.contiguous() for k, v in weights.items() if k.startswith("value_head.")}
+                save_file(head, str(critic_dir / VALUE_HEAD_FILE))
+                saved["critic"] = critic_state
+            torch.save(saved, root / TRAINING_STATE)
+        barrier()
+        torch.save(_rng_state(), root / f"rng_actor{self.rank}.pt")
+
+    def _load_training_state(self, root: Path) -> None:
+        saved = torch.load(root / TRAINING_STATE, weights_only=False)
+        self.policy.load_training_state(saved["policy"])
+        if self.critic is not None:
+            self.critic.load_training_state(saved["critic"])
+        rng = root / f"rng_actor{self.rank}.pt"
+        if rng.is_file():
+            _set_rng_state(torch.load(rng, weights_only=False))
+
+
+def _split(batch: RolloutBatch | None, parts: int) -> list[RolloutBatch | None]:
+    """``parts`` consecutive slices of the batch's rows (None entries when there are fewer rows)."""
+    if batch is None or len(batch) == 0:
+        return [None] * parts
+    bounds = np.linspace(0, len(batch), parts + 1).round().astype(int)
+    return [batch.select(range(lo, hi)) if hi > lo else None for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
+def _with_zero_advantages(batch: RolloutBatch | None) -> RolloutBatch:
+    """A batch usable for a padding pass (its loss is multiplied by 0 anyway)."""
+    if batch is None:
+        raise RuntimeError("a lockstep padding pass needs at least one group on this rank")
+    zeros = torch.zeros_like(batch.response_mask, dtype=torch.float32)
+    batch.advantages = zeros if batch.advantages is None else batch.advantages
+    batch.returns = zeros if batch.returns is None else batch.returns
+    if batch.values is None:
+        batch.values = zeros
+    return batch
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

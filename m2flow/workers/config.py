@@ -1,0 +1,190 @@
+"""Config sections of the reasoning workers: rollout, reward, inference, actor (+ critic), algorithm."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from m2flow.backends.training.optim import OptimConfig
+from m2flow.config.schema import option
+
+DType = Literal["float32", "bfloat16", "float16"]
+OldLogprobSource = Literal["inference", "rollout", "actor"]
+
+# Estimators whose advantage of a response depends only on its own group: the actor may train on
+# groups as they arrive instead of waiting for the whole batch.
+GROUP_LOCAL_ESTIMATORS = frozenset({"grpo", "dr_grpo", "rloo"})
+
+
+@dataclass
+class SamplingConfig:
+    """How responses are sampled."""
+
+    n: int = option(4, "responses sampled per prompt (the group size)")
+    temperature: float = option(1.0, "sampling temperature (0: greedy); log-probs are taken at it too")
+    top_p: float = option(1.0, "nucleus sampling threshold (1.0: off)")
+    top_k: int = option(0, "keep only the k most likely tokens (0: off)")
+    max_new_tokens: int = option(32, "most tokens generated per response")
+    stop: list[str] = option([], "strings that end a response")
+
+    def validate(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass
+class RolloutConfig:
+    """The rollout workers: generation of n responses per prompt."""
+
+    backend: str = option("hf", "generation backend: 'hf' (CPU or GPU) or 'vllm' (CUDA)")
+    sampling: SamplingConfig = option(SamplingConfig(), "sampling parameters")
+    prompts_per_chunk: int | None = option(
+        None, "prompts per generate call; a chunk's groups go downstream as soon as it ends (None: all at once)")
+    dtype: DType = option("float32", "weight dtype of the generation model")
+    num_threads: int = option(1, "torch threads of each rollout rank")
+
+    def validate(self) -> None:
+        if self.prompts_per_chunk is not None and self.prompts_per_chunk < 1:
+            raise ValueError(f"prompts_per_chunk must be >= 1 or None, got {self.prompts_per_chunk}")
+        if self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+
+
+@dataclass
+class RewardConfig:
+    """The reward workers: score each response against its reference answer."""
+
+    fn: str = option("math", "reward: a registered name (math, format, exact_match) or 'module:function'")
+    timeout_s: float = option(5.0, "time limit of one sandboxed check (math); a timeout scores 0 and is counted")
+    overlong_buffer: int | None = option(
+        None, "DAPO overlong shaping: the penalty ramps up over the last this-many tokens before max_new_tokens")
+    overlong_penalty: float = option(1.0, "the overlong penalty at max_new_tokens")
+    num_threads: int = option(1, "torch threads of each reward rank")
+
+    def validate(self) -> None:
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if self.overlong_buffer is not None and self.overlong_buffer < 1:
+            raise ValueError(f"overlong_buffer must be >= 1 or None, got {self.overlong_buffer}")
+
+
+@dataclass
+class InferenceConfig:
+    """The inference workers: old-policy and reference log-probs."""
+
+    micro_batch_size: int = option(32, "most responses per forward pass; fewer when fewer are ready")
+    dtype: DType = option("float32", "weight dtype of the policy and reference copies")
+    num_threads: int = option(1, "torch threads of each inference rank")
+
+    def validate(self) -> None:
+        if self.micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
+
+
+@dataclass
+class AlgorithmConfig:
+    """The RL algorithm: advantages, policy loss, KL and DAPO's data-side pieces."""
+
+    adv_estimator: str = option(
+        "grpo", "advantage estimator: grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, gae (PPO, with a critic)")
+    norm_adv_by_std: bool = option(True, "GRPO: divide by the group's std (False: Dr. GRPO's r - mean)")
+    gamma: float = option(1.0, "discount over response tokens (gae, reinforce_pp)")
+    lam: float = option(1.0, "GAE lambda")
+    policy_loss: str = option("ppo", "policy loss: ppo (clipped surrogate) or vanilla")
+    clip_low: float = option(0.2, "PPO ratio clip below 1")
+    clip_high: float | None = option(None, "PPO ratio clip above 1 (DAPO clip-higher; None: clip_low)")
+    clip_c: float | None = option(None, "dual-clip constant (> 1) for negative advantages (None: off)")
+    loss_agg: str = option(
+        "token-mean", "loss aggregation: token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm")
+    kl_loss_coef: float = option(0.0, "weight of a KL(policy || reference) loss term (0: off)")
+    kl_loss_kind: str = option("k3", "KL estimator of the loss term: k1, k2, k3")
+    kl_reward_coef: float = option(0.0, "KL penalty folded into token rewards (gae, reinforce_pp; 0: off)")
+    kl_reward_kind: str = option("k1", "KL estimator of the reward penalty")
+    entropy_coef: float = option(0.0, "entropy bonus weight (0: off)")
+    dynamic_sampling: bool = option(False, "DAPO: drop groups whose rewards are all equal (they carry no signal)")
+    old_logprobs: OldLogprobSource = option(
+        "inference",
+        "behaviour log-probs: recomputed by inference, as reported by rollout, or the actor's own "
+        "detached forward ('actor': exact when each iteration makes one optimizer step)")
+
+    @property
+    def uses_critic(self) -> bool:
+        """True when advantages need a learned value function."""
+        return self.adv_estimator == "gae"
+
+    @property
+    def needs_reference(self) -> bool:
+        """True when reference-policy log-probs are needed."""
+        return self.kl_loss_coef > 0 or self.kl_reward_coef > 0
+
+    @property
+    def group_local(self) -> bool:
+        """True when a group's advantages can be computed from that group alone."""
+        return self.adv_estimator in GROUP_LOCAL_ESTIMATORS
+
+    def validate(self) -> None:
+        from m2flow.algorithms import ADV_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
+
+        for key, registry in (("adv_estimator", ADV_ESTIMATORS), ("policy_loss", POLICY_LOSSES),
+                              ("loss_agg", LOSS_AGGREGATIONS), ("kl_loss_kind", KL_ESTIMATORS),
+                              ("kl_reward_kind", KL_ESTIMATORS)):
+            name = getattr(self, key)
+            if name not in registry:
+                raise ValueError(f"{key}: unknown {registry.kind} {name!r}; valid: {', '.join(registry.names())}")
+        for key in ("kl_loss_coef", "kl_reward_coef", "entropy_coef"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
+        if self.clip_low <= 0:
+            raise ValueError(f"clip_low must be > 0, got {self.clip_low}")
+        if self.kl_reward_coef > 0 and self.adv_estimator not in ("gae", "reinforce_pp", "reinforce_pp_baseline"):
+            raise ValueError(
+                f"kl_reward_coef: estimator {self.adv_estimator!r} takes no KL in the reward; "
+                "use kl_loss_coef, or gae / reinforce_pp")
+
+
+@dataclass
+class CriticConfig:
+    """PPO's value model, trained next to the policy in the actor workers."""
+
+    path: str | None = option(None, "local model directory of the value trunk (None: the policy's)")
+    optim: OptimConfig = option(OptimConfig(lr=1e-5), "the critic's optimizer")
+    value_clip: float | None = option(0.5, "PPO value clipping around the old values (None: off)")
+
+
+@dataclass
+class ActorConfig:
+    """The actor workers: policy updates."""
+
+    strategy: Literal["ddp", "fsdp"] = option("ddp", "data parallelism: replicated weights (ddp) or sharded (fsdp)")
+    fsdp_cpu_offload: bool = option(False, "fsdp: keep parameters in host memory between uses")
+    optim: OptimConfig = option(OptimConfig(), "the policy's optimizer and learning-rate schedule")
+    micro_batch_size: int = option(16, "most responses per forward/backward (gradients accumulate over them)")
+    mini_batches: int = option(1, "optimizer steps per iteration (the batch is split into this many)")
+    update_epochs: int = option(1, "passes over the iteration's batch")
+    dtype: DType = option("float32", "weight dtype of the trained policy")
+    weight_sync_bucket_mb: int = option(64, "weight sync to rollout/inference streams buckets of this size")
+    critic: CriticConfig = option(CriticConfig(), "the value model (used by the gae estimator)")
+    num_threads: int = option(1, "torch threads of each actor rank")
+
+    @property
+    def updates_once(self) -> bool:
+        """True when each iteration makes exactly one optimizer step."""
+        return self.mini_batches == 1 and self.update_epochs == 1
+
+    def validate(self) -> None:
+        for key in ("micro_batch_size", "mini_batches", "update_epochs", "weight_sync_bucket_mb", "num_threads"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+
+
+def torch_dtype(name: DType):  # -> torch.dtype; torch is imported lazily to keep this module light
+    """The torch dtype named ``name``."""
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]

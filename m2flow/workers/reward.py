@@ -1,0 +1,93 @@
+"""``RewardWorker``: scores each response with a reward function, under time limits, group by group.
+
+The ``math`` reward runs its symbolic checks in a sandbox pool with a per-check time limit; checks
+that time out, crash or raise score 0 and are counted (``reward/timeouts_count``...). Groups are
+scored as they arrive, in batches of whatever is ready. With DAPO's dynamic sampling a group whose
+rewards are all equal is marked ``dropped`` and passed on (so every stage still sees every slot).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import torch
+
+from m2flow.algorithms import overlong_penalty
+from m2flow.rewards.registry import RewardEntry, RewardFunction, load_reward_fn
+from m2flow.rewards.sandbox import SandboxPool, score_batch
+from m2flow.runtime.worker import Worker
+from m2flow.workers.config import RewardConfig
+from m2flow.workers.messages import GroupSample
+from m2flow.workers.stats import WEIGHT_KEY
+from m2flow.workers.streams import GroupStream
+
+
+def build_reward_fn(cfg: RewardConfig, pool: SandboxPool | None = None) -> RewardFunction:
+    """The configured reward; ``math`` gets the configured time limit (and ``pool`` when given)."""
+    if cfg.fn == "math":
+        fn = functools.partial(score_batch, timeout_s=cfg.timeout_s, pool=pool)
+        return RewardFunction("math", RewardEntry(fn, batched=True, returns_stats=True))
+    return load_reward_fn(cfg.fn)
+
+
+class RewardWorker(Worker):
+    """Scores the groups routed to this rank and sends them on."""
+
+    def __init__(self, cfg: RewardConfig, scored_in: GroupStream, scored_out: GroupStream,
+                 *, max_new_tokens: int, dynamic_sampling: bool = False) -> None:
+        self.cfg = cfg
+        self.inp = scored_in
+        self.out = scored_out
+        self.max_new_tokens = max_new_tokens
+        self.dynamic_sampling = dynamic_sampling
+        self.fn = build_reward_fn(cfg)
+
+    def score(self, step: int, num_slots: int) -> dict[str, float]:
+        """Score this rank's groups of iteration ``step``; returns reward metrics."""
+        remaining = self.inp.expected(self.rank, num_slots)
+        raw_all: list[float] = []
+        final_all: list[float] = []
+        dropped = 0
+        busy = 0.0
+        while remaining:
+            groups: list[GroupSample] = self.inp.take_ready(self.rank, remaining)
+            remaining -= len(groups)
+            t0 = time.perf_counter()
+            with self.tracer.span("reward", cat="reward", step=step, groups=len(groups)):
+                texts = [t for g in groups for t in g.texts]
+                refs = [g.answer or "" for g in groups for _ in g.texts]
+                raw = torch.tensor(self.fn(texts, refs), dtype=torch.float32)
+                final = raw + self._shaping(groups)
+            busy += time.perf_counter() - t0
+            row = 0
+            for g in groups:
+                g.batch.rewards = final[row : row + g.size].clone()
+                row += g.size
+                if self.dynamic_sampling and bool((g.batch.rewards == g.batch.rewards[0]).all()):
+                    g.dropped = True
+                    dropped += 1
+                self.out.put(g)
+            raw_all.extend(raw.tolist())
+            final_all.extend(final.tolist())
+        stats = self.fn.pop_stats()
+        n = max(1, len(raw_all))
+        return {
+            "reward/mean": sum(final_all) / n,
+            "reward/score_mean": sum(raw_all) / n,
+            "reward/solved_frac": sum(1.0 for r in raw_all if r >= 1.0) / n,
+            "reward/dropped_groups_count": float(dropped),
+            "reward/timeouts_count": float(stats.timeouts),
+            "reward/errors_count": float(stats.errors + stats.crashes),
+            "time/reward_s": busy,
+            WEIGHT_KEY: float(len(raw_all)),
+        }
+
+    def _shaping(self, groups: list[GroupSample]) -> torch.Tensor:
+        """(B,) reward shaping added to the scores: DAPO's overlong penalty when configured, else 0."""
+        lengths = torch.cat([g.batch.response_mask.sum(-1) for g in groups])
+        if self.cfg.overlong_buffer is None:
+            return torch.zeros(len(lengths))
+        return overlong_penalty(lengths, max_length=self.max_new_tokens,
+                                buffer_length=min(self.cfg.overlong_buffer, self.max_new_tokens),
+                                penalty=self.cfg.overlong_penalty).float()

@@ -1,0 +1,67 @@
+"""A model being trained: its data-parallel strategy, optimizer and schedule, and one update step."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from m2flow.backends.training import OptimConfig, build_optimizer, build_scheduler, create_strategy
+
+log = logging.getLogger(__name__)
+
+
+class TrainedModel:
+    """``module`` wrapped by strategy ``strategy`` with the optimizer and lr schedule of ``optim``."""
+
+    def __init__(self, module: nn.Module, strategy: str, device: torch.device, optim: OptimConfig,
+                 total_steps: int, *, cpu_offload: bool = False) -> None:
+        kwargs: dict[str, Any] = {"cpu_offload": cpu_offload} if strategy == "fsdp" else {}
+        self.strategy = create_strategy(strategy, module, device, **kwargs)
+        self.optim_cfg = optim
+        self.optimizer = build_optimizer(self.strategy.parameters(), optim)
+        self.scheduler = build_scheduler(self.optimizer, optim, total_steps)
+        self.module.train()
+
+    @property
+    def module(self) -> nn.Module:
+        return self.strategy.module
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def apply_update(self, scale: float) -> dict[str, float]:
+        """Reduce the accumulated gradients x ``scale`` over ranks, clip, step; a non-finite norm skips."""
+        self.strategy.reduce_gradients(scale)
+        norm = self.strategy.clip_grad_norm(self.optim_cfg.grad_clip)
+        lr = self.scheduler.get_last_lr()[0]
+        skipped = not math.isfinite(norm)
+        if skipped:
+            log.warning("gradient norm is %s: skipping this optimizer step", norm)
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.zero_grad()
+        return {"grad_norm": norm if not skipped else float("nan"), "lr": lr, "skipped": float(skipped)}
+
+    def offload(self) -> None:
+        self.strategy.offload(self.optimizer)
+
+    def onload(self) -> None:
+        self.strategy.onload(self.optimizer)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Unsharded weights (a collective under FSDP; complete on rank 0)."""
+        return self.strategy.full_state_dict()
+
+    def training_state(self) -> dict[str, Any]:
+        """Optimizer and schedule state to checkpoint (a collective under FSDP; complete on rank 0)."""
+        return {"optimizer": self.strategy.optim_state_dict(self.optimizer), "scheduler": self.scheduler.state_dict()}
+
+    def load_training_state(self, state: dict[str, Any]) -> None:
+        """Restore ``training_state()``; every rank passes the saved state."""
+        self.strategy.load_optim_state_dict(self.optimizer, state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
