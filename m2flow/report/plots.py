@@ -120,7 +120,7 @@ def plot_devices(analysis: Analysis, path: Path) -> Path:
     ax.invert_yaxis()
     ax.set_xlabel("% of the analysed iterations")
     ax.set_title("Device utilisation")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     return _save(fig, path)
 
 
