@@ -45,39 +45,38 @@ SB3_PACKAGES = [
 
 @dataclass(frozen=True)
 class Side:
-    """One contender: how to start a training run, and why it cannot run here (None if it can)."""
+    """One contender: the program that trains, the Python that runs it, why it cannot run here."""
 
     name: str
-    command: Callable[[argparse.Namespace, str, int, int], list[str]]
+    python: Callable[[], str]
+    script: Path | None
     unavailable: Callable[[], str | None]
 
+    def command(self, args: argparse.Namespace, env: str, seed: int, threads: int) -> list[str]:
+        """The command line of one training run; every side takes the same flags."""
+        return [
+            self.python(), str(self.script),
+            "--env", env, "--steps", str(args.steps), "--seed", str(seed), "--threads", str(threads),
+            "--last-n", str(args.last_n), "--checkpoints", args.checkpoints,
+        ]
 
-def _peer_args(args: argparse.Namespace, env: str, seed: int, threads: int) -> list[str]:
-    return [
-        "--env", env, "--steps", str(args.steps), "--seed", str(seed), "--threads", str(threads),
-        "--last-n", str(args.last_n), "--checkpoints", args.checkpoints,
-    ]
+
+def _sb3_python() -> str:
+    return str(SB3_VENV / "bin" / "python")
 
 
-def _sb3_python() -> Path:
-    return SB3_VENV / "bin" / "python"
+def _sb3_missing() -> str | None:
+    return None if Path(_sb3_python()).exists() else f"no {SB3_VENV}; run with --setup first"
 
 
 SIDES: dict[str, Side] = {
-    "sb3": Side(
-        "sb3",
-        lambda a, env, seed, th: [str(_sb3_python()), str(HERE / "peers" / "sb3_ppo.py"), *_peer_args(a, env, seed, th)],
-        lambda: None if _sb3_python().exists() else f"no {SB3_VENV}; run with --setup first",
-    ),
-    "cleanrl": Side(
-        "cleanrl",
-        lambda a, env, seed, th: [sys.executable, str(HERE / "peers" / "cleanrl_ppo.py"), *_peer_args(a, env, seed, th)],
-        lambda: None,
-    ),
-    # The m2flow side: `m2flow train` with embodied PPO, printing the same JSON line, plugs in here.
+    "sb3": Side("sb3", _sb3_python, HERE / "peers" / "sb3_ppo.py", _sb3_missing),
+    "cleanrl": Side("cleanrl", lambda: sys.executable, HERE / "peers" / "cleanrl_ppo.py", lambda: None),
+    # m2flow's embodied PPO plugs in here: a script taking the same flags and printing the same line.
     "m2flow": Side(
         "m2flow",
-        lambda a, env, seed, th: [],
+        lambda: sys.executable,
+        None,
         lambda: "m2flow embodied training is not wired into this benchmark yet",
     ),
 }
@@ -85,9 +84,9 @@ SIDES: dict[str, Side] = {
 
 def setup() -> None:
     """Create the SB3 peer's virtual environment and install its pinned packages."""
-    if not _sb3_python().exists():
+    if _sb3_missing():
         subprocess.run([sys.executable, "-m", "venv", str(SB3_VENV)], check=True)
-    subprocess.run([str(_sb3_python()), "-m", "pip", "install", "-q", *SB3_PACKAGES], check=True)
+    subprocess.run([_sb3_python(), "-m", "pip", "install", "-q", *SB3_PACKAGES], check=True)
     print(f"sb3 peer ready in {SB3_VENV}")
 
 
@@ -203,7 +202,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--setup", action="store_true", help="create the peer venv and exit")
     p.add_argument("--envs", default="HalfCheetah-v5", help="comma-separated gymnasium ids")
-    p.add_argument("--sides", default="", help=f"comma-separated, first is the baseline (default: all available of {list(SIDES)})")
+    p.add_argument(
+        "--sides", default="", help=f"comma-separated, the first is the baseline (default: all of {list(SIDES)})"
+    )
     p.add_argument("--steps", type=int, default=20_000, help="env steps per training run")
     p.add_argument("--seeds", default="0", help="comma-separated seeds, cycled over repeats")
     p.add_argument("--repeats", type=int, default=2, help="A B rounds per env")
