@@ -73,7 +73,8 @@ def route_mujoco_warnings() -> None:
         import mujoco
     except ImportError:
         return
-    if mujoco.get_mju_user_warning() is not None:
+    getter = getattr(mujoco, "get_mju_user_warning", None)
+    if getter is None or getter() is not None:
         return
 
     def handler(message: str) -> None:
