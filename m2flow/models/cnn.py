@@ -38,10 +38,18 @@ class CNNEncoder(nn.Module):
             in_ch = out_ch
         self.convs = nn.Sequential(*layers, nn.Flatten())
         chw = (obs_shape[-1], *obs_shape[:2]) if self.channels_last else tuple(obs_shape)
-        with torch.no_grad():
-            flat = self.convs(torch.zeros(1, *chw)).shape[1]
+        try:
+            with torch.no_grad():
+                flat = self.convs(torch.zeros(1, *chw)).shape[1]
+        except RuntimeError as error:  # a kernel larger than what is left of the image
+            flat, reason = 0, str(error).splitlines()[0]
+        else:
+            reason = "no pixels left"
         if flat == 0:
-            raise ValueError(f"the CNN layers shrink an image of shape {obs_shape} to nothing")
+            raise ValueError(
+                f"cnn_kernels: the convolutions do not fit an image of shape {obs_shape} ({reason}); "
+                "use smaller kernels / strides"
+            )
         self.head = nn.Sequential(nn.Linear(flat, features), activation())
         self.out_dim = features
 

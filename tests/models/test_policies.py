@@ -137,3 +137,9 @@ def test_config_documented_and_loaded_from_plain_data():
     assert build_policy(VEC_OBS, BOX_ACT, cfg).actor_trunk.net[1].out_features == 32
     with pytest.raises(ConfigError, match="hidden_sizes"):
         from_dict(PolicyConfig, {"hidden_sizes": [0]})
+
+
+def test_cnn_too_large_for_the_image_fails_naming_the_fields():
+    tiny = gym.spaces.Box(0, 255, (16, 16, 3), np.uint8)
+    with pytest.raises(ValueError, match="cnn_kernels"):
+        build_policy(tiny, gym.spaces.Discrete(2))  # Nature-CNN defaults need at least 36 x 36
