@@ -57,7 +57,7 @@ def _identity() -> str:
     try:
         import ray
 
-        if ray.is_initialized():
+        if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
             name = ray.get_runtime_context().get_actor_name()
     except Exception:
         pass
@@ -195,6 +195,8 @@ class _Connection:
         elif op == "closed":
             with self._lock:
                 self.closed = True
+        elif op == "sync":  # everything this process put so far is ahead of this answer
+            self._send(("synced",))
 
     def _on_grant(self, n: int) -> None:
         with self._lock:

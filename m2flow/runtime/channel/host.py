@@ -85,6 +85,8 @@ class ChannelHost:
         self._credit_waiters: deque[_CreditWaiter] = deque()
         self._clients: list[_Client] = []
         self._closed = False
+        self._closers: list[tuple[_Client, int]] = []  # close requests waiting for the sync round
+        self._unsynced: list[_Client] = []
         self._dead: list[str] = []
         self._cache = SegmentCache()
         self._metrics = ChannelMetrics(name)
@@ -117,8 +119,9 @@ class ChannelHost:
                 elif op == "stat":
                     self._send(client, ("stat", control[1], self._stat(*control[2:])))
                 elif op == "close":
-                    self.close()
-                    self._send(client, ("stat", control[1], True))
+                    self._close_request(client, control[1])
+                elif op == "synced":
+                    self._synced(client)
                 elif op == "requeue":
                     self._requeue(client, control, inline, fds)
                 elif op == "hello":
@@ -170,9 +173,14 @@ class ChannelHost:
             if client.puts and not graceful and not self._closed:
                 self._dead.append(client.identity)
                 log.warning("channel %s: producer %s died", self.name, client.identity)
+            if client in self._unsynced:
+                self._unsynced.remove(client)
+            sync_done = bool(self._closers) and not self._unsynced
             actions = self._progress()
         client.conn.close()
         self._run(actions)
+        if sync_done:
+            self.close()
 
     # -- operations ----------------------------------------------------------------------------
     def _put(self, client: _Client, control: tuple, inline: list, fds: list[int]) -> None:
@@ -253,6 +261,37 @@ class ChannelHost:
                 )
         raise ValueError(f"unknown channel statistic {what!r}")
 
+    def _close_request(self, closer: _Client, req: int) -> None:
+        """Close after every put that any client sent before this request.
+
+        Puts are one-way, so a producer's last put may still be in its socket when another process
+        asks to close. Each client answers a sync marker on the connection its puts travel on;
+        once all have answered, everything they had sent before has been queued.
+        """
+        with self._lock:
+            if self._closed:
+                done = True
+            else:
+                done = False
+                self._closers.append((closer, req))
+                starting = len(self._closers) == 1
+                if starting:
+                    self._unsynced = list(self._clients)
+                clients = list(self._unsynced) if starting else []
+        if done:
+            self._send(closer, ("stat", req, True))
+            return
+        for client in clients:
+            self._send(client, ("sync",))
+
+    def _synced(self, client: _Client) -> None:
+        with self._lock:
+            if client in self._unsynced:
+                self._unsynced.remove(client)
+            ready = bool(self._closers) and not self._unsynced
+        if ready:
+            self.close()
+
     def close(self) -> None:
         """End of stream: consumers drain what is queued, then get ``ChannelClosed``."""
         with self._lock:
@@ -260,9 +299,12 @@ class ChannelHost:
                 return
             self._closed = True
             clients = list(self._clients)
+            closers, self._closers = self._closers, []
             actions = self._progress()
         for client in clients:
             self._send(client, ("closed",))
+        for closer, req in closers:
+            self._send(closer, ("stat", req, True))
         self._run(actions)
 
     # -- matching waiters with items (called with the lock held; returns sends to run after) ----
