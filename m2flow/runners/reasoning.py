@@ -258,51 +258,80 @@ def find_checkpoint(cfg: ReasoningConfig) -> Path | None:
     return done[-1] if done else None
 
 
+class ReasoningRun:
+    """One run, as a context manager: prepares model and data, launches the flow, shuts it down.
+
+    ``with ReasoningRun(cfg) as run: run.train()``; inside the block ``run.flow`` is the live system
+    (tests inspect its workers between iterations).
+    """
+
+    def __init__(self, cfg: ReasoningConfig, cluster: Cluster | None = None) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(cfg.run_dir)
+        self._cluster = cluster
+        self._own_cluster = cluster is None
+        self.flow: ReasoningFlow | None = None
+        self.start = 0
+        self.trace_dir: Path | None = None
+
+    def __enter__(self) -> ReasoningRun:
+        from m2flow.models.tokenizer import load_tokenizer
+        from m2flow.runners.reasoning_data import load_datasets, prepare_model
+        from m2flow.runtime.logs import setup_logging
+
+        cfg = self.cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        setup_logging(log_file=self.run_dir / "driver.log", console=False)
+        model_path = prepare_model(cfg.model, cfg.data)
+        train_set, test_set = load_datasets(cfg.data, load_tokenizer(model_path))
+        self.loader: PromptDataLoader = PromptDataLoader(train_set, cfg.data.prompts_per_step, seed=cfg.seed,
+                                                         shuffle=cfg.data.shuffle)
+        resume = find_checkpoint(cfg)
+        if resume is not None:
+            state = json.loads((resume / TRAINER_STATE).read_text())
+            self.start = int(state["next_step"])
+            self.loader.load_state_dict(state["loader"])
+            log.info("resuming from %s at iteration %d", resume, self.start)
+        if cfg.trace:
+            self.trace_dir = prepare_trace_dir(self.run_dir)
+            configure_tracer(self.trace_dir, ProcessInfo())
+        self.cluster = self._cluster or Cluster(cfg.cluster)
+        try:
+            self.flow = ReasoningFlow(cfg, self.cluster, model_path, train_set, test_set, resume, self.trace_dir)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def train(self) -> TrainResult:
+        """Run the remaining iterations of the loop; metrics go to the configured sinks."""
+        from m2flow.metrics import MetricsLogger
+
+        assert self.flow is not None, "use ReasoningRun as a context manager"
+        cfg = self.cfg
+        with MetricsLogger(self.run_dir, cfg.metrics, total_steps=cfg.steps,
+                           description=f"reasoning ({self.flow.mode})", run_config=to_dict(cfg)) as logger:
+            history = train_loop(self.flow, self.loader, self.start, cfg.steps, logger, cfg.eval_every,
+                                 cfg.checkpoint_every)
+        done = sorted((self.run_dir / CHECKPOINTS).glob("step_*"))
+        return TrainResult(self.run_dir, self.flow.mode, history, done[-1] if done else None)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.flow is not None:
+            self.flow.shutdown()
+            self.flow = None
+        if self._own_cluster and getattr(self, "cluster", None) is not None:
+            self.cluster.shutdown()
+        if self.trace_dir is not None:
+            get_tracer().close()
+            merge_traces(self.run_dir)
+            self.trace_dir = None
+
+
 def train(cfg: ReasoningConfig, cluster: Cluster | None = None) -> TrainResult:
     """Run (or resume) the workflow; ``cluster`` reuses a running one (else Ray starts here)."""
-    from m2flow.metrics import MetricsLogger
-    from m2flow.models.tokenizer import load_tokenizer
-    from m2flow.runners.reasoning_data import load_datasets, prepare_model
-    from m2flow.runtime.logs import setup_logging
-
-    run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    setup_logging(log_file=run_dir / "driver.log", console=False)
-    model_path = prepare_model(cfg.model, cfg.data)
-    train_set, test_set = load_datasets(cfg.data, load_tokenizer(model_path))
-    loader: PromptDataLoader = PromptDataLoader(train_set, cfg.data.prompts_per_step, seed=cfg.seed,
-                                                shuffle=cfg.data.shuffle)
-    resume = find_checkpoint(cfg)
-    start = 0
-    if resume is not None:
-        state = json.loads((resume / TRAINER_STATE).read_text())
-        start = int(state["next_step"])
-        loader.load_state_dict(state["loader"])
-        log.info("resuming from %s at iteration %d", resume, start)
-    trace_dir = prepare_trace_dir(run_dir) if cfg.trace else None
-    if trace_dir is not None:
-        configure_tracer(trace_dir, ProcessInfo())
-    own_cluster = cluster is None
-    cluster = cluster or Cluster(cfg.cluster)
-    flow = None
-    result = TrainResult(run_dir, "")
-    try:
-        flow = ReasoningFlow(cfg, cluster, model_path, train_set, test_set, resume, trace_dir)
-        result.mode = flow.mode
-        with MetricsLogger(run_dir, cfg.metrics, total_steps=cfg.steps, description=f"reasoning ({flow.mode})",
-                           run_config=to_dict(cfg)) as logger:
-            result.history = train_loop(flow, loader, start, cfg.steps, logger, cfg.eval_every, cfg.checkpoint_every)
-    finally:
-        if flow is not None:
-            flow.shutdown()
-        if own_cluster:
-            cluster.shutdown()
-        if trace_dir is not None:
-            get_tracer().close()
-            merge_traces(run_dir)
-    done = sorted((run_dir / CHECKPOINTS).glob("step_*"))
-    result.last_checkpoint = done[-1] if done else None
-    return result
+    with ReasoningRun(cfg, cluster) as run:
+        return run.train()
 
 
 def run_reasoning(cfg: ReasoningConfig) -> int:

@@ -72,6 +72,7 @@ class ActorWorker(ReasoningWorker):
             value_model = CausalLMWithValueHead.from_pretrained(critic_source, dtype=dtype).to(device)
             self.critic = TrainedModel(value_model, cfg.strategy, device, cfg.critic.optim, updates,
                                        cpu_offload=cfg.fsdp_cpu_offload)
+        self.received: list[tuple[int, int, int, bool]] = []  # (step, slot, dataset index, trained)
         self.streaming = (algo.group_local and self.critic is None and cfg.updates_once
                           and not self.policy.strategy.lockstep)
         if resume_dir:
@@ -120,7 +121,7 @@ class ActorWorker(ReasoningWorker):
         totals = StepTotals()
         remaining = expected
         while remaining:
-            groups: list[GroupSample] = self.inp.take_ready(self.rank, min(self.groups_per_micro_batch, remaining))
+            groups = self._accept(step, self.inp.take_ready(self.rank, min(self.groups_per_micro_batch, remaining)))
             remaining -= len(groups)
             live = [g for g in groups if not g.dropped]
             if not live:
@@ -136,7 +137,7 @@ class ActorWorker(ReasoningWorker):
         return metrics
 
     def _train_gathered(self, step: int, expected: int) -> dict[str, float]:
-        groups: list[GroupSample] = self.inp.take(self.rank, expected)
+        groups = self._accept(step, self.inp.take(self.rank, expected))
         live = [g for g in groups if not g.dropped]
         barrier()  # every rank holds its data: nothing upstream needs a device from here on
         metrics: dict[str, float] = {}
@@ -151,6 +152,18 @@ class ActorWorker(ReasoningWorker):
                 for mini in _split(batch, self.cfg.mini_batches):
                     metrics = self._mini_batch_update(mini, dummy)
         return metrics
+
+    def _accept(self, step: int, groups: list[GroupSample]) -> list[GroupSample]:
+        """Check that the groups belong to this iteration and log them in ``received``."""
+        for g in groups:
+            if g.step != step:
+                raise RuntimeError(f"actor rank {self.rank} got a group of iteration {g.step} during {step}")
+            self.received.append((g.step, g.slot, g.index, not g.dropped))
+        return groups
+
+    def received_groups(self) -> list[tuple[int, int, int, bool]]:
+        """Every group this rank took: (iteration, slot, dataset index, trained on)."""
+        return list(self.received)
 
     def _mini_batch_update(self, mini: RolloutBatch | None, dummy: RolloutBatch | None) -> dict[str, float]:
         micro = mini.split(self.cfg.micro_batch_size) if mini is not None and len(mini) else []

@@ -1,0 +1,113 @@
+"""Reasoning workers in the test process: an in-memory stream and workers built without Ray.
+
+Calling the workers' step methods one after the other (rollout, reward, inference, actor) runs a
+whole iteration in one process: the streams just hold every item until the next stage takes it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import deque
+from typing import Any
+
+import torch
+
+from m2flow.runtime.worker import Worker, WorkerContext
+
+
+class MemoryStream:
+    """The ``GroupStream`` interface over in-memory queues (one per consumer rank)."""
+
+    def __init__(self, consumers: int = 1) -> None:
+        self.consumers = consumers
+        self.queues: dict[int, deque] = {r: deque() for r in range(consumers)}
+        self.taken: list[int] = []  # size of every take, to check micro-batch sizing
+
+    def key(self, slot: int) -> int:
+        return slot % self.consumers
+
+    def expected(self, rank: int, num_slots: int) -> int:
+        return len(range(rank, num_slots, self.consumers))
+
+    def put(self, item: Any) -> None:
+        self.queues[self.key(item.slot)].append(item)
+
+    def take(self, rank: int, count: int) -> list[Any]:
+        q = self.queues[rank]
+        assert len(q) >= count, f"stream has {len(q)} items for rank {rank}, {count} wanted (would block)"
+        out = [q.popleft() for _ in range(count)]
+        self.taken.append(len(out))
+        return out
+
+    def take_ready(self, rank: int, limit: int) -> list[Any]:
+        q = self.queues[rank]
+        assert q, f"stream is empty for rank {rank} (would block)"
+        return self.take(rank, min(limit, len(q)))
+
+
+def local_worker(cls: type[Worker], *args: Any, group: str = "local", rank: int = 0, world_size: int = 1,
+                 **kwargs: Any) -> Any:
+    """Construct a worker here, with the identity a ``WorkerGroup`` would have given it."""
+    tag = uuid.uuid4().hex[:8]
+    ctx = WorkerContext(
+        group_name=f"{group}-{tag}", rank=rank, world_size=world_size, node_rank=0, node_id="local",
+        node_ip="127.0.0.1", devices=(0,), device_type="cpu", local_rank=rank, local_world_size=world_size,
+        namespace=f"test-{tag}", cluster_id=f"test-{tag}", num_threads=1,
+    )
+    worker = cls.__new__(cls)
+    worker._m2flow_ctx = ctx
+    worker.__init__(*args, **kwargs)
+    return worker
+
+
+def copy_weights(actor: Any, *targets: torch.nn.Module) -> None:
+    """In-process weight sync: the actor's full state dict copied into each target module."""
+    state = actor.policy.full_state_dict()
+    for module in targets:
+        module.load_state_dict(state)
+
+
+class Pipeline:
+    """Rollout, reward, inference and actor workers of one iteration, called in turn in this process."""
+
+    def __init__(self, ckpt: str, algo: Any, *, actor: Any = None, reward: Any = None, n: int = 4,
+                 prompts: int = 4, max_new_tokens: int = 6, micro_batch_size: int = 8, seed: int = 0) -> None:
+        from m2flow.data import ArithmeticTask
+        from m2flow.models.tokenizer import load_tokenizer
+        from m2flow.workers.actor import ActorWorker
+        from m2flow.workers.config import ActorConfig, InferenceConfig, RewardConfig, RolloutConfig, SamplingConfig
+        from m2flow.workers.inference import InferenceWorker
+        from m2flow.workers.reward import RewardWorker
+        from m2flow.workers.rollout import RolloutWorker
+
+        tok = load_tokenizer(ckpt)
+        problems = ArithmeticTask().sample("train", prompts, seed=seed)
+        self.prompt_ids = [tok(p["prompt"])["input_ids"] for p in problems]
+        self.answers = [p["answer"] for p in problems]
+        self.streams = [MemoryStream() for _ in range(4)]
+        prompts_s, responses, scored, ready = self.streams
+        sampling = SamplingConfig(n=n, max_new_tokens=max_new_tokens)
+        self.rollout = local_worker(RolloutWorker, ckpt, RolloutConfig(sampling=sampling), prompts_s, responses,
+                                    seed=seed, group="rollout")
+        reward = reward or RewardConfig(fn="tests.runners.toy_reward:target_fraction")
+        self.reward = local_worker(RewardWorker, reward, responses, scored, max_new_tokens=max_new_tokens,
+                                   dynamic_sampling=algo.dynamic_sampling, group="reward")
+        self.inference = local_worker(InferenceWorker, ckpt, InferenceConfig(micro_batch_size=micro_batch_size),
+                                      algo, 1.0, n, scored, ready, group="inference")
+        actor = actor or ActorConfig(micro_batch_size=micro_batch_size)
+        self.actor = local_worker(ActorWorker, ckpt, actor, algo, 1.0, n, ready, total_steps=10, seed=seed,
+                                  group="actor")
+
+    def step(self, step: int) -> dict[str, float]:
+        """One iteration: weights to the copies, then generate, score, log-probs, train."""
+        from m2flow.workers.messages import PromptTask
+
+        copy_weights(self.actor, self.rollout.backend.model,
+                     *[m for m in (self.inference.policy,) if m is not None])
+        for slot, (ids, answer) in enumerate(zip(self.prompt_ids, self.answers)):
+            self.streams[0].put(PromptTask(step, slot, slot, ids, answer))
+        slots = len(self.prompt_ids)
+        metrics: dict[str, float] = {}
+        for call in (self.rollout.generate, self.reward.score, self.inference.compute, self.actor.train):
+            metrics.update(call(step, slots))
+        return metrics

@@ -1,0 +1,49 @@
+"""The actor's update does not depend on how the batch was cut: micro-batches, streaming or not."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from m2flow.backends.training import OptimConfig
+from m2flow.data.batch import RolloutBatch
+from m2flow.workers.config import ActorConfig, AlgorithmConfig
+from m2flow.workers.messages import GroupSample
+from tests.workers.harness import Pipeline
+
+
+def _params(pipe: Pipeline) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in pipe.actor.policy.module.state_dict().items()}
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_streamed_micro_batches_and_one_gathered_batch_give_the_same_update(tiny_ckpt, agg):
+    # Plain SGD without clipping: the parameter change is lr x the gradient, nothing hides a difference.
+    algo = AlgorithmConfig(adv_estimator="grpo", loss_agg=agg, old_logprobs="rollout")
+    opt = OptimConfig(name="sgd", lr=0.5, grad_clip=None)
+    small = Pipeline(tiny_ckpt, algo, actor=ActorConfig(micro_batch_size=4, optim=opt), micro_batch_size=4)
+    whole = Pipeline(tiny_ckpt, algo, actor=ActorConfig(micro_batch_size=64, optim=opt), micro_batch_size=64)
+    whole.actor.streaming = False  # one gathered batch, one forward/backward
+    assert small.actor.streaming
+    before = _params(small)
+    m_small, m_whole = small.step(0), whole.step(0)
+    assert small.streams[3].taken == [1, 1, 1, 1]  # four micro-batches of one group each
+    assert m_small["actor/pg_loss"] == pytest.approx(m_whole["actor/pg_loss"], abs=1e-6)
+    assert _max_diff(_params(small), before) > 1e-4  # the step did something
+    assert _max_diff(_params(small), _params(whole)) < 1e-6
+
+
+def test_groups_of_another_iteration_are_refused(tiny_ckpt):
+    pipe = Pipeline(tiny_ckpt, AlgorithmConfig(adv_estimator="grpo"))
+    pipe.step(0)
+    batch = RolloutBatch(
+        prompt_ids=torch.tensor([[5, 6]]), prompt_mask=torch.ones(1, 2, dtype=torch.long),
+        response_ids=torch.tensor([[7]]), response_mask=torch.ones(1, 1, dtype=torch.long),
+        group_ids=torch.tensor([0]), truncated=torch.tensor([False]), rewards=torch.tensor([1.0]))
+    pipe.streams[3].put(GroupSample(step=0, slot=0, index=0, answer="1", texts=["x"], batch=batch))
+    with pytest.raises(RuntimeError, match="iteration 0 during 1"):
+        pipe.actor.train(1, 1)

@@ -1,0 +1,67 @@
+"""The reward worker: scores per response, DAPO shaping and filtering, counts, everything passed on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from m2flow.data.batch import RolloutBatch
+from m2flow.rewards.registry import RewardEntry, RewardFunction
+from m2flow.rewards.sandbox import VerifyStats
+from m2flow.workers.config import RewardConfig
+from m2flow.workers.messages import GroupSample
+from m2flow.workers.reward import RewardWorker, build_reward_fn
+from tests.workers.harness import MemoryStream, local_worker
+
+
+def _group(slot: int, texts: list[str], lengths: list[int], answer: str = "19") -> GroupSample:
+    width = max(lengths)
+    mask = torch.tensor([[1] * n + [0] * (width - n) for n in lengths])
+    batch = RolloutBatch(
+        prompt_ids=torch.ones(len(texts), 2, dtype=torch.long), prompt_mask=torch.ones(len(texts), 2, dtype=torch.long),
+        response_ids=torch.ones_like(mask), response_mask=mask, group_ids=torch.full((len(texts),), slot),
+        truncated=torch.zeros(len(texts), dtype=torch.bool))
+    return GroupSample(step=0, slot=slot, index=slot, answer=answer, texts=texts, batch=batch)
+
+
+def _worker(cfg: RewardConfig, groups: list[GroupSample], **kwargs) -> tuple[RewardWorker, MemoryStream]:
+    inp, out = MemoryStream(), MemoryStream()
+    for g in groups:
+        inp.put(g)
+    return local_worker(RewardWorker, cfg, inp, out, max_new_tokens=8, **kwargs), out
+
+
+def test_math_rewards_each_response_and_passes_every_group_on():
+    groups = [_group(0, ["19", "#### 19", "18"], [2, 7, 2]), _group(1, ["7", "x"], [1, 1], answer="7")]
+    worker, out = _worker(RewardConfig(fn="math", timeout_s=2.0), groups)
+    m = worker.score(0, 2)
+    got = out.take(0, 2)
+    assert [g.batch.rewards.tolist() for g in got] == [[1.0, 1.0, 0.0], [1.0, 0.0]]
+    assert m["reward/mean"] == pytest.approx(3 / 5) and m["reward/solved_frac"] == pytest.approx(3 / 5)
+    assert m["reward/timeouts_count"] == 0 and m["_weight"] == 5
+
+
+def test_overlong_penalty_is_added_and_constant_groups_are_dropped():
+    cfg = RewardConfig(fn="tests.runners.toy_reward:target_fraction", overlong_buffer=4, overlong_penalty=1.0)
+    # max_new_tokens 8, buffer 4: no penalty up to 4 tokens, then -0.25 per token, -1 at 8.
+    groups = [_group(0, ["77", "7777"], [2, 6]), _group(1, ["1", "2"], [1, 1])]
+    worker, out = _worker(cfg, groups, dynamic_sampling=True)
+    m = worker.score(0, 2)
+    first, second = out.take(0, 2)
+    assert first.batch.rewards.tolist() == pytest.approx([1.0, 1.0 - 0.5])
+    assert not first.dropped
+    assert second.dropped and second.batch.rewards.tolist() == [0.0, 0.0]
+    assert m["reward/dropped_groups_count"] == 1 and m["reward/score_mean"] == pytest.approx(0.5)
+
+
+def test_math_reward_uses_the_configured_time_limit_and_timeouts_are_counted():
+    fn = build_reward_fn(RewardConfig(fn="math", timeout_s=0.25))
+    assert fn.entry.fn.keywords["timeout_s"] == 0.25
+
+    def slow_checks(responses, references):  # as score_batch reports a check killed at its limit
+        return [0.0] * len(responses), VerifyStats(total=len(responses), sandboxed=1, timeouts=1)
+
+    worker, out = _worker(RewardConfig(fn="math"), [_group(0, ["\\sqrt{8}", "2"], [3, 1], answer="2\\sqrt{2}")])
+    worker.fn = RewardFunction("math", RewardEntry(slow_checks, batched=True, returns_stats=True))
+    m = worker.score(0, 1)
+    assert m["reward/timeouts_count"] == 1 and out.take(0, 1)[0].batch.rewards.tolist() == [0.0, 0.0]
