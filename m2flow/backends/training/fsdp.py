@@ -96,6 +96,8 @@ class FSDP2Strategy:
     def load_optim_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
+        # torch builds the local state to fill by a zero step, which it skips while gradients exist.
+        optimizer.zero_grad(set_to_none=True)
         set_optimizer_state_dict(self.module, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
     def offload(self, optimizer: torch.optim.Optimizer | None) -> None:

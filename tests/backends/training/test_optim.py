@@ -1,0 +1,52 @@
+"""Optimizer construction and the learning-rate schedule, checked against hand-computed factors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from m2flow.backends.training import OptimConfig, build_optimizer, build_scheduler, lr_factor
+
+
+def test_warmup_then_constant():
+    f = [lr_factor(s, schedule="constant", warmup_steps=4, total_steps=10, min_lr_ratio=0.0) for s in range(6)]
+    assert f == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+
+
+def test_linear_and_cosine_decay_reach_the_floor_at_total_steps():
+    lin = [lr_factor(s, schedule="linear", warmup_steps=0, total_steps=4, min_lr_ratio=0.2) for s in range(6)]
+    assert lin == pytest.approx([1.0, 0.8, 0.6, 0.4, 0.2, 0.2])
+    cos = [lr_factor(s, schedule="cosine", warmup_steps=2, total_steps=6, min_lr_ratio=0.0) for s in range(2, 7)]
+    assert cos == pytest.approx([1.0, 0.5 * (1 + math.cos(math.pi / 4)), 0.5, 0.5 * (1 + math.cos(3 * math.pi / 4)), 0.0])
+
+
+def test_scheduler_follows_the_factor_once_per_step():
+    p = torch.nn.Parameter(torch.zeros(2))
+    cfg = OptimConfig(lr=0.1, schedule="linear", warmup_steps=1, min_lr_ratio=0.0)
+    opt = build_optimizer([p], cfg)
+    sched = build_scheduler(opt, cfg, total_steps=3)
+    lrs = []
+    for _ in range(3):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs == pytest.approx([0.1, 0.1, 0.05])
+
+
+@pytest.mark.parametrize("name,cls", [("adamw", torch.optim.AdamW), ("adam", torch.optim.Adam), ("sgd", torch.optim.SGD)])
+def test_optimizers_by_name_over_trainable_parameters_only(name, cls):
+    frozen = torch.nn.Parameter(torch.zeros(1), requires_grad=False)
+    live = torch.nn.Parameter(torch.zeros(1))
+    opt = build_optimizer([frozen, live], OptimConfig(name=name, lr=0.5))
+    assert isinstance(opt, cls) and opt.param_groups[0]["params"] == [live]
+
+
+def test_no_trainable_parameters_and_bad_values_fail():
+    with pytest.raises(ValueError, match="no trainable"):
+        build_optimizer([torch.nn.Parameter(torch.zeros(1), requires_grad=False)], OptimConfig())
+    with pytest.raises(ValueError, match="lr"):
+        OptimConfig(lr=0).validate()
+    with pytest.raises(ValueError, match="min_lr_ratio"):
+        OptimConfig(min_lr_ratio=2).validate()
