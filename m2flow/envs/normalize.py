@@ -45,7 +45,6 @@ class RunningMeanStd:
         self.mean = np.zeros(self.shape, dtype=np.float64)
         self.var = np.ones(self.shape, dtype=np.float64)
         self.count = 0.0
-        self.version = 0  # bumped on every change, so users can cache functions of the moments
 
     def update(self, batch: np.ndarray) -> None:
         """Fold in a batch of shape ``(n, *shape)``."""
@@ -65,7 +64,6 @@ class RunningMeanStd:
         """Fold in ``count`` samples with population moments ``mean`` / ``var`` (e.g. another rank's)."""
         if count <= 0:
             return
-        self.version += 1
         if self.count == 0:
             self.mean = np.array(mean, dtype=np.float64).reshape(self.shape)
             self.var = np.array(var, dtype=np.float64).reshape(self.shape)
@@ -90,7 +88,6 @@ class RunningMeanStd:
         self.mean = mean.copy()
         self.var = np.asarray(state["var"], dtype=np.float64).copy()
         self.count = float(state["count"])
-        self.version += 1
 
 
 class ObsNormalizer:
@@ -100,7 +97,8 @@ class ObsNormalizer:
         self.rms = RunningMeanStd(shape)
         self.clip = clip
         self.epsilon = epsilon
-        self._inv_std_version = -1
+        # 1/std is cached against the identity of the variance array: every update replaces it.
+        self._inv_std_of: np.ndarray | None = None
         self._inv_std = np.ones(shape)
 
     def __call__(self, obs: np.ndarray, update: bool = True) -> np.ndarray:
@@ -111,9 +109,9 @@ class ObsNormalizer:
 
     def normalize(self, obs: np.ndarray) -> np.ndarray:
         """Normalise ``obs`` of shape ``(n, *shape)`` with the current statistics, without updating."""
-        if self._inv_std_version != self.rms.version:
+        if self._inv_std_of is not self.rms.var:
             self._inv_std = 1.0 / np.sqrt(self.rms.var + self.epsilon)
-            self._inv_std_version = self.rms.version
+            self._inv_std_of = self.rms.var
         scaled = (obs - self.rms.mean) * self._inv_std
         return _clip(scaled, self.clip).astype(np.float32)
 

@@ -85,3 +85,13 @@ def test_reward_scaler_frozen_and_state_round_trip():
     )
     with pytest.raises(ValueError, match="envs"):
         RewardScaler(num_envs=2).load_state_dict(state)
+
+
+def test_obs_normalizer_follows_statistics_replaced_from_outside():
+    norm = ObsNormalizer((1,), clip=100.0, epsilon=0.0)
+    norm(np.array([[0.0], [2.0]]))
+    assert norm.normalize(np.array([[3.0]]))[0, 0] == pytest.approx(2.0)
+    norm.rms.load_state_dict({"mean": np.array([1.0]), "var": np.array([4.0]), "count": 9.0})
+    assert norm.normalize(np.array([[3.0]]))[0, 0] == pytest.approx(1.0)
+    norm.rms.var = np.array([0.25])  # direct assignment, as a statistics merge might do
+    assert norm.normalize(np.array([[3.0]]))[0, 0] == pytest.approx(4.0)
