@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from m2flow.report.analysis import IDLE, Analysis, analyse
+from m2flow.report.analysis import Analysis, analyse
 from m2flow.report.load import RunData, load_run
 from m2flow.report.plots import write_plots
 
@@ -81,4 +81,4 @@ def build_report(run_dir: str | Path, *, last: int = 3, skip: int = 0, plots: bo
     return report
 
 
-__all__ = ["IDLE", "REPORT_FILE", "Report", "build_report"]
+__all__ = ["REPORT_FILE", "Report", "build_report"]
