@@ -1,0 +1,355 @@
+"""The embodied RL workflow (``workflow: embodied``): the macro loop, and what launches it.
+
+``train_loop`` is the whole algorithm as a short sequence of named steps. It is the same for every
+placement; the plan decides how it runs:
+
+- env and rollout ranks on the same devices (collocated) are fused: the policy runs inside the env
+  process, with no message per step; otherwise each stage's observations and actions travel
+  between env and rollout ranks, and with ``pipeline_stages`` K > 1 one stage simulates while the
+  next is being inferred (elastic pipelining);
+- components sharing devices take turns under the device lock, offloading when configured
+  (context switching); disjoint ones simply overlap;
+- the actor consumes the trajectories as soon as the env ranks send them, data-parallel over its
+  ranks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import pickle
+import time
+import uuid
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from m2flow.config.convert import to_dict
+from m2flow.runners.embodied_config import COMPONENTS, EmbodiedConfig
+from m2flow.runtime import Cluster, GroupHandle, WorkerGroup
+from m2flow.runtime.placement import ComponentPlacement
+from m2flow.runtime.trace import ProcessInfo, configure_tracer, get_tracer, merge_traces, prepare_trace_dir
+from m2flow.workers.embodied.messages import InteractStats
+
+log = logging.getLogger(__name__)
+
+CHECKPOINTS = "checkpoints"
+TRAINER_STATE = "trainer_state.pkl"
+
+
+@dataclass
+class TrainResult:
+    """What a run did: its directory, plan, per-iteration metrics and every finished episode."""
+
+    run_dir: Path
+    mode: str = ""
+    fused: bool = False
+    history: list[dict[str, float]] = field(default_factory=list)
+    episodes: list[tuple[int, float]] = field(default_factory=list)
+    """(env steps when the episode was reported, raw return), in order."""
+    last_checkpoint: Path | None = None
+
+
+# ----------------------------------------------------------------------------- the macro loop
+
+
+def train_loop(flow: EmbodiedFlow, start: int, iterations: int, logger: Any, result: TrainResult,
+               eval_every: int = 0, checkpoint_every: int = 0) -> None:
+    """Iterations ``start .. iterations - 1`` of: sync weights, interact <-> act, train, log, checkpoint."""
+    for it in range(start, iterations):
+        t0 = time.perf_counter()
+        with get_tracer().span("step", cat="step", step=it):
+            sync_s = flow.sync_weights()                              # actor -> policy copies
+            outcome = flow.finish(
+                env=flow.env.interact(it, flow.pending_norm_deltas()),  # K stages, T steps, -> actor
+                rollout=flow.act(it),                                  # each stage's actions (none when fused)
+                actor=flow.actor.train(it),                            # GAE + PPO as trajectories land
+            )
+        metrics = flow.iteration_metrics(outcome, time.perf_counter() - t0, sync_s)
+        if eval_every and ((it + 1) % eval_every == 0 or it + 1 == iterations):
+            metrics.update(flow.evaluate())
+        logger.log(metrics, step=flow.env_steps)
+        result.history.append(metrics)
+        if checkpoint_every and ((it + 1) % checkpoint_every == 0 or it + 1 == iterations):
+            result.last_checkpoint = flow.save_checkpoint(it + 1)
+    result.episodes = list(flow.episodes)
+
+
+# ----------------------------------------------------------------------------- the running system
+
+
+def _gather(handles: dict[str, GroupHandle]) -> dict[str, list[Any]]:
+    """Results of every handle; the first failure anywhere raises at once (others would wait forever)."""
+    async def all_of() -> list[list[Any]]:
+        return list(await asyncio.gather(*handles.values()))
+
+    return dict(zip(handles, asyncio.run(all_of())))
+
+
+def _same_devices(a: ComponentPlacement, b: ComponentPlacement) -> bool:
+    """Rank by rank, the two components sit on the same devices of the same nodes."""
+    return a.world_size == b.world_size and all(
+        (x.node_rank, x.local_devices) == (y.node_rank, y.local_devices) for x, y in zip(a.ranks, b.ranks))
+
+
+class EmbodiedFlow:
+    """The launched system of one run: env, rollout and actor groups, and the run's counters."""
+
+    def __init__(self, cfg: EmbodiedConfig, cluster: Cluster, trace_dir: Path | None = None) -> None:
+        from m2flow.workers.embodied.actor import ActorWorker
+        from m2flow.workers.embodied.env import EnvWorker
+        from m2flow.workers.embodied.rollout import RolloutWorker
+
+        self.cfg = cfg
+        self.run_dir = Path(cfg.run_dir)
+        plan = cluster.placement(cfg.placement, components=COMPONENTS)
+        self.mode = plan.mode
+        self.fused = cfg.rollout.fuse_with_env and _same_devices(plan["env"], plan["rollout"])
+        rid = uuid.uuid4().hex[:8]
+        self.names = {c: f"{c}-{rid}" for c in COMPONENTS}
+        ranks = {c: plan[c].world_size for c in COMPONENTS}
+        self.env_ranks = ranks["env"]
+        actor_devices = plan["actor"].devices
+        policy_holder = "env" if self.fused else "rollout"
+        shares = bool(plan[policy_holder].devices & actor_devices)
+        common = dict(log_dir=self.run_dir / "logs", trace_dir=trace_dir)
+        env_kwargs: dict[str, Any] = dict(actor_group=self.names["actor"], actor_ranks=ranks["actor"])
+        if self.fused:
+            env_kwargs.update(fused_policy=cfg.policy, policy_seed=cfg.seed, shares_devices=shares,
+                              offload=cfg.rollout.offload)
+        else:
+            env_kwargs.update(rollout_group=self.names["rollout"], rollout_ranks=ranks["rollout"])
+        env_cfg = replace(cfg.env, num_groups=cfg.pipeline_stages, seed=cfg.seed)
+        self.env = WorkerGroup(EnvWorker, cluster, self.names["env"], placement=plan["env"],
+                               args=(env_cfg, cfg.rollout_steps), kwargs=env_kwargs,
+                               num_threads=cfg.env_worker.num_threads, **common)
+        self.rollout: WorkerGroup | None = None
+        self.actor: WorkerGroup | None = None
+        try:
+            obs_space, act_space = self.env.spaces(ranks=[0]).wait()[0]
+            self.iterations = cfg.iterations(self.env_ranks)
+
+            def start(component: str) -> WorkerGroup:
+                if component == "actor":
+                    return WorkerGroup(
+                        ActorWorker, cluster, self.names["actor"], placement=plan["actor"],
+                        args=(obs_space, act_space, cfg.policy, cfg.algorithm, cfg.actor),
+                        kwargs=dict(env_group=self.names["env"], env_ranks=self.env_ranks,
+                                    total_iterations=self.iterations, seed=cfg.seed,
+                                    shares_devices=bool(actor_devices & plan[policy_holder].devices)),
+                        num_threads=cfg.actor.num_threads, **common)
+                return WorkerGroup(
+                    RolloutWorker, cluster, self.names["rollout"], placement=plan["rollout"],
+                    args=(obs_space, act_space, cfg.policy),
+                    kwargs=dict(env_group=self.names["env"], env_ranks=self.env_ranks,
+                                stages=cfg.pipeline_stages, rollout_steps=cfg.rollout_steps, seed=cfg.seed,
+                                shares_devices=shares, offload=cfg.rollout.offload),
+                    num_threads=cfg.rollout.num_threads, **common)
+
+            wanted = ["actor"] if self.fused else ["actor", "rollout"]
+            with ThreadPoolExecutor(len(wanted)) as pool:  # processes start and import torch in parallel
+                futures = {c: pool.submit(start, c) for c in wanted}
+            errors = []
+            for c, fut in futures.items():
+                try:
+                    setattr(self, c, fut.result())
+                except BaseException as e:  # noqa: BLE001 - shut the others down, then report
+                    errors.append(e)
+            if errors:
+                raise errors[0]
+        except BaseException:
+            self.shutdown()
+            raise
+        holder = self.env if self.fused else self.rollout
+        self.policy_holder = holder
+        self.weight_targets = [(self.names[policy_holder], list(range(ranks[policy_holder])))]
+        self.env_steps = 0
+        self.episodes: list[tuple[int, float]] = []
+        self.recent: deque[float] = deque(maxlen=cfg.return_window)
+        self._deltas: list | None = None
+        log.info("launched %s%s: %s", self.mode, " (env+rollout fused)" if self.fused else "",
+                 ", ".join(f"{c} x{ranks[c]}" for c in COMPONENTS))
+
+    # -- the named steps of the loop ---------------------------------------------------------
+    def sync_weights(self) -> float:
+        """Stream the actor's weights to every policy copy (rollout ranks, or fused env ranks)."""
+        t0 = time.perf_counter()
+        _gather({"actor": self.actor.send_weights(self.weight_targets),
+                 "holder": self.policy_holder.receive_weights(self.names["actor"], 0)})
+        return time.perf_counter() - t0
+
+    def act(self, iteration: int) -> GroupHandle | None:
+        """The rollout ranks' serving call for one iteration (None: the env ranks run the policy)."""
+        return None if self.fused else self.rollout.act(iteration)
+
+    def pending_norm_deltas(self) -> list | None:
+        """Every env rank's statistics additions of the last iteration, to merge before this one."""
+        deltas, self._deltas = self._deltas, None
+        return deltas
+
+    def finish(self, **handles: GroupHandle | None) -> dict[str, list[Any]]:
+        """Wait for the iteration's calls; per component, the results of its ranks."""
+        return _gather({k: h for k, h in handles.items() if h is not None})
+
+    def iteration_metrics(self, outcome: dict[str, list[Any]], seconds: float, sync_s: float) -> dict[str, float]:
+        """One dict of metrics for the iteration (env episodes, actor losses, stage times, rates)."""
+        stats: list[InteractStats] = outcome["env"]
+        if self.cfg.env_worker.sync_normalization and self.env_ranks > 1:
+            self._deltas = [s.norm_delta for s in stats]
+        steps = sum(s.steps for s in stats)
+        self.env_steps += steps
+        returns = [r for s in stats for r in s.episode_returns]
+        lengths = [n for s in stats for n in s.episode_lengths]
+        self.episodes.extend((self.env_steps, r) for r in returns)
+        self.recent.extend(returns)
+        metrics: dict[str, float] = dict(outcome["actor"][0])
+        metrics.update({
+            "env/total_steps": float(self.env_steps),
+            "env/episodes": float(len(returns)),
+            "time/iteration_s": seconds,
+            "time/weight_sync_s": sync_s,
+            "time/env_steps_per_s": steps / seconds,
+            "time/env_busy_s": max(s.busy_s for s in stats),
+            "time/env_wait_s": max(s.wait_s for s in stats),
+            "time/env_wall_s": max(s.wall_s for s in stats),
+        })
+        if returns:
+            metrics["env/episode_return"] = sum(returns) / len(returns)
+            metrics["env/episode_length"] = sum(lengths) / len(lengths)
+        if self.recent:
+            metrics["env/episode_return_recent"] = sum(self.recent) / len(self.recent)
+        successes = [x for s in stats for x in s.successes if not math.isnan(x)]
+        if successes:
+            metrics["env/success_rate"] = sum(successes) / len(successes)
+        if self.fused:
+            metrics["time/rollout_busy_s"] = max(s.policy_s for s in stats)
+        else:
+            metrics["time/rollout_busy_s"] = max(r["busy_s"] for r in outcome["rollout"])
+            metrics["time/rollout_wait_s"] = max(r["wait_s"] for r in outcome["rollout"])
+        return metrics
+
+    def evaluate(self) -> dict[str, float]:
+        """Deterministic episodes of the current policy with env rank 0's statistics, in this process."""
+        from m2flow.workers.embodied.evaluate import evaluate_policy
+
+        weights = self.actor.state_dict(ranks=[0]).wait()[0]
+        norm = self.env.normalizer_state(ranks=[0]).wait()[0]
+        return evaluate_policy(self.cfg.env, self.cfg.policy, weights, norm, self.cfg.eval_episodes,
+                               seed=self.cfg.seed)
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def save_checkpoint(self, next_iteration: int) -> Path:
+        """Actor (weights, optimizer, shuffling), env ranks (envs, statistics), noise generators, counters."""
+        path = self.run_dir / CHECKPOINTS / f"iter_{next_iteration:06d}"
+        handles = {"actor": self.actor.save_checkpoint(str(path)), "env": self.env.save_checkpoint(str(path))}
+        if not self.fused:
+            handles["rollout"] = self.rollout.save_checkpoint(str(path))
+        _gather(handles)
+        state = {"next_iteration": next_iteration, "env_steps": self.env_steps, "episodes": self.episodes,
+                 "recent": list(self.recent), "norm_deltas": self._deltas, "seed": self.cfg.seed,
+                 "env_ranks": self.env_ranks, "fused": self.fused}
+        (path / TRAINER_STATE).write_bytes(pickle.dumps(state))  # written last: marks the checkpoint complete
+        log.info("checkpoint %s", path)
+        return path
+
+    def load_checkpoint(self, path: Path) -> int:
+        """Restore every worker and the counters; returns the iteration to continue from."""
+        state = pickle.loads((path / TRAINER_STATE).read_bytes())
+        if state["env_ranks"] != self.env_ranks:
+            raise ValueError(f"resume: {path} was written by {state['env_ranks']} env ranks, "
+                             f"this placement has {self.env_ranks}")
+        handles = {"actor": self.actor.load_checkpoint(str(path)), "env": self.env.load_checkpoint(str(path))}
+        if not self.fused:
+            if state["fused"]:
+                raise ValueError(f"resume: {path} holds no rollout ranks' generators (written by a fused plan)")
+            handles["rollout"] = self.rollout.load_checkpoint(str(path))
+        _gather(handles)
+        self.env_steps = state["env_steps"]
+        self.episodes = list(state["episodes"])
+        self.recent.extend(state["recent"])
+        self._deltas = state["norm_deltas"]
+        return int(state["next_iteration"])
+
+    def shutdown(self) -> None:
+        for group in (self.actor, self.rollout, self.env):
+            if group is not None:
+                group.shutdown()
+
+
+# ----------------------------------------------------------------------------- entry points
+
+
+def find_checkpoint(cfg: EmbodiedConfig) -> Path | None:
+    """The checkpoint to resume from: ``resume`` itself, or the latest complete one in run_dir."""
+    if cfg.resume is None:
+        return None
+    if cfg.resume != "auto":
+        path = Path(cfg.resume)
+        if not (path / TRAINER_STATE).is_file():
+            raise FileNotFoundError(f"resume: {path} is not a checkpoint (no {TRAINER_STATE})")
+        return path
+    done = sorted(p for p in (Path(cfg.run_dir) / CHECKPOINTS).glob("iter_*") if (p / TRAINER_STATE).is_file())
+    return done[-1] if done else None
+
+
+def train(cfg: EmbodiedConfig, cluster: Cluster | None = None) -> TrainResult:
+    """Run (or resume) the workflow; ``cluster`` reuses a running one (else Ray starts here)."""
+    from m2flow.metrics import MetricsLogger
+    from m2flow.runtime.logs import setup_logging
+
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    setup_logging(log_file=run_dir / "driver.log", console=False)
+    resume = find_checkpoint(cfg)
+    trace_dir = prepare_trace_dir(run_dir) if cfg.trace else None
+    if trace_dir is not None:
+        configure_tracer(trace_dir, ProcessInfo())
+    own_cluster = cluster is None
+    cluster = cluster or Cluster(cfg.cluster)
+    flow = None
+    result = TrainResult(run_dir)
+    try:
+        flow = EmbodiedFlow(cfg, cluster, trace_dir)
+        result.mode, result.fused = flow.mode, flow.fused
+        start = 0
+        if resume is not None:
+            start = flow.load_checkpoint(resume)
+            log.info("resuming from %s at iteration %d", resume, start)
+        description = f"embodied {cfg.env.env_id} ({flow.mode}{', fused' if flow.fused else ''})"
+        with MetricsLogger(run_dir, cfg.metrics, total_steps=flow.iterations * cfg.batch_size(flow.env_ranks),
+                           description=description, run_config=to_dict(cfg)) as logger:
+            train_loop(flow, start, flow.iterations, logger, result, cfg.eval_every, cfg.checkpoint_every)
+    finally:
+        if flow is not None:
+            flow.shutdown()
+        if own_cluster:
+            cluster.shutdown()
+        if trace_dir is not None:
+            get_tracer().close()
+            merge_traces(run_dir)
+    (run_dir / "episodes.json").write_text(json.dumps(result.episodes))
+    return result
+
+
+def run_embodied(cfg: EmbodiedConfig) -> int:
+    """Entry point of ``m2flow train`` for ``workflow: embodied``."""
+    result = train(cfg)
+    last = result.history[-1] if result.history else {}
+    summary = ", ".join(f"{k}={last[k]:.4g}" for k in ("env/episode_return_recent", "time/env_steps_per_s",
+                                                       "eval/return") if k in last)
+    logging.getLogger("m2flow").info("done (%s): %s; run directory %s", result.mode,
+                                     summary or "no iterations run", result.run_dir)
+    return 0
+
+
+def _register() -> None:
+    from m2flow.config.workflows import register_workflow
+
+    register_workflow("embodied", EmbodiedConfig, run_embodied)
+
+
+_register()

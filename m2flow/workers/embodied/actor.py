@@ -1,0 +1,208 @@
+"""``ActorWorker``: PPO updates of the actor-critic, data-parallel over its ranks.
+
+Per iteration (``train``): receive every env rank's trajectory (each actor rank gets all of them),
+evaluate the old log-probabilities and values of the whole batch in one pass (the weights are
+those the rollout acted with: weights are synced only after an update), compute GAE with
+truncation bootstrapping (``m2flow.algorithms``), and run the PPO epochs (``ppo.PPOUpdater``),
+with gradients summed across ranks by torch.distributed (gloo on CPU, NCCL on GPU).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from m2flow.algorithms.advantages import compute_gae
+from m2flow.models.policies import GaussianHead, PolicyConfig, build_policy
+from m2flow.runtime.trace import trace_category
+from m2flow.runtime.worker import Worker
+from m2flow.workers.embodied.config import ActorConfig, PPOConfig
+from m2flow.workers.embodied.messages import Trajectory
+from m2flow.workers.embodied.ppo import PPOBatch, PPOUpdater, evaluate_actions
+
+log = logging.getLogger(__name__)
+
+ACTOR_FILE = "actor.pt"
+
+
+def _all_reduce_sum(tensor: torch.Tensor) -> None:
+    import torch.distributed as dist
+
+    dist.all_reduce(tensor)
+
+
+class ActorWorker(Worker):
+    """Trains the policy on each iteration's trajectories; rank 0 sends weights and checkpoints."""
+
+    def __init__(
+        self,
+        obs_space: Any,
+        action_space: Any,
+        policy: PolicyConfig,
+        ppo: PPOConfig,
+        actor: ActorConfig,
+        *,
+        env_group: str,
+        env_ranks: int,
+        total_iterations: int,
+        seed: int = 0,
+        shares_devices: bool = False,
+    ) -> None:
+        self.cfg = ppo
+        self.env_group = env_group
+        self.env_ranks = env_ranks
+        self.total_iterations = total_iterations
+        self.shares_devices = shares_devices
+        self.offload_after = actor.offload and shares_devices
+        self.device = self.torch_device
+        torch.manual_seed(seed)  # the same initial weights on every rank
+        self.policy = build_policy(obs_space, action_space, policy).to(self.device)
+        all_reduce = None
+        if self.world_size > 1:
+            backend = None if actor.backend == "auto" else actor.backend
+            self.init_process_group(backend)
+            all_reduce = _all_reduce_sum
+        self.updater = PPOUpdater(self.policy, ppo, self.rank, self.world_size, all_reduce, seed=seed)
+        self._host_state: dict[str, torch.Tensor] | None = None
+
+    # -- the iteration ---------------------------------------------------------------------------
+    @trace_category("train")
+    def train(self, iteration: int) -> dict[str, float]:
+        """One PPO update on the trajectories of every env rank for ``iteration``."""
+        t0 = time.perf_counter()
+        trajs = [self.comm.recv(self.env_group, e) for e in range(self.env_ranks)]
+        for traj in trajs:
+            if traj.iteration != iteration:
+                raise RuntimeError(f"expected trajectories of iteration {iteration}, env rank "
+                                   f"{traj.env_rank} sent iteration {traj.iteration}")
+        t1 = time.perf_counter()
+        if self.shares_devices:
+            with self.device_turn(offload_after=self.offload_after):
+                metrics = self._train(trajs, iteration)
+        else:
+            metrics = self._train(trajs, iteration)
+        metrics["time/actor_wait_s"] = t1 - t0
+        metrics["time/actor_busy_s"] = time.perf_counter() - t1
+        return metrics
+
+    def _train(self, trajs: list[Trajectory], iteration: int) -> dict[str, float]:
+        batch, extra = self.make_batch(trajs)
+        lr = self.cfg.lr
+        if self.cfg.lr_schedule == "linear":
+            lr *= 1.0 - iteration / max(self.total_iterations, 1)
+        metrics = self.updater.update(batch, lr)
+        metrics.update(extra)
+        metrics["actor/lr"] = lr
+        metrics.update(self._policy_stats(batch))
+        return metrics
+
+    def make_batch(self, trajs: list[Trajectory]) -> tuple[PPOBatch, dict[str, float]]:
+        """Join the env ranks' trajectories along the env axis and compute advantages: (T * N) samples."""
+        cfg, dev = self.cfg, self.device
+
+        def joined(name: str) -> torch.Tensor:
+            return torch.from_numpy(np.concatenate([getattr(t, name) for t in trajs], axis=1)).to(dev)
+
+        obs, actions, rewards = joined("obs"), joined("actions"), joined("rewards")
+        terminated, truncated = joined("terminated"), joined("truncated")
+        T, N = rewards.shape
+        last_obs = torch.from_numpy(np.concatenate([t.last_obs for t in trajs])).to(dev)
+        flat_obs = obs.reshape(T * N, *obs.shape[2:])
+        flat_actions = actions.reshape(T * N, *actions.shape[2:])
+        with torch.no_grad():
+            logprobs, values = evaluate_actions(self.policy, flat_obs, flat_actions)
+            values = values.view(T, N)
+            final_values = torch.zeros(T, N, device=dev)
+            if cfg.use_critic:
+                next_values = self.policy.value(last_obs)
+                offset = 0
+                for t in trajs:
+                    if len(t.final_index):
+                        idx = torch.from_numpy(t.final_index).to(dev)
+                        v = self.policy.value(torch.from_numpy(t.final_obs).to(dev))
+                        final_values[idx[:, 0], idx[:, 1] + offset] = v
+                    offset += t.num_envs
+            else:
+                values = torch.zeros_like(values)
+                next_values = torch.zeros(N, device=dev)
+        lam = cfg.gae_lambda if cfg.use_critic else 1.0
+        advantages, returns = compute_gae(
+            rewards, values, terminated | truncated, next_values, gamma=cfg.gamma, lam=lam,
+            terminated=terminated, final_values=final_values)
+        flat_values, flat_returns = values.reshape(-1), returns.reshape(-1)
+        var = flat_returns.var()
+        explained = float(1.0 - (flat_returns - flat_values).var() / var) if var > 0 else float("nan")
+        batch = PPOBatch(flat_obs, flat_actions, logprobs, flat_values, advantages.reshape(-1), flat_returns)
+        extra = {
+            "critic/explained_variance": explained,
+            "critic/value_mean": float(flat_values.mean()),
+            "actor/advantage_mean": float(advantages.mean()),
+            "actor/batch_size": float(T * N),
+        }
+        return batch, extra
+
+    def _policy_stats(self, batch: PPOBatch) -> dict[str, float]:
+        head = self.policy.head
+        with torch.no_grad():
+            if isinstance(head, GaussianHead):
+                entropy = float((head.log_std + 0.5 + 0.5 * np.log(2 * np.pi)).sum())
+                return {"actor/entropy": entropy, "actor/action_std": float(head.log_std.exp().mean())}
+            sample = batch.obs[:4096]
+            _, ent = head.log_prob_entropy(self.policy.actor_trunk(sample), batch.actions[:4096])
+            return {"actor/entropy": float(ent.mean())}
+
+    # -- weights ---------------------------------------------------------------------------------
+    @trace_category("weight_sync")
+    def send_weights(self, targets: list[tuple[str, list[int]]]) -> None:
+        """Rank 0 streams the current weights to each (group, ranks) target; other ranks do nothing."""
+        from m2flow.runtime.comm.weights import send_weights
+
+        if self.rank != 0:
+            return
+        for group, ranks in targets:
+            send_weights(self.comm, self.policy, group, ranks)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The policy weights, on the CPU."""
+        return {k: v.detach().cpu().clone() for k, v in self.policy.state_dict().items()}
+
+    # -- context switching -----------------------------------------------------------------------
+    def offload(self) -> None:
+        if self.device.type == "cpu":
+            return  # nothing to free: host memory is where it would go
+        self.updater.flat.to("cpu")  # not policy.to(): that would cut the views into the flat buffers
+        for state in self.updater.optimizer.state.values():
+            for k, v in state.items():
+                if torch.is_tensor(v) and v.device.type != "cpu" and v.dim() > 0:
+                    state[k] = v.to("cpu")
+
+    def onload(self) -> None:
+        if self.device.type == "cpu":
+            return
+        self.updater.flat.to(self.device)
+        for state in self.updater.optimizer.state.values():
+            for k, v in state.items():
+                if torch.is_tensor(v) and v.dim() > 0:
+                    state[k] = v.to(self.device)
+
+    # -- checkpoint ------------------------------------------------------------------------------
+    def save_checkpoint(self, directory: str) -> str | None:
+        """Rank 0 writes weights, optimizer state and the shuffling generator (all ranks agree)."""
+        if self.rank != 0:
+            return None
+        path = Path(directory) / ACTOR_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"policy": self.state_dict(), "updater": self.updater.state_dict()}, path)
+        return str(path)
+
+    def load_checkpoint(self, directory: str) -> None:
+        state = torch.load(Path(directory) / ACTOR_FILE, map_location=self.device, weights_only=False)
+        with torch.no_grad():
+            for name, tensor in self.policy.state_dict().items():
+                tensor.copy_(state["policy"][name])  # in place: the flat buffers stay shared
+        self.updater.load_state_dict(state["updater"])

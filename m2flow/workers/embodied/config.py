@@ -1,0 +1,94 @@
+"""Config sections of the embodied workers: env, rollout and actor ranks, and the PPO algorithm."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+from m2flow.config.schema import option
+
+
+@dataclass
+class PPOConfig:
+    """PPO with GAE (Schulman et al. 2017); defaults are Stable-Baselines3's PPO defaults."""
+
+    gamma: float = option(0.99, "discount")
+    gae_lambda: float = option(0.95, "GAE lambda")
+    clip: float = option(0.2, "PPO ratio clip: ratios leave [1 - clip, 1 + clip] without gradient")
+    epochs: int = option(10, "passes over each iteration's batch")
+    minibatch_size: int = option(64, "samples per gradient step, over all actor ranks together")
+    lr: float = option(3e-4, "Adam learning rate")
+    lr_schedule: Literal["constant", "linear"] = option(
+        "constant", "'constant', or 'linear' decay to 0 over the run")
+    adam_eps: float = option(1e-5, "Adam epsilon")
+    ent_coef: float = option(0.0, "entropy bonus weight")
+    vf_coef: float = option(0.5, "value loss weight")
+    value_clip: float | None = option(None, "clip value updates to +-this around the old values (None: off)")
+    max_grad_norm: float = option(0.5, "clip the global gradient norm to this (0: off)")
+    normalize_advantages: bool = option(True, "whiten advantages within each minibatch")
+    target_kl: float | None = option(None, "stop an iteration's epochs once approx KL passes this (None: off)")
+    use_critic: bool = option(
+        True, "learn a value function for GAE; false: advantages are Monte-Carlo returns (no value loss)")
+
+    def validate(self) -> None:
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+        if not 0.0 <= self.gae_lambda <= 1.0:
+            raise ValueError(f"gae_lambda must be in [0, 1], got {self.gae_lambda}")
+        if self.clip <= 0:
+            raise ValueError(f"clip must be > 0, got {self.clip}")
+        if self.epochs < 1:
+            raise ValueError(f"epochs must be >= 1, got {self.epochs}")
+        if self.minibatch_size < 1:
+            raise ValueError(f"minibatch_size must be >= 1, got {self.minibatch_size}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.max_grad_norm < 0:
+            raise ValueError(f"max_grad_norm must be >= 0, got {self.max_grad_norm}")
+        if self.value_clip is not None and self.value_clip <= 0:
+            raise ValueError(f"value_clip must be > 0 or None, got {self.value_clip}")
+        if self.target_kl is not None and self.target_kl <= 0:
+            raise ValueError(f"target_kl must be > 0 or None, got {self.target_kl}")
+
+
+@dataclass
+class EnvWorkerConfig:
+    """The env worker ranks (the simulators)."""
+
+    num_threads: int = option(1, "torch / BLAS threads of each env rank (also runs the policy when fused)")
+    sync_normalization: bool = option(
+        True, "merge observation / reward statistics across env ranks after every iteration")
+
+    def validate(self) -> None:
+        if self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+
+
+@dataclass
+class RolloutConfig:
+    """The rollout worker ranks (policy inference on every env step)."""
+
+    num_threads: int = option(1, "torch threads of each rollout rank")
+    fuse_with_env: bool = option(
+        True, "when env and rollout ranks sit on the same devices, run the policy inside the env process")
+    offload: bool = option(False, "offload the policy copy after each rollout when it shares devices with the actor")
+
+    def validate(self) -> None:
+        if self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+
+
+@dataclass
+class ActorConfig:
+    """The actor ranks (PPO updates, data-parallel with torch.distributed)."""
+
+    num_threads: int = option(1, "torch threads of each actor rank")
+    offload: bool = option(
+        False, "offload weights and optimizer state after each update when sharing devices with the rollout")
+    backend: Literal["auto", "gloo", "nccl"] = option(
+        "auto", "torch.distributed backend of the gradient all-reduce: auto (NCCL on GPU, else gloo)")
+
+    def validate(self) -> None:
+        if self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")

@@ -1,0 +1,96 @@
+"""Snapshots of a single gymnasium env's state, so a resumed run continues the very same episodes.
+
+A snapshot holds, for the env and each of its wrappers, the plain attributes (numbers, booleans,
+``None``, numpy arrays, numpy random generators): a ``TimeLimit``'s elapsed steps, a classic-control
+env's state vector, the env's random generator. For MuJoCo envs it also holds a copy of the whole
+``MjData`` (the integration state alone is not enough: rewards read positions that MuJoCo derived
+before the last integration step). Envs whose state lives elsewhere (a renderer, a remote
+simulator) are restored only as far as those attributes go.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+_PLAIN = (int, float, bool, str, type(None), np.integer, np.floating, np.bool_)
+
+
+def _layers(env: gym.Env) -> list[Any]:
+    """The wrapper chain from the outermost wrapper down to the unwrapped env."""
+    out = [env]
+    while isinstance(out[-1], gym.Wrapper):
+        out.append(out[-1].env)
+    return out
+
+
+def _plain_attrs(obj: Any) -> dict[str, Any]:
+    state: dict[str, Any] = {}
+    for name, value in vars(obj).items():
+        if isinstance(value, np.random.Generator):
+            state[name] = ("generator", copy.deepcopy(value.bit_generator.state))
+        elif isinstance(value, np.ndarray):
+            state[name] = ("array", value.copy())
+        elif isinstance(value, _PLAIN):
+            state[name] = ("value", value)
+        elif isinstance(value, tuple) and all(isinstance(v, _PLAIN) for v in value):
+            state[name] = ("value", value)
+    return state
+
+
+def _restore_attrs(obj: Any, state: dict[str, Any]) -> None:
+    for name, (kind, value) in state.items():
+        if kind == "generator":
+            current = getattr(obj, name, None)
+            if isinstance(current, np.random.Generator):
+                current.bit_generator.state = copy.deepcopy(value)
+            else:
+                generator = np.random.Generator(np.random.PCG64())
+                generator.bit_generator.state = copy.deepcopy(value)
+                setattr(obj, name, generator)
+        elif kind == "array":
+            setattr(obj, name, value.copy())
+        else:
+            setattr(obj, name, value)
+
+
+def _mujoco_parts(env: Any) -> tuple[Any, Any] | None:
+    model, data = getattr(env, "model", None), getattr(env, "data", None)
+    try:
+        import mujoco
+    except ImportError:
+        return None
+    if isinstance(model, mujoco.MjModel) and isinstance(data, mujoco.MjData):
+        return model, data
+    return None
+
+
+def get_env_state(env: gym.Env) -> dict[str, Any]:
+    """A deep snapshot of ``env``'s state (see the module docstring for what it covers)."""
+    layers = _layers(env)
+    state: dict[str, Any] = {"layers": [_plain_attrs(layer) for layer in layers]}
+    parts = _mujoco_parts(layers[-1])
+    if parts is not None:
+        state["mujoco"] = copy.deepcopy(parts[1])
+    return state
+
+
+def set_env_state(env: gym.Env, state: dict[str, Any]) -> None:
+    """Restore a snapshot taken by :func:`get_env_state` from an env built the same way."""
+    layers = _layers(env)
+    if len(layers) != len(state["layers"]):
+        raise ValueError(
+            f"the snapshot has {len(state['layers'])} wrapper layers, this env has {len(layers)}")
+    for layer, attrs in zip(layers, state["layers"]):
+        _restore_attrs(layer, attrs)
+    if "mujoco" in state:
+        parts = _mujoco_parts(layers[-1])
+        if parts is None:
+            raise ValueError("the snapshot holds MuJoCo physics, this env has none")
+        import mujoco
+
+        model, data = parts
+        mujoco.mj_copyData(data, model, state["mujoco"])

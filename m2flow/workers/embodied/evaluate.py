@@ -1,0 +1,76 @@
+"""Evaluation of an embodied policy: whole episodes with deterministic actions and frozen statistics.
+
+Runs in the calling process (no workers): the training run's driver between iterations, or on a
+saved checkpoint. Observations are normalised with the training statistics, which are not updated;
+the returns reported are the environments' raw episode returns.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from m2flow.envs import EnvConfig, VecEnv
+from m2flow.models.policies import PolicyConfig
+from m2flow.workers.embodied.inference import PolicyEngine
+
+EVAL_SEED_OFFSET = 1_000_000  # evaluation episodes never replay the training envs' seeds
+
+
+def evaluate_policy(
+    env: EnvConfig,
+    policy: PolicyConfig,
+    weights: dict[str, torch.Tensor],
+    normalizer_state: dict[str, Any] | None,
+    episodes: int = 10,
+    seed: int = 0,
+    deterministic: bool = True,
+    max_steps: int = 1_000_000,
+) -> dict[str, float]:
+    """Mean / std / min / max raw return and mean length over ``episodes`` finished episodes."""
+    if episodes < 1:
+        raise ValueError(f"episodes must be >= 1, got {episodes}")
+    cfg = replace(env, num_envs=min(env.num_envs, episodes), num_groups=1, seed=seed + EVAL_SEED_OFFSET)
+    vec = VecEnv(cfg)
+    try:
+        if normalizer_state is not None:
+            vec.load_state_dict(normalizer_state, stats_only=True)
+        vec.set_training(False)
+        engine = PolicyEngine(vec.single_observation_space, vec.single_action_space, policy, seed, [0])
+        engine.load_weights(weights)
+        obs = vec.reset()
+        returns: list[float] = []
+        lengths: list[int] = []
+        steps = 0
+        while len(returns) < episodes and steps < max_steps:
+            res = vec.step(engine.act(obs, 0, deterministic=deterministic))
+            obs = res.obs
+            steps += vec.num_envs
+            returns.extend(res.episode_return.tolist())
+            lengths.extend(res.episode_length.tolist())
+    finally:
+        vec.close()
+    if not returns:
+        return {"eval/episodes": 0.0}
+    returns, lengths = returns[:episodes], lengths[:episodes]
+    return {
+        "eval/return": float(np.mean(returns)),
+        "eval/return_std": float(np.std(returns)),
+        "eval/return_min": float(np.min(returns)),
+        "eval/return_max": float(np.max(returns)),
+        "eval/length": float(np.mean(lengths)),
+        "eval/episodes": float(len(returns)),
+    }
+
+
+def load_checkpoint_parts(directory: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The policy weights and env rank 0's normalisation statistics saved in a checkpoint."""
+    directory = Path(directory)
+    actor = torch.load(directory / "actor.pt", map_location="cpu", weights_only=False)
+    env_state = pickle.loads((directory / "env_rank0.pkl").read_bytes())
+    return actor["policy"], env_state["vec"]
