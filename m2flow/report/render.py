@@ -20,8 +20,8 @@ def render(report: Report, console: Any = None) -> None:
     console = console or Console()
     s = report.summary()
     if s["iterations"]:
-        t = Table(title=f"Time per component over {s['iterations']} iteration(s) "
-                        f"({_ms(s['iteration_time_s'])} ms)")
+        t = Table(title="Time per component",
+                  caption=f"{s['iterations']} iteration(s), {_ms(s['iteration_time_s'])} ms")
         t.add_column("component")
         t.add_column("wall ms", justify="right")
         t.add_column("share", justify="right")
