@@ -134,17 +134,22 @@ class FieldInfo:
     section: bool  # True for a nested config (its fields follow it)
 
 
-def describe(schema: type, prefix: str = "") -> list[FieldInfo]:
-    """Every field of ``schema``, depth first, nested sections followed by their own fields."""
+def describe(schema: type, prefix: str = "", defaults: Any = None) -> list[FieldInfo]:
+    """Every field of ``schema``, depth first, nested sections followed by their own fields.
+
+    ``defaults`` is the section's default instance when the parent sets one (``default_factory``
+    returning a customised section), so the listed defaults are the ones a run really gets.
+    """
     out: list[FieldInfo] = []
     types_ = field_types(schema)
     for f in schema_fields(schema):
         key = join_key(prefix, f.name)
         tp = types_[f.name]
         section = is_schema(tp)
-        out.append(FieldInfo(key, type_name(tp), default_of(f), field_doc(f), section))
+        default = getattr(defaults, f.name) if defaults is not None else default_of(f)
+        out.append(FieldInfo(key, type_name(tp), default, field_doc(f), section))
         if section:
-            out.extend(describe(tp, key))
+            out.extend(describe(tp, key, default if dataclasses.is_dataclass(default) else None))
     return out
 
 
