@@ -23,6 +23,19 @@ from m2flow.workers.stats import WEIGHT_KEY
 from m2flow.workers.streams import GroupStream
 
 
+def _pad_id(backend: Any) -> int:
+    """The padding id of the backend's tokenizer (end-of-sequence when it has none)."""
+    pad = getattr(backend, "pad_id", None)
+    if pad is not None:
+        return int(pad)
+    llm = getattr(backend, "llm", None)
+    tokenizer = llm.get_tokenizer() if llm is not None else getattr(backend, "tokenizer", None)
+    for candidate in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if candidate is not None:
+            return int(candidate)
+    return 0
+
+
 def sampling_params(cfg: RolloutConfig) -> SamplingParams:
     """The backend's sampling parameters for a rollout config."""
     s = cfg.sampling
@@ -41,16 +54,26 @@ class RolloutWorker(ReasoningWorker):
         self.seed = seed
         self.shares_devices = shares_devices
         self.params = sampling_params(cfg)
-        self.backend: Any = create_generation_backend(
-            cfg.backend, model_path, device=self.torch_device, dtype=torch_dtype(cfg.dtype))
-        self.pad_id: int = getattr(self.backend, "pad_id", 0)
+        self.backend: Any = create_generation_backend(cfg.backend, model_path, **self._backend_kwargs())
+        self.pad_id = _pad_id(self.backend)
+        self._offloaded = False
+
+    def _backend_kwargs(self) -> dict[str, Any]:
+        if self.cfg.backend == "hf":
+            return {"device": self.torch_device, "dtype": torch_dtype(self.cfg.dtype)}
+        if self.cfg.backend == "vllm":  # the engine places itself on the visible GPU
+            return {"dtype": self.cfg.dtype, "seed": self.seed}
+        return {}
 
     # -- context switching ------------------------------------------------------------------
     def offload(self) -> None:
         self.backend.offload()
+        self._offloaded = True
 
     def onload(self) -> None:
-        self.backend.onload()
+        if self._offloaded:  # waking an engine that never slept is not free (vLLM)
+            self.backend.onload()
+            self._offloaded = False
 
     # -- weights -----------------------------------------------------------------------------
     def _module(self) -> nn.Module | None:
