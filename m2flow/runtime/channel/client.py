@@ -28,7 +28,7 @@ from m2flow.runtime.comm.payload import Desc, pack, unpack
 from m2flow.runtime.comm.rendezvous import HOSTNAME, Rendezvous, default_rendezvous
 from m2flow.runtime.comm.serialization import encode
 from m2flow.runtime.comm.shm import SegmentCache, SegmentPool
-from m2flow.runtime.comm.wire import Connection, ConnectionLost, connect
+from m2flow.runtime.comm.wire import BufferPool, Connection, ConnectionLost, connect
 from m2flow.runtime.comm.work import CommWork, done_work
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,8 @@ class _Connection:
         self.address = address
         self.same_node = address.node_id == _node_id()
         try:
-            self.conn: Connection = connect(address.unix_address if self.same_node else address.tcp_address)
+            where = address.unix_address if self.same_node else address.tcp_address
+            self.conn: Connection = connect(where, pool=None if self.same_node else BufferPool())
             self.conn.send(("hello", _identity()))
         except (OSError, ConnectionLost) as exc:
             raise PeerDiedError(f"cannot reach the host of channel {address.name!r}: {exc}") from exc

@@ -22,7 +22,7 @@ from typing import Any
 from m2flow.runtime.channel.metrics import ChannelMetrics, DepthTrace
 from m2flow.runtime.comm.payload import Desc, discard, inline_copy
 from m2flow.runtime.comm.shm import SegmentCache
-from m2flow.runtime.comm.wire import Connection, ConnectionLost, Listener
+from m2flow.runtime.comm.wire import BufferPool, Connection, ConnectionLost, Listener
 
 log = logging.getLogger(__name__)
 _ids = itertools.count()
@@ -91,7 +91,9 @@ class ChannelHost:
         self._cache = SegmentCache()
         self._metrics = ChannelMetrics(name)
         self._trace = DepthTrace()
-        self._listener = Listener(host_ip, self._on_accept, name=f"ch-{uuid.uuid4().hex[:12]}-{next(_ids)}")
+        self._listener = Listener(
+            host_ip, self._on_accept, name=f"ch-{uuid.uuid4().hex[:12]}-{next(_ids)}", pool=BufferPool()
+        )
         self.unix_address = self._listener.unix_address
         self.tcp_address = self._listener.tcp_address
 

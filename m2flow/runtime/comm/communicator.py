@@ -34,7 +34,7 @@ from m2flow.runtime.comm.rendezvous import (
 from m2flow.runtime.comm.serialization import encode
 from m2flow.runtime.comm.shm import SegmentCache, SegmentPool
 from m2flow.runtime.comm.transport import LocalTransport, SocketTransport, Transport
-from m2flow.runtime.comm.wire import Connection, ConnectionLost, Listener
+from m2flow.runtime.comm.wire import BufferPool, Connection, ConnectionLost, Listener
 from m2flow.runtime.comm.work import CommWork, Inbox, done_work
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,9 @@ class Communicator:
         owner = f"{PROCESS_UID}:{group_name}:{rank}"
         self._pool = SegmentPool(owner)
         self._cache = SegmentCache()
-        self._listener = Listener(node_ip or "127.0.0.1", self._on_accept, name=f"{PROCESS_UID[:12]}-{next(_ids)}")
+        self._listener = Listener(
+            node_ip or "127.0.0.1", self._on_accept, name=f"{PROCESS_UID[:12]}-{next(_ids)}", pool=BufferPool()
+        )
         self.record = PeerRecord(
             group=group_name,
             rank=rank,
@@ -183,6 +185,8 @@ class Communicator:
         if all(link.kind == "local" for link in links):
             return [obj] * len(links)
         enc = encode(obj)
+        if enc.has_cuda() and self.record.cuda_uuids:
+            return [obj if link.kind == "local" else self._pack_gpu(obj, link) for link in links]
         shm = [i for i, link in enumerate(links) if link.kind == "shm"]
         out: list[Any] = [None] * len(links)
         if shm:
@@ -197,6 +201,13 @@ class Communicator:
                 inline = inline or pack(enc, None)
                 out[i] = inline
         return out
+
+    def _pack_gpu(self, obj: Any, link: Transport) -> Packed:
+        """CUDA tensors by IPC or NCCL, decided per receiver (see ``cuda.py``)."""
+        from m2flow.runtime.comm.cuda import GpuReducer
+
+        reducer = GpuReducer(link.peer, same_node=link.kind == "shm")
+        return pack(encode(obj, reducer), self._pool if link.kind == "shm" else None)
 
     def _submit(self, dst: Peer, fn: Any, *args: Any) -> Future:
         with self._lock:
@@ -245,7 +256,8 @@ class Communicator:
                 return LocalTransport((self.group, self.rank), target, record)
         same_node = record.node_id == self.record.node_id
         kind = "shm" if same_node and self._policy == "auto" else "tcp"
-        return SocketTransport((self.group, self.rank), PROCESS_UID, record, kind, self._pool if kind == "shm" else None)
+        pool = self._pool if kind == "shm" else None
+        return SocketTransport((self.group, self.rank), PROCESS_UID, record, kind, pool, self.record.tcp_address[1][0])
 
     def transport_to(self, dst_group: str, dst_rank: int) -> str:
         """The transport kind used towards ``dst_group[dst_rank]`` (opens the connection)."""
@@ -308,17 +320,24 @@ class Communicator:
         inbox.revive()
         inbox.connected = True
         graceful = False
+        nccl = None
         try:
             while True:
                 control, inline, fds = conn.recv()
                 if control[0] == "msg":
-                    _, desc, forget = control
+                    _, wire_desc, forget = control
                     if forget:
                         self._cache.forget(owner, forget)
+                    desc = Desc.from_wire(wire_desc)
                     try:
-                        inbox.deliver(unpack(Desc.from_wire(desc), inline, fds, self._cache))
+                        gpu = nccl.recv(desc.gpu) if desc.gpu else None
+                        inbox.deliver(unpack(desc, inline, fds, self._cache, gpu))
                     except Exception as exc:  # e.g. a class the receiver cannot import
                         inbox.deliver(None, error=CommError(f"cannot decode a message from {group}[{rank}]: {exc!r}"))
+                elif control[0] == "nccl-init":
+                    from m2flow.runtime.comm.cuda import NcclPair
+
+                    nccl = NcclPair(control[1], control[2], rank=1)
                 elif control[0] == "bye":
                     graceful = True
                     return

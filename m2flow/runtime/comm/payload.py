@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from m2flow.runtime.comm.serialization import BufferSpec, Encoded, copy_into, decode, source_bytes
@@ -19,6 +19,7 @@ class Desc(NamedTuple):
     offsets: tuple[int, ...] = ()  # where each buffer sits in ``seg``
     seg: SegmentRef | None = None
     slot: int = 0  # this receiver's release flag in ``seg``
+    gpu: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (dtype, shape) of tensors sent by NCCL
 
     def for_slot(self, slot: int) -> Desc:
         return self._replace(slot=slot)
@@ -26,12 +27,12 @@ class Desc(NamedTuple):
     def to_wire(self) -> tuple:
         """Plain tuples only: pickling them is several times cheaper than named types."""
         seg = tuple(self.seg) if self.seg is not None else None
-        return (self.meta, tuple(map(tuple, self.specs)), self.offsets, seg, self.slot)
+        return (self.meta, tuple(map(tuple, self.specs)), self.offsets, seg, self.slot, self.gpu)
 
     @classmethod
     def from_wire(cls, t: tuple) -> Desc:
-        meta, specs, offsets, seg, slot = t
-        return cls(meta, tuple(BufferSpec(*s) for s in specs), offsets, SegmentRef(*seg) if seg else None, slot)
+        meta, specs, offsets, seg, slot, gpu = t
+        return cls(meta, tuple(BufferSpec(*s) for s in specs), offsets, SegmentRef(*seg) if seg else None, slot, gpu)
 
 
 @dataclass
@@ -41,6 +42,7 @@ class Packed:
     desc: Desc
     inline: list[Any]
     segment: Segment | None = None
+    gpu_tensors: list[Any] = field(default_factory=list)  # sent by NCCL after the frame
 
     @property
     def fds(self) -> list[int]:
@@ -50,8 +52,9 @@ class Packed:
 def pack(enc: Encoded, pool: SegmentPool | None, nslots: int = 1, shm_min_bytes: int = SHM_MIN_BYTES) -> Packed:
     """Copy tensor bytes into one segment (same node, large) or leave them as inline buffers."""
     specs = tuple(enc.specs)
+    gpu = tuple(enc.gpu_specs)
     if pool is None or enc.nbytes < shm_min_bytes:
-        return Packed(Desc(enc.meta, specs), [source_bytes(s) for s in enc.sources])
+        return Packed(Desc(enc.meta, specs, gpu=gpu), [source_bytes(s) for s in enc.sources], gpu_tensors=enc.gpu)
     offsets, need = layout([s.nbytes for s in specs])
     seg = pool.acquire(need - HEADER, nslots)
     try:
@@ -60,12 +63,12 @@ def pack(enc: Encoded, pool: SegmentPool | None, nslots: int = 1, shm_min_bytes:
     except BaseException:
         seg.flags[:nslots] = 0
         raise
-    return Packed(Desc(enc.meta, specs, tuple(offsets), seg.ref), [], seg)
+    return Packed(Desc(enc.meta, specs, tuple(offsets), seg.ref, gpu=gpu), [], seg, enc.gpu)
 
 
-def unpack(desc: Desc, inline: list[Any], fds: list[int], cache: SegmentCache) -> Any:
+def unpack(desc: Desc, inline: list[Any], fds: list[int], cache: SegmentCache, gpu: list[Any] | None = None) -> Any:
     """Rebuild the payload; segment-backed tensors are zero-copy views of the sender's memory."""
-    return decode(desc.meta, list(desc.specs), buffers(desc, inline, fds, cache))
+    return decode(desc.meta, list(desc.specs), buffers(desc, inline, fds, cache), gpu)
 
 
 def buffers(desc: Desc, inline: list[Any], fds: list[int], cache: SegmentCache) -> list[Any]:

@@ -17,6 +17,7 @@ import io
 import pickle
 import threading
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
@@ -44,6 +45,9 @@ class Encoded:
     specs: list[BufferSpec] = field(default_factory=list)
     # torch.Tensor (any device/strides) for tensor kinds, contiguous memoryview for "pickle".
     sources: list[Any] = field(default_factory=list)
+    # CUDA tensors a GPU transport sends beside the frame (NCCL), with (dtype, shape) each.
+    gpu: list[torch.Tensor] = field(default_factory=list)
+    gpu_specs: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
 
     @property
     def nbytes(self) -> int:
@@ -70,6 +74,7 @@ class _Pickler(pickle.Pickler):
         super().__init__(file, protocol=5, buffer_callback=self._out_of_band)
         self.out = file
         self._encoded: Encoded | None = None
+        self.gpu_reducer: GpuReducer | None = None
 
     def _out_of_band(self, buf: pickle.PickleBuffer) -> bool:
         assert self._encoded is not None
@@ -88,6 +93,8 @@ class _Pickler(pickle.Pickler):
         if obj.layout != torch.strided or obj.is_quantized or obj.device.type == "meta":
             return NotImplemented  # rare kinds keep torch's own pickling
         t = obj.detach()
+        if t.is_cuda and self.gpu_reducer is not None:
+            return self.gpu_reducer(obj, self._encoded)
         spec = BufferSpec(
             kind="param" if isinstance(obj, torch.nn.Parameter) else "tensor",
             nbytes=t.numel() * t.element_size(),
@@ -105,8 +112,14 @@ class _Pickler(pickle.Pickler):
 _PICKLERS = threading.local()
 
 
-def encode(obj: Any) -> Encoded:
-    """Split ``obj`` into pickled metadata and the raw buffers of its tensors and arrays."""
+GpuReducer = Callable[[torch.Tensor, Encoded], tuple]
+
+
+def encode(obj: Any, gpu_reducer: GpuReducer | None = None) -> Encoded:
+    """Split ``obj`` into pickled metadata and the raw buffers of its tensors and arrays.
+
+    CUDA tensors are copied to the host unless ``gpu_reducer`` (see ``cuda.py``) handles them.
+    """
     encoded = Encoded(meta=b"")
     # Building a Pickler costs more than pickling a small object: keep one per thread.
     pickler = getattr(_PICKLERS, "pickler", None)
@@ -114,11 +127,13 @@ def encode(obj: Any) -> Encoded:
         pickler = _PICKLERS.pickler = _Pickler(io.BytesIO())
     out = pickler.out
     pickler._encoded = encoded
+    pickler.gpu_reducer = gpu_reducer
     try:
         pickler.dump(obj)
         encoded.meta = out.getvalue()
     finally:
         pickler._encoded = None
+        pickler.gpu_reducer = None
         pickler.clear_memo()  # also drops references to the payload
         out.seek(0)
         out.truncate()
@@ -172,8 +187,13 @@ def _as_tensor(spec: BufferSpec, buf: Any) -> torch.Tensor:
     return t
 
 
-def decode(meta: bytes, specs: list[BufferSpec], buffers: list[Any]) -> Any:
-    """Rebuild a payload from its metadata and one buffer per spec (uint8 numpy arrays or tensors)."""
+def _rebuild_gpu(index: int) -> torch.Tensor:
+    return _DECODING.gpu[index]
+
+
+def decode(meta: bytes, specs: list[BufferSpec], buffers: list[Any], gpu: list[torch.Tensor] | None = None) -> Any:
+    """Rebuild a payload from its metadata and one buffer per spec (uint8 numpy arrays or tensors);
+    ``gpu`` holds the CUDA tensors a GPU transport delivered beside the frame."""
     tensors: list[Any] = []
     pickle_buffers: list[Any] = []
     for spec, buf in zip(specs, buffers, strict=True):
@@ -182,9 +202,9 @@ def decode(meta: bytes, specs: list[BufferSpec], buffers: list[Any]) -> Any:
             tensors.append(None)
         else:
             tensors.append(_as_tensor(spec, buf))
-    previous = getattr(_DECODING, "tensors", None)
-    _DECODING.tensors = tensors
+    previous = getattr(_DECODING, "tensors", None), getattr(_DECODING, "gpu", None)
+    _DECODING.tensors, _DECODING.gpu = tensors, gpu
     try:
         return pickle.loads(meta, buffers=pickle_buffers)
     finally:
-        _DECODING.tensors = previous
+        _DECODING.tensors, _DECODING.gpu = previous

@@ -60,8 +60,12 @@ class LocalTransport:
 class SocketTransport:
     """A direct connection (Unix socket on one node, TCP across nodes) opened on first use."""
 
-    def __init__(self, src: tuple[str, int], src_uid: str, peer: PeerRecord, kind: str, pool: SegmentPool | None) -> None:
+    def __init__(
+        self, src: tuple[str, int], src_uid: str, peer: PeerRecord, kind: str, pool: SegmentPool | None, local_ip: str = "127.0.0.1"
+    ) -> None:
         self.kind = kind
+        self._local_ip = local_ip
+        self._nccl: Any = None
         self.peer = peer
         self.pool = pool  # only same-node transports place bytes in shared memory
         self.key = f"{peer.process_uid}:{peer.group}:{peer.rank}"
@@ -76,6 +80,8 @@ class SocketTransport:
         seg = message.segment
         if seg is not None:
             seg.peers.add(self.key)
+        if message.gpu_tensors and self._nccl is None:
+            self._open_nccl()
         forget = self.pool.take_forgets(self.key) if self.pool is not None else []
         try:
             self.conn.send(("msg", message.desc.to_wire(), forget), message.inline, message.fds)
@@ -83,6 +89,16 @@ class SocketTransport:
             if seg is not None:
                 seg.flags[message.desc.slot] = 0  # nobody will map it now
             raise PeerDiedError(f"lost the connection to {self.peer.label}: {exc}") from exc
+        if message.gpu_tensors:
+            self._nccl.send(message.gpu_tensors)  # type: ignore[union-attr]
+
+    def _open_nccl(self) -> None:
+        from m2flow.runtime.comm.cuda import NcclPair, free_port
+
+        host = self._local_ip if self.kind == "tcp" else "127.0.0.1"
+        port = free_port(host)
+        self.conn.send(("nccl-init", host, port))  # the receiver joins while we wait below
+        self._nccl = NcclPair(host, port, rank=0)
 
     def send_control(self, control: Any) -> None:
         self.conn.send(control)

@@ -12,6 +12,7 @@ import pickle
 import socket
 import struct
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +22,40 @@ _PREFIX = struct.Struct("<IIQ")  # head_len, nfds, body_len
 _MAX_FDS = 64
 _SMALL = 256 << 10  # frames below this are joined and sent in one system call
 _SOCK_BUF = 4 << 20
+
+
+class BufferPool:
+    """Reusable receive buffers for large frames, so a stream of big messages stops page-faulting.
+
+    A frame's inline buffers are views of one pooled block; the block comes back to the pool when
+    the receiver has dropped every array and tensor viewing it (the same finalizer trick as the
+    shared-memory segments). Idle blocks beyond ``max_idle_bytes`` are freed.
+    """
+
+    def __init__(self, min_bytes: int = 1 << 20, max_idle_bytes: int = 1 << 30) -> None:
+        self.min_bytes = min_bytes
+        self.max_idle_bytes = max_idle_bytes
+        self._free: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> np.ndarray:
+        """A uint8 array of ``n`` bytes over a pooled block, shape (n,)."""
+        with self._lock:
+            fits = [i for i, b in enumerate(self._free) if n <= b.nbytes <= 2 * n]
+            best = min(fits, key=lambda i: self._free[i].nbytes) if fits else None
+            block = self._free.pop(best) if best is not None else None
+        if block is None:
+            block = np.empty((n + (1 << 20) - 1) >> 20 << 20, dtype=np.uint8)
+        # A fresh exporter per message: every slice's ``base`` is this array, so it dies last.
+        view = np.frombuffer(block.data, dtype=np.uint8, count=n)
+        weakref.finalize(view, self._give_back, block)
+        return view
+
+    def _give_back(self, block: np.ndarray) -> None:
+        with self._lock:
+            self._free.append(block)
+            while sum(b.nbytes for b in self._free) > self.max_idle_bytes:
+                self._free.pop(0)
 
 
 class ConnectionLost(ConnectionError):
@@ -41,8 +76,9 @@ def tune(sock: socket.socket) -> None:
 class Connection:
     """One stream socket carrying frames; sends are serialized by a lock, receives by the caller."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, pool: BufferPool | None = None) -> None:
         self.sock = sock
+        self.pool = pool
         self.unix = sock.family == socket.AF_UNIX
         self._send_lock = threading.Lock()
         self.closed = False
@@ -114,12 +150,19 @@ class Connection:
             prefix, fds = self._recv_prefix()
             head_len, nfds, _ = _PREFIX.unpack(prefix)
             control, sizes = pickle.loads(self._recv_exact(head_len))
-            buffers = []
-            for n in sizes:
-                arr = np.empty(n, dtype=np.uint8)
-                if n:
-                    self._recv_into(memoryview(arr))
-                buffers.append(arr)
+            total = sum(sizes)
+            if self.pool is not None and total >= self.pool.min_bytes:
+                block = self.pool.take(total)
+                self._recv_into(memoryview(block))
+                offsets = np.cumsum([0, *sizes])
+                buffers = [block[offsets[i] : offsets[i + 1]] for i in range(len(sizes))]
+            else:
+                buffers = []
+                for n in sizes:
+                    arr = np.empty(n, dtype=np.uint8)
+                    if n:
+                        self._recv_into(memoryview(arr))
+                    buffers.append(arr)
         except OSError as exc:
             self.closed = True
             raise ConnectionLost(str(exc)) from exc
@@ -136,7 +179,7 @@ class Connection:
         self.sock.close()
 
 
-def connect(address: tuple[str, Any], timeout: float = 10.0) -> Connection:
+def connect(address: tuple[str, Any], timeout: float = 10.0, pool: BufferPool | None = None) -> Connection:
     """Open a connection to ``("unix", name)`` or ``("tcp", (host, port))``."""
     family, where = address
     if family == "unix":
@@ -147,13 +190,14 @@ def connect(address: tuple[str, Any], timeout: float = 10.0) -> Connection:
     sock.connect(where)
     sock.settimeout(None)
     tune(sock)
-    return Connection(sock)
+    return Connection(sock, pool)
 
 
 class Listener:
     """Accepts connections on an abstract Unix socket and a TCP port; hands each to ``on_accept``."""
 
-    def __init__(self, host: str, on_accept: Any, name: str) -> None:
+    def __init__(self, host: str, on_accept: Any, name: str, pool: BufferPool | None = None) -> None:
+        self._pool = pool
         self.unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.unix.bind(f"\0m2flow-{name}")  # abstract namespace: no file to clean up
         self.unix.listen(128)
@@ -182,7 +226,7 @@ class Listener:
                 sock.close()
                 return
             tune(sock)
-            self._on_accept(Connection(sock))
+            self._on_accept(Connection(sock, self._pool))
 
     def close(self) -> None:
         self._stop = True
