@@ -1,0 +1,51 @@
+"""The reasoning config: documented, the examples load, impossible settings fail naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from m2flow.config import ConfigError, from_dict, load_workflow_config, undocumented
+from m2flow.runners.evaluation import EvalConfig
+from m2flow.runners.reasoning_config import ReasoningConfig
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples" / "reasoning").glob("*.yaml"))
+
+
+def test_every_field_has_a_doc():
+    assert undocumented(ReasoningConfig) == []
+    assert undocumented(EvalConfig) == []
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_load_and_validate(path):
+    spec, cfg = load_workflow_config(path)
+    assert spec.name == "reasoning" and isinstance(cfg, ReasoningConfig)
+
+
+def test_there_are_arithmetic_and_gsm8k_examples():
+    names = {p.name for p in EXAMPLES}
+    assert {"arithmetic_grpo.yaml", "gsm8k_grpo.yaml"} <= names
+
+
+@pytest.mark.parametrize("data,key,message", [
+    ({"placement": "actor: 0"}, "placement", "misses component"),
+    ({"placement": "actor,rollout: 0-1, inference,reward: 1-2"}, "placement", "partly overlap"),
+    ({"algorithm": {"adv_estimator": "nope"}}, "algorithm", "valid: dr_grpo, gae, grpo"),
+    ({"algorithm": {"loss_agg": "mean"}}, "algorithm", "unknown loss aggregation"),
+    ({"algorithm": {"old_logprobs": "actor"}, "actor": {"mini_batches": 2}}, "", "exact only with one optimizer"),
+    ({"algorithm": {"kl_reward_coef": 0.1}}, "algorithm", "takes no KL in the reward"),
+    ({"actor": {"strategy": "fsdp"}, "placement": "actor: 0-3, rollout,inference,reward: 4",
+      "data": {"prompts_per_step": 2}}, "", "at least the number of actor ranks"),
+    ({"data": {"kind": "gsm8k"}}, "data.path", "is required for kind 'gsm8k'"),
+    ({"rollout": {"sampling": {"n": 0}}}, "rollout.sampling.n", "must be >= 1, got 0"),
+    ({"actor": {"optim": {"lr": -1}}}, "actor.optim.lr", "must be > 0"),
+    ({"steps": 0}, "steps", "must be >= 1"),
+])
+def test_impossible_settings_fail_naming_the_key(data, key, message):
+    with pytest.raises(ConfigError) as info:
+        from_dict(ReasoningConfig, data)
+    assert message in str(info.value)
+    if key:
+        assert str(info.value).startswith(key)
