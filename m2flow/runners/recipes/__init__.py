@@ -1,0 +1,1 @@
+"""Ready-made recipes: tuned settings for a workflow, and a plain single-process reference loop for each."""
