@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from m2flow.runtime import WorkerError, WorkerGroup
-from m2flow.runtime.comm import Communicator, MemoryRendezvous, PeerDiedError, recv_weights, send_weights
+from m2flow.runtime.comm import CommTimeout, Communicator, MemoryRendezvous, PeerDiedError, recv_weights, send_weights
 from m2flow.runtime.worker import Worker
 from tests.ray_session import shared_cluster
 from tests.runtime.test_comm_serialization import assert_same, payloads
@@ -120,7 +120,7 @@ def test_order_is_preserved_across_inline_and_shared_memory_messages(peers):
 
 
 def test_in_process_peers_get_the_object_itself():
-    rdv = MemoryRendezvous()
+    rdv = MemoryRendezvous("t-local")
     a = Communicator("local-a", 0, namespace="t-local", rendezvous=rdv)
     b = Communicator("local-b", 0, namespace="t-local", rendezvous=rdv)
     try:
@@ -133,6 +133,30 @@ def test_in_process_peers_get_the_object_itself():
     finally:
         a.close()
         b.close()
+
+
+def test_in_process_peers_carry_every_payload_kind_and_broadcast():
+    rdv = MemoryRendezvous("t-kinds")
+    a = Communicator("local-a", 0, namespace="t-kinds", rendezvous=rdv)
+    bs = [Communicator("local-b", r, namespace="t-kinds", rendezvous=rdv, world_size=2) for r in range(2)]
+    try:
+        for obj in payloads().values():
+            a.send(obj, "local-b", 1)
+            assert_same(obj, bs[1].recv("local-a", 0))
+        a.broadcast("to all", "local-b")  # every rank, from the published world size
+        assert [b.recv("local-a", 0) for b in bs] == ["to all", "to all"]
+    finally:
+        for c in [a, *bs]:
+            c.close()
+
+
+def test_sending_to_a_rank_that_never_starts_fails_naming_it():
+    a = Communicator("lonely", 0, namespace="t-absent", rendezvous=MemoryRendezvous("t-absent"), connect_timeout=0.3)
+    try:
+        with pytest.raises(CommTimeout, match=r"nobody\[3\]"):
+            a.send("hello?", "nobody", 3)
+    finally:
+        a.close()
 
 
 def test_receiver_of_a_dead_sender_gets_an_error_naming_it():

@@ -95,22 +95,25 @@ class FileRendezvous:
 
 
 class MemoryRendezvous:
-    """A dict shared by the communicators of one process."""
+    """A dict shared by the communicators of one process (per namespace)."""
 
-    _store: dict[str, bytes] = {}
+    _store: dict[tuple[str, str], bytes] = {}
     _lock = threading.Lock()
+
+    def __init__(self, namespace: str = "default") -> None:
+        self.namespace = namespace
 
     def publish(self, key: str, value: bytes) -> None:
         with self._lock:
-            self._store[key] = value
+            self._store[(self.namespace, key)] = value
 
     def lookup(self, key: str) -> bytes | None:
         with self._lock:
-            return self._store.get(key)
+            return self._store.get((self.namespace, key))
 
     def remove(self, key: str) -> None:
         with self._lock:
-            self._store.pop(key, None)
+            self._store.pop((self.namespace, key), None)
 
 
 def default_rendezvous(namespace: str) -> Rendezvous:
@@ -125,7 +128,7 @@ def default_rendezvous(namespace: str) -> Rendezvous:
     directory = os.environ.get("M2FLOW_RENDEZVOUS_DIR")
     if directory:
         return FileRendezvous(Path(directory) / namespace)
-    return MemoryRendezvous()
+    return MemoryRendezvous(namespace)
 
 
 def record_key(group: str, rank: int) -> str:
