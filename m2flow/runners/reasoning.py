@@ -193,7 +193,7 @@ class ReasoningFlow:
     def rates(self, metrics: dict[str, float], seconds: float) -> dict[str, float]:
         """Throughput of the iteration from its counts and wall time."""
         return {
-            "time/step_s": seconds,
+            "time/step": seconds,
             "perf/completions_per_s": metrics.get("rollout/responses_count", 0.0) / seconds,
             "perf/tokens_per_s": metrics.get("rollout/tokens_count", 0.0) / seconds,
         }

@@ -113,7 +113,7 @@ class ActorWorker(ReasoningWorker):
             metrics = self._train_streaming(step, expected)
         else:
             metrics = self._train_gathered(step, expected)
-        metrics["time/train_s"] = time.perf_counter() - start
+        metrics["time/train"] = time.perf_counter() - start
         metrics[WEIGHT_KEY] = 1.0
         return metrics
 

@@ -91,7 +91,7 @@ class InferenceWorker(ReasoningWorker):
                 self.out.put(g)
         return {
             "perf/inference_micro_batch": sum(sizes) / max(1, len(sizes)),
-            "time/inference_s": busy,
+            "time/inference": busy,
             WEIGHT_KEY: float(max(1, len(sizes))),
         }
 

@@ -79,7 +79,7 @@ class RewardWorker(Worker):
             "reward/dropped_groups_count": float(dropped),
             "reward/timeouts_count": float(stats.timeouts),
             "reward/errors_count": float(stats.errors + stats.crashes),
-            "time/reward_s": busy,
+            "time/reward": busy,
             WEIGHT_KEY: float(len(raw_all)),
         }
 

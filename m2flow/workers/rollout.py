@@ -130,7 +130,7 @@ class RolloutWorker(ReasoningWorker):
             "rollout/truncated_frac": truncated / n,
             "rollout/tokens_count": float(sum(lengths)),
             "rollout/responses_count": float(len(lengths)),
-            "time/generate_s": busy,
+            "time/generate": busy,
             WEIGHT_KEY: float(len(lengths)),
         }
 

@@ -1,7 +1,8 @@
 """Per-rank metrics of one iteration and how the ranks of a group are combined.
 
-A rank reports means together with ``WEIGHT_KEY``, the number of samples behind them; names ending
-in ``_count`` or ``_s`` (times) are totals and add up across ranks instead.
+A rank reports means together with ``WEIGHT_KEY``, the number of samples behind them. Names ending
+in ``_count`` are totals and add up across ranks; ``time/...`` names are seconds of ranks working
+side by side, of which the slowest counts.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 WEIGHT_KEY = "_weight"
 _TOTAL_SUFFIXES = ("_count",)
-_MAX_SUFFIXES = ("_s",)  # wall time of ranks running side by side: the slowest one counts
+_TIME_PREFIX = "time/"
 
 
 def merge_rank_metrics(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
@@ -22,7 +23,7 @@ def merge_rank_metrics(parts: Sequence[Mapping[str, float]]) -> dict[str, float]
         present = [p for p in parts if key in p]
         if key.endswith(_TOTAL_SUFFIXES):
             out[key] = float(sum(p[key] for p in present))
-        elif key.endswith(_MAX_SUFFIXES):
+        elif key.startswith(_TIME_PREFIX):
             out[key] = float(max(p[key] for p in present))
         else:
             weights = [float(p.get(WEIGHT_KEY, 1.0)) for p in present]
