@@ -117,7 +117,8 @@ class EmbodiedFlow:
         policy_holder = "env" if self.fused else "rollout"
         shares = bool(plan[policy_holder].devices & actor_devices)
         common = dict(log_dir=self.run_dir / "logs", trace_dir=trace_dir)
-        env_kwargs: dict[str, Any] = dict(actor_group=self.names["actor"], actor_ranks=ranks["actor"])
+        env_kwargs: dict[str, Any] = dict(actor_group=self.names["actor"], actor_ranks=ranks["actor"],
+                                          imports=list(cfg.env_worker.imports))
         if self.fused:
             env_kwargs.update(fused_policy=cfg.policy, policy_seed=cfg.seed, shares_devices=shares,
                               offload=cfg.rollout.offload)

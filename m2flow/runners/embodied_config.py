@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 
 from m2flow.config.schema import option
@@ -58,6 +59,11 @@ class EmbodiedConfig:
         for key in ("checkpoint_every", "eval_every"):
             if getattr(self, key) < 0:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
+        for module in self.env_worker.imports:
+            try:
+                importlib.import_module(module)
+            except ImportError as e:
+                raise ValueError(f"env_worker.imports: cannot import {module!r}: {e}") from None
         if self.env.backend == "gymnasium":
             from m2flow.envs.factory import check_env_id
 

@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from m2flow.algorithms.advantages import compute_gae
 from m2flow.models.policies import GaussianHead, PolicyConfig, build_policy
 from m2flow.runtime.trace import trace_category
 from m2flow.runtime.worker import Worker
 from m2flow.workers.embodied.config import ActorConfig, PPOConfig
+from m2flow.workers.embodied.batch import build_batch
 from m2flow.workers.embodied.messages import Trajectory
-from m2flow.workers.embodied.ppo import PPOBatch, PPOUpdater, evaluate_actions
+from m2flow.workers.embodied.ppo import PPOBatch, PPOUpdater
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class ActorWorker(Worker):
         return metrics
 
     def _train(self, trajs: list[Trajectory], iteration: int) -> dict[str, float]:
-        batch, extra = self.make_batch(trajs)
+        batch, extra = build_batch(self.policy, trajs, self.cfg, self.device)
         lr = self.cfg.lr
         if self.cfg.lr_schedule == "linear":
             lr *= 1.0 - iteration / max(self.total_iterations, 1)
@@ -100,51 +100,6 @@ class ActorWorker(Worker):
         metrics["actor/lr"] = lr
         metrics.update(self._policy_stats(batch))
         return metrics
-
-    def make_batch(self, trajs: list[Trajectory]) -> tuple[PPOBatch, dict[str, float]]:
-        """Join the env ranks' trajectories along the env axis and compute advantages: (T * N) samples."""
-        cfg, dev = self.cfg, self.device
-
-        def joined(name: str) -> torch.Tensor:
-            return torch.from_numpy(np.concatenate([getattr(t, name) for t in trajs], axis=1)).to(dev)
-
-        obs, actions, rewards = joined("obs"), joined("actions"), joined("rewards")
-        terminated, truncated = joined("terminated"), joined("truncated")
-        T, N = rewards.shape
-        last_obs = torch.from_numpy(np.concatenate([t.last_obs for t in trajs])).to(dev)
-        flat_obs = obs.reshape(T * N, *obs.shape[2:])
-        flat_actions = actions.reshape(T * N, *actions.shape[2:])
-        with torch.no_grad():
-            logprobs, values = evaluate_actions(self.policy, flat_obs, flat_actions)
-            values = values.view(T, N)
-            final_values = torch.zeros(T, N, device=dev)
-            if cfg.use_critic:
-                next_values = self.policy.value(last_obs)
-                offset = 0
-                for t in trajs:
-                    if len(t.final_index):
-                        idx = torch.from_numpy(t.final_index).to(dev)
-                        v = self.policy.value(torch.from_numpy(t.final_obs).to(dev))
-                        final_values[idx[:, 0], idx[:, 1] + offset] = v
-                    offset += t.num_envs
-            else:
-                values = torch.zeros_like(values)
-                next_values = torch.zeros(N, device=dev)
-        lam = cfg.gae_lambda if cfg.use_critic else 1.0
-        advantages, returns = compute_gae(
-            rewards, values, terminated | truncated, next_values, gamma=cfg.gamma, lam=lam,
-            terminated=terminated, final_values=final_values)
-        flat_values, flat_returns = values.reshape(-1), returns.reshape(-1)
-        var = flat_returns.var()
-        explained = float(1.0 - (flat_returns - flat_values).var() / var) if var > 0 else float("nan")
-        batch = PPOBatch(flat_obs, flat_actions, logprobs, flat_values, advantages.reshape(-1), flat_returns)
-        extra = {
-            "critic/explained_variance": explained,
-            "critic/value_mean": float(flat_values.mean()),
-            "actor/advantage_mean": float(advantages.mean()),
-            "actor/batch_size": float(T * N),
-        }
-        return batch, extra
 
     def _policy_stats(self, batch: PPOBatch) -> dict[str, float]:
         head = self.policy.head

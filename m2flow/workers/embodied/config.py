@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-
 from m2flow.config.schema import option
 
 
@@ -59,6 +58,8 @@ class EnvWorkerConfig:
     num_threads: int = option(1, "torch / BLAS threads of each env rank (also runs the policy when fused)")
     sync_normalization: bool = option(
         True, "merge observation / reward statistics across env ranks after every iteration")
+    imports: list[str] = option(
+        [], "modules every env rank imports first, e.g. one registering a custom gymnasium id")
 
     def validate(self) -> None:
         if self.num_threads < 1:

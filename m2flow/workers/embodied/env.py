@@ -17,8 +17,10 @@ exact state of every env, so a resumed run continues the same episodes.
 
 from __future__ import annotations
 
+import importlib
 import pickle
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -52,7 +54,10 @@ class EnvWorker(Worker):
         policy_seed: int = 0,
         shares_devices: bool = False,
         offload: bool = False,
+        imports: Sequence[str] = (),
     ) -> None:
+        for module in imports:  # registers custom env ids in this process
+            importlib.import_module(module)
         self.vec = VecEnv(env, rank=self.rank)
         self.T = rollout_steps
         self.actor_group = actor_group

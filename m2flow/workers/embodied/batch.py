@@ -1,0 +1,62 @@
+"""From the env ranks' trajectories to one PPO batch: old log-probs, values, GAE, flattened samples."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from m2flow.algorithms.advantages import compute_gae
+from m2flow.models.policies import ActorCritic
+from m2flow.workers.embodied.config import PPOConfig
+from m2flow.workers.embodied.messages import Trajectory
+from m2flow.workers.embodied.ppo import PPOBatch, evaluate_actions
+
+
+def build_batch(policy: ActorCritic, trajs: list[Trajectory], cfg: PPOConfig,
+                device: torch.device | str = "cpu") -> tuple[PPOBatch, dict[str, float]]:
+    """Join trajectories along the env axis ((T, N) with N = all envs) and flatten to T * N samples.
+
+    Old log-probabilities and values come from ``policy`` in one pass: it must hold the weights the
+    rollout acted with. GAE bootstraps time-limit truncations from V(true last observation) and
+    treats terminations as value 0; with ``use_critic`` off, values are 0 and lambda 1, so the
+    advantages are discounted returns. Also returns batch-level metrics.
+    """
+    def joined(name: str) -> torch.Tensor:
+        return torch.from_numpy(np.concatenate([getattr(t, name) for t in trajs], axis=1)).to(device)
+
+    obs, actions, rewards = joined("obs"), joined("actions"), joined("rewards")
+    terminated, truncated = joined("terminated"), joined("truncated")
+    T, N = rewards.shape
+    flat_obs = obs.reshape(T * N, *obs.shape[2:])
+    flat_actions = actions.reshape(T * N, *actions.shape[2:])
+    final_values = torch.zeros(T, N, device=device)
+    with torch.no_grad():
+        logprobs, values = evaluate_actions(policy, flat_obs, flat_actions)
+        values = values.view(T, N)
+        if cfg.use_critic:
+            last_obs = torch.from_numpy(np.concatenate([t.last_obs for t in trajs])).to(device)
+            next_values = policy.value(last_obs)
+            offset = 0
+            for t in trajs:
+                if len(t.final_index):
+                    idx = torch.from_numpy(t.final_index).to(device)
+                    final_values[idx[:, 0], idx[:, 1] + offset] = policy.value(
+                        torch.from_numpy(t.final_obs).to(device))
+                offset += t.num_envs
+        else:
+            values = torch.zeros_like(values)
+            next_values = torch.zeros(N, device=device)
+    advantages, returns = compute_gae(
+        rewards, values, terminated | truncated, next_values, gamma=cfg.gamma,
+        lam=cfg.gae_lambda if cfg.use_critic else 1.0, terminated=terminated, final_values=final_values)
+    flat_values, flat_returns = values.reshape(-1), returns.reshape(-1)
+    var = flat_returns.var()
+    explained = float(1.0 - (flat_returns - flat_values).var() / var) if var > 0 else float("nan")
+    batch = PPOBatch(flat_obs, flat_actions, logprobs, flat_values, advantages.reshape(-1), flat_returns)
+    metrics = {
+        "critic/explained_variance": explained,
+        "critic/value_mean": float(flat_values.mean()),
+        "actor/advantage_mean": float(advantages.mean()),
+        "actor/batch_size": float(T * N),
+    }
+    return batch, metrics

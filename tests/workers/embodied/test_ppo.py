@@ -1,0 +1,180 @@
+"""The embodied PPO update: its loss against the algorithms library, and data parallelism."""
+
+from __future__ import annotations
+
+import io
+import threading
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from m2flow.algorithms.losses import ppo_policy_loss, value_loss
+from m2flow.models.policies import PolicyConfig, build_policy
+from m2flow.workers.embodied.config import PPOConfig
+from m2flow.workers.embodied.ppo import FlatParameters, PPOBatch, PPOUpdater, evaluate_actions, whiten_minibatches
+
+torch.set_num_threads(1)
+
+BOX_OBS = gym.spaces.Box(-1.0, 1.0, (5,), np.float32)
+BOX_ACT = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+
+
+def _policy(action_space=BOX_ACT, seed=0):
+    torch.manual_seed(seed)
+    return build_policy(BOX_OBS, action_space, PolicyConfig(hidden_sizes=[16, 16]))
+
+
+def _batch(n=96, discrete=False, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    actions = torch.randint(0, 4, (n,), generator=g) if discrete else torch.randn(n, 3, generator=g)
+    values = torch.randn(n, generator=g)
+    advantages = torch.randn(n, generator=g)
+    return PPOBatch(torch.randn(n, 5, generator=g), actions, torch.randn(n, generator=g) * 0.1 - 3.0,
+                    values, advantages, advantages + values)
+
+
+def test_flat_parameters_share_storage_and_collect_gradients():
+    policy = _policy()
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    flat = FlatParameters(policy)
+    for k, v in policy.state_dict().items():
+        assert torch.equal(v, before[k])  # same values, now views into the flat buffer
+    loss = sum(p.square().sum() for p in policy.parameters())
+    loss.backward()
+    expected = torch.cat([2 * p.detach().reshape(-1) for p in flat.params])
+    assert torch.allclose(flat.grad, expected)
+    with torch.no_grad():
+        flat.param.add_(1.0)
+    assert torch.allclose(policy.head.log_std, before["head.log_std"] + 1.0)
+
+
+def test_evaluate_actions_matches_the_policy_interface():
+    policy = _policy()
+    batch = _batch()
+    logp, values = evaluate_actions(policy, batch.obs, batch.actions)
+    ref = policy.evaluate(batch.obs, batch.actions)
+    assert torch.allclose(logp, ref.logprobs, atol=1e-6)
+    assert torch.allclose(values, ref.values)
+
+
+def test_whiten_minibatches_uses_each_minibatch_alone():
+    adv = torch.tensor([1.0, 2.0, 3.0, 10.0, 20.0, 30.0, 5.0])
+    out = whiten_minibatches(adv, [(0, 3), (3, 6), (6, 7)])
+    assert torch.allclose(out[:3], torch.tensor([-1.0, 0.0, 1.0]))  # mean 2, std 1
+    assert torch.allclose(out[3:6], torch.tensor([-1.0, 0.0, 1.0]))  # mean 20, std 10
+    assert out[6] == 0.0  # a single sample has no spread: (x - mean) / eps = 0
+
+
+@pytest.mark.parametrize("value_clip", [None, 0.1])
+def test_loss_equals_the_algorithms_library(value_clip):
+    cfg = PPOConfig(value_clip=value_clip, vf_coef=0.7)
+    policy = _policy()
+    updater = PPOUpdater(policy, cfg)
+    b = _batch(n=64)
+    adv = whiten_minibatches(b.advantages, [(0, 64)])
+    loss, metrics = updater._loss(b.obs, b.actions, b.logprobs, adv, b.returns, b.values, 1.0 / 64)
+    logp, values = evaluate_actions(policy, b.obs, b.actions)
+    mask = torch.ones(1, 64)
+    pg = ppo_policy_loss(logp[None], b.logprobs[None], adv[None], mask, clip_low=cfg.clip)
+    # The library's value loss carries a factor 1/2; ours is the plain squared error (as SB3).
+    vl = value_loss(values[None], b.values[None], b.returns[None], mask, clip_range=value_clip)
+    expected = pg.loss + cfg.vf_coef * 2 * vl.loss
+    assert torch.allclose(loss, expected, atol=1e-6)
+    assert torch.allclose(metrics[0], pg.loss, atol=1e-6)
+    assert torch.allclose(metrics[2], pg.metrics["actor/approx_kl"], atol=1e-6)
+
+
+class _ThreadAllReduce:
+    """An in-process sum over ``world`` threads, standing in for torch.distributed."""
+
+    def __init__(self, world: int) -> None:
+        self.barrier = threading.Barrier(world)
+        self.slots: list[torch.Tensor | None] = [None] * world
+
+    def for_rank(self, rank: int):
+        def all_reduce(t: torch.Tensor) -> None:
+            self.slots[rank] = t.clone()
+            self.barrier.wait()
+            total = sum(self.slots)  # the same order on every rank
+            self.barrier.wait()
+            t.copy_(total)
+
+        return all_reduce
+
+
+@pytest.mark.parametrize("discrete", [False, True])
+def test_two_ranks_train_exactly_like_one(discrete):
+    cfg = PPOConfig(epochs=3, minibatch_size=32)
+    act = gym.spaces.Discrete(4) if discrete else BOX_ACT
+    batch = _batch(n=96, discrete=discrete)
+    single = PPOUpdater(_policy(act), cfg, seed=5)
+    single_metrics = single.update(batch)
+    reducer = _ThreadAllReduce(2)
+    updaters = [PPOUpdater(_policy(act), cfg, r, 2, reducer.for_rank(r), seed=5) for r in range(2)]
+    results: list[dict] = [{}, {}]
+    threads = [threading.Thread(target=lambda r=r: results.__setitem__(r, updaters[r].update(batch)))
+               for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for name, tensor in single.policy.state_dict().items():
+        for u in updaters:
+            assert torch.allclose(u.policy.state_dict()[name], tensor, atol=1e-5), name
+    assert torch.equal(updaters[0].flat.param, updaters[1].flat.param)  # ranks never drift apart
+    for key in ("actor/pg_loss", "critic/value_loss", "actor/approx_kl", "actor/clip_frac"):
+        assert results[0][key] == pytest.approx(single_metrics[key], abs=1e-5)
+    assert results[0]["actor/updates"] == single_metrics["actor/updates"] == 9  # 3 epochs x 3 minibatches
+
+
+def test_gradient_clipping_bounds_the_step():
+    cfg = PPOConfig(epochs=1, minibatch_size=64, max_grad_norm=1e-3, lr=1.0)
+    policy = _policy()
+    updater = PPOUpdater(policy, cfg)
+    b = _batch(n=64)
+    loss, _ = updater._loss(b.obs, b.actions, b.logprobs, b.advantages, b.returns, b.values, 1 / 64)
+    updater.flat.zero_grad()
+    loss.backward()
+    updater._step()
+    assert float(torch.linalg.vector_norm(updater.flat.grad)) == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_target_kl_stops_the_epochs():
+    cfg = PPOConfig(epochs=10, minibatch_size=32, lr=0.05, target_kl=1e-4)
+    updater = PPOUpdater(_policy(), cfg)
+    metrics = updater.update(_batch(n=96))
+    assert metrics["actor/early_stop"] == 1.0
+    assert metrics["actor/updates"] < 30
+
+
+def test_update_lowers_the_loss_on_a_fixed_batch():
+    cfg = PPOConfig(epochs=20, minibatch_size=96, lr=1e-2)
+    policy = _policy()
+    b = _batch(n=96)
+    updater = PPOUpdater(policy, cfg)
+    adv = whiten_minibatches(b.advantages, [(0, 96)])
+    before, _ = updater._loss(b.obs, b.actions, b.logprobs, adv, b.returns, b.values, 1 / 96)
+    updater.update(b)
+    after, _ = updater._loss(b.obs, b.actions, b.logprobs, adv, b.returns, b.values, 1 / 96)
+    assert after.item() < before.item()
+
+
+def test_checkpoint_round_trip_restores_optimizer_and_shuffling():
+    cfg = PPOConfig(epochs=2, minibatch_size=32)
+    a = PPOUpdater(_policy(), cfg, seed=3)
+    a.update(_batch())
+    buffer = io.BytesIO()  # through bytes, as a checkpoint file: no tensor is shared with ``a``
+    torch.save(a.state_dict(), buffer)
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=False)
+    weights = {k: v.clone() for k, v in a.policy.state_dict().items()}
+    b = PPOUpdater(_policy(seed=9), cfg, seed=4)
+    with torch.no_grad():
+        for k, v in b.policy.state_dict().items():
+            v.copy_(weights[k])
+    b.load_state_dict(state)
+    ma, mb = a.update(_batch(seed=2)), b.update(_batch(seed=2))
+    assert ma == mb
+    assert torch.equal(a.flat.param, b.flat.param)
