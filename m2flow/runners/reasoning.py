@@ -24,7 +24,14 @@ from m2flow.data import PromptDataLoader, PromptDataset, PromptItem
 from m2flow.runners.evaluation import score_responses
 from m2flow.runners.reasoning_config import COMPONENTS, ReasoningConfig
 from m2flow.runtime import Cluster, GroupHandle, WorkerGroup
-from m2flow.runtime.trace import ProcessInfo, configure_tracer, get_tracer, merge_traces, prepare_trace_dir
+from m2flow.runtime.trace import (
+    ProcessInfo,
+    configure_tracer,
+    get_tracer,
+    merge_traces,
+    prepare_trace_dir,
+    set_tracer,
+)
 from m2flow.workers.messages import PromptTask
 from m2flow.workers.stats import WEIGHT_KEY, merge_rank_metrics
 from m2flow.workers.streams import GroupStream
@@ -324,6 +331,7 @@ class ReasoningRun:
             self.cluster.shutdown()
         if self.trace_dir is not None:
             get_tracer().close()
+            set_tracer(None)
             merge_traces(self.run_dir)
             self.trace_dir = None
 

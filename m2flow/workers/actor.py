@@ -128,7 +128,8 @@ class ActorWorker(ReasoningWorker):
                 continue
             batch = join_groups(live)
             fill_advantages(batch, self.algo)
-            with self.turn(), self.tracer.span("train", cat="train", step=step, groups=len(live)):
+            # Not the last turn: the devices are released between micro-batches, the memory is kept.
+            with self.turn(last=False), self.tracer.span("train", cat="train", step=step, groups=len(live)):
                 self._backward(batch, totals, last=False)
         # The reduce below is a host-side collective: it is also the barrier before the device turn.
         count, metrics = StepTotals.summarize(all_reduce_sum(totals.as_vector()))
@@ -221,8 +222,8 @@ class ActorWorker(ReasoningWorker):
         """(B, Lr) values of the critic before this iteration's update, in micro-batches."""
         assert self.critic is not None
         b = batch.to(self.torch_device)
-        values = self.critic.module.response_values(b.prompt_ids, b.prompt_mask, b.response_ids, b.response_mask,
-                                                    micro_batch_size=self.cfg.micro_batch_size)
+        values = self.critic.module.response_values(
+            b.prompt_ids, b.prompt_mask, b.response_ids, b.response_mask, micro_batch_size=self.cfg.micro_batch_size)
         return values.float().cpu()
 
     # -- checkpoints -------------------------------------------------------------------------
@@ -240,17 +241,8 @@ class ActorWorker(ReasoningWorker):
             self.tokenizer.save_pretrained(str(root / ACTOR_DIR))
             saved: dict[str, Any] = {"policy": policy_state}
             if "critic" in states:
-                weights, critic_state = states["critic"]
-                critic_dir = root / CRITIC_DIR
-                self.critic.module.trunk.save_pretrained(  # type: ignore[union-attr]
-                    str(critic_dir), state_dict={k[len("trunk."):]: v for k, v in weights.items() if k.startswith("trunk.")})
-                from safetensors.torch import save_file
-
-                from m2flow.models.causal_lm import VALUE_HEAD_FILE
-
-                head = {k[len("value_head."):]: v.contiguous() for k, v in weights.items() if k.startswith("value_head.")}
-                save_file(head, str(critic_dir / VALUE_HEAD_FILE))
-                saved["critic"] = critic_state
+                weights, saved["critic"] = states["critic"]
+                _save_value_model(self.critic.module, weights, root / CRITIC_DIR)  # type: ignore[union-attr]
             torch.save(saved, root / TRAINING_STATE)
         barrier()
         torch.save(_rng_state(), root / f"rng_actor{self.rank}.pt")
@@ -263,6 +255,19 @@ class ActorWorker(ReasoningWorker):
         rng = root / f"rng_actor{self.rank}.pt"
         if rng.is_file():
             _set_rng_state(torch.load(rng, weights_only=False))
+
+
+def _save_value_model(model: Any, weights: dict[str, torch.Tensor], path: Path) -> None:
+    """A value model as ``CausalLMWithValueHead.from_pretrained`` reads it: trunk + value head file."""
+    from safetensors.torch import save_file
+
+    from m2flow.models.causal_lm import VALUE_HEAD_FILE
+
+    def part(prefix: str) -> dict[str, torch.Tensor]:
+        return {k[len(prefix):]: v.contiguous() for k, v in weights.items() if k.startswith(prefix)}
+
+    model.trunk.save_pretrained(str(path), state_dict=part("trunk."))
+    save_file(part("value_head."), str(path / VALUE_HEAD_FILE))
 
 
 def _split(batch: RolloutBatch | None, parts: int) -> list[RolloutBatch | None]:

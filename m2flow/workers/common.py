@@ -37,9 +37,14 @@ class ReasoningWorker(Worker):
     """Set from the placement: another component runs on some of this rank's devices."""
 
     @contextmanager
-    def turn(self) -> Iterator[None]:
-        """Hold this rank's devices for a block; give the memory back after it when they are shared."""
-        with self.device_turn(offload_after=self.shares_devices):
+    def turn(self, last: bool = True) -> Iterator[None]:
+        """Hold this rank's devices for a block (the device lock), bringing the state on first.
+
+        When the devices are shared, the memory is given back (offload) after the ``last`` turn of
+        the iteration only: between turns the lock is released, so other components can run, but
+        the state stays resident instead of moving to the host and back for every micro-batch.
+        """
+        with self.device_turn(offload_after=self.shares_devices and last):
             yield
 
     def receive_weights_into(self, module: nn.Module, src_group: str, src_rank: int = 0) -> int:

@@ -83,7 +83,8 @@ class InferenceWorker(ReasoningWorker):
             live = [g for g in groups if not g.dropped]
             if live and self._models():
                 t0 = time.perf_counter()
-                with self.turn(), self.tracer.span("logprobs", cat="logprobs", step=step, groups=len(live)):
+                span = self.tracer.span("logprobs", cat="logprobs", step=step, groups=len(live))
+                with self.turn(last=remaining == 0), span:
                     self._logprobs(live)
                 busy += time.perf_counter() - t0
                 sizes.append(sum(g.size for g in live))

@@ -108,10 +108,11 @@ class RolloutWorker(ReasoningWorker):
         lengths: list[int] = []
         truncated = 0
         busy = 0.0
-        for k, start in enumerate(range(0, len(tasks), chunk)):
+        starts = range(0, len(tasks), chunk)
+        for k, start in enumerate(starts):
             part = tasks[start : start + chunk]
             params = replace(self.params, seed=derive_seed(self.seed, step, self.rank, k))
-            with self.turn():
+            with self.turn(last=k == len(starts) - 1):
                 t0 = time.perf_counter()
                 with self.tracer.span("generate", cat="generate", step=step, prompts=len(part)):
                     groups = self.backend.generate([t.prompt_ids for t in part], params)
@@ -134,9 +135,13 @@ class RolloutWorker(ReasoningWorker):
             WEIGHT_KEY: float(len(lengths)),
         }
 
-    def evaluate(self, prompt_ids: list[list[int]], max_new_tokens: int, stop: list[str]) -> list[tuple[str, int]]:
+    def evaluate(self, prompt_ids: list[list[int]], max_new_tokens: int, stop: list[str],
+                 batch_size: int = 64) -> list[tuple[str, int]]:
         """Greedy responses (text, length in tokens) to ``prompt_ids`` under the current weights."""
         params = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens, stop=tuple(stop))
+        out: list[tuple[str, int]] = []
         with self.turn(), self.tracer.span("evaluate", cat="generate", prompts=len(prompt_ids)):
-            groups = self.backend.generate(prompt_ids, params)
-        return [(g.responses[0].text or "", len(g.responses[0].token_ids)) for g in groups]
+            for start in range(0, len(prompt_ids), batch_size):
+                for g in self.backend.generate(prompt_ids[start : start + batch_size], params):
+                    out.append((g.responses[0].text or "", len(g.responses[0].token_ids)))
+        return out

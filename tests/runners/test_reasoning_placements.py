@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from m2flow.runners.reasoning import ReasoningRun
+from m2flow.runtime.trace import iter_spans, load_trace
 from tests.ray_session import shared_cluster
 from tests.runners.reasoning_setup import improved, toy_config
 
@@ -19,7 +20,8 @@ PLACEMENTS = {
 @pytest.mark.parametrize("mode", sorted(PLACEMENTS))
 def test_grpo_learns_and_weight_sync_is_bit_exact(tmp_path, mode):
     placement, strategy = PLACEMENTS[mode]
-    cfg = toy_config(tmp_path, placement, actor={"strategy": strategy}, rollout={"prompts_per_chunk": 4})
+    cfg = toy_config(tmp_path, placement, actor={"strategy": strategy}, rollout={"prompts_per_chunk": 4},
+                     trace=True)
     with ReasoningRun(cfg, shared_cluster()) as run:
         result = run.train()
         flow = run.flow
@@ -35,3 +37,8 @@ def test_grpo_learns_and_weight_sync_is_bit_exact(tmp_path, mode):
     taken = sorted((s, k) for rank in received for s, k, _, _ in rank)
     assert taken == [(s, k) for s in range(6) for k in range(8)]
     assert [len(rank) for rank in received] == [24, 24]
+    # The timeline shows every stage, and the driver's iterations.
+    spans = list(iter_spans(load_trace(result.run_dir)))
+    cats = {s["cat"] for s in spans}
+    assert {"step", "generate", "reward", "logprobs", "train", "weight_sync"} <= cats
+    assert sum(1 for s in spans if s["cat"] == "step") == 6

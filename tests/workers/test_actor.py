@@ -47,3 +47,22 @@ def test_groups_of_another_iteration_are_refused(tiny_ckpt):
     pipe.streams[3].put(GroupSample(step=0, slot=0, index=0, answer="1", texts=["x"], batch=batch))
     with pytest.raises(RuntimeError, match="iteration 0 during 1"):
         pipe.actor.train(1, 1)
+
+
+def test_a_checkpoint_restores_policy_critic_optimizer_and_schedule(tiny_ckpt, tmp_path):
+    from m2flow.workers.actor import ActorWorker
+    from tests.workers.harness import MemoryStream, local_worker
+
+    algo = AlgorithmConfig(adv_estimator="gae", lam=0.9)
+    cfg = ActorConfig(micro_batch_size=8, optim=OptimConfig(lr=1e-3, schedule="linear"))
+    pipe = Pipeline(tiny_ckpt, algo, actor=cfg)
+    pipe.step(0)
+    pipe.actor.save_checkpoint(str(tmp_path / "ckpt"))
+    restored = local_worker(ActorWorker, tiny_ckpt, cfg, algo, 1.0, 4, MemoryStream(), total_steps=10,
+                            resume_dir=str(tmp_path / "ckpt"))
+    for old, new in ((pipe.actor.policy, restored.policy), (pipe.actor.critic, restored.critic)):
+        a, b = old.module.state_dict(), new.module.state_dict()
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        sa, sb = old.optimizer.state_dict(), new.optimizer.state_dict()
+        assert all(torch.equal(sa["state"][i]["exp_avg"], sb["state"][i]["exp_avg"]) for i in sa["state"])
+        assert new.scheduler.last_epoch == old.scheduler.last_epoch == 1
