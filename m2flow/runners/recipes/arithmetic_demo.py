@@ -47,14 +47,17 @@ class ArithmeticDemoRecipe:
     digits: int = option(2, "largest number of digits of each operand")
     operators: tuple[str, ...] = option(("+", "-"), "operators of the problems")
     hidden_size: int = option(128, "width of the tiny Qwen2 model")
-    num_layers: int = option(2, "transformer blocks")
+    num_layers: int = option(4, "transformer blocks")
     num_heads: int = option(4, "attention heads")
     intermediate_size: int = option(256, "MLP width")
-    sft_steps: int = option(60, "supervised warm-start steps (kept short: accuracy must stay mediocre)")
+    sft_max_steps: int = option(900, "most supervised warm-start steps")
+    sft_check_every: int = option(50, "warm-start steps between checks of the stopping rule")
+    sft_target_accuracy: float = option(0.15, "stop the warm start once greedy accuracy on a train probe reaches this")
+    sft_probe_size: int = option(200, "training problems in the probe of the stopping rule (never held-out ones)")
     sft_batch_size: int = option(64, "problems per warm-start step")
-    sft_lr: float = option(3e-3, "warm-start learning rate")
-    grpo_steps: int = option(150, "GRPO steps (one rollout batch each)")
-    prompts_per_step: int = option(32, "prompts per rollout batch")
+    sft_lr: float = option(1e-3, "warm-start learning rate")
+    grpo_steps: int = option(100, "GRPO steps (one rollout batch each)")
+    prompts_per_step: int = option(64, "prompts per rollout batch")
     group_size: int = option(8, "responses sampled per prompt")
     temperature: float = option(1.0, "sampling temperature of the rollouts")
     max_new_tokens: int = option(4, "most tokens per response (the longest answer is 3 digits + end-of-sequence)")
@@ -66,6 +69,7 @@ class ArithmeticDemoRecipe:
     digit_credit: float = option(0.0, "shaping: share of right digits in a wrong same-length answer, times this")
     eval_size: int = option(500, "held-out problems scored with greedy decoding")
     eval_every: int = option(25, "GRPO steps between held-out evaluations (0: only at the end)")
+    threads: int = option(2, "torch intra-op threads (0: leave torch's setting alone)")
     seed: int = option(0, "seed of the model, the data order and the sampling")
 
     def task(self) -> ArithmeticTask:
@@ -175,11 +179,23 @@ def grpo_step(
 
 
 @dataclass
+class WarmStart:
+    """The model after the supervised warm start, and what it took."""
+
+    model: PreTrainedModel
+    tokenizer: Any
+    steps: int
+    probe_accuracy: float
+    seconds: float
+
+
+@dataclass
 class LocalRunResult:
     """Outcome of `run_local_grpo`: held-out accuracy before and after GRPO, and the history."""
 
     warm_start_accuracy: float
     final_accuracy: float
+    warm_start_steps: int
     warm_start_seconds: float
     grpo_seconds: float
     history: list[dict[str, float]] = field(default_factory=list)
@@ -196,10 +212,64 @@ def build_demo_model(recipe: ArithmeticDemoRecipe) -> tuple[PreTrainedModel, Any
     return build_tiny_model(recipe.model_config(), tokenizer), tokenizer
 
 
-def warm_start(model: PreTrainedModel, tokenizer: Any, recipe: ArithmeticDemoRecipe) -> list[float]:
-    """The short supervised warm start on train problems; returns the losses."""
-    train = recipe.task().sample("train", recipe.sft_steps * recipe.sft_batch_size, seed=recipe.seed + 10_000, unique=False)
-    return sft_steps(model, tokenizer, train, steps=recipe.sft_steps, lr=recipe.sft_lr, batch_size=recipe.sft_batch_size, seed=recipe.seed)
+def heldout_problems(recipe: ArithmeticDemoRecipe) -> list[dict[str, str]]:
+    """The held-out problems every evaluation of this recipe scores (fixed by the seed)."""
+    return recipe.task().sample("test", recipe.eval_size, seed=recipe.seed)
+
+
+def warm_start(recipe: ArithmeticDemoRecipe) -> WarmStart:
+    """Build the model and train it on answers until a train probe reaches the target accuracy.
+
+    The stopping rule looks only at training problems, so the warm start is equally mediocre for
+    every seed (the supervised loss falls off a cliff at a seed-dependent step) without peeking at
+    the held-out split.
+    """
+    start = time.perf_counter()
+    model, tokenizer = build_demo_model(recipe)
+    task = recipe.task()
+    probe = task.sample("train", recipe.sft_probe_size, seed=recipe.seed + 40_000)
+    size = recipe.sft_check_every * recipe.sft_batch_size
+    steps, accuracy = 0, 0.0
+    while steps < recipe.sft_max_steps and accuracy < recipe.sft_target_accuracy:
+        chunk = task.sample("train", size, seed=recipe.seed * 7919 + steps, unique=False)
+        n = min(recipe.sft_check_every, recipe.sft_max_steps - steps)
+        sft_steps(model, tokenizer, chunk, steps=n, lr=recipe.sft_lr, batch_size=recipe.sft_batch_size, seed=recipe.seed + steps)
+        steps += n
+        accuracy = evaluate(model, tokenizer, probe, recipe.max_new_tokens)
+        log.info("warm start step %d: train-probe accuracy %.3f", steps, accuracy)
+    return WarmStart(model, tokenizer, steps, accuracy, time.perf_counter() - start)
+
+
+def train_grpo(
+    model: PreTrainedModel,
+    tokenizer: Any,
+    recipe: ArithmeticDemoRecipe,
+    heldout: Sequence[dict[str, str]] = (),
+    *,
+    reward_fn: Callable[[Response, str], float] | None = None,
+    on_step: Callable[[int, GRPOStats], None] | None = None,
+) -> list[dict[str, float]]:
+    """`recipe.grpo_steps` GRPO steps on training problems; one history row per step.
+
+    Every `recipe.eval_every` steps (when `heldout` is given) the row also has `heldout_accuracy`.
+    """
+    backend = HFGenerationBackend(model, tokenizer)  # shares the weights: nothing to sync in one process
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.0)
+    scheduler = warmup_schedule(optimizer, recipe.lr_warmup_steps)
+    task = recipe.task()
+    history: list[dict[str, float]] = []
+    for step in range(recipe.grpo_steps):
+        problems = task.sample("train", recipe.prompts_per_step, seed=recipe.seed * 1_000_003 + 50_000 + step)
+        stats = grpo_step(model, tokenizer, backend, optimizer, problems, recipe, seed=recipe.seed * 1_000_003 + step, reward_fn=reward_fn, scheduler=scheduler)
+        row = {"step": step + 1, "reward": stats.reward, "accuracy": stats.accuracy, "loss": stats.loss,
+               "mixed_groups": stats.mixed_groups, "seconds": stats.seconds}
+        if heldout and recipe.eval_every and (step + 1) % recipe.eval_every == 0:
+            row["heldout_accuracy"] = evaluate(model, tokenizer, heldout, recipe.max_new_tokens)
+            log.info("grpo step %d: sampled accuracy %.3f, held-out %.3f", step + 1, stats.accuracy, row["heldout_accuracy"])
+        history.append(row)
+        if on_step is not None:
+            on_step(step, stats)
+    return history
 
 
 def run_local_grpo(
@@ -208,38 +278,18 @@ def run_local_grpo(
     reward_fn: Callable[[Response, str], float] | None = None,
     on_step: Callable[[int, GRPOStats], None] | None = None,
 ) -> LocalRunResult:
-    """Warm start, then GRPO, in this process; held-out accuracy (greedy) before, during and after."""
+    """Warm start, then GRPO, in this process; held-out accuracy (greedy) after each phase."""
     recipe = recipe or ArithmeticDemoRecipe()
+    if recipe.threads:
+        torch.set_num_threads(recipe.threads)
     torch.manual_seed(recipe.seed)
-    task = recipe.task()
-    heldout = task.sample("test", recipe.eval_size, seed=recipe.seed)
-    model, tokenizer = build_demo_model(recipe)
-    t0 = time.perf_counter()
-    warm_start(model, tokenizer, recipe)
-    warm_seconds = time.perf_counter() - t0
-    warm_acc = evaluate(model, tokenizer, heldout, recipe.max_new_tokens)
-    log.info("warm start: held-out accuracy %.3f after %.1f s", warm_acc, warm_seconds)
-
-    backend = HFGenerationBackend(model, tokenizer)  # shares the weights: no sync needed in one process
-    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.0)
-    scheduler = warmup_schedule(optimizer, recipe.lr_warmup_steps)
-    rng = np.random.default_rng(recipe.seed + 20_000)
-    pool = task.sample("train", 20_000 if task.space_size > 20_000 else 1000, seed=recipe.seed + 30_000, unique=False)
-    history: list[dict[str, float]] = []
-    t1 = time.perf_counter()
-    for step in range(recipe.grpo_steps):
-        problems = [pool[int(i)] for i in rng.choice(len(pool), size=recipe.prompts_per_step, replace=False)]
-        stats = grpo_step(model, tokenizer, backend, optimizer, problems, recipe, seed=recipe.seed * 1_000_003 + step, reward_fn=reward_fn, scheduler=scheduler)
-        row = {"step": step + 1, "reward": stats.reward, "accuracy": stats.accuracy, "loss": stats.loss, "mixed_groups": stats.mixed_groups}
-        last = step + 1 == recipe.grpo_steps
-        if recipe.eval_every and (step + 1) % recipe.eval_every == 0 and not last:
-            row["heldout_accuracy"] = evaluate(model, tokenizer, heldout, recipe.max_new_tokens)
-            log.info("grpo step %d: train acc %.3f held-out %.3f", step + 1, stats.accuracy, row["heldout_accuracy"])
-        history.append(row)
-        if on_step is not None:
-            on_step(step, stats)
-    grpo_seconds = time.perf_counter() - t1
-    final_acc = evaluate(model, tokenizer, heldout, recipe.max_new_tokens)
-    history[-1]["heldout_accuracy"] = final_acc if history else final_acc
-    log.info("after GRPO: held-out accuracy %.3f (warm start %.3f) in %.1f s", final_acc, warm_acc, grpo_seconds)
-    return LocalRunResult(warm_acc, final_acc, warm_seconds, grpo_seconds, history)
+    heldout = heldout_problems(recipe)
+    warm = warm_start(recipe)
+    warm_acc = evaluate(warm.model, warm.tokenizer, heldout, recipe.max_new_tokens)
+    log.info("warm start: %d steps, held-out accuracy %.3f, %.1f s", warm.steps, warm_acc, warm.seconds)
+    start = time.perf_counter()
+    history = train_grpo(warm.model, warm.tokenizer, recipe, heldout, reward_fn=reward_fn, on_step=on_step)
+    grpo_seconds = time.perf_counter() - start
+    final_acc = evaluate(warm.model, warm.tokenizer, heldout, recipe.max_new_tokens)
+    log.info("after GRPO: held-out accuracy %.3f (warm start %.3f), %.1f s", final_acc, warm_acc, grpo_seconds)
+    return LocalRunResult(warm_acc, final_acc, warm.steps, warm.seconds, grpo_seconds, history)
