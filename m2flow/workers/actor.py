@@ -31,6 +31,7 @@ from m2flow.data.batch import RolloutBatch
 from m2flow.models.causal_lm import CausalLMWithValueHead, load_causal_lm, response_logprobs
 from m2flow.models.tokenizer import load_tokenizer
 from m2flow.runtime.comm import send_weights
+from m2flow.runtime.trace import trace_category
 from m2flow.workers.advantages import fill_advantages
 from m2flow.workers.common import ReasoningWorker, state_digest
 from m2flow.workers.config import ActorConfig, AlgorithmConfig, torch_dtype
@@ -91,6 +92,7 @@ class ActorWorker(ReasoningWorker):
         return [self.policy] + ([self.critic] if self.critic is not None else [])
 
     # -- weights -----------------------------------------------------------------------------
+    @trace_category("weight_sync")
     def send_weights(self, targets: list[tuple[str, list[int]]]) -> int:
         """Stream the policy weights to ranks of other groups (every actor rank calls; rank 0 sends)."""
         with self.tracer.span("send_weights", cat="weight_sync"):
@@ -105,6 +107,7 @@ class ActorWorker(ReasoningWorker):
         return state_digest(self.policy.full_state_dict())
 
     # -- the step ----------------------------------------------------------------------------
+    @trace_category("train")
     def train(self, step: int, num_slots: int) -> dict[str, float]:
         """Update on this rank's groups of iteration ``step``; returns actor (and critic) metrics."""
         expected = self.inp.expected(self.rank, num_slots)

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from m2flow.models.causal_lm import load_causal_lm, response_logprobs
+from m2flow.runtime.trace import trace_category
 from m2flow.workers.common import ReasoningWorker, state_digest
 from m2flow.workers.config import AlgorithmConfig, InferenceConfig, torch_dtype
 from m2flow.workers.messages import GroupSample, join_groups, scatter_rows
@@ -61,6 +62,7 @@ class InferenceWorker(ReasoningWorker):
         """True when this worker holds a policy copy that weight sync must refresh."""
         return self.policy is not None
 
+    @trace_category("weight_sync")
     def receive_weights(self, src_group: str, src_rank: int = 0) -> int:
         if self.policy is None:
             raise RuntimeError("this inference worker holds no policy copy (old_logprobs is not 'inference')")
@@ -72,6 +74,7 @@ class InferenceWorker(ReasoningWorker):
         return state_digest(self.policy.state_dict())
 
     # -- the step ----------------------------------------------------------------------------
+    @trace_category("logprobs")
     def compute(self, step: int, num_slots: int) -> dict[str, float]:
         """Log-probs for this rank's groups of iteration ``step``; returns inference metrics."""
         remaining = self.inp.expected(self.rank, num_slots)

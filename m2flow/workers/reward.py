@@ -16,6 +16,7 @@ import torch
 from m2flow.algorithms import overlong_penalty
 from m2flow.rewards.registry import RewardEntry, RewardFunction, load_reward_fn
 from m2flow.rewards.sandbox import SandboxPool, score_batch
+from m2flow.runtime.trace import trace_category
 from m2flow.runtime.worker import Worker
 from m2flow.workers.config import RewardConfig
 from m2flow.workers.messages import GroupSample
@@ -43,6 +44,7 @@ class RewardWorker(Worker):
         self.dynamic_sampling = dynamic_sampling
         self.fn = build_reward_fn(cfg)
 
+    @trace_category("reward")
     def score(self, step: int, num_slots: int) -> dict[str, float]:
         """Score this rank's groups of iteration ``step``; returns reward metrics."""
         remaining = self.inp.expected(self.rank, num_slots)

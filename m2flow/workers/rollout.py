@@ -16,6 +16,7 @@ from torch import nn
 
 from m2flow.backends.generation import SamplingParams, create_generation_backend
 from m2flow.data.batch import RolloutBatch
+from m2flow.runtime.trace import trace_category
 from m2flow.workers.common import ReasoningWorker, derive_seed, state_digest
 from m2flow.workers.config import RolloutConfig, torch_dtype
 from m2flow.workers.messages import GroupSample, PromptTask
@@ -80,6 +81,7 @@ class RolloutWorker(ReasoningWorker):
         model = getattr(self.backend, "model", None)
         return model if isinstance(model, nn.Module) else None
 
+    @trace_category("weight_sync")
     def receive_weights(self, src_group: str, src_rank: int = 0) -> int:
         """Load the policy weights streamed by the actor (in place for an in-process model)."""
         module = self._module()
@@ -100,6 +102,7 @@ class RolloutWorker(ReasoningWorker):
         return state_digest(module.state_dict())
 
     # -- the step ----------------------------------------------------------------------------
+    @trace_category("generate")
     def generate(self, step: int, num_slots: int) -> dict[str, float]:
         """Generate the groups of this rank's prompts of iteration ``step``; returns rollout metrics."""
         tasks: list[PromptTask] = self.prompts.take(self.rank, self.prompts.expected(self.rank, num_slots))
@@ -135,6 +138,7 @@ class RolloutWorker(ReasoningWorker):
             WEIGHT_KEY: float(len(lengths)),
         }
 
+    @trace_category("generate")
     def evaluate(self, prompt_ids: list[list[int]], max_new_tokens: int, stop: list[str],
                  batch_size: int = 64) -> list[tuple[str, int]]:
         """Greedy responses (text, length in tokens) to ``prompt_ids`` under the current weights."""

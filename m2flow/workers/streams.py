@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from m2flow.runtime.channel import Channel
+from m2flow.runtime.trace import get_tracer
 
 
 class _Routed(Protocol):
@@ -51,7 +52,8 @@ class GroupStream:
         """Exactly ``count`` items for ``rank``, blocking until they are all there."""
         if count <= 0:
             return []
-        return list(self.channel.get_batch(count, key=rank))
+        with get_tracer().span(f"wait {self.name}", cat="wait_channel", items=count):
+            return list(self.channel.get_batch(count, key=rank))
 
     def take_ready(self, rank: int, limit: int) -> list[Any]:
         """Between 1 and ``limit`` items for ``rank``: blocks for the first, then adds what is already queued.
@@ -60,7 +62,8 @@ class GroupStream:
         """
         if limit <= 0:
             return []
-        first = self.channel.get(key=rank)
+        with get_tracer().span(f"wait {self.name}", cat="wait_channel"):
+            first = self.channel.get(key=rank)
         ready = min(limit - 1, self.channel.qsize(key=rank))
         return [first] + (list(self.channel.get_batch(ready, key=rank)) if ready > 0 else [])
 

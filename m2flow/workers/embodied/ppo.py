@@ -29,9 +29,11 @@ from torch import Tensor, nn
 
 from m2flow.models.policies import ActorCritic, GaussianHead
 from m2flow.workers.embodied.config import PPOConfig
+from m2flow.workers.embodied.lean import LeanPolicy
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
-_METRICS = ("actor/pg_loss", "critic/value_loss", "actor/approx_kl", "actor/clip_frac")
+# What each minibatch adds up for the metrics (see PPOUpdater._step_loss).
+_SUMS = ("pg", "sq", "ratio", "log_ratio", "clipped", "count")
 
 
 class FlatParameters:
@@ -160,6 +162,7 @@ class PPOUpdater:
         self.world_size = world_size
         self.all_reduce = all_reduce
         self.flat = FlatParameters(policy)
+        self.lean = LeanPolicy(policy)
         self.optimizer = torch.optim.Adam([self.flat.param], lr=cfg.lr, eps=cfg.adam_eps, **_adam_kind())
         # The same seed on every rank: all ranks draw the same permutation of the batch.
         self.generator = torch.Generator().manual_seed(seed)
@@ -183,73 +186,107 @@ class PPOUpdater:
                 group["lr"] = lr
         size = len(batch)
         bounds = self._minibatches(size)
-        sums = torch.zeros(len(_METRICS))
+        lean = self.lean
+        # Per-sample columns gathered together once per epoch: offset, old value, return, advantage.
+        columns = torch.stack((lean.offset(batch.logprobs), batch.values, batch.returns, batch.advantages))
+        actions = lean.prepare_actions(batch.actions)
+        # Each minibatch's loss is a mean: the scale 1 / size is folded into the advantages.
+        neg_scale = torch.empty(size, dtype=batch.advantages.dtype, device=batch.advantages.device)
+        for start, end in bounds:
+            neg_scale[start:end] = -1.0 / (end - start)
+        sums = torch.zeros(len(_SUMS), dtype=torch.float64)
+        weights: dict[int, Tensor] = {}
+        count = 0.0  # sum over minibatches of this rank's share of it
         steps = 0
         stopped = False
         for _ in range(cfg.epochs):
-            perm = torch.randperm(size, generator=self.generator)
-            adv = batch.advantages[perm]
+            perm = torch.randperm(size, generator=self.generator).to(batch.advantages.device)
+            offset, old_values, returns, adv = columns[:, perm].unbind(0)
             if cfg.normalize_advantages and size > 1:
-                adv = whiten_minibatches(adv, bounds)
-            obs, actions = batch.obs[perm], batch.actions[perm]
-            old_logp, old_values, returns = batch.logprobs[perm], batch.values[perm], batch.returns[perm]
+                adv = whiten_minibatches(adv.contiguous(), bounds)
+            neg_adv = adv * neg_scale
+            obs, act = batch.obs[perm], actions[perm]
             for start, end in bounds:
                 lo, hi = self._my_share(start, end)
-                loss, metrics = self._loss(
-                    obs[lo:hi], actions[lo:hi], old_logp[lo:hi], adv[lo:hi],
-                    returns[lo:hi], old_values[lo:hi], 1.0 / (end - start))
-                if cfg.target_kl is not None and self._kl_exceeded(metrics[2]):
+                n = end - start
+                loss, parts = self._step_loss(obs[lo:hi], act[lo:hi], offset[lo:hi], neg_adv[lo:hi],
+                                              returns[lo:hi], old_values[lo:hi], 1.0 / n)
+                if cfg.target_kl is not None and self._kl_exceeded(parts, hi - lo, 1.0 / n):
                     stopped = True
                     break
                 self.flat.zero_grad()
                 loss.backward()
                 self._step()
-                sums += metrics
+                w = weights.get(n)
+                if w is None:  # the policy loss comes scaled already; the other sums are scaled here
+                    w = weights[n] = torch.tensor([1.0] + [1.0 / n] * (len(_SUMS) - 2), dtype=torch.float64)
+                sums[:-1].addcmul_(parts.to("cpu", torch.float64), w)
+                count += (hi - lo) / n
                 steps += 1
             if stopped:
                 break
+        sums[-1] = count
         if self.all_reduce is not None:
             self.all_reduce(sums)  # each rank summed its share of every minibatch
-        out = {name: float(v) / max(steps, 1) for name, v in zip(_METRICS, sums.tolist())}
-        out["actor/updates"] = float(steps)
-        out["actor/early_stop"] = float(stopped)
-        return out
+        pg, sq, ratio, log_ratio, clipped, count = (float(v) / max(steps, 1) for v in sums.tolist())
+        return {
+            "actor/pg_loss": pg,
+            "critic/value_loss": sq,
+            "actor/approx_kl": ratio - count - log_ratio,  # the mean of (ratio - 1) - log ratio
+            "actor/clip_frac": clipped,
+            "actor/updates": float(steps),
+            "actor/early_stop": float(stopped),
+        }
 
-    def _loss(self, obs: Tensor, actions: Tensor, old_logp: Tensor, adv: Tensor, returns: Tensor,
-              old_values: Tensor, scale: float) -> tuple[Tensor, Tensor]:
-        """This rank's part of one minibatch's loss (sums times ``scale`` = 1 / minibatch size)."""
+    def _step_loss(self, obs: Tensor, actions: Tensor, offset: Tensor, neg_adv: Tensor, returns: Tensor,
+                   old_values: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+        """This rank's part of one minibatch's loss, and its summed parts for the metrics.
+
+        ``neg_adv`` is minus the advantage times ``scale`` (1 / minibatch size); the parts are the
+        policy loss (already scaled), the summed squared value error, the sums of the ratio and
+        the log-ratio, and the number of clipped ratios.
+        """
         cfg = self.cfg
-        logp, values = evaluate_actions(self.policy, obs, actions)
-        log_ratio = logp - old_logp
+        log_ratio, values, log_p = self.lean.forward(obs, actions, offset)
         ratio = torch.exp(log_ratio)
-        pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(1.0 - cfg.clip, 1.0 + cfg.clip)).sum() * scale
-        loss = pg
+        clipped = ratio.clamp(1.0 - cfg.clip, 1.0 + cfg.clip)
+        pg = torch.maximum(neg_adv * ratio, neg_adv * clipped).sum()
         if cfg.use_critic:
-            error = (values - returns).square()
-            if cfg.value_clip is not None:
-                clipped = old_values + (values - old_values).clamp(-cfg.value_clip, cfg.value_clip)
-                error = torch.maximum(error, (clipped - returns).square())
-            v_loss = error.sum() * scale
-            loss = loss + cfg.vf_coef * v_loss
+            error = values - returns
+            if cfg.value_clip is None:
+                sq = torch.dot(error, error)
+            else:
+                moved = old_values + (values - old_values).clamp(-cfg.value_clip, cfg.value_clip)
+                sq = torch.maximum(error.square(), (moved - returns).square()).sum()
+            loss = torch.add(pg, sq, alpha=cfg.vf_coef * scale)
         else:
-            v_loss = torch.zeros(())
+            sq = torch.zeros((), device=pg.device)
+            loss = pg
         if cfg.ent_coef:
-            _, entropy = self.policy.head.log_prob_entropy(self.policy.actor_trunk(obs), actions)
-            loss = loss - cfg.ent_coef * entropy.sum() * scale
+            loss = loss - (cfg.ent_coef * scale) * self.lean.entropy_sum(log_p, obs.shape[0])
         with torch.no_grad():
-            ratio_d, log_ratio_d = ratio.detach(), log_ratio.detach()
-            metrics = torch.stack((
-                pg.detach(), v_loss.detach(),
-                ((ratio_d - 1.0) - log_ratio_d).sum() * scale,  # k3 estimate of KL(old || new)
-                ((ratio_d - 1.0).abs() > cfg.clip).sum() * scale,
-            ))
-        return loss, metrics
+            parts = torch.stack((pg, sq, ratio.sum(), log_ratio.sum(), (clipped != ratio).sum().to(ratio.dtype)))
+        return loss, parts
 
-    def _kl_exceeded(self, local_kl: Tensor) -> bool:
-        kl = local_kl.clone()
+    def minibatch_loss(self, obs: Tensor, actions: Tensor, old_logprobs: Tensor, advantages: Tensor,
+                       returns: Tensor, old_values: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """The loss of one whole minibatch (advantages as given) and its metrics; for checks and tools."""
+        n = advantages.shape[0]
+        loss, parts = self._step_loss(obs, self.lean.prepare_actions(actions), self.lean.offset(old_logprobs),
+                                      -advantages / n, returns, old_values, 1.0 / n)
+        return loss, {
+            "actor/pg_loss": parts[0],
+            "critic/value_loss": parts[1] / n,
+            "actor/approx_kl": (parts[2] - n - parts[3]) / n,
+            "actor/clip_frac": parts[4] / n,
+        }
+
+    def _kl_exceeded(self, parts: Tensor, n: int, scale: float) -> bool:
+        """Whether the minibatch's approx KL (over all ranks) passes 1.5 x target_kl, SB3's threshold."""
+        kl = ((parts[2] - n - parts[3]) * scale).detach().reshape(1).clone()
         if self.all_reduce is not None:
             self.all_reduce(kl)
-        return float(kl) > 1.5 * self.cfg.target_kl  # the threshold Stable-Baselines3 uses
+        return float(kl) > 1.5 * self.cfg.target_kl
 
     def _step(self) -> None:
         grad = self.flat.grad
@@ -257,7 +294,12 @@ class PPOUpdater:
             self.all_reduce(grad)
         if self.cfg.max_grad_norm > 0:
             norm = torch.linalg.vector_norm(grad)
-            grad.mul_(torch.clamp(self.cfg.max_grad_norm / (norm + 1e-6), max=1.0))
+            if grad.is_cuda:  # no host sync per step on a GPU
+                grad.mul_(torch.clamp(self.cfg.max_grad_norm / (norm + 1e-6), max=1.0))
+            else:
+                coef = self.cfg.max_grad_norm / (float(norm) + 1e-6)  # as clip_grad_norm_
+                if coef < 1.0:
+                    grad.mul_(coef)
         self.optimizer.step()
 
     # -- checkpoint ------------------------------------------------------------------------------
