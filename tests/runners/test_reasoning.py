@@ -8,6 +8,7 @@ import pytest
 
 from m2flow.cli import main
 from m2flow.runners.reasoning import CHECKPOINTS, TRAINER_STATE, ReasoningRun, train
+from m2flow.runtime import WorkerError
 from tests.ray_session import shared_cluster
 from tests.runners.reasoning_setup import improved, toy_config
 
@@ -76,3 +77,10 @@ def test_eval_command_reads_a_training_checkpoint(collocated, capsys, tmp_path):
     assert results["eval/prompts_count"] == 8 and 0 <= results["eval/accuracy"] <= 1
     assert 1 <= results["eval/response_length"] <= 4
     assert "accuracy" in capsys.readouterr().out
+
+
+def test_a_failing_worker_stops_the_run_with_its_error(tmp_path):
+    cfg = toy_config(tmp_path, COLLOCATED, steps=3, reward={"fn": "tests.runners.toy_reward:broken"})
+    with pytest.raises(WorkerError) as info:
+        train(cfg, shared_cluster())
+    assert info.value.group.startswith("reward") and "cannot score" in str(info.value)
