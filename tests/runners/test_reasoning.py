@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from m2flow.cli import main
-from m2flow.runners.reasoning import CHECKPOINTS, TRAINER_STATE, ReasoningRun, train
-from m2flow.runtime import WorkerError
+from m2flow.runners.reasoning import CHECKPOINTS, TRAINER_STATE, ReasoningRun, _gather, train
+from m2flow.runtime import Worker, WorkerError, WorkerGroup
 from tests.ray_session import shared_cluster
 from tests.runners.reasoning_setup import improved, toy_config
 
@@ -79,8 +80,26 @@ def test_eval_command_reads_a_training_checkpoint(collocated, capsys, tmp_path):
     assert "accuracy" in capsys.readouterr().out
 
 
-def test_a_failing_worker_stops_the_run_with_its_error(tmp_path):
-    cfg = toy_config(tmp_path, COLLOCATED, steps=3, reward={"fn": "tests.runners.toy_reward:broken"})
-    with pytest.raises(WorkerError) as info:
-        train(cfg, shared_cluster())
-    assert info.value.group.startswith("reward") and "cannot score" in str(info.value)
+
+class Stage(Worker):
+    """A stand-in stage: one waits for input that never comes, the other fails."""
+
+    def wait_forever(self) -> None:
+        time.sleep(600)
+
+    def fail(self) -> None:
+        raise ValueError("cannot score this")
+
+
+def test_the_first_failing_stage_ends_the_iteration_while_others_still_wait():
+    waiting = WorkerGroup(Stage, shared_cluster(), "stage-waiting", num_ranks=1)
+    failing = WorkerGroup(Stage, shared_cluster(), "stage-failing", num_ranks=1)
+    try:
+        start = time.monotonic()
+        with pytest.raises(WorkerError) as info:
+            _gather([waiting.wait_forever(), failing.fail()])
+        assert time.monotonic() - start < 60
+        assert info.value.group == "stage-failing" and "cannot score this" in str(info.value)
+    finally:
+        waiting.shutdown()
+        failing.shutdown()

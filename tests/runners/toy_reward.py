@@ -8,7 +8,3 @@ def target_fraction(response: str, reference: str) -> float:
     del reference  # the reward ignores the task: it only tests that learning happens
     return response.count(TARGET) / len(response) if response else 0.0
 
-
-def broken(response: str, reference: str) -> float:
-    """A reward that always fails, to check that a worker's error stops the whole run."""
-    raise ValueError(f"cannot score {response!r}")
