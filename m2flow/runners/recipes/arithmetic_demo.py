@@ -123,6 +123,8 @@ class GRPOStats:
     loss: float
     mixed_groups: float
     seconds: float
+    tokens: int = 0
+    """Response tokens sampled in the step."""
 
 
 def grpo_step(
@@ -175,6 +177,7 @@ def grpo_step(
         loss=loss_value,
         mixed_groups=float(mixed),
         seconds=time.perf_counter() - start,
+        tokens=int(batch.response_mask.sum()),
     )
 
 

@@ -1,0 +1,254 @@
+"""Benchmark G1: reasoning GRPO on a tiny Qwen2 model, completions/s and tokens/s, m2flow vs TRL.
+
+All sides train the same tiny Qwen2-architecture model (saved once to a local directory), on the
+same arithmetic prompts in the same order, with the same group size, sampling temperature and
+maximum completion length, the same reward (parity of the completion text's CRC32: cheap, never
+constant, so every step trains) and one AdamW update per rollout batch without a KL term:
+- ``trl``: TRL ``GRPOTrainer`` on CPU (its own virtual environment, ``--setup``);
+- ``bare``: a hand-written torch loop doing only that compute (the limit);
+- ``m2flow``: see ``M2FLOW_SIDE`` below.
+Each run is a fresh process that prints one JSON line; sides alternate (A B C A B C ...) for every
+thread count, figures are medians, and each side is compared at its own fastest thread setting.
+
+    python benchmarks/g1_reasoning.py --setup              # TRL environment: benchmarks/.venvs/trl
+    python benchmarks/g1_reasoning.py                      # 8 prompts x 4 samples x 16 tokens
+    python benchmarks/g1_reasoning.py --prompts 16 --group 8 --max-new-tokens 32 --threads 1,2
+
+Writes ``benchmarks/results/g1.json`` (or ``--out``) and prints one summary line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+TRL_VENV = HERE / ".venvs" / "trl"
+# The peer's own environment, pinned; torch and transformers at the releases m2flow uses
+# (a CPU build of torch is what is served here).
+TRL_PACKAGES = ["torch==2.13.0", "transformers==5.24.0", "trl==1.13.0", "accelerate", "datasets", "requests"]
+
+# Which m2flow code drives the m2flow side:
+# - "local_reference": the single-process GRPO step of the arithmetic recipe
+#   (m2flow.runners.recipes.arithmetic_demo.grpo_step), a stand-in labelled as such in the JSON;
+# - "runner": the reasoning runner (m2flow.runners.reasoning), placements and all.
+M2FLOW_SIDE = "local_reference"
+
+
+@dataclass(frozen=True)
+class Side:
+    """One contender: the command of one run, and why it cannot run here (None if it can)."""
+
+    name: str
+    command: list[str]
+    unavailable: str | None = None
+
+
+def _trl_python() -> Path:
+    return TRL_VENV / "bin" / "python"
+
+
+def sides(workload: Path, threads: int) -> dict[str, Side]:
+    """The three contenders for one thread count."""
+    common = ["--workload", str(workload), "--threads", str(threads)]
+    trl_missing = None if _trl_python().exists() else f"no {TRL_VENV}; run with --setup first"
+    return {
+        "m2flow": Side("m2flow", [sys.executable, str(Path(__file__).resolve()), "--m2flow-side", *common]),
+        "trl": Side("trl", [str(_trl_python()), str(HERE / "peers" / "trl_grpo.py"), *common], trl_missing),
+        "bare": Side("bare", [sys.executable, str(HERE / "peers" / "torch_grpo_loop.py"), *common]),
+    }
+
+
+def setup() -> None:
+    """Create the TRL peer's virtual environment and install its pinned packages."""
+    if not _trl_python().exists():
+        subprocess.run([sys.executable, "-m", "venv", str(TRL_VENV)], check=True)
+    subprocess.run([str(_trl_python()), "-m", "pip", "install", "-q", *TRL_PACKAGES], check=True)
+    print(f"trl peer ready in {TRL_VENV}")
+
+
+def make_workload(args: argparse.Namespace, workdir: Path) -> Path:
+    """Save the tiny model (with its tokenizer) and write workload.json describing one run."""
+    from m2flow.data.arithmetic import ARITHMETIC_ALPHABET, ArithmeticTask
+    from m2flow.models.tiny import TinyModelConfig, make_tiny_checkpoint
+    from m2flow.models.tokenizer import train_char_tokenizer
+
+    tok = train_char_tokenizer([ARITHMETIC_ALPHABET])
+    shape = TinyModelConfig(
+        arch="qwen2", hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=4, intermediate_size=512,
+        max_position_embeddings=256, seed=args.seed,
+    )
+    model_dir = make_tiny_checkpoint(workdir / "model", tok, shape)
+    prompts = [p["prompt"] for p in ArithmeticTask(digits=2).sample("train", 1024, seed=args.seed)]
+    workload = {
+        "model_dir": str(model_dir), "prompts": prompts, "prompts_per_step": args.prompts,
+        "group_size": args.group, "max_new_tokens": args.max_new_tokens, "temperature": 1.0,
+        "lr": 1e-5, "steps": args.steps, "warmup_steps": args.warmup, "seed": args.seed,
+    }
+    path = workdir / "workload.json"
+    path.write_text(json.dumps(workload))
+    return path
+
+
+def run_side(side: Side, threads: int, timeout: float) -> dict:
+    """One run in a fresh process; its JSON line."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.run(side.command, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{side.name} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+# ----------------------------------------------------------------------------- the m2flow side
+
+
+def m2flow_side(workload_path: str, threads: int) -> dict:
+    """Run the m2flow side in this process and return its figures."""
+    if M2FLOW_SIDE == "local_reference":
+        return _local_reference_side(json.loads(Path(workload_path).read_text()), threads)
+    if M2FLOW_SIDE == "runner":
+        raise NotImplementedError("the reasoning runner is not wired into G1 yet: build its config from the workload here")
+    raise ValueError(f"unknown M2FLOW_SIDE {M2FLOW_SIDE!r}; valid: ['local_reference', 'runner']")
+
+
+def _parity(response, answer: str) -> float:  # noqa: ANN001 - a Response; imported lazily
+    return float(zlib.crc32((response.text or "").encode()) & 1)
+
+
+def _local_reference_side(w: dict, threads: int) -> dict:
+    import torch
+
+    from m2flow.backends.generation import HFGenerationBackend
+    from m2flow.models.causal_lm import load_model_and_tokenizer
+    from m2flow.runners.recipes.arithmetic_demo import ArithmeticDemoRecipe, grpo_step
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(w["seed"])
+    model, tok = load_model_and_tokenizer(w["model_dir"])
+    p, g = w["prompts_per_step"], w["group_size"]
+    recipe = ArithmeticDemoRecipe(
+        prompts_per_step=p, group_size=g, temperature=w["temperature"], max_new_tokens=w["max_new_tokens"],
+        lr=w["lr"], lr_warmup_steps=0, max_grad_norm=0.0, updates_per_batch=1, threads=threads,
+    )
+    backend = HFGenerationBackend(model, tok)
+    opt = torch.optim.AdamW(model.parameters(), lr=w["lr"], weight_decay=0.0)
+    prompts = w["prompts"]
+    times, tokens = [], 0
+    for step in range(w["warmup_steps"] + w["steps"]):
+        batch = [{"prompt": prompts[(step * p + i) % len(prompts)], "answer": ""} for i in range(p)]
+        stats = grpo_step(model, tok, backend, opt, batch, recipe, seed=w["seed"] * 1000 + step, reward_fn=_parity)
+        if step >= w["warmup_steps"]:
+            times.append(stats.seconds)
+            tokens += stats.tokens
+    total = sum(times)
+    completions = p * g * len(times)
+    return {
+        "side": "m2flow", "implementation": "local_reference (single-process recipe GRPO step, not the runner)",
+        "threads": threads, "steps": len(times), "seconds_per_step": total / len(times),
+        "completions_per_s": completions / total, "tokens_per_s": tokens / total,
+        "mean_completion_tokens": tokens / completions,
+    }
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+def summarize(runs: dict[str, dict[int, list[dict]]]) -> dict:
+    """Medians per side and thread count, each side's fastest setting, and the ratios between them."""
+    out: dict = {"by_threads": {}, "best": {}}
+    for name, per_threads in runs.items():
+        med = {}
+        for threads, rows in per_threads.items():
+            med[threads] = {
+                k: round(statistics.median(r[k] for r in rows), 4)
+                for k in ("completions_per_s", "tokens_per_s", "seconds_per_step", "mean_completion_tokens")
+            }
+        out["by_threads"][name] = med
+        if med:
+            threads = max(med, key=lambda t: med[t]["completions_per_s"])
+            out["best"][name] = {"threads": threads, **med[threads]}
+    best = out["best"]
+    for a, b in (("m2flow", "trl"), ("m2flow", "bare"), ("bare", "trl")):
+        if a in best and b in best:
+            out[f"{a}_vs_{b}_completions"] = round(best[a]["completions_per_s"] / best[b]["completions_per_s"], 3)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--setup", action="store_true", help="create the TRL environment and exit")
+    ap.add_argument("--m2flow-side", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--workload", help=argparse.SUPPRESS)
+    ap.add_argument("--prompts", type=int, default=8, help="prompts per step")
+    ap.add_argument("--group", type=int, default=4, help="completions per prompt")
+    ap.add_argument("--max-new-tokens", type=int, default=16, help="longest completion")
+    ap.add_argument("--steps", type=int, default=8, help="timed steps per run")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps at the start of each run")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each side per thread count (A B C A B C ...)")
+    ap.add_argument("--threads", default="1,2", help="comma-separated torch thread counts to try")
+    ap.add_argument("--sides", default="m2flow,trl,bare", help="comma-separated sides")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds allowed for one run")
+    ap.add_argument("--out", default=str(HERE / "results" / "g1.json"))
+    args = ap.parse_args()
+    if args.setup:
+        setup()
+        return
+    if args.m2flow_side:
+        print(json.dumps(m2flow_side(args.workload, args.threads and int(args.threads))))
+        return
+    thread_counts = [int(t) for t in args.threads.split(",")]
+    names = args.sides.split(",")
+    runs: dict[str, dict[int, list[dict]]] = {n: {} for n in names}
+    skipped: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="g1-") as tmp:
+        workload = make_workload(args, Path(tmp))
+        for threads in thread_counts:
+            contenders = sides(workload, threads)
+            for _ in range(args.repeats):
+                for name in names:
+                    side = contenders[name]
+                    if side.unavailable:
+                        skipped[name] = side.unavailable
+                        continue
+                    row = run_side(side, threads, args.timeout)
+                    runs[name].setdefault(threads, []).append(row)
+                    print(f"  {name:6s} threads={threads} {row['completions_per_s']:8.1f} completions/s "
+                          f"{row['tokens_per_s']:9.1f} tokens/s", file=sys.stderr)
+    result = {
+        "benchmark": "G1",
+        "workload": {
+            "model": "qwen2, hidden 128, 4 layers, 4 heads, MLP 512, char vocab 19", "prompts_per_step": args.prompts,
+            "group_size": args.group, "max_new_tokens": args.max_new_tokens, "steps": args.steps,
+            "warmup_steps": args.warmup, "temperature": 1.0, "reward": "crc32 parity of the completion",
+        },
+        "m2flow_side": M2FLOW_SIDE,
+        "repeats": args.repeats,
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "skipped": skipped,
+        "runs": {n: {str(t): rows for t, rows in per.items()} for n, per in runs.items()},
+        **summarize({n: per for n, per in runs.items() if per}),
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    best = result["best"]
+    parts = [f"{n} {b['completions_per_s']:.1f} compl/s ({b['threads']}t)" for n, b in best.items()]
+    ratios = [f"{k} {v}" for k, v in result.items() if k.endswith("_completions")]
+    print(f"G1 {args.prompts}x{args.group}x{args.max_new_tokens} [{M2FLOW_SIDE}]: " + ", ".join(parts + ratios))
+
+
+if __name__ == "__main__":
+    main()
