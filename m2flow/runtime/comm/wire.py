@@ -22,6 +22,18 @@ _PREFIX = struct.Struct("<IIQ")  # head_len, nfds, body_len
 _MAX_FDS = 64
 _SMALL = 256 << 10  # frames below this are joined and sent in one system call
 _SOCK_BUF = 4 << 20
+_READ_AHEAD = 256 << 10
+_FD_MARKER = b"\x00"
+
+
+def _fds_from(anc: list) -> list[int]:
+    fds: list[int] = []
+    for level, kind, payload in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            arr = array.array("i")
+            arr.frombytes(payload[: len(payload) - len(payload) % arr.itemsize])
+            fds.extend(arr)
+    return fds
 
 
 class BufferPool:
@@ -82,6 +94,10 @@ class Connection:
         self.unix = sock.family == socket.AF_UNIX
         self._send_lock = threading.Lock()
         self.closed = False
+        self._rbuf = bytearray()
+        self._rpos = 0  # consumed bytes at the front of ``_rbuf``
+        self._rbase = 0  # stream offset of ``_rbuf[0]``
+        self._fd_marks: dict[int, list[int]] = {}
 
     def send(self, control: Any, buffers: Sequence[Any] = (), fds: Sequence[int] = ()) -> None:
         """Send one frame; ``buffers`` are bytes-like, ``fds`` need a Unix socket."""
@@ -107,53 +123,78 @@ class Connection:
 
     def _send_first(self, data: bytes, fds: Sequence[int]) -> None:
         if fds:
+            # fds ride alone on a one-byte marker just before the frame: Linux hands them out
+            # with the last byte a read returns, so the receiver can tell exactly where they go.
             anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
-            sent = self.sock.sendmsg([data], anc)
-            if sent < len(data):
-                self.sock.sendall(memoryview(data)[sent:])
-        else:
-            self.sock.sendall(data)
+            self.sock.sendmsg([_FD_MARKER], anc)
+        self.sock.sendall(data)
 
-    def _recv_exact(self, n: int) -> bytearray:
-        buf = bytearray(n)
-        self._recv_into(memoryview(buf))
-        return buf
+    # -- receiving: one read-ahead buffer, so a burst of small frames costs one system call ------
+    def _fill(self, need: int) -> None:
+        """Read until ``need`` unconsumed bytes are buffered, noting where passed fds arrived."""
+        while len(self._rbuf) - self._rpos < need:
+            want = max(need - (len(self._rbuf) - self._rpos), _READ_AHEAD)
+            at = self._rbase + len(self._rbuf)  # stream offset of the first byte read now
+            if self.unix:
+                # A read stops right after data that carries fds, so they belong to its last byte:
+                # the sender's marker before the frame that owns them.
+                data, anc, _, _ = self.sock.recvmsg(want, socket.CMSG_SPACE(_MAX_FDS * 4))
+                fds = _fds_from(anc)
+                if fds:
+                    self._fd_marks[at + len(data) - 1] = fds
+            else:
+                data = self.sock.recv(want)
+            if not data:
+                raise ConnectionLost("peer closed the connection")
+            self._rbuf += data
 
-    def _recv_into(self, view: memoryview) -> None:
-        pos, n = 0, view.nbytes
-        while pos < n:
-            got = self.sock.recv_into(view[pos:])
+    def _take(self, n: int) -> memoryview:
+        self._fill(n)
+        view = memoryview(self._rbuf)[self._rpos : self._rpos + n]
+        self._rpos += n
+        return view
+
+    def _take_into(self, dst: memoryview) -> None:
+        """Fill ``dst`` from the buffer, then straight from the socket for large bodies."""
+        n = dst.nbytes
+        have = min(n, len(self._rbuf) - self._rpos)
+        if have:
+            dst[:have] = memoryview(self._rbuf)[self._rpos : self._rpos + have]
+            self._rpos += have
+        if have < n and n - have < _READ_AHEAD:
+            dst[have:] = self._take(n - have)
+            return
+        pos = have
+        while pos < n:  # body bytes never carry fds: fds ride on a frame's first bytes
+            got = self.sock.recv_into(dst[pos:])
             if got == 0:
                 raise ConnectionLost("peer closed the connection")
             pos += got
+            self._rbase += got  # these bytes bypassed the buffer
 
-    def _recv_prefix(self) -> tuple[bytearray, list[int]]:
-        if not self.unix:
-            return self._recv_exact(_PREFIX.size), []
-        fds: list[int] = []
-        data, anc, _, _ = self.sock.recvmsg(_PREFIX.size, socket.CMSG_SPACE(_MAX_FDS * 4))
-        for level, kind, payload in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                arr = array.array("i")
-                arr.frombytes(payload[: len(payload) - len(payload) % arr.itemsize])
-                fds.extend(arr)
-        if not data:
-            raise ConnectionLost("peer closed the connection")
-        buf = bytearray(data)
-        if len(buf) < _PREFIX.size:
-            buf += self._recv_exact(_PREFIX.size - len(buf))
-        return buf, fds
+    def _compact(self) -> None:
+        if self._rpos:
+            del self._rbuf[: self._rpos]
+            self._rbase += self._rpos
+            self._rpos = 0
 
     def recv(self) -> tuple[Any, list[np.ndarray], list[int]]:
         """Block for the next frame: ``(control, inline buffers as uint8 arrays, received fds)``."""
         try:
-            prefix, fds = self._recv_prefix()
-            head_len, nfds, _ = _PREFIX.unpack(prefix)
-            control, sizes = pickle.loads(self._recv_exact(head_len))
+            if self._rpos > _READ_AHEAD:
+                self._compact()
+            fds: list[int] = []
+            if self.unix:
+                self._fill(1)
+                fds = self._fd_marks.pop(self._rbase + self._rpos, [])
+                if fds:
+                    self._rpos += 1  # the marker byte
+            head_len, nfds, _ = _PREFIX.unpack(self._take(_PREFIX.size))
+            control, sizes = pickle.loads(self._take(head_len))
             total = sum(sizes)
             if self.pool is not None and total >= self.pool.min_bytes:
                 block = self.pool.take(total)
-                self._recv_into(memoryview(block))
+                self._take_into(memoryview(block))
                 offsets = np.cumsum([0, *sizes])
                 buffers = [block[offsets[i] : offsets[i + 1]] for i in range(len(sizes))]
             else:
@@ -161,7 +202,7 @@ class Connection:
                 for n in sizes:
                     arr = np.empty(n, dtype=np.uint8)
                     if n:
-                        self._recv_into(memoryview(arr))
+                        self._take_into(memoryview(arr))
                     buffers.append(arr)
         except OSError as exc:
             self.closed = True
