@@ -130,20 +130,12 @@ class ActorWorker(Worker):
     def offload(self) -> None:
         if self.device.type == "cpu":
             return  # nothing to free: host memory is where it would go
-        self.updater.flat.to("cpu")  # not policy.to(): that would cut the views into the flat buffers
-        for state in self.updater.optimizer.state.values():
-            for k, v in state.items():
-                if torch.is_tensor(v) and v.device.type != "cpu" and v.dim() > 0:
-                    state[k] = v.to("cpu")
+        self.updater.to("cpu")  # not policy.to(): that would cut the views into the flat buffers
 
     def onload(self) -> None:
         if self.device.type == "cpu":
             return
-        self.updater.flat.to(self.device)
-        for state in self.updater.optimizer.state.values():
-            for k, v in state.items():
-                if torch.is_tensor(v) and v.dim() > 0:
-                    state[k] = v.to(self.device)
+        self.updater.to(self.device)
 
     # -- checkpoint ------------------------------------------------------------------------------
     def save_checkpoint(self, directory: str) -> str | None:

@@ -2,9 +2,14 @@
 
 It samples from the actor-critic's action head only (no critic, no log-probabilities): the actor
 recomputes old log-probabilities and values for the whole batch in one pass with the very weights
-this copy acted with, which costs far less than doing it here on every step. Each env rank it
-serves has its own random generator, so the actions an env sees do not depend on the order in
-which the rollout happened to serve its sources, or on whether it ran in the env's own process.
+this copy acted with, which costs far less than doing it here on every step.
+
+Each env rank it serves has its own random generator (numpy's PCG64), so the actions an env sees
+do not depend on the order in which the rollout served its sources, or on whether it ran in the
+env's own process. On the CPU, MLP policies run their forward pass in numpy on a copy of the
+weights refreshed at every weight sync: for a batch of a few observations one numpy call costs a
+microsecond or two where a torch operation costs several, and that is paid on every env step.
+Other policies (CNN encoders, GPU devices) run in torch.
 """
 
 from __future__ import annotations
@@ -15,13 +20,54 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
+from torch import nn
 
-from m2flow.models.policies import ActorCritic, GaussianHead, PolicyConfig, build_policy
+from m2flow.models.policies import ActorCritic, GaussianHead, MLPEncoder, PolicyConfig, build_policy
+
+_NUMPY_ACTIVATIONS = {nn.Tanh: np.tanh, nn.ReLU: lambda x: np.maximum(x, 0.0, out=x)}
 
 
 def source_seed(seed: int, source: int) -> int:
     """The seed of the action-noise generator serving env rank ``source``."""
     return (seed * 1_000_003 + 7919 * (source + 1)) % (2**63)
+
+
+class _NumpyActor:
+    """The actor trunk and action head of an MLP policy as numpy arrays (weights transposed)."""
+
+    def __init__(self, policy: ActorCritic) -> None:
+        self.layers: list[tuple[np.ndarray, np.ndarray, Any]] = []
+        modules = [m for m in policy.actor_trunk.net if not isinstance(m, nn.Flatten)]
+        for linear, act in zip(modules[0::2], modules[1::2]):
+            self.layers.append((_t(linear.weight), linear.bias.detach().cpu().numpy().copy(),
+                                _NUMPY_ACTIVATIONS[type(act)]))
+        head = policy.head
+        out = head.mean if isinstance(head, GaussianHead) else head.logits
+        self.out_w, self.out_b = _t(out.weight), out.bias.detach().cpu().numpy().copy()
+        self.std = head.log_std.detach().exp().cpu().numpy().copy() if isinstance(head, GaussianHead) else None
+
+    @staticmethod
+    def supports(policy: ActorCritic) -> bool:
+        if not isinstance(policy.actor_trunk, MLPEncoder):
+            return False
+        modules = [m for m in policy.actor_trunk.net if not isinstance(m, nn.Flatten)]
+        return all(isinstance(lin, nn.Linear) and type(act) in _NUMPY_ACTIVATIONS
+                   for lin, act in zip(modules[0::2], modules[1::2])) and len(modules) % 2 == 0
+
+    def head_out(self, obs: np.ndarray) -> np.ndarray:
+        """(B, *obs_shape) -> the head's output (B, A): Gaussian means or logits."""
+        x = obs.reshape(obs.shape[0], -1)
+        for w, b, act in self.layers:
+            y = x @ w
+            y += b
+            x = act(y)
+        y = x @ self.out_w
+        y += self.out_b
+        return y
+
+
+def _t(weight: torch.Tensor) -> np.ndarray:
+    return np.ascontiguousarray(weight.detach().cpu().numpy().T)
 
 
 class PolicyEngine:
@@ -41,17 +87,17 @@ class PolicyEngine:
         self.policy.requires_grad_(False)
         self.policy.eval()
         self._gaussian = isinstance(self.policy.head, GaussianHead)
-        self._action_dtype = np.dtype(action_space.dtype) if self._gaussian else np.int64
-        self.generators = {
-            s: torch.Generator(device=self.device).manual_seed(source_seed(seed, s)) for s in sources
-        }
+        self._action_dtype = np.dtype(action_space.dtype) if self._gaussian else np.dtype(np.int64)
+        self.generators = {s: np.random.Generator(np.random.PCG64(source_seed(seed, s))) for s in sources}
+        self._use_numpy = self.device.type == "cpu" and _NumpyActor.supports(self.policy)
+        self._numpy: _NumpyActor | None = None
         self._std: torch.Tensor | None = None
 
     # -- weights --------------------------------------------------------------------------------
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Copy a full actor-critic state dict into this copy."""
         self.policy.load_state_dict(weights)
-        self._std = None
+        self.weights_changed()
 
     @property
     def weights(self) -> dict[str, torch.Tensor]:
@@ -59,69 +105,68 @@ class PolicyEngine:
         return self.policy.state_dict(keep_vars=True)
 
     def weights_changed(self) -> None:
-        """Forget values cached from the weights (call after writing into ``weights``)."""
+        """Refresh what is derived from the weights (call after writing into ``weights``)."""
         self._std = None
+        self._numpy = _NumpyActor(self.policy) if self._use_numpy else None
 
     # -- acting ---------------------------------------------------------------------------------
-    @torch.inference_mode()
     def act(self, obs: np.ndarray, source: int, deterministic: bool = False) -> np.ndarray:
         """Actions for the (n, *obs_shape) observations of env rank ``source``."""
         return self.act_many([obs], [source], deterministic)[0]
 
-    @torch.inference_mode()
     def act_many(
         self, obs: Sequence[np.ndarray], sources: Sequence[int], deterministic: bool = False
     ) -> list[np.ndarray]:
         """One forward pass over several sources' observations; their actions, in the same order."""
         sizes = [len(o) for o in obs]
-        batch = torch.from_numpy(obs[0] if len(obs) == 1 else np.concatenate(obs))
-        if batch.device != self.device:
-            batch = batch.to(self.device, non_blocking=True)
-        features = self.policy.actor_trunk(batch)
+        batch = obs[0] if len(obs) == 1 else np.concatenate(obs)
+        out = self._head_out(batch)  # (B, A): means or logits
         if self._gaussian:
-            actions = self._gaussian_actions(features, sizes, sources, deterministic)
-        else:
-            actions = self._categorical_actions(features, sizes, sources, deterministic)
-        out = actions.cpu().numpy().astype(self._action_dtype, copy=False)
+            if not deterministic:
+                std = self._numpy.std if self._numpy is not None else self._torch_std()
+                noise = [self.generators[s].standard_normal((n, out.shape[1]), dtype=np.float32)
+                         for n, s in zip(sizes, sources)]
+                out += std * (noise[0] if len(noise) == 1 else np.concatenate(noise))
+            actions = out.astype(self._action_dtype, copy=False)
+        elif deterministic:
+            actions = out.argmax(axis=1)
+        else:  # Gumbel-max: argmax(logits + Gumbel noise) samples the softmax
+            uniform = [self.generators[s].random((n, out.shape[1])) for n, s in zip(sizes, sources)]
+            u = uniform[0] if len(uniform) == 1 else np.concatenate(uniform)
+            actions = (out - np.log(-np.log(np.maximum(u, 1e-300)))).argmax(axis=1)
         if len(sizes) == 1:
-            return [out]
-        return np.split(out, np.cumsum(sizes)[:-1])
+            return [actions]
+        return np.split(actions, np.cumsum(sizes)[:-1])
 
-    def _gaussian_actions(self, features: torch.Tensor, sizes: list[int], sources: Sequence[int],
-                          deterministic: bool) -> torch.Tensor:
-        head = self.policy.head
-        mean = head.mean(features)
-        if deterministic:
-            return mean
+    def _head_out(self, batch: np.ndarray) -> np.ndarray:
+        if self._numpy is not None:
+            return self._numpy.head_out(batch)
+        if self._use_numpy:  # no weights synced yet: take the initial ones
+            self.weights_changed()
+            return self._numpy.head_out(batch)
+        with torch.inference_mode():
+            x = torch.from_numpy(batch).to(self.device, non_blocking=True)
+            features = self.policy.actor_trunk(x)
+            head = self.policy.head
+            out = head.mean(features) if self._gaussian else head.logits(features)
+            return out.float().cpu().numpy()
+
+    def _torch_std(self) -> np.ndarray:
         if self._std is None:
-            self._std = head.log_std.exp()
-        noise = [torch.randn((n, mean.shape[1]), generator=self.generators[s], device=self.device)
-                 for n, s in zip(sizes, sources)]
-        return torch.addcmul(mean, self._std, noise[0] if len(noise) == 1 else torch.cat(noise))
-
-    def _categorical_actions(self, features: torch.Tensor, sizes: list[int], sources: Sequence[int],
-                             deterministic: bool) -> torch.Tensor:
-        logits = self.policy.head.logits(features)
-        if deterministic:
-            return logits.argmax(dim=-1)
-        probs = torch.softmax(logits, dim=-1)
-        parts, start = [], 0
-        for n, s in zip(sizes, sources):
-            parts.append(torch.multinomial(probs[start : start + n], 1, generator=self.generators[s]))
-            start += n
-        return (parts[0] if len(parts) == 1 else torch.cat(parts)).squeeze(-1)
+            self._std = self.policy.head.log_std.detach().exp().float().cpu()
+        return self._std.numpy()
 
     # -- checkpoint and devices -----------------------------------------------------------------
-    def rng_state(self) -> dict[int, torch.Tensor]:
+    def rng_state(self) -> dict[int, dict]:
         """The state of every source's generator."""
-        return {s: g.get_state() for s, g in self.generators.items()}
+        return {s: g.bit_generator.state for s, g in self.generators.items()}
 
-    def load_rng_state(self, state: dict[int, Any]) -> None:
+    def load_rng_state(self, state: dict[int, dict]) -> None:
         for s, st in state.items():
             if s in self.generators:
-                self.generators[s].set_state(st)
+                self.generators[s].bit_generator.state = st
 
     def to(self, device: str | torch.device) -> None:
-        """Move the weights (context switching); generators stay where they were made."""
+        """Move the torch weights (context switching)."""
         self.policy.to(device)
         self._std = None

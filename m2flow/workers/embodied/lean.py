@@ -5,6 +5,9 @@ compute, so this module computes exactly what ``ActorCritic.evaluate`` computes 
 them: MLP trunks are called layer by layer (no module dispatch), constants of the log-probability
 are folded into a per-sample offset computed once per update, and the log-ratio comes out of one
 fused subtraction. Encoders other than the MLP go through their modules unchanged.
+
+(Running the actor's and critic's layers as one batched matmul over stacked weights was tried:
+on CPU it saved nothing measurable, so the two trunks stay separate.)
 """
 
 from __future__ import annotations
@@ -68,10 +71,10 @@ class LeanPolicy:
     def forward(self, obs: Tensor, actions: Tensor, offset: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """(B, *obs_shape), prepared actions, (B,) offset -> log-ratio (B,), values (B,), log-softmax or None."""
         policy = self.policy
+        head = policy.head
         features = self.actor(obs)
         critic = features if self.critic is None else self.critic(obs)
         values = F.linear(critic, policy.value_head.weight, policy.value_head.bias).squeeze(-1)
-        head = policy.head
         if self.gaussian:
             mean = F.linear(features, head.mean.weight, head.mean.bias)
             z = (actions - mean) * torch.exp(-head.log_std)

@@ -7,10 +7,11 @@ minibatch (advantages are whitened over the full minibatch on every rank) up to 
 order, so the number of ranks changes the speed, not the algorithm.
 
 The per-minibatch cost on small policies is dispatch overhead, not arithmetic, so the step is kept
-short: parameters and gradients live in two flat buffers (one all-reduce, one norm for clipping,
-one fused Adam call), minibatches are slices of tensors permuted once per epoch, the advantage
-whitening of every minibatch is computed in one vectorised pass per epoch, and metrics are summed
-into one tensor read once per update.
+short: MLP actor-critics get their gradient in closed form (``closed_form.py``; other policies use
+autograd); parameters and gradients live in two flat buffers (one all-reduce, one norm for
+clipping, Adam as a handful of in-place operations); minibatches are slices of tensors permuted
+once per epoch; the advantage whitening of every minibatch is computed in one vectorised pass per
+epoch; metrics are summed into one tensor read once per update.
 
 The losses are those of :mod:`m2flow.algorithms.losses` (``ppo_policy_loss`` over all-valid samples
 and the unclipped / clipped squared value error), written out for an unmasked batch; the tests check
@@ -28,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from m2flow.models.policies import ActorCritic, GaussianHead
+from m2flow.workers.embodied.closed_form import ClosedFormPPO, supports
 from m2flow.workers.embodied.config import PPOConfig
 from m2flow.workers.embodied.lean import LeanPolicy
 
@@ -83,6 +85,61 @@ class FlatParameters:
             p.data = self.param.data[offset : offset + n].view_as(p)
             p.grad = grad[offset : offset + n].view_as(p)
             offset += n
+
+
+class FlatAdam:
+    """Adam (Kingma & Ba 2015) on one flat parameter: the update of ``torch.optim.Adam``, op for op.
+
+    ``torch.optim.Adam.step`` spends far more time in Python bookkeeping than in its fused kernel
+    when there is a single small tensor to update, and that is paid on every minibatch.
+    """
+
+    def __init__(self, param: nn.Parameter, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8) -> None:
+        self.param = param
+        self.lr = lr
+        self.betas = betas
+        self.eps = eps
+        self.step_count = 0
+        self.exp_avg = torch.zeros_like(param, memory_format=torch.preserve_format).detach()
+        self.exp_avg_sq = torch.zeros_like(self.exp_avg)
+        # 0-dim tensors: arithmetic with Python floats would wrap and convert them on every step
+        self._beta2 = torch.full((), self.betas[1], dtype=param.dtype, device=param.device)
+        self._eps = torch.zeros((), dtype=param.dtype, device=param.device)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """One update of ``param`` from ``param.grad``."""
+        beta1, beta2 = self.betas
+        grad = self.param.grad
+        self.step_count += 1
+        self.exp_avg.lerp_(grad, 1.0 - beta1)
+        self.exp_avg_sq.mul_(self._beta2).addcmul_(grad, grad, value=1.0 - beta2)
+        bias1 = 1.0 - beta1**self.step_count
+        bias2_sqrt = math.sqrt(1.0 - beta2**self.step_count)
+        # sqrt(v) / b2 + eps, written as (sqrt(v) + eps * b2) / b2 with the / b2 folded into the step
+        self._eps.fill_(self.eps * bias2_sqrt)
+        denom = torch.sqrt(self.exp_avg_sq).add_(self._eps)
+        self.param.addcdiv_(self.exp_avg, denom, value=-self.lr * bias2_sqrt / bias1)
+
+    def to(self, device: torch.device | str) -> None:
+        self.exp_avg = self.exp_avg.to(device)
+        self.exp_avg_sq = self.exp_avg_sq.to(device)
+        self._beta2 = self._beta2.to(device)
+        self._eps = self._eps.to(device)
+
+    def state_dict(self) -> dict:
+        return {"step": self.step_count, "exp_avg": self.exp_avg.clone(), "exp_avg_sq": self.exp_avg_sq.clone(),
+                "lr": self.lr, "betas": self.betas, "eps": self.eps}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["exp_avg"].shape != self.exp_avg.shape:
+            raise ValueError(f"optimizer state for {tuple(state['exp_avg'].shape)} parameters, "
+                             f"this model has {tuple(self.exp_avg.shape)}")
+        self.step_count = int(state["step"])
+        self.exp_avg.copy_(state["exp_avg"])
+        self.exp_avg_sq.copy_(state["exp_avg_sq"])
+        self.lr, self.betas, self.eps = state["lr"], tuple(state["betas"]), state["eps"]
 
 
 @dataclass
@@ -153,6 +210,7 @@ class PPOUpdater:
         world_size: int = 1,
         all_reduce: Callable[[Tensor], None] | None = None,
         seed: int = 0,
+        closed_form: bool = True,
     ) -> None:
         if world_size > 1 and all_reduce is None:
             raise ValueError("a data-parallel update (world_size > 1) needs an all_reduce")
@@ -163,7 +221,9 @@ class PPOUpdater:
         self.all_reduce = all_reduce
         self.flat = FlatParameters(policy)
         self.lean = LeanPolicy(policy)
-        self.optimizer = torch.optim.Adam([self.flat.param], lr=cfg.lr, eps=cfg.adam_eps, **_adam_kind())
+        self.closed_form = ClosedFormPPO(policy, cfg) if closed_form and supports(policy, cfg) else None
+        self._clip_coef = torch.zeros((), dtype=self.flat.param.dtype, device=self.flat.param.device)
+        self.optimizer = FlatAdam(self.flat.param, lr=cfg.lr, eps=cfg.adam_eps)
         # The same seed on every rank: all ranks draw the same permutation of the batch.
         self.generator = torch.Generator().manual_seed(seed)
 
@@ -182,8 +242,7 @@ class PPOUpdater:
         """``cfg.epochs`` passes of shuffled minibatches over ``batch``; metrics averaged over minibatches."""
         cfg = self.cfg
         if lr is not None:
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
+            self.optimizer.lr = lr
         size = len(batch)
         bounds = self._minibatches(size)
         lean = self.lean
@@ -194,7 +253,7 @@ class PPOUpdater:
         neg_scale = torch.empty(size, dtype=batch.advantages.dtype, device=batch.advantages.device)
         for start, end in bounds:
             neg_scale[start:end] = -1.0 / (end - start)
-        sums = torch.zeros(len(_SUMS), dtype=torch.float64)
+        sums = torch.zeros(len(_SUMS), dtype=batch.advantages.dtype, device=batch.advantages.device)
         weights: dict[int, Tensor] = {}
         count = 0.0  # sum over minibatches of this rank's share of it
         steps = 0
@@ -209,18 +268,24 @@ class PPOUpdater:
             for start, end in bounds:
                 lo, hi = self._my_share(start, end)
                 n = end - start
-                loss, parts = self._step_loss(obs[lo:hi], act[lo:hi], offset[lo:hi], neg_adv[lo:hi],
-                                              returns[lo:hi], old_values[lo:hi], 1.0 / n)
+                if self.closed_form is not None:  # gradients written directly
+                    parts = self.closed_form.step(obs[lo:hi], act[lo:hi], offset[lo:hi], neg_adv[lo:hi],
+                                                  returns[lo:hi], 1.0 / n)
+                else:
+                    loss, parts = self._step_loss(obs[lo:hi], act[lo:hi], offset[lo:hi], neg_adv[lo:hi],
+                                                  returns[lo:hi], old_values[lo:hi], 1.0 / n)
                 if cfg.target_kl is not None and self._kl_exceeded(parts, hi - lo, 1.0 / n):
                     stopped = True
                     break
-                self.flat.zero_grad()
-                loss.backward()
+                if self.closed_form is None:
+                    self.flat.zero_grad()
+                    loss.backward()
                 self._step()
                 w = weights.get(n)
                 if w is None:  # the policy loss comes scaled already; the other sums are scaled here
-                    w = weights[n] = torch.tensor([1.0] + [1.0 / n] * (len(_SUMS) - 2), dtype=torch.float64)
-                sums[:-1].addcmul_(parts.to("cpu", torch.float64), w)
+                    w = weights[n] = torch.tensor([1.0] + [1.0 / n] * (len(_SUMS) - 2), dtype=sums.dtype,
+                                                  device=sums.device)
+                sums[:-1].addcmul_(parts, w)
                 count += (hi - lo) / n
                 steps += 1
             if stopped:
@@ -281,6 +346,14 @@ class PPOUpdater:
             "actor/clip_frac": parts[4] / n,
         }
 
+    def to(self, device: torch.device | str) -> None:
+        """Move parameters, gradients and optimizer state (context switching)."""
+        self.flat.to(device)
+        self.optimizer.to(device)
+        if self.closed_form is not None:
+            self.closed_form.to(device)
+        self._clip_coef = self._clip_coef.to(device)
+
     def _kl_exceeded(self, parts: Tensor, n: int, scale: float) -> bool:
         """Whether the minibatch's approx KL (over all ranks) passes 1.5 x target_kl, SB3's threshold."""
         kl = ((parts[2] - n - parts[3]) * scale).detach().reshape(1).clone()
@@ -299,7 +372,7 @@ class PPOUpdater:
             else:
                 coef = self.cfg.max_grad_norm / (float(norm) + 1e-6)  # as clip_grad_norm_
                 if coef < 1.0:
-                    grad.mul_(coef)
+                    grad.mul_(self._clip_coef.fill_(coef))
         self.optimizer.step()
 
     # -- checkpoint ------------------------------------------------------------------------------
@@ -309,14 +382,3 @@ class PPOUpdater:
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
-
-
-def _adam_kind() -> dict[str, bool]:
-    """Fused Adam where this torch has it for CPU tensors (one kernel per step), else foreach."""
-    try:
-        probe = nn.Parameter(torch.zeros(1))
-        probe.grad = torch.zeros(1)
-        torch.optim.Adam([probe], fused=True).step()
-        return {"fused": True}
-    except (RuntimeError, TypeError):
-        return {"foreach": True}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import gymnasium as gym
 import numpy as np
 import torch
@@ -48,8 +50,19 @@ def test_deterministic_actions_are_the_mean_and_sampling_follows_the_std():
 def test_categorical_actions_and_restored_generators_repeat_themselves():
     engine = _engine(gym.spaces.Discrete(5), sources=(3,))
     obs = np.random.default_rng(0).standard_normal((16, 3)).astype(np.float32)
-    state = {k: v.clone() for k, v in engine.rng_state().items()}
+    state = copy.deepcopy(engine.rng_state())
     first = engine.act(obs, 3)
     assert first.dtype == np.int64 and first.min() >= 0 and first.max() < 5
     engine.load_rng_state(state)
     assert np.array_equal(engine.act(obs, 3), first)
+
+
+def test_numpy_and_torch_forward_passes_agree():
+    box = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    engine = _engine(box, sources=(0,))
+    assert engine._use_numpy
+    obs = np.random.default_rng(1).standard_normal((6, 3)).astype(np.float32)
+    fast = engine.act(obs, 0, deterministic=True)
+    engine._use_numpy, engine._numpy = False, None
+    slow = engine.act(obs, 0, deterministic=True)
+    assert np.allclose(fast, slow, atol=1e-5)

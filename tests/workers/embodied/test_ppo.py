@@ -67,23 +67,27 @@ def test_whiten_minibatches_uses_each_minibatch_alone():
     assert out[6] == 0.0  # a single sample has no spread: (x - mean) / eps = 0
 
 
-@pytest.mark.parametrize("value_clip", [None, 0.1])
-def test_loss_equals_the_algorithms_library(value_clip):
+@pytest.mark.parametrize(("value_clip", "discrete"), [(None, False), (0.1, False), (None, True)])
+def test_loss_equals_the_algorithms_library(value_clip, discrete):
     cfg = PPOConfig(value_clip=value_clip, vf_coef=0.7)
-    policy = _policy()
+    policy = _policy(gym.spaces.Discrete(4) if discrete else BOX_ACT)
     updater = PPOUpdater(policy, cfg)
-    b = _batch(n=64)
+    b = _batch(n=64, discrete=discrete)
     adv = whiten_minibatches(b.advantages, [(0, 64)])
-    loss, metrics = updater._loss(b.obs, b.actions, b.logprobs, adv, b.returns, b.values, 1.0 / 64)
+    loss, metrics = updater.minibatch_loss(b.obs, b.actions, b.logprobs, adv, b.returns, b.values)
     logp, values = evaluate_actions(policy, b.obs, b.actions)
     mask = torch.ones(1, 64)
     pg = ppo_policy_loss(logp[None], b.logprobs[None], adv[None], mask, clip_low=cfg.clip)
     # The library's value loss carries a factor 1/2; ours is the plain squared error (as SB3).
     vl = value_loss(values[None], b.values[None], b.returns[None], mask, clip_range=value_clip)
     expected = pg.loss + cfg.vf_coef * 2 * vl.loss
-    assert torch.allclose(loss, expected, atol=1e-6)
-    assert torch.allclose(metrics[0], pg.loss, atol=1e-6)
-    assert torch.allclose(metrics[2], pg.metrics["actor/approx_kl"], atol=1e-6)
+    assert torch.allclose(loss, expected, atol=1e-5)
+    assert torch.allclose(metrics["actor/pg_loss"], pg.loss, atol=1e-6)
+    assert torch.allclose(metrics["actor/approx_kl"], pg.metrics["actor/approx_kl"], atol=1e-5)
+    # clip_frac counts ratios outside [1 - clip, 1 + clip], as Stable-Baselines3 reports it
+    ratio = (logp - b.logprobs).exp()
+    assert torch.allclose(metrics["actor/clip_frac"], ((ratio - 1).abs() > cfg.clip).float().mean())
+    assert torch.allclose(metrics["critic/value_loss"], 2 * vl.metrics["critic/value_loss"], atol=1e-5)
 
 
 class _ThreadAllReduce:
@@ -134,7 +138,7 @@ def test_gradient_clipping_bounds_the_step():
     policy = _policy()
     updater = PPOUpdater(policy, cfg)
     b = _batch(n=64)
-    loss, _ = updater._loss(b.obs, b.actions, b.logprobs, b.advantages, b.returns, b.values, 1 / 64)
+    loss, _ = updater.minibatch_loss(b.obs, b.actions, b.logprobs, b.advantages, b.returns, b.values)
     updater.flat.zero_grad()
     loss.backward()
     updater._step()
@@ -155,9 +159,9 @@ def test_update_lowers_the_loss_on_a_fixed_batch():
     b = _batch(n=96)
     updater = PPOUpdater(policy, cfg)
     adv = whiten_minibatches(b.advantages, [(0, 96)])
-    before, _ = updater._loss(b.obs, b.actions, b.logprobs, adv, b.returns, b.values, 1 / 96)
+    before, _ = updater.minibatch_loss(b.obs, b.actions, b.logprobs, adv, b.returns, b.values)
     updater.update(b)
-    after, _ = updater._loss(b.obs, b.actions, b.logprobs, adv, b.returns, b.values, 1 / 96)
+    after, _ = updater.minibatch_loss(b.obs, b.actions, b.logprobs, adv, b.returns, b.values)
     assert after.item() < before.item()
 
 
@@ -178,3 +182,59 @@ def test_checkpoint_round_trip_restores_optimizer_and_shuffling():
     ma, mb = a.update(_batch(seed=2)), b.update(_batch(seed=2))
     assert ma == mb
     assert torch.equal(a.flat.param, b.flat.param)
+
+
+def test_flat_adam_matches_torch_adam():
+    from m2flow.workers.embodied.ppo import FlatAdam
+
+    torch.manual_seed(0)
+    ours = torch.nn.Parameter(torch.randn(50))
+    ref = torch.nn.Parameter(ours.detach().clone())
+    flat = FlatAdam(ours, lr=1e-2, eps=1e-5)
+    torch_adam = torch.optim.Adam([ref], lr=1e-2, eps=1e-5)
+    for step in range(20):
+        grad = torch.randn(50) * (step + 1)
+        ours.grad, ref.grad = grad.clone(), grad.clone()
+        flat.step()
+        torch_adam.step()
+        assert torch.allclose(ours, ref, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("case", "cfg_kwargs", "policy_kwargs", "discrete"), [
+    ("gaussian", {}, {}, False),
+    ("shared trunk", {}, {"shared_critic": True}, False),
+    ("relu, entropy bonus", {"ent_coef": 0.01}, {"activation": "relu"}, False),
+    ("categorical", {}, {}, True),
+    ("no critic", {"use_critic": False}, {}, False),
+])
+def test_closed_form_gradient_equals_autograd(case, cfg_kwargs, policy_kwargs, discrete):
+    from m2flow.workers.embodied.closed_form import ClosedFormPPO
+
+    cfg = PPOConfig(clip=0.1, vf_coef=0.7, **cfg_kwargs)
+    act = gym.spaces.Discrete(4) if discrete else BOX_ACT
+    torch.manual_seed(0)
+    policy = build_policy(BOX_OBS, act, PolicyConfig(hidden_sizes=[16, 8], **policy_kwargs))
+    auto = PPOUpdater(policy, cfg, closed_form=False)
+    b = _batch(n=40, discrete=discrete)
+    actions, offset = auto.lean.prepare_actions(b.actions), auto.lean.offset(b.logprobs)
+    neg_adv = -b.advantages / 40
+    loss, parts = auto._step_loss(b.obs, actions, offset, neg_adv, b.returns, b.values, 1 / 40)
+    auto.flat.zero_grad()
+    loss.backward()
+    expected = auto.flat.grad.clone()
+    auto.flat.grad.fill_(123.0)  # the closed form must overwrite every gradient
+    closed_parts = ClosedFormPPO(policy, cfg).step(b.obs, actions, offset, neg_adv, b.returns, 1 / 40)
+    assert torch.allclose(auto.flat.grad, expected, atol=1e-6), case
+    assert torch.allclose(closed_parts, parts.detach(), atol=1e-5), case
+
+
+def test_closed_form_is_used_only_where_it_applies():
+    from m2flow.workers.embodied.closed_form import supports
+
+    policy = _policy()
+    assert supports(policy, PPOConfig())
+    assert not supports(policy, PPOConfig(value_clip=0.2))
+    categorical = _policy(gym.spaces.Discrete(4))
+    assert not supports(categorical, PPOConfig(ent_coef=0.01))
+    gelu = build_policy(BOX_OBS, BOX_ACT, PolicyConfig(hidden_sizes=[8], activation="gelu"))
+    assert not supports(gelu, PPOConfig())
