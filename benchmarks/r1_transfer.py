@@ -26,21 +26,32 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-import ray  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import ray
+import torch
+from common import (
+    MIB,
+    Peer,
+    ab_rounds,
+    environment,
+    make_venv,
+    median,
+    medians,
+    memcpy_gbps,
+    venv_python,
+    write_result,
+)
 
-from common import MIB, Peer, ab_rounds, environment, make_venv, median, medians, memcpy_gbps, venv_python, write_result  # noqa: E402
-from m2flow.runtime import Cluster, ClusterConfig, WorkerGroup  # noqa: E402
-from m2flow.runtime.comm import Communicator  # noqa: E402
-from m2flow.runtime.worker import Worker  # noqa: E402
+from m2flow.runtime import Cluster, ClusterConfig, WorkerGroup
+from m2flow.runtime.comm import Communicator
+from m2flow.runtime.worker import Worker
 
 RLINF_REQUIREMENTS = [["torch==2.13.0", "ray==2.60.0", "numpy"], ["rlinf==0.3.0"]]
 
 
 class M2Sender(Worker):
     def __init__(self) -> None:
-        self.comm  # listen from the start
+        _ = self.comm  # listen from the start
 
     def use_transport(self, kind: str) -> None:
         self._m2flow_comm.close()

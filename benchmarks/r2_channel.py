@@ -24,16 +24,26 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-import ray  # noqa: E402
-import torch  # noqa: E402
-from ray.util.queue import Empty, Queue  # noqa: E402
+import numpy as np
+import ray
+import torch
+from common import (
+    MIB,
+    Peer,
+    ab_rounds,
+    environment,
+    make_venv,
+    medians,
+    memcpy_gbps,
+    venv_python,
+    write_result,
+)
+from r1_transfer import RLINF_REQUIREMENTS
+from ray.util.queue import Empty, Queue
 
-from common import MIB, Peer, ab_rounds, environment, make_venv, medians, memcpy_gbps, venv_python, write_result  # noqa: E402
-from m2flow.runtime import Cluster, ClusterConfig, WorkerGroup  # noqa: E402
-from m2flow.runtime.channel import Channel  # noqa: E402
-from m2flow.runtime.worker import Worker  # noqa: E402
-from r1_transfer import RLINF_REQUIREMENTS  # noqa: E402
+from m2flow.runtime import Cluster, ClusterConfig, WorkerGroup
+from m2flow.runtime.channel import Channel
+from m2flow.runtime.worker import Worker
 
 BIG_MIB = 16
 MAXSIZE = 16

@@ -11,9 +11,8 @@ import time
 
 import ray
 import torch
-from rlinf.scheduler import Channel, Cluster, Worker
-
 from common import MIB, median, serve
+from rlinf.scheduler import Channel, Cluster, Worker
 
 SEND, RECV = "r1_send", "r1_recv"
 

@@ -9,7 +9,14 @@ import pytest
 import torch
 
 from m2flow.runtime import WorkerError, WorkerGroup
-from m2flow.runtime.comm import CommTimeout, Communicator, MemoryRendezvous, PeerDiedError, recv_weights, send_weights
+from m2flow.runtime.comm import (
+    CommTimeout,
+    Communicator,
+    MemoryRendezvous,
+    PeerDiedError,
+    recv_weights,
+    send_weights,
+)
 from m2flow.runtime.worker import Worker
 from tests.ray_session import shared_cluster
 from tests.runtime.test_comm_serialization import assert_same, payloads

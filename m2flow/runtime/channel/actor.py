@@ -9,7 +9,6 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from m2flow.runtime.channel.host import ChannelHost
 
-
 _ACTORS: dict[str, object] = {}
 
 

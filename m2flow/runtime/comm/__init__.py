@@ -5,8 +5,18 @@
 """
 
 from m2flow.runtime.comm.communicator import PROCESS_UID, Communicator
-from m2flow.runtime.comm.errors import CommError, CommTimeout, PeerClosedError, PeerDiedError
-from m2flow.runtime.comm.rendezvous import FileRendezvous, MemoryRendezvous, RayKVRendezvous, Rendezvous
+from m2flow.runtime.comm.errors import (
+    CommError,
+    CommTimeout,
+    PeerClosedError,
+    PeerDiedError,
+)
+from m2flow.runtime.comm.rendezvous import (
+    FileRendezvous,
+    MemoryRendezvous,
+    RayKVRendezvous,
+    Rendezvous,
+)
 from m2flow.runtime.comm.transport import Transport
 from m2flow.runtime.comm.weights import recv_weights, send_weights
 from m2flow.runtime.comm.work import CommWork

@@ -310,7 +310,7 @@ class Communicator:
 
     def _serve(self, conn: Connection) -> None:
         try:
-            (kind, group, rank, uid), _, _ = conn.recv()
+            (_, group, rank, uid), _, _ = conn.recv()
         except (ConnectionLost, ValueError):
             conn.close()
             return

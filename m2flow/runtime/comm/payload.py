@@ -5,8 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from m2flow.runtime.comm.serialization import BufferSpec, Encoded, copy_into, decode, source_bytes
-from m2flow.runtime.comm.shm import HEADER, Segment, SegmentCache, SegmentPool, SegmentRef, layout
+from m2flow.runtime.comm.serialization import (
+    BufferSpec,
+    Encoded,
+    copy_into,
+    decode,
+    source_bytes,
+)
+from m2flow.runtime.comm.shm import (
+    HEADER,
+    Segment,
+    SegmentCache,
+    SegmentPool,
+    SegmentRef,
+    layout,
+)
 
 SHM_MIN_BYTES = 256 << 10  # below this, two socket copies beat mapping a segment
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import io
 import pickle
 import threading
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
