@@ -63,7 +63,8 @@ def sides(workload: Path, threads: int) -> dict[str, Side]:
     common = ["--workload", str(workload), "--threads", str(threads)]
     trl_missing = None if _trl_python().exists() else f"no {TRL_VENV}; run with --setup first"
     return {
-        "m2flow": Side("m2flow", [sys.executable, str(Path(__file__).resolve()), "--m2flow-side", *common]),
+        "m2flow": Side("m2flow", [sys.executable, str(Path(__file__).resolve()), "--m2flow-side",
+                                  "--m2flow-impl", M2FLOW_SIDE, *common]),
         "trl": Side("trl", [str(_trl_python()), str(HERE / "peers" / "trl_grpo.py"), *common], trl_missing),
         "bare": Side("bare", [sys.executable, str(HERE / "peers" / "torch_grpo_loop.py"), *common]),
     }
@@ -95,6 +96,11 @@ def make_workload(args: argparse.Namespace, workdir: Path) -> Path:
         "group_size": args.group, "max_new_tokens": args.max_new_tokens, "temperature": 1.0,
         "lr": 1e-5, "steps": args.steps, "warmup_steps": args.warmup, "seed": args.seed,
     }
+    # The same prompts as a prompt file, for the reasoning runner (answers are unused by the reward).
+    lines = [json.dumps({"prompt": text, "answer": "0"}) for text in prompts]
+    (workdir / "prompts.jsonl").write_text("\n".join(lines) + "\n")
+    workload["prompts_file"] = str(workdir / "prompts.jsonl")
+    workload["placement"] = args.placement
     path = workdir / "workload.json"
     path.write_text(json.dumps(workload))
     return path
@@ -103,7 +109,8 @@ def make_workload(args: argparse.Namespace, workdir: Path) -> Path:
 def run_side(side: Side, threads: int, timeout: float) -> dict:
     """One run in a fresh process; its JSON line."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    # ROOT for m2flow, HERE so the runner's reward workers can import this module's reward.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), str(HERE), env.get("PYTHONPATH")]))
     proc = subprocess.run(side.command, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
@@ -119,12 +126,54 @@ def m2flow_side(workload_path: str, threads: int) -> dict:
     if M2FLOW_SIDE == "local_reference":
         return _local_reference_side(json.loads(Path(workload_path).read_text()), threads)
     if M2FLOW_SIDE == "runner":
-        raise NotImplementedError("the reasoning runner is not wired into G1 yet: build its config from the workload here")
+        return _runner_side(json.loads(Path(workload_path).read_text()), threads)
     raise ValueError(f"unknown M2FLOW_SIDE {M2FLOW_SIDE!r}; valid: ['local_reference', 'runner']")
 
 
+def parity_reward(response: str, reference: str) -> float:
+    """The benchmark's reward on a completion's text: parity of its CRC32."""
+    return float(zlib.crc32(response.encode()) & 1)
+
+
 def _parity(response, answer: str) -> float:  # noqa: ANN001 - a Response; imported lazily
-    return float(zlib.crc32((response.text or "").encode()) & 1)
+    return parity_reward(response.text or "", answer)
+
+
+def _runner_side(w: dict, threads: int) -> dict:
+    """`m2flow.runners.reasoning.train` on the workload, under `w["placement"]`; warm-up iterations left out."""
+    import tempfile
+
+    from m2flow.config.convert import from_dict
+    from m2flow.runners.reasoning import train
+    from m2flow.runners.reasoning_config import ReasoningConfig
+
+    p, g = w["prompts_per_step"], w["group_size"]
+    with tempfile.TemporaryDirectory(prefix="g1-m2flow-") as run_dir:
+        cfg = from_dict(ReasoningConfig, {
+            "placement": w["placement"],
+            "model": {"path": w["model_dir"]},
+            "data": {"kind": "file", "path": w["prompts_file"], "prompts_per_step": p, "shuffle": False},
+            "rollout": {"sampling": {"n": g, "temperature": w["temperature"], "max_new_tokens": w["max_new_tokens"]},
+                        "num_threads": threads},
+            "reward": {"fn": f"{Path(__file__).stem}:parity_reward", "num_threads": 1},
+            "inference": {"num_threads": threads},
+            # One forward/backward over the whole batch and no extra old-policy pass, as the other sides.
+            "actor": {"optim": {"lr": w["lr"]}, "num_threads": threads, "micro_batch_size": p * g},
+            "algorithm": {"adv_estimator": "grpo", "old_logprobs": "actor"},
+            "steps": w["warmup_steps"] + w["steps"],
+            "seed": w["seed"],
+            "run_dir": run_dir,
+        })
+        history = train(cfg).history[w["warmup_steps"]:]
+    total = sum(h["time/step"] for h in history)
+    completions = sum(h["perf/completions_per_s"] * h["time/step"] for h in history)
+    tokens = sum(h["perf/tokens_per_s"] * h["time/step"] for h in history)
+    return {
+        "side": "m2flow", "implementation": f"reasoning runner, placement {w['placement']!r}",
+        "threads": threads, "steps": len(history), "seconds_per_step": total / len(history),
+        "completions_per_s": completions / total, "tokens_per_s": tokens / total,
+        "mean_completion_tokens": tokens / max(1.0, completions),
+    }
 
 
 def _local_reference_side(w: dict, threads: int) -> dict:
@@ -187,6 +236,7 @@ def summarize(runs: dict[str, dict[int, list[dict]]]) -> dict:
 
 
 def main() -> None:
+    global M2FLOW_SIDE
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--setup", action="store_true", help="create the TRL environment and exit")
     ap.add_argument("--m2flow-side", action="store_true", help=argparse.SUPPRESS)
@@ -199,6 +249,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="runs of each side per thread count (A B C A B C ...)")
     ap.add_argument("--threads", default="1,2", help="comma-separated torch thread counts to try")
     ap.add_argument("--sides", default="m2flow,trl,bare", help="comma-separated sides")
+    ap.add_argument("--placement", default="actor,rollout,inference,reward: 0",
+                    help="placement of the m2flow side when it runs the reasoning runner")
+    ap.add_argument("--m2flow-impl", choices=["local_reference", "runner"], default=None,
+                    help=f"override M2FLOW_SIDE (default {M2FLOW_SIDE})")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=1800, help="seconds allowed for one run")
     ap.add_argument("--out", default=str(HERE / "results" / "g1.json"))
@@ -206,6 +260,7 @@ def main() -> None:
     if args.setup:
         setup()
         return
+    M2FLOW_SIDE = args.m2flow_impl or M2FLOW_SIDE
     if args.m2flow_side:
         print(json.dumps(m2flow_side(args.workload, args.threads and int(args.threads))))
         return
