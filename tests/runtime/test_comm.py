@@ -62,6 +62,16 @@ class Peer(Worker):
         self.send("last words", group, rank)
         os._exit(1)
 
+    def push_weights(self, ranks: list[int], bucket_bytes: int) -> tuple[int, str]:
+        model = _model(seed=1)
+        n = send_weights(self.comm, model, self.group_name, ranks, bucket_bytes=bucket_bytes)
+        return n, _digest(model)
+
+    def pull_weights(self, rank: int) -> str:
+        model = _model(seed=100 + self.rank)  # different weights until synced
+        recv_weights(self.comm, self.group_name, rank, into=model)
+        return _digest(model)
+
     def recv_twice(self, group: str, rank: int) -> str:
         first = self.recv(group, rank)
         try:
@@ -71,26 +81,11 @@ class Peer(Worker):
         return "no error"
 
 
-class Trainer(Worker):
-    def __init__(self) -> None:
-        torch.manual_seed(1)
-        self.model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.LayerNorm(128), torch.nn.Linear(128, 33))
-        self.model.to(torch.bfloat16)[0].to(torch.float32)  # mixed dtypes, as real checkpoints have
-
-    def push(self, group: str, ranks: list[int], bucket_bytes: int) -> tuple[int, str]:
-        n = send_weights(self.comm, self.model, group, ranks, bucket_bytes=bucket_bytes)
-        return n, _digest(self.model)
-
-
-class Generator(Worker):
-    def __init__(self) -> None:
-        torch.manual_seed(100 + self.rank)  # different weights until synced
-        self.model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.LayerNorm(128), torch.nn.Linear(128, 33))
-        self.model.to(torch.bfloat16)[0].to(torch.float32)
-
-    def pull(self, group: str, rank: int) -> str:
-        recv_weights(self.comm, group, rank, into=self.model)
-        return _digest(self.model)
+def _model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.LayerNorm(128), torch.nn.Linear(128, 33))
+    model.to(torch.bfloat16)[0].to(torch.float32)  # mixed dtypes, as real checkpoints have
+    return model
 
 
 def _digest(model: torch.nn.Module) -> str:
@@ -104,7 +99,7 @@ def _digest(model: torch.nn.Module) -> str:
 
 @pytest.fixture(scope="module")
 def peers():
-    group = WorkerGroup(Peer, shared_cluster(), "comm-peers", num_ranks=2)
+    group = WorkerGroup(Peer, shared_cluster(), "comm-peers", num_ranks=3)
     yield group
     group.shutdown()
 
@@ -166,29 +161,23 @@ def test_sending_to_a_rank_that_never_starts_fails_naming_it():
         a.close()
 
 
-def test_receiver_of_a_dead_sender_gets_an_error_naming_it():
-    group = WorkerGroup(Peer, shared_cluster(), "comm-dying", num_ranks=2)
+def test_receiver_of_a_dead_sender_gets_an_error_naming_it(peers):
+    dying = WorkerGroup(Peer, shared_cluster(), "comm-dying", num_ranks=1)
     try:
-        receiving = group.recv_twice("comm-dying", 1, ranks=[0])
-        dying = group.send_then_die("comm-dying", 0, ranks=[1])
+        receiving = peers.recv_twice("comm-dying", 0, ranks=[2])
+        died = dying.send_then_die("comm-peers", 2)
         (message,) = receiving.wait(timeout=90)
         assert message.startswith("last words | ")
-        assert "comm-dying[1]" in message and "died" in message
+        assert "comm-dying[0]" in message and "died" in message
         with pytest.raises(WorkerError):
-            dying.wait(timeout=30)
+            died.wait(timeout=30)
     finally:
-        group.shutdown()
+        dying.shutdown()
 
 
-def test_weight_broadcast_arrives_bit_identical_in_bounded_buckets():
-    cluster = shared_cluster()
-    trainer = WorkerGroup(Trainer, cluster, "comm-trainer", num_ranks=1)
-    gens = WorkerGroup(Generator, cluster, "comm-gen", num_ranks=2)
-    try:
-        pulled = gens.pull("comm-trainer", 0)
-        ((buckets, digest),) = trainer.push("comm-gen", [0, 1], 8 << 10).wait(timeout=120)
-        assert pulled.wait(timeout=120) == [digest, digest]
-        assert buckets >= 3  # the 8 KiB bound split the model
-    finally:
-        trainer.shutdown()
-        gens.shutdown()
+def test_weight_broadcast_arrives_bit_identical_in_bounded_buckets(peers):
+    peers.use_transport("auto").wait()
+    pulled = peers.pull_weights(0, ranks=[1, 2])
+    ((buckets, digest),) = peers.push_weights([1, 2], 8 << 10, ranks=[0]).wait(timeout=120)
+    assert pulled.wait(timeout=120) == [digest, digest]
+    assert buckets >= 3  # the 8 KiB bound split the model
