@@ -6,6 +6,11 @@ process and prints one JSON line; the sides run alternately (A B A B ...) and th
 medians, with speed ratios taken pair by pair. The limit to compare with is the raw vector-env
 stepping rate with random actions, measured here for the m2flow env adapter and bare gymnasium.
 
+The m2flow side is ``m2flow.runners.embodied.train`` with ``examples/embodied/halfcheetah_ppo.yaml``'s
+settings (``--m2flow-placement`` picks the plan; the 8 envs are split evenly over the env ranks),
+run by this same script in a child process (``--m2flow-side``). Its wall time is the training
+loop's, as the peers' is their ``learn()`` call's: Ray start-up and worker launch are reported apart.
+
     python benchmarks/e1_embodied.py --setup                  # peer venv: benchmarks/.venvs/sb3
     python benchmarks/e1_embodied.py --steps 20000 --repeats 2
     python benchmarks/e1_embodied.py --envs HalfCheetah-v5,Hopper-v5 --steps 300000 --seeds 0,1,2
@@ -51,11 +56,12 @@ class Side:
     python: Callable[[], str]
     script: Path | None
     unavailable: Callable[[], str | None]
+    extra: Callable[[argparse.Namespace], list[str]] = lambda args: []
 
     def command(self, args: argparse.Namespace, env: str, seed: int, threads: int) -> list[str]:
         """The command line of one training run; every side takes the same flags."""
         return [
-            self.python(), str(self.script),
+            self.python(), str(self.script), *self.extra(args),
             "--env", env, "--steps", str(args.steps), "--seed", str(seed), "--threads", str(threads),
             "--last-n", str(args.last_n), "--checkpoints", args.checkpoints,
         ]
@@ -72,14 +78,75 @@ def _sb3_missing() -> str | None:
 SIDES: dict[str, Side] = {
     "sb3": Side("sb3", _sb3_python, HERE / "peers" / "sb3_ppo.py", _sb3_missing),
     "cleanrl": Side("cleanrl", lambda: sys.executable, HERE / "peers" / "cleanrl_ppo.py", lambda: None),
-    # m2flow's embodied PPO plugs in here: a script taking the same flags and printing the same line.
     "m2flow": Side(
-        "m2flow",
-        lambda: sys.executable,
-        None,
-        lambda: "m2flow embodied training is not wired into this benchmark yet",
+        "m2flow", lambda: sys.executable, Path(__file__).resolve(), lambda: None,
+        lambda args: ["--m2flow-side", "--m2flow-placement", args.m2flow_placement],
     ),
 }
+
+
+def m2flow_side(args: argparse.Namespace) -> dict:
+    """One m2flow training run in this process, reported in the peers' JSON format."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from m2flow.config import from_dict
+    from m2flow.config.workflows import load_workflow_config
+    from m2flow.runners.embodied import train
+    from m2flow.runners.embodied_config import EmbodiedConfig
+    from m2flow.runtime.placement import NodeLayout, parse_placement
+    from m2flow.runtime.logs import setup_logging
+
+    setup_logging(console=False)
+    env_ranks = parse_placement(args.m2flow_placement, NodeLayout((64,)), ("env", "rollout", "actor"))["env"].world_size
+    if 8 % env_ranks:
+        raise SystemExit(f"--m2flow-placement: 8 envs do not split over {env_ranks} env ranks")
+    _, base = load_workflow_config(ROOT / "examples" / "embodied" / "halfcheetah_ppo.yaml")
+    with tempfile.TemporaryDirectory(prefix="e1-m2flow-") as run_dir:
+        data = {
+            "cluster": {"cpu_devices_per_node": 8},
+            "placement": args.m2flow_placement,
+            "env": {"env_id": args.env, "num_envs": 8 // env_ranks},
+            "rollout_steps": 2048 // 8,
+            "total_env_steps": args.steps,
+            "policy": {"hidden_sizes": base.policy.hidden_sizes, "activation": base.policy.activation},
+            "algorithm": {"epochs": 10, "minibatch_size": 64, "lr": 3e-4, "gamma": 0.99, "gae_lambda": 0.95,
+                          "clip": 0.2, "ent_coef": 0.0, "vf_coef": 0.5, "max_grad_norm": 0.5},
+            "env_worker": {"num_threads": args.threads},
+            "rollout": {"num_threads": args.threads},
+            "actor": {"num_threads": args.threads},
+            "seed": args.seed,
+            "run_dir": run_dir,
+            "metrics": {"sinks": []},
+        }
+        result = train(from_dict(EmbodiedConfig, data))
+    checkpoints = sorted(int(c) for c in args.checkpoints.split(",") if c)
+    noted: dict[str, float | None] = {}
+    boundaries = [int(h["env/total_steps"]) for h in result.history]
+    for c in checkpoints:
+        # as the peers: the recent mean when the step count first passes the checkpoint
+        at = next((b for b in boundaries if b >= c), None)
+        if at is not None:
+            seen = [r for s, r in result.episodes if s <= at][-args.last_n:]
+            noted[str(c)] = float(np.mean(seen)) if seen else None
+    last = [r for _, r in result.episodes][-args.last_n:]
+    steps = boundaries[-1] if boundaries else 0
+    wall = result.loop_s
+    return {
+        "side": "m2flow",
+        "env": args.env,
+        "seed": args.seed,
+        "threads": args.threads,
+        "placement": args.m2flow_placement,
+        "mode": result.mode + (" (fused)" if result.fused else ""),
+        "steps": steps,
+        "wall_s": round(wall, 3),
+        "startup_s": round(result.startup_s, 3),
+        "env_steps_per_s": round(steps / wall, 1) if wall else None,
+        "update_frac": round(sum(h["time/actor_busy_s"] for h in result.history) / wall, 3) if wall else None,
+        "mean_return": float(np.mean(last)) if last else None,
+        "last_n": args.last_n,
+        "episodes": len(result.episodes),
+        "checkpoints": noted,
+    }
 
 
 def setup() -> None:
@@ -216,8 +283,18 @@ def main() -> None:
     p.add_argument("--raw-only", action="store_true", help="measure only the raw stepping rate")
     p.add_argument("--timeout", type=float, default=7200, help="seconds allowed per training run")
     p.add_argument("--out", default=str(HERE / "results" / "e1_embodied.json"), help="result JSON path")
+    p.add_argument("--m2flow-placement", default="env,rollout: 0-1, actor: 0",
+                   help="the m2flow side's placement (env, rollout, actor)")
+    p.add_argument("--m2flow-side", action="store_true", help=argparse.SUPPRESS)  # one m2flow run, JSON out
+    p.add_argument("--env", default="HalfCheetah-v5", help=argparse.SUPPRESS)
+    p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
 
+    if args.m2flow_side:
+        threads = int(args.threads)
+        args.threads = threads
+        print(json.dumps(m2flow_side(args)))
+        return
     if args.setup:
         setup()
         return
@@ -254,6 +331,7 @@ def main() -> None:
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "cpus": os.cpu_count(),
         "threads": threads,
+        "m2flow_placement": args.m2flow_placement,
         "skipped_sides": skipped,
         "raw_step": raw,
         "summary": summary,

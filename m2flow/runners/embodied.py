@@ -23,12 +23,14 @@ import pickle
 import time
 import uuid
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from m2flow.config.convert import to_dict
+from m2flow.config.loader import load_config, save_config
 from m2flow.runners.embodied_config import COMPONENTS, EmbodiedConfig
 from m2flow.runtime import Cluster, GroupHandle, WorkerGroup
 from m2flow.runtime.placement import ComponentPlacement
@@ -39,6 +41,7 @@ log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
 TRAINER_STATE = "trainer_state.pkl"
+CONFIG_FILE = "config.yaml"
 
 
 @dataclass
@@ -52,6 +55,10 @@ class TrainResult:
     episodes: list[tuple[int, float]] = field(default_factory=list)
     """(env steps when the episode was reported, raw return), in order."""
     last_checkpoint: Path | None = None
+    startup_s: float = 0.0
+    """seconds from the start until the workers were ready (Ray, processes, models)."""
+    loop_s: float = 0.0
+    """seconds spent in the training loop itself."""
 
 
 # ----------------------------------------------------------------------------- the macro loop
@@ -60,6 +67,7 @@ class TrainResult:
 def train_loop(flow: EmbodiedFlow, start: int, iterations: int, logger: Any, result: TrainResult,
                eval_every: int = 0, checkpoint_every: int = 0) -> None:
     """Iterations ``start .. iterations - 1`` of: sync weights, interact <-> act, train, log, checkpoint."""
+    loop_start = time.perf_counter()
     for it in range(start, iterations):
         t0 = time.perf_counter()
         with get_tracer().span("step", cat="step", step=it):
@@ -76,6 +84,7 @@ def train_loop(flow: EmbodiedFlow, start: int, iterations: int, logger: Any, res
         result.history.append(metrics)
         if checkpoint_every and ((it + 1) % checkpoint_every == 0 or it + 1 == iterations):
             result.last_checkpoint = flow.save_checkpoint(it + 1)
+    result.loop_s = time.perf_counter() - loop_start
     result.episodes = list(flow.episodes)
 
 
@@ -250,6 +259,7 @@ class EmbodiedFlow:
         if not self.fused:
             handles["rollout"] = self.rollout.save_checkpoint(str(path))
         _gather(handles)
+        save_config(self.cfg, path / CONFIG_FILE, workflow="embodied")  # what evaluation needs
         state = {"next_iteration": next_iteration, "env_steps": self.env_steps, "episodes": self.episodes,
                  "recent": list(self.recent), "norm_deltas": self._deltas, "seed": self.cfg.seed,
                  "env_ranks": self.env_ranks, "fused": self.fused}
@@ -302,6 +312,7 @@ def train(cfg: EmbodiedConfig, cluster: Cluster | None = None) -> TrainResult:
     from m2flow.metrics import MetricsLogger
     from m2flow.runtime.logs import setup_logging
 
+    started = time.perf_counter()
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     setup_logging(log_file=run_dir / "driver.log", console=False)
@@ -320,6 +331,7 @@ def train(cfg: EmbodiedConfig, cluster: Cluster | None = None) -> TrainResult:
         if resume is not None:
             start = flow.load_checkpoint(resume)
             log.info("resuming from %s at iteration %d", resume, start)
+        result.startup_s = time.perf_counter() - started
         description = f"embodied {cfg.env.env_id} ({flow.mode}{', fused' if flow.fused else ''})"
         with MetricsLogger(run_dir, cfg.metrics, total_steps=flow.iterations * cfg.batch_size(flow.env_ranks),
                            description=description, run_config=to_dict(cfg)) as logger:
@@ -334,6 +346,24 @@ def train(cfg: EmbodiedConfig, cluster: Cluster | None = None) -> TrainResult:
             merge_traces(run_dir)
     (run_dir / "episodes.json").write_text(json.dumps(result.episodes))
     return result
+
+
+def evaluate_checkpoint(path: str | Path, episodes: int = 10, overrides: Sequence[str] = (),
+                        deterministic: bool = True) -> dict[str, float]:
+    """Deterministic episodes of a saved checkpoint's policy, in this process (no workers).
+
+    The run's config is read from the checkpoint; ``overrides`` (``key=value``) change it, e.g.
+    ``env.num_envs=1`` or ``env.env_kwargs.render_mode=human``.
+    """
+    from m2flow.workers.embodied.evaluate import evaluate_policy, load_checkpoint_parts
+
+    path = Path(path)
+    if not (path / TRAINER_STATE).is_file():
+        raise FileNotFoundError(f"{path} is not an embodied checkpoint (no {TRAINER_STATE})")
+    cfg = load_config(EmbodiedConfig, path / CONFIG_FILE, overrides)
+    weights, norm = load_checkpoint_parts(path)
+    return evaluate_policy(cfg.env, cfg.policy, weights, norm, episodes, seed=cfg.seed,
+                           deterministic=deterministic)
 
 
 def run_embodied(cfg: EmbodiedConfig) -> int:

@@ -112,11 +112,10 @@ def test_resume_continues_exactly(runs, cluster, tmp_path):
 
 
 def test_a_checkpoint_is_evaluated_on_its_own(runs):
-    from m2flow.workers.embodied.evaluate import evaluate_policy, load_checkpoint_parts
+    from m2flow.runners.embodied import evaluate_checkpoint
 
-    cfg, full = runs["collocated"]
-    weights, norm = load_checkpoint_parts(full.last_checkpoint)
-    metrics = evaluate_policy(cfg.env, cfg.policy, weights, norm, episodes=4)
+    _, full = runs["collocated"]
+    metrics = evaluate_checkpoint(full.last_checkpoint, episodes=4, overrides=["env.num_envs=2"])
     assert metrics["eval/episodes"] == 4.0
     assert metrics["eval/return"] > 1.0  # the trained policy, acting greedily
 

@@ -1,0 +1,146 @@
+"""Benchmark E2: the same embodied PPO workload under different execution plans.
+
+E1's workload (HalfCheetah-v5, 8 envs x 256 steps per iteration, minibatch 64, 10 epochs) runs in
+each plan below for a few iterations; plans run in rotation (A B C A B C ...), each in a fresh
+process, and the figures are medians over iterations and rounds. For every plan the step time is
+set against the ideal its stages allow: the rollout phase cannot be shorter than its busiest stage
+(the env ranks' simulation, or the rollout ranks' inference; both at once where they share a
+process), and the update cannot start before the last trajectory arrives, so
+
+    ideal = max(env stage busy, rollout stage busy) + actor busy     (per iteration)
+
+    python benchmarks/e2_placements.py                      # every plan, 6 iterations, 2 rounds
+    python benchmarks/e2_placements.py --plans collocated-sequential,hybrid-pipelined --iterations 10
+
+Writes ``benchmarks/results/e2_placements.json`` (or ``--out``) and prints one summary line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+# name: (placement, pipeline stages, env and rollout fused when collocated)
+PLANS: dict[str, tuple[str, int, bool]] = {
+    # env and rollout ranks on one device take turns, one message each way per step
+    "collocated-sequential": ("env,rollout,actor: 0", 1, False),
+    # the same devices, the policy inside the env process (no messages)
+    "collocated-fused": ("env,rollout,actor: 0", 1, True),
+    # env, rollout and actor each on their own device; two stages overlap simulation and inference
+    "disaggregated-pipelined": ("env: 0, rollout: 1, actor: 2", 2, True),
+    # env and rollout on their own devices, pipelined; the actor data-parallel over both
+    "hybrid-pipelined": ("env: 0, rollout: 1, actor: 0-1", 2, True),
+    # two fused env ranks of 4 envs, one per device; one actor rank (E1's plan)
+    "collocated-fused-2ranks": ("env,rollout: 0-1, actor: 0", 1, True),
+}
+
+
+def run_plan(name: str, iterations: int, env_id: str, seed: int) -> dict:
+    """Train ``iterations`` iterations under plan ``name`` in this process; per-iteration stage times."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from m2flow.config import from_dict
+    from m2flow.runners.embodied import train
+    from m2flow.runners.embodied_config import EmbodiedConfig
+    from m2flow.runtime.logs import setup_logging
+
+    setup_logging(console=False)
+    placement, stages, fused = PLANS[name]
+    cfg = from_dict(EmbodiedConfig, {"placement": placement})
+    env_ranks = cfg.plan()["env"].world_size
+    with tempfile.TemporaryDirectory(prefix="e2-") as run_dir:
+        cfg = from_dict(EmbodiedConfig, {
+            "cluster": {"cpu_devices_per_node": 8},
+            "placement": placement,
+            "pipeline_stages": stages,
+            "env": {"env_id": env_id, "num_envs": 8 // env_ranks},
+            "rollout_steps": 256,
+            "total_env_steps": iterations * 2048,
+            "rollout": {"fuse_with_env": fused},
+            "seed": seed,
+            "run_dir": run_dir,
+            "metrics": {"sinks": []},
+        })
+        result = train(cfg)
+    rows = []
+    for h in result.history[1:]:  # the first iteration warms caches and connections up
+        env_stage = h["time/env_busy_s"] + (h["time/rollout_busy_s"] if result.fused else 0.0)
+        rollout_stage = 0.0 if result.fused else h["time/rollout_busy_s"]
+        ideal = max(env_stage, rollout_stage) + h["time/actor_busy_s"]
+        rows.append({"step_s": h["time/iteration_s"], "env_stage_s": env_stage, "rollout_stage_s": rollout_stage,
+                     "actor_s": h["time/actor_busy_s"], "ideal_s": ideal})
+    return {"plan": name, "placement": placement, "stages": stages, "mode": result.mode, "fused": result.fused,
+            "iterations": rows}
+
+
+def summarize(runs: list[dict], plans: list[str]) -> dict:
+    out = {}
+    for name in plans:
+        rows = [r for run in runs if run["plan"] == name for r in run["iterations"]]
+        if not rows:
+            continue
+        med = {k: round(statistics.median(r[k] for r in rows), 4) for k in rows[0]}
+        med["step_over_ideal"] = round(statistics.median(r["step_s"] / r["ideal_s"] for r in rows), 3)
+        first = next(run for run in runs if run["plan"] == name)
+        out[name] = {"placement": first["placement"], "stages": first["stages"], "mode": first["mode"],
+                     "fused": first["fused"], **med, "iterations": len(rows)}
+    base = out.get("collocated-sequential")
+    if base:
+        for entry in out.values():
+            entry["speedup_vs_collocated_sequential"] = round(base["step_s"] / entry["step_s"], 3)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--plans", default=",".join(PLANS), help=f"comma-separated, from {list(PLANS)}")
+    p.add_argument("--iterations", type=int, default=6, help="iterations per run (the first is not counted)")
+    p.add_argument("--rounds", type=int, default=2, help="rotations over the plans")
+    p.add_argument("--env", default="HalfCheetah-v5", help="gymnasium id")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=3600, help="seconds allowed per run")
+    p.add_argument("--out", default=str(HERE / "results" / "e2_placements.json"), help="result JSON path")
+    p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # run one plan here, JSON out
+    args = p.parse_args()
+    if args.one:
+        print(json.dumps(run_plan(args.one, args.iterations, args.env, args.seed)))
+        return
+    plans = [x for x in args.plans.split(",") if x]
+    unknown = [x for x in plans if x not in PLANS]
+    if unknown:
+        raise SystemExit(f"unknown plans {unknown}; valid: {list(PLANS)}")
+    runs = []
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    for _ in range(args.rounds):
+        for name in plans:
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--one", name, "--iterations",
+                   str(args.iterations), "--env", args.env, "--seed", str(args.seed)]
+            with tempfile.TemporaryDirectory(prefix="e2-cwd-") as cwd:
+                proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=args.timeout)
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+            if proc.returncode != 0 or not lines:
+                raise RuntimeError(f"plan {name} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+            runs.append(json.loads(lines[-1]))
+            print(json.dumps({k: v for k, v in runs[-1].items() if k != "iterations"}), file=sys.stderr)
+    summary = summarize(runs, plans)
+    record = {"benchmark": "E2", "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+              "cpus": os.cpu_count(), "summary": summary, "runs": runs}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    parts = [f"{n}: {e['step_s']:.3f}s/step, {e['step_over_ideal']}x ideal, "
+             f"{e.get('speedup_vs_collocated_sequential', 1.0)}x vs collocated-sequential"
+             for n, e in summary.items()]
+    print("E2 | " + " | ".join(parts))
+
+
+if __name__ == "__main__":
+    main()
