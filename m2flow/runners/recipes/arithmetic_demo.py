@@ -5,6 +5,16 @@
 match: it uses only library pieces (task, tokenizer, tiny model, SFT, HF generation, GRPO
 advantage, PPO clipped loss) and no Ray.
 
+Why these settings: 2-digit addition and subtraction with answers written most significant digit
+first is hard for a tiny model. A 4-layer, 128-wide Qwen2 learns it under supervision (lr 1e-3)
+with a sharp rise at a seed-dependent step (around 550 for one seed, past 900 for others), while a
+2-layer one (lr 3e-3) is still near 5% after 1,600 steps. So the warm start stops by a rule
+(train-probe accuracy >= 15%, or `sft_max_steps`) rather than after a fixed step count. In the
+warm-started model most errors are in the last digit, and 8 samples at temperature 1 hold the right
+answer for ~60% of problems: that is what GRPO turns into greedy accuracy. GRPO with Adam at
+lr >= 5e-4 wrecks the warm start within 25 steps (gradient clipping or not); 2e-4 with 64 prompts
+x 8 samples and a short lr warm-up improves steadily.
+
 Reward: 1.0 when the response is exactly the answer followed by end-of-sequence, else 0.0; with
 `digit_credit > 0`, a wrong answer of the right length earns `digit_credit` x (share of its digits
 that are right), a small shaping term that is off by default.
@@ -23,7 +33,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from transformers import PreTrainedModel
 
@@ -153,7 +162,9 @@ def grpo_step(
     per_group = scores.view(-1, g)
     mixed = (per_group.max(1).values > per_group.min(1).values).float().mean()
     loss_value = 0.0
-    if bool(mixed > 0):
+    if bool(mixed > 0):  # all-constant groups have zero advantages: no update at all
+        # The HF backend reports the same log-probs the training forward computes, so one update per
+        # batch needs no extra pass; more updates need the pre-update policy recomputed.
         old = batch.rollout_logprobs
         if recipe.updates_per_batch > 1:
             with torch.no_grad():
