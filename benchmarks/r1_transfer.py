@@ -12,6 +12,8 @@ include one small-message latency; small-object latency is half a ping-pong.
 
     python benchmarks/r1_transfer.py --setup      # once: RLinf 0.3.0 into benchmarks/.venvs/rlinf
     python benchmarks/r1_transfer.py [--rounds 3] [--quick]
+    python benchmarks/r1_transfer.py --cross-node # the cross-node path: a two-node Ray cluster here;
+                                                  # m2flow's socket stream vs gloo vs Ray's object transfer
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ RLINF_REQUIREMENTS = [["torch==2.13.0", "ray==2.60.0", "numpy"], ["rlinf==0.3.0"
 class M2Sender(Worker):
     def __init__(self) -> None:
         _ = self.comm  # listen from the start
+
+    def transport_to(self, group: str, rank: int) -> str:
+        return self.comm.transport_to(group, rank)
 
     def use_transport(self, kind: str) -> None:
         self._m2flow_comm.close()
@@ -153,12 +158,78 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def cross_node(rounds: int, sizes: list[int], iters: list[int], small: int) -> None:
+    """Sender on one Ray node, receiver on another (both on this machine, talking over loopback)."""
+    from ray.cluster_utils import Cluster as RayTestCluster
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    raycluster = RayTestCluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    raycluster.add_node(num_cpus=1)
+    raycluster.wait_for_nodes()
+    cluster = Cluster(ClusterConfig(address=raycluster.address, cpu_devices_per_node=1))
+    send = WorkerGroup(M2Sender, cluster, "r1_send", placement="0")
+    recv = WorkerGroup(M2Receiver, cluster, "r1_recv", placement="1")
+    on = [NodeAffinitySchedulingStrategy(n.node_id, soft=False) for n in cluster.nodes]
+    ray_recv = RayReceiver.options(scheduling_strategy=on[1]).remote()
+    ray_send = RaySender.options(scheduling_strategy=on[0]).remote(ray_recv)
+    port = _free_port()
+    gloo = [GlooPeer.options(scheduling_strategy=on[r]).remote(r, port) for r in (0, 1)]
+    ray.get([g.ready.remote() for g in gloo])
+
+    def m2flow() -> dict[str, float]:
+        out = {}
+        echo = recv.echo(small + 10)
+        out["small_one_way_us"] = 1e6 * send.latency(small + 10).wait()[0]
+        echo.wait()
+        for mib, n in zip(sizes, iters):
+            sink = recv.sink(mib * MIB, n + 2)
+            out[f"{mib}MiB_GBps"] = mib * MIB / send.transfer(mib * MIB, n + 2).wait()[0] / 1e9
+            sink.wait()
+        return out
+
+    def plain_ray() -> dict[str, float]:
+        out = {"small_one_way_us": 1e6 * ray.get(ray_send.latency.remote(small + 10))}
+        for mib, n in zip(sizes, iters):
+            out[f"{mib}MiB_GBps"] = mib * MIB / ray.get(ray_send.transfer.remote(mib * MIB, n + 2)) / 1e9
+        return out
+
+    def gloo_side() -> dict[str, float]:
+        return {
+            f"{mib}MiB_GBps": mib * MIB / ray.get([g.run.remote(mib * MIB, n + 2) for g in gloo])[0] / 1e9
+            for mib, n in zip(sizes, iters)
+        }
+
+    transport = send.execute("transport_to", "r1_recv", 0).wait()[0]
+    per_round = ab_rounds({"m2flow_socket": m2flow, "ray_object_transfer": plain_ray, "gloo": gloo_side}, rounds)
+    med = {name: medians(r) for name, r in per_round.items()}
+    result = {
+        "benchmark": "R1 cross-node transport choice: two Ray nodes on one machine (loopback TCP)",
+        "workload": {"sizes_mib": sizes, "iters": iters, "small_iters": small, "rounds": rounds},
+        "m2flow_transport": transport,
+        "environment": environment(),
+        "medians": med,
+        "per_round": per_round,
+    }
+    path = write_result("r1_cross_node", result)
+    print(
+        f"R1 cross-node ({transport}): 128MiB socket {med['m2flow_socket']['128MiB_GBps']:.2f} GB/s, "
+        f"gloo {med['gloo']['128MiB_GBps']:.2f}, Ray object transfer {med['ray_object_transfer']['128MiB_GBps']:.2f}; "
+        f"small one-way socket {med['m2flow_socket']['small_one_way_us']:.0f} us vs Ray "
+        f"{med['ray_object_transfer']['small_one_way_us']:.0f} us -> {path}"
+    )
+    send.shutdown()
+    recv.shutdown()
+    ray.shutdown()
+    raycluster.shutdown()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--setup", action="store_true", help="install RLinf 0.3.0 into benchmarks/.venvs/rlinf and exit")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
     ap.add_argument("--no-rlinf", action="store_true", help="skip the RLinf side")
+    ap.add_argument("--cross-node", action="store_true", help="measure the transports between two Ray nodes")
     args = ap.parse_args()
     if args.setup:
         print(make_venv("rlinf", RLINF_REQUIREMENTS))
@@ -168,6 +239,9 @@ def main() -> None:
     sizes = [1, 16, 128]
     iters = [6, 4, 3] if args.quick else [30, 15, 8]
     small = 60 if args.quick else 500
+    if args.cross_node:
+        cross_node(args.rounds, sizes, iters, small)
+        return
 
     cluster = Cluster(ClusterConfig())
     send = WorkerGroup(M2Sender, cluster, "r1_send", num_ranks=1)
