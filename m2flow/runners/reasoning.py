@@ -71,7 +71,9 @@ def train_loop(flow: ReasoningFlow, loader: PromptDataLoader, start: int, steps:
                 inference=flow.inference.compute(step, slots),       # old / reference log-probs
                 actor=flow.actor.train(step, slots),                 # trains on micro-batches as they come
             )
-        metrics.update(evaluated, **flow.rates(metrics, time.perf_counter() - t0))
+        # Held-out evaluation is timed on its own, so time/step and the rates describe training only.
+        seconds = time.perf_counter() - t0 - evaluated.get("time/eval", 0.0)
+        metrics.update(evaluated, **flow.rates(metrics, seconds))
         logger.log(metrics, step=step + 1)
         history.append(metrics)
         if checkpoint_every and ((step + 1) % checkpoint_every == 0 or step + 1 == steps):
@@ -209,6 +211,7 @@ class ReasoningFlow:
         """Greedy held-out accuracy of the rollout's current weights (empty without a held-out set)."""
         if self.test_set is None:
             return {}
+        start = time.perf_counter()
         from m2flow.workers.reward import build_reward_fn
 
         items = list(self.test_set)[: self.cfg.eval_size] if self.cfg.eval_size else list(self.test_set)
@@ -225,7 +228,9 @@ class ReasoningFlow:
                 answers.append(it.answer)
         if not hasattr(self, "_reward_fn"):
             self._reward_fn = build_reward_fn(self.cfg.reward)
-        return score_responses(texts, lengths, answers, self._reward_fn)
+        metrics = score_responses(texts, lengths, answers, self._reward_fn)
+        metrics["time/eval"] = time.perf_counter() - start
+        return metrics
 
     def save_checkpoint(self, next_step: int, loader: PromptDataLoader) -> Path:
         """Actor weights + optimizer + RNG (by the actor), data position and step (here)."""
@@ -318,8 +323,10 @@ class ReasoningRun:
         cfg = self.cfg
         with MetricsLogger(self.run_dir, cfg.metrics, total_steps=cfg.steps,
                            description=f"reasoning ({self.flow.mode})", run_config=to_dict(cfg)) as logger:
+            start = time.perf_counter()
             history = train_loop(self.flow, self.loader, self.start, cfg.steps, logger, cfg.eval_every,
                                  cfg.checkpoint_every)
+            logger.print(summarize(history, self.flow.mode, time.perf_counter() - start, self.run_dir))
         done = sorted((self.run_dir / CHECKPOINTS).glob("step_*"))
         return TrainResult(self.run_dir, self.flow.mode, history, done[-1] if done else None)
 
@@ -342,13 +349,19 @@ def train(cfg: ReasoningConfig, cluster: Cluster | None = None) -> TrainResult:
         return run.train()
 
 
+def summarize(history: Sequence[dict[str, float]], mode: str, seconds: float, run_dir: Path) -> str:
+    """One line: iterations, time, and where reward and held-out accuracy started and ended."""
+    parts = [f"reasoning ({mode}): {len(history)} iteration(s) in {seconds:.1f}s"]
+    for key in ("reward/mean", "eval/accuracy"):
+        seen = [h[key] for h in history if key in h]
+        if seen:
+            parts.append(f"{key} {seen[0]:.3f} -> {seen[-1]:.3f}")
+    return "; ".join(parts) + f"; run directory {run_dir}"
+
+
 def run_reasoning(cfg: ReasoningConfig) -> int:
     """Entry point of ``m2flow train`` for ``workflow: reasoning``."""
-    result = train(cfg)
-    last = result.history[-1] if result.history else {}
-    summary = ", ".join(f"{k}={last[k]:.4g}" for k in ("reward/mean", "eval/accuracy") if k in last)
-    logging.getLogger("m2flow").info("done (%s): %s; run directory %s", result.mode, summary or "no steps run",
-                                     result.run_dir)
+    train(cfg)
     return 0
 
 
