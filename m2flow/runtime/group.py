@@ -73,6 +73,8 @@ class _RankHost:
             worker = cls.__new__(cls)
             worker._m2flow_ctx = self.ctx  # identity is known before the subclass __init__ runs
             worker.__init__(*args, **kwargs)
+            # Listen from the start: a peer may send before this rank first touches comm.
+            worker.comm  # noqa: B018
         except BaseException as e:  # noqa: BLE001 - every failure goes back to the caller
             return self._failure(e)
         self.worker = worker

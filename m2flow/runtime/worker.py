@@ -165,7 +165,8 @@ class Worker:
         if comm is None:
             from m2flow.runtime.comm import Communicator
 
-            comm = Communicator(self.group_name, self.rank, self.node_ip, self.cluster_namespace)
+            comm = Communicator(self.group_name, self.rank, self.node_ip, self.cluster_namespace,
+                                world_size=self.world_size)
             self._m2flow_comm = comm
         return comm
 
