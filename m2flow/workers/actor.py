@@ -147,11 +147,13 @@ class ActorWorker(ReasoningWorker):
         metrics: dict[str, float] = {}
         with self.turn(), self.tracer.span("train", cat="train", step=step, groups=len(live)):
             batch = join_groups(live) if live else None
-            if batch is not None:
-                if self.critic is not None:
-                    batch.values = self._values(batch)
-                fill_advantages(batch, self.algo)
             dummy = join_groups(groups[:1]) if groups else None  # input for lockstep padding passes
+            if self.critic is not None:
+                values = self._values(batch, dummy)
+                if batch is not None:
+                    batch.values = values
+            if batch is not None:
+                fill_advantages(batch, self.algo)
             for _ in range(self.cfg.update_epochs):
                 for mini in _split(batch, self.cfg.mini_batches):
                     metrics = self._mini_batch_update(mini, dummy)
@@ -221,13 +223,20 @@ class ActorWorker(ReasoningWorker):
         return metrics
 
     @torch.no_grad()
-    def _values(self, batch: RolloutBatch) -> torch.Tensor:
-        """(B, Lr) values of the critic before this iteration's update, in micro-batches."""
+    def _values(self, batch: RolloutBatch | None, dummy: RolloutBatch | None) -> torch.Tensor | None:
+        """(B, Lr) values of the critic before this iteration's update, in micro-batches (None: no batch)."""
         assert self.critic is not None
-        b = batch.to(self.torch_device)
-        values = self.critic.module.response_values(
-            b.prompt_ids, b.prompt_mask, b.response_ids, b.response_mask, micro_batch_size=self.cfg.micro_batch_size)
-        return values.float().cpu()
+        micro = batch.split(self.cfg.micro_batch_size) if batch is not None else []
+        rounds = len(micro)
+        if self.critic.strategy.lockstep:  # sharded forward passes are collectives: pad to the busiest rank
+            rounds = int(all_reduce_max([len(micro)])[0])
+        out = []
+        for i in range(rounds):
+            b = (micro[i] if i < len(micro) else _with_zero_advantages(dummy)).to(self.torch_device)
+            values = self.critic.module.response_values(b.prompt_ids, b.prompt_mask, b.response_ids, b.response_mask)
+            if i < len(micro):
+                out.append(_pad_right(values.float().cpu(), batch.response_ids.shape[1]))  # type: ignore[union-attr]
+        return torch.cat(out) if out else None
 
     # -- checkpoints -------------------------------------------------------------------------
     def save_checkpoint(self, path: str) -> None:
@@ -279,6 +288,11 @@ def _split(batch: RolloutBatch | None, parts: int) -> list[RolloutBatch | None]:
         return [None] * parts
     bounds = np.linspace(0, len(batch), parts + 1).round().astype(int)
     return [batch.select(range(lo, hi)) if hi > lo else None for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
+def _pad_right(x: torch.Tensor, width: int) -> torch.Tensor:
+    """(B, L) -> (B, width), zeros on the right (micro-batches are trimmed to their longest response)."""
+    return torch.nn.functional.pad(x, (0, width - x.shape[1]))
 
 
 def _with_zero_advantages(batch: RolloutBatch | None) -> RolloutBatch:

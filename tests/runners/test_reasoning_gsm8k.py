@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from m2flow.config import from_dict
+from m2flow.models.causal_lm import CausalLMWithValueHead, load_causal_lm
 from m2flow.runners.reasoning import ReasoningRun
 from m2flow.runners.reasoning_config import ReasoningConfig
 from tests.ray_session import shared_cluster
@@ -22,21 +23,22 @@ GSM8K = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "gsm8k"
 @pytest.mark.skipif(not (GSM8K / "train.jsonl").is_file(), reason="GSM8K is not available")
 def test_gsm8k_ppo_runs_the_whole_loop(tmp_path):
     cfg = from_dict(ReasoningConfig, {
-        "placement": "rollout,reward: 0, inference,actor: 1",
+        # The actor's two ranks shard policy and critic with FSDP2 (lockstep passes, gathered updates).
+        "placement": "rollout,reward: 0, inference: 1, actor: 1-2",
         "model": {"path": str(tmp_path / "model"), "create_tiny": True,
                   "tiny": {"tokenizer": "bpe", "vocab_size": 400, "hidden_size": 32, "intermediate_size": 64}},
         "data": {"kind": "gsm8k", "path": str(GSM8K), "limit": 16, "prompts_per_step": 4},
         "rollout": {"sampling": {"n": 2, "max_new_tokens": 12}},
         "reward": {"fn": "math", "timeout_s": 2.0},
         "algorithm": {"adv_estimator": "gae", "lam": 0.95, "kl_loss_coef": 0.01},
-        "actor": {"optim": {"lr": 1e-3}, "micro_batch_size": 4, "mini_batches": 2},
-        "steps": 2, "eval_every": 2, "eval_size": 6,
+        "actor": {"strategy": "fsdp", "optim": {"lr": 1e-3}, "micro_batch_size": 2, "mini_batches": 2},
+        "steps": 2, "eval_every": 2, "eval_size": 6, "checkpoint_every": 2,
         "run_dir": str(tmp_path / "run"), "metrics": {"sinks": ["jsonl"]},
     })
     with ReasoningRun(cfg, shared_cluster()) as run:
         assert len(run.flow.train_set) == 16 and len(run.flow.test_set) == 1319
         result = run.train()
-        received = run.flow.actor.received_groups().wait()[0]
+        received = [g for rank in run.flow.actor.received_groups().wait() for g in rank]
     assert result.mode == "hybrid"
     for h in result.history:
         for key in ("actor/pg_loss", "actor/kl_loss", "critic/value_loss", "actor/grad_norm", "critic/grad_norm"):
@@ -46,3 +48,9 @@ def test_gsm8k_ppo_runs_the_whole_loop(tmp_path):
     assert result.history[0]["eval/prompts_count"] == 6 and "eval/accuracy" in result.history[-1]
     assert sorted((s, k) for s, k, _, _ in received) == [(s, k) for s in range(2) for k in range(4)]
     assert (result.run_dir / "metrics.jsonl").is_file()
+    # The checkpoint holds the gathered (unsharded) policy and critic, loadable as they are.
+    ckpt = result.last_checkpoint
+    assert ckpt is not None and ckpt.name == "step_000002"
+    policy = load_causal_lm(ckpt / "actor")
+    critic = CausalLMWithValueHead.from_pretrained(ckpt / "critic")
+    assert sum(p.numel() for p in policy.parameters()) > 0 and critic.value_head.weight.shape[0] == 1
