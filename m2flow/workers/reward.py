@@ -35,11 +35,11 @@ def build_reward_fn(cfg: RewardConfig, pool: SandboxPool | None = None) -> Rewar
 class RewardWorker(Worker):
     """Scores the groups routed to this rank and sends them on."""
 
-    def __init__(self, cfg: RewardConfig, scored_in: GroupStream, scored_out: GroupStream,
+    def __init__(self, cfg: RewardConfig, responses: GroupStream, scored: GroupStream,
                  *, max_new_tokens: int, dynamic_sampling: bool = False) -> None:
         self.cfg = cfg
-        self.inp = scored_in
-        self.out = scored_out
+        self.inp = responses
+        self.out = scored
         self.max_new_tokens = max_new_tokens
         self.dynamic_sampling = dynamic_sampling
         self.fn = build_reward_fn(cfg)

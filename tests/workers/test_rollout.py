@@ -1,0 +1,53 @@
+"""The rollout worker: n responses per prompt, groups emitted per chunk, sampling seeded by step."""
+
+from __future__ import annotations
+
+import torch
+
+from m2flow.workers.config import RolloutConfig, SamplingConfig
+from m2flow.workers.messages import PromptTask
+from m2flow.workers.rollout import RolloutWorker
+from tests.workers.harness import MemoryStream, local_worker
+
+PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [6]]
+
+
+def _generate(ckpt: str, step: int, seed: int = 0, chunk: int | None = None, n: int = 3):
+    prompts, out = MemoryStream(), MemoryStream()
+    cfg = RolloutConfig(sampling=SamplingConfig(n=n, max_new_tokens=5), prompts_per_chunk=chunk)
+    worker = local_worker(RolloutWorker, ckpt, cfg, prompts, out, seed=seed)
+    for slot, ids in enumerate(PROMPTS):
+        prompts.put(PromptTask(step, slot, 100 + slot, ids, str(slot)))
+    metrics = worker.generate(step, len(PROMPTS))
+    return out.take(0, len(PROMPTS)), metrics
+
+
+def test_each_prompt_becomes_a_group_of_n_with_its_slot_and_answer(tiny_ckpt):
+    groups, metrics = _generate(tiny_ckpt, step=0, chunk=3)
+    assert [(g.slot, g.index, g.answer, g.size) for g in groups] == [(k, 100 + k, str(k), 3) for k in range(4)]
+    for g, prompt in zip(groups, PROMPTS):
+        b = g.batch
+        assert (b.group_ids == g.slot).all() and len(g.texts) == 3
+        # Prompts are left-padded: the real tokens end the row.
+        assert b.prompt_ids[0, -len(prompt):].tolist() == prompt
+        assert (b.response_mask.sum(-1) >= 1).all() and b.rollout_logprobs.shape == b.response_ids.shape
+    assert metrics["rollout/responses_count"] == 12
+
+
+def test_sampling_depends_on_seed_and_step_only(tiny_ckpt):
+    def ids(groups):
+        return [g.batch.response_ids.tolist() for g in groups]
+
+    a, _ = _generate(tiny_ckpt, step=3, seed=1)
+    b, _ = _generate(tiny_ckpt, step=3, seed=1)
+    c, _ = _generate(tiny_ckpt, step=4, seed=1)
+    assert ids(a) == ids(b) and ids(a) != ids(c)
+
+
+def test_weights_digest_changes_with_the_weights(tiny_ckpt):
+    prompts, out = MemoryStream(), MemoryStream()
+    worker = local_worker(RolloutWorker, tiny_ckpt, RolloutConfig(), prompts, out)
+    before = worker.weights_digest()
+    with torch.no_grad():
+        next(worker.backend.model.parameters()).add_(1e-3)
+    assert worker.weights_digest() != before
