@@ -84,7 +84,8 @@ def test_grpo_raises_the_reward_it_is_given():
 
 
 @pytest.mark.slow
-def test_short_recipe_run_beats_its_warm_start_on_heldout_problems():
-    result = run_local_grpo(dataclasses.replace(ArithmeticDemoRecipe(), grpo_steps=50, eval_every=0, threads=1))
-    assert 0.0 < result.warm_start_accuracy < 0.5
+def test_recipe_run_beats_its_warm_start_on_heldout_problems():
+    # Seed 0 with one thread: warm start 0.218 -> 0.304 after 100 GRPO steps when this was written.
+    result = run_local_grpo(dataclasses.replace(ArithmeticDemoRecipe(), seed=0, eval_every=0, threads=1))
+    assert 0.05 < result.warm_start_accuracy < 0.5
     assert result.final_accuracy > result.warm_start_accuracy + 0.04, result
