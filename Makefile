@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: run test install clean
+.PHONY: run test test-all install clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -20,8 +20,12 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/m2flow demo
 
-## test: create .venv, install, run the test suite
+## test: create .venv, install, run the test suite (without the tests marked slow)
 test: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+## test-all: every test, the slow learning checks included
+test-all: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 clean:
