@@ -342,6 +342,11 @@ def _us(ns: int) -> float:
     return round(ns / 1000.0, 3)
 
 
+def _counter_event(e: dict[str, Any], pid: int, origin: int) -> dict[str, Any]:
+    return {"ph": "C", "name": e["name"], "pid": pid, "tid": 0, "ts": _us(e["ts"] - origin),
+            "args": {e["series"]: e["value"]}}
+
+
 def merge_traces(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Merge ``run_dir/trace/*.jsonl`` into one Chrome/Perfetto JSON trace (``run_dir/trace.json``).
 
@@ -365,10 +370,18 @@ def merge_traces(run_dir: str | Path, out: str | Path | None = None) -> Path:
     meta: list[dict[str, Any]] = []
     body: list[dict[str, Any]] = []
     processes: list[dict[str, Any]] = []
-    counters_pid = len(shards) + 1
+    # A process with nothing on a row of its own (a channel host: shared counters only) gets no row.
+    owners = [s for s in shards
+              if any(e["kind"] == "X" or not e.get("shared", True) for e in s.events)]
+    pids = {id(s): index + 1 for index, s in enumerate(owners)}
+    counters_pid = len(owners) + 1
     has_shared = False
-    for index, s in enumerate(shards):
-        pid = index + 1
+    for s in shards:
+        if id(s) not in pids:
+            body.extend(_counter_event(e, counters_pid, origin) for e in s.events)
+            has_shared = has_shared or bool(s.events)
+            continue
+        pid = pids[id(s)]
         info = s.info
         name = _process_name(info)
         devices = list(info.get("devices", []))
@@ -402,8 +415,7 @@ def merge_traces(run_dir: str | Path, out: str | Path | None = None) -> Path:
             else:
                 shared = e.get("shared", True)
                 has_shared = has_shared or shared
-                ev = {"ph": "C", "name": e["name"], "pid": counters_pid if shared else pid,
-                      "tid": 0, "ts": _us(e["ts"] - origin), "args": {e["series"]: e["value"]}}
+                ev = _counter_event(e, counters_pid if shared else pid, origin)
             body.append(ev)
     if has_shared:
         meta.append({"ph": "M", "name": "process_name", "pid": counters_pid, "tid": 0,

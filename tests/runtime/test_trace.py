@@ -175,6 +175,23 @@ def test_merge_names_processes_orders_tracks_and_rebases_time(tmp_path):
         (4, "device_lock/2", (("actor[1]", 1),)), (3, "local/thing", (("value", 5),))}
 
 
+def test_merge_gives_a_process_with_only_shared_counters_no_row(tmp_path):
+    trace_dir = tmp_path / "trace"
+    driver = Tracer(trace_dir, ProcessInfo("driver"), offset_ns=0)
+    host = Tracer(trace_dir, ProcessInfo("channel:ready", 0), offset_ns=0)
+    driver.complete("step", 0, 10 * MS, cat="step")
+    host.counter("channel/ready", 2, series="depth")
+    for t in (driver, host):
+        t.close()
+    trace = load_trace(merge_traces(tmp_path))
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {1: "driver @node0", 2: "counters"}
+    assert [p["name"] for p in trace["otherData"]["m2flow"]["processes"]] == ["driver @node0"]
+    (counter,) = [e for e in trace["traceEvents"] if e["ph"] == "C"]
+    assert (counter["pid"], counter["name"], counter["args"]) == (2, "channel/ready", {"depth": 2})
+
+
 def test_merge_skips_a_torn_last_line_and_needs_shards(tmp_path):
     with pytest.raises(FileNotFoundError):
         merge_traces(tmp_path)

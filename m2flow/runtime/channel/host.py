@@ -23,6 +23,7 @@ from m2flow.runtime.channel.metrics import ChannelMetrics, DepthTrace
 from m2flow.runtime.comm.payload import Desc, discard, inline_copy
 from m2flow.runtime.comm.shm import SegmentCache
 from m2flow.runtime.comm.wire import BufferPool, Connection, ConnectionLost, Listener
+from m2flow.runtime.trace import get_tracer
 
 log = logging.getLogger(__name__)
 _ids = itertools.count()
@@ -90,7 +91,7 @@ class ChannelHost:
         self._dead: list[str] = []
         self._cache = SegmentCache()
         self._metrics = ChannelMetrics(name)
-        self._trace = DepthTrace()
+        self._trace = DepthTrace(counter=f"channel/{name}")  # depth track in a traced run
         self._listener = Listener(
             host_ip, self._on_accept, name=f"ch-{uuid.uuid4().hex[:12]}-{next(_ids)}", pool=BufferPool()
         )
@@ -303,6 +304,9 @@ class ChannelHost:
             clients = list(self._clients)
             closers, self._closers = self._closers, []
             actions = self._progress()
+        # The depth track reaches the trace shard before the closer's close() returns: a run
+        # closes its channels, then merges the trace.
+        get_tracer().flush()
         for client in clients:
             self._send(client, ("closed",))
         for closer, req in closers:

@@ -6,6 +6,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from m2flow.runtime.trace import get_tracer
+
 
 @dataclass
 class WaitStats:
@@ -55,14 +57,23 @@ class ChannelMetrics:
 
 
 class DepthTrace:
-    """Depth samples at most every ``min_gap_s``, keeping the latest value of each gap."""
+    """Depth samples at most every ``min_gap_s``, keeping the latest value of each gap.
 
-    def __init__(self, min_gap_s: float = 0.005, maxlen: int = 20_000) -> None:
+    With ``counter`` set, every recorded depth also goes to the process's tracer as that counter
+    track (series ``depth``) when it traces: the timeline gets each change, not the thinned samples.
+    """
+
+    def __init__(self, min_gap_s: float = 0.005, maxlen: int = 20_000, counter: str | None = None) -> None:
         self.t0 = time.monotonic()
         self.min_gap_s = min_gap_s
+        self.counter = counter
         self.samples: deque[tuple[float, int]] = deque(maxlen=maxlen)
 
     def record(self, depth: int) -> None:
+        if self.counter is not None:
+            tracer = get_tracer()
+            if tracer.enabled:
+                tracer.counter(self.counter, depth, series="depth")
         now = time.monotonic() - self.t0
         if self.samples and now - self.samples[-1][0] < self.min_gap_s:
             self.samples[-1] = (self.samples[-1][0], depth)
