@@ -16,6 +16,7 @@ placement; the plan decides how it runs:
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import logging
 import math
@@ -31,6 +32,7 @@ from typing import Any
 
 from m2flow.config.convert import to_dict
 from m2flow.config.loader import load_config, save_config
+from m2flow.envs import EnvConfig
 from m2flow.runners.embodied_config import COMPONENTS, EmbodiedConfig
 from m2flow.runtime import Cluster, GroupHandle, WorkerGroup
 from m2flow.runtime.placement import ComponentPlacement
@@ -99,6 +101,17 @@ def _gather(handles: dict[str, GroupHandle]) -> dict[str, list[Any]]:
     return dict(zip(handles, asyncio.run(all_of())))
 
 
+def _spaces(env: EnvConfig) -> tuple[Any, Any]:
+    """The single-env observation and action spaces, from one env built here and closed again."""
+    from m2flow.envs import make_env
+
+    probe = make_env(env)
+    try:
+        return probe.observation_space, probe.action_space
+    finally:
+        probe.close()
+
+
 def _same_devices(a: ComponentPlacement, b: ComponentPlacement) -> bool:
     """Rank by rank, the two components sit on the same devices of the same nodes."""
     return a.world_size == b.world_size and all(
@@ -125,7 +138,6 @@ class EmbodiedFlow:
         actor_devices = plan["actor"].devices
         policy_holder = "env" if self.fused else "rollout"
         shares = bool(plan[policy_holder].devices & actor_devices)
-        common = dict(log_dir=self.run_dir / "logs", trace_dir=trace_dir)
         env_kwargs: dict[str, Any] = dict(actor_group=self.names["actor"], actor_ranks=ranks["actor"],
                                           imports=list(cfg.env_worker.imports))
         if self.fused:
@@ -134,46 +146,27 @@ class EmbodiedFlow:
         else:
             env_kwargs.update(rollout_group=self.names["rollout"], rollout_ranks=ranks["rollout"])
         env_cfg = replace(cfg.env, num_groups=cfg.pipeline_stages, seed=cfg.seed)
-        self.env = WorkerGroup(EnvWorker, cluster, self.names["env"], placement=plan["env"],
-                               args=(env_cfg, cfg.rollout_steps), kwargs=env_kwargs,
-                               num_threads=cfg.env_worker.num_threads, **common)
-        self.rollout: WorkerGroup | None = None
-        self.actor: WorkerGroup | None = None
-        try:
-            obs_space, act_space = self.env.spaces(ranks=[0]).wait()[0]
-            self.iterations = cfg.iterations(self.env_ranks)
-
-            def start(component: str) -> WorkerGroup:
-                if component == "actor":
-                    return WorkerGroup(
-                        ActorWorker, cluster, self.names["actor"], placement=plan["actor"],
-                        args=(obs_space, act_space, cfg.policy, cfg.algorithm, cfg.actor),
-                        kwargs=dict(env_group=self.names["env"], env_ranks=self.env_ranks,
-                                    total_iterations=self.iterations, seed=cfg.seed,
-                                    shares_devices=bool(actor_devices & plan[policy_holder].devices)),
-                        num_threads=cfg.actor.num_threads, **common)
-                return WorkerGroup(
-                    RolloutWorker, cluster, self.names["rollout"], placement=plan["rollout"],
-                    args=(obs_space, act_space, cfg.policy),
-                    kwargs=dict(env_group=self.names["env"], env_ranks=self.env_ranks,
-                                stages=cfg.pipeline_stages, rollout_steps=cfg.rollout_steps, seed=cfg.seed,
-                                shares_devices=shares, offload=cfg.rollout.offload),
-                    num_threads=cfg.rollout.num_threads, **common)
-
-            wanted = ["actor"] if self.fused else ["actor", "rollout"]
-            with ThreadPoolExecutor(len(wanted)) as pool:  # processes start and import torch in parallel
-                futures = {c: pool.submit(start, c) for c in wanted}
-            errors = []
-            for c, fut in futures.items():
-                try:
-                    setattr(self, c, fut.result())
-                except BaseException as e:  # noqa: BLE001 - shut the others down, then report
-                    errors.append(e)
-            if errors:
-                raise errors[0]
-        except BaseException:
-            self.shutdown()
-            raise
+        for module in cfg.env_worker.imports:  # custom env ids, for the probe env built here
+            importlib.import_module(module)
+        obs_space, act_space = _spaces(env_cfg)
+        self.iterations = cfg.iterations(self.env_ranks)
+        specs: dict[str, tuple[type, tuple, dict, int]] = {
+            "env": (EnvWorker, (env_cfg, cfg.rollout_steps), env_kwargs, cfg.env_worker.num_threads),
+            "actor": (ActorWorker, (obs_space, act_space, cfg.policy, cfg.algorithm, cfg.actor),
+                      dict(env_group=self.names["env"], env_ranks=self.env_ranks, total_iterations=self.iterations,
+                           seed=cfg.seed, shares_devices=bool(actor_devices & plan[policy_holder].devices)),
+                      cfg.actor.num_threads),
+        }
+        if not self.fused:
+            specs["rollout"] = (
+                RolloutWorker, (obs_space, act_space, cfg.policy),
+                dict(env_group=self.names["env"], env_ranks=self.env_ranks, stages=cfg.pipeline_stages,
+                     rollout_steps=cfg.rollout_steps, seed=cfg.seed, shares_devices=shares,
+                     offload=cfg.rollout.offload),
+                cfg.rollout.num_threads)
+        self.env = self.rollout = self.actor = None
+        groups = self._launch(cluster, plan, specs, trace_dir)
+        self.env, self.actor, self.rollout = groups["env"], groups["actor"], groups.get("rollout")
         holder = self.env if self.fused else self.rollout
         self.policy_holder = holder
         self.weight_targets = [(self.names[policy_holder], list(range(ranks[policy_holder])))]
@@ -183,6 +176,30 @@ class EmbodiedFlow:
         self._deltas: list | None = None
         log.info("launched %s%s: %s", self.mode, " (env+rollout fused)" if self.fused else "",
                  ", ".join(f"{c} x{ranks[c]}" for c in COMPONENTS))
+
+    def _launch(self, cluster: Cluster, plan: Any, specs: dict[str, tuple[type, tuple, dict, int]],
+                trace_dir: Path | None) -> dict[str, WorkerGroup]:
+        """Start the groups side by side: their processes import torch and build envs in parallel."""
+        def start(component: str) -> WorkerGroup:
+            cls, args, kwargs, threads = specs[component]
+            return WorkerGroup(cls, cluster, self.names[component], placement=plan[component], args=args,
+                               kwargs=kwargs, num_threads=threads, log_dir=self.run_dir / "logs",
+                               trace_dir=trace_dir)
+
+        with ThreadPoolExecutor(len(specs)) as pool:
+            futures = {c: pool.submit(start, c) for c in specs}
+        groups: dict[str, WorkerGroup] = {}
+        errors = []
+        for c, fut in futures.items():
+            try:
+                groups[c] = fut.result()
+            except BaseException as e:  # noqa: BLE001 - shut the others down, then report
+                errors.append(e)
+        if errors:
+            for g in groups.values():
+                g.shutdown()
+            raise errors[0]
+        return groups
 
     # -- the named steps of the loop ---------------------------------------------------------
     def sync_weights(self) -> float:

@@ -13,6 +13,10 @@ from m2flow.config.workflows import load_workflow_config
 from m2flow.runners.embodied import train
 from m2flow.runners.embodied_config import EmbodiedConfig
 
+# The module's runs start worker processes (most of their time); on a loaded machine that can take
+# minutes, more than the suite's default per-test limit.
+pytestmark = pytest.mark.timeout(900)
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "embodied"
 TOY = "tests.workers.embodied.toy_envs"
 LEARNING = ("actor/pg_loss", "critic/value_loss", "actor/approx_kl", "actor/clip_frac",

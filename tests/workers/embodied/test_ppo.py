@@ -238,3 +238,43 @@ def test_closed_form_is_used_only_where_it_applies():
     assert not supports(categorical, PPOConfig(ent_coef=0.01))
     gelu = build_policy(BOX_OBS, BOX_ACT, PolicyConfig(hidden_sizes=[8], activation="gelu"))
     assert not supports(gelu, PPOConfig())
+
+
+def test_pixel_observations_train_through_autograd():
+    from m2flow.workers.embodied.inference import PolicyEngine
+
+    pixels = gym.spaces.Box(0, 255, (12, 12, 3), np.uint8)
+    cfg = PolicyConfig(hidden_sizes=[8], cnn_channels=[4], cnn_kernels=[3], cnn_strides=[2], cnn_features=16)
+    torch.manual_seed(0)
+    policy = build_policy(pixels, BOX_ACT, cfg)
+    updater = PPOUpdater(policy, PPOConfig(epochs=5, minibatch_size=32, lr=1e-2))
+    assert updater.closed_form is None  # a CNN encoder: autograd
+    g = torch.Generator().manual_seed(0)
+    n = 32
+    obs = torch.randint(0, 256, (n, 12, 12, 3), generator=g, dtype=torch.uint8)
+    adv = torch.randn(n, generator=g)
+    batch = PPOBatch(obs, torch.randn(n, 3, generator=g), torch.full((n,), -3.0), torch.zeros(n), adv, adv)
+    before, _ = updater.minibatch_loss(obs, batch.actions, batch.logprobs, adv, batch.returns, batch.values)
+    updater.update(batch)
+    after, _ = updater.minibatch_loss(obs, batch.actions, batch.logprobs, adv, batch.returns, batch.values)
+    assert after.item() < before.item()
+    engine = PolicyEngine(pixels, BOX_ACT, cfg, 0, [0])
+    assert not engine._use_numpy
+    actions = engine.act(obs[:3].numpy(), 0)
+    assert actions.shape == (3, 3) and actions.dtype == np.float32
+
+
+@pytest.mark.gpu
+def test_update_on_cuda_survives_offload_and_onload():
+    policy = _policy().cuda()
+    updater = PPOUpdater(policy, PPOConfig(epochs=2, minibatch_size=32))
+    b = _batch()
+    cuda_batch = PPOBatch(*(getattr(b, f).cuda() for f in ("obs", "actions", "logprobs", "values",
+                                                            "advantages", "returns")))
+    updater.update(cuda_batch)
+    updater.to("cpu")
+    assert policy.head.log_std.device.type == "cpu" and updater.flat.param.device.type == "cpu"
+    updater.to("cuda")
+    assert policy.head.log_std.device.type == "cuda"
+    metrics = updater.update(cuda_batch)
+    assert metrics["actor/updates"] == 6
