@@ -6,15 +6,17 @@ maximum completion length, the same reward (parity of the completion text's CRC3
 constant, so every step trains) and one AdamW update per rollout batch without a KL term:
 - ``trl``: TRL ``GRPOTrainer`` on CPU (its own virtual environment, ``--setup``);
 - ``bare``: a hand-written torch loop doing only that compute (the limit);
-- ``m2flow``: see ``M2FLOW_SIDE`` below.
+- ``m2flow:PLAN``: the reasoning runner (``m2flow.runners.reasoning``) under each plan of ``PLANS``
+  (placement and micro-batching), one side per plan.
 Each run is a fresh process that prints one JSON line; sides alternate (A B C A B C ...) for every
 thread count, figures are medians, and each side is compared at its own fastest thread setting.
 
     python benchmarks/g1_reasoning.py --setup              # TRL environment: benchmarks/.venvs/trl
     python benchmarks/g1_reasoning.py                      # 8 prompts x 4 samples x 16 tokens
-    python benchmarks/g1_reasoning.py --prompts 16 --group 8 --max-new-tokens 32 --threads 1,2
+    python benchmarks/g1_reasoning.py --plans collocated,disaggregated --threads 1,2 --trace-dir runs/g1
 
-Writes ``benchmarks/results/g1.json`` (or ``--out``) and prints one summary line.
+Writes ``benchmarks/results/g1.json`` (or ``--out``) and prints one summary line. With
+``--trace-dir`` every runner run keeps its directory (trace included) for ``m2flow report DIR``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -41,8 +44,37 @@ TRL_PACKAGES = ["torch==2.13.0", "transformers==5.24.0", "trl==1.13.0", "acceler
 # Which m2flow code drives the m2flow side:
 # - "local_reference": the single-process GRPO step of the arithmetic recipe
 #   (m2flow.runners.recipes.arithmetic_demo.grpo_step), a stand-in labelled as such in the JSON;
-# - "runner": the reasoning runner (m2flow.runners.reasoning), placements and all.
-M2FLOW_SIDE = "local_reference"
+# - "runner": the reasoning runner (m2flow.runners.reasoning), one side per named placement.
+M2FLOW_SIDE = "runner"
+
+
+@dataclass(frozen=True)
+class RunnerPlan:
+    """One execution plan of the reasoning runner: where components run and how an iteration is cut."""
+
+    placement: str
+    prompts_per_chunk: int | None = None
+    """Prompts per generate call (None: the whole batch in one call)."""
+    micro_batch_prompts: int | None = None
+    """Prompts per actor forward/backward (None: the whole batch in one pass)."""
+
+
+# The plans compared. Reward and inference (which computes nothing here: no KL, and the actor's own
+# detached forward gives the old log-probs) sit with rollout, so only generation and training keep
+# processes busy. A device is a CPU slot; each busy worker runs ``--threads`` torch threads.
+PLANS = {
+    # Everything on one device: generation, then training, in turn, each with the whole batch.
+    "collocated": RunnerPlan("actor,rollout,inference,reward: 0"),
+    # Everything on two devices: two rollout ranks generate half the prompts each at the same time,
+    # then two actor ranks train on their halves (data parallel, gradients all-reduced).
+    "collocated_2dev": RunnerPlan("actor,rollout,inference,reward: 0-1"),
+    # Generation and training on separate devices, pipelined: the actor's forward/backward of one
+    # chunk runs while the rollout generates the next; gradients accumulate, one optimizer step.
+    "disaggregated": RunnerPlan("rollout,reward,inference: 0, actor: 1", prompts_per_chunk=4, micro_batch_prompts=4),
+    # Generation on device 0; training data-parallel over devices 0 and 1 (two actor ranks, the
+    # first taking turns with generation).
+    "hybrid": RunnerPlan("rollout,reward,inference: 0, actor: 0-1"),
+}
 
 
 @dataclass(frozen=True)
@@ -58,16 +90,21 @@ def _trl_python() -> Path:
     return TRL_VENV / "bin" / "python"
 
 
-def sides(workload: Path, threads: int) -> dict[str, Side]:
-    """The three contenders for one thread count."""
+def sides(workload: Path, threads: int, plans: list[str], trace_dir: Path | None = None) -> dict[str, Side]:
+    """The contenders for one thread count: one m2flow side per plan (runner), TRL, the bare loop."""
     common = ["--workload", str(workload), "--threads", str(threads)]
     trl_missing = None if _trl_python().exists() else f"no {TRL_VENV}; run with --setup first"
-    return {
-        "m2flow": Side("m2flow", [sys.executable, str(Path(__file__).resolve()), "--m2flow-side",
-                                  "--m2flow-impl", M2FLOW_SIDE, *common]),
-        "trl": Side("trl", [str(_trl_python()), str(HERE / "peers" / "trl_grpo.py"), *common], trl_missing),
-        "bare": Side("bare", [sys.executable, str(HERE / "peers" / "torch_grpo_loop.py"), *common]),
-    }
+    me = [sys.executable, str(Path(__file__).resolve()), "--m2flow-side", "--m2flow-impl", M2FLOW_SIDE, *common]
+    out: dict[str, Side] = {}
+    if M2FLOW_SIDE == "runner":
+        for plan in plans:
+            traced = ["--trace-dir", str(trace_dir)] if trace_dir else []
+            out[f"m2flow:{plan}"] = Side(f"m2flow:{plan}", [*me, "--plan", plan, *traced])
+    else:
+        out["m2flow"] = Side("m2flow", me)
+    out["trl"] = Side("trl", [str(_trl_python()), str(HERE / "peers" / "trl_grpo.py"), *common], trl_missing)
+    out["bare"] = Side("bare", [sys.executable, str(HERE / "peers" / "torch_grpo_loop.py"), *common])
+    return out
 
 
 def setup() -> None:
@@ -100,7 +137,6 @@ def make_workload(args: argparse.Namespace, workdir: Path) -> Path:
     lines = [json.dumps({"prompt": text, "answer": "0"}) for text in prompts]
     (workdir / "prompts.jsonl").write_text("\n".join(lines) + "\n")
     workload["prompts_file"] = str(workdir / "prompts.jsonl")
-    workload["placement"] = args.placement
     path = workdir / "workload.json"
     path.write_text(json.dumps(workload))
     return path
@@ -121,12 +157,12 @@ def run_side(side: Side, threads: int, timeout: float) -> dict:
 # ----------------------------------------------------------------------------- the m2flow side
 
 
-def m2flow_side(workload_path: str, threads: int) -> dict:
+def m2flow_side(workload_path: str, threads: int, plan: str = "collocated", trace_dir: str | None = None) -> dict:
     """Run the m2flow side in this process and return its figures."""
     if M2FLOW_SIDE == "local_reference":
         return _local_reference_side(json.loads(Path(workload_path).read_text()), threads)
     if M2FLOW_SIDE == "runner":
-        return _runner_side(json.loads(Path(workload_path).read_text()), threads)
+        return _runner_side(json.loads(Path(workload_path).read_text()), threads, plan, trace_dir)
     raise ValueError(f"unknown M2FLOW_SIDE {M2FLOW_SIDE!r}; valid: ['local_reference', 'runner']")
 
 
@@ -139,38 +175,55 @@ def _parity(response, answer: str) -> float:  # noqa: ANN001 - a Response; impor
     return parity_reward(response.text or "", answer)
 
 
-def _runner_side(w: dict, threads: int) -> dict:
-    """`m2flow.runners.reasoning.train` on the workload, under `w["placement"]`; warm-up iterations left out."""
-    import tempfile
-
+def runner_config(w: dict, threads: int, plan: RunnerPlan, run_dir: str, trace: bool = False) -> Any:
+    """The reasoning runner's config for the workload under ``plan``, ``threads`` torch threads per busy worker."""
     from m2flow.config.convert import from_dict
-    from m2flow.runners.reasoning import train
     from m2flow.runners.reasoning_config import ReasoningConfig
 
     p, g = w["prompts_per_step"], w["group_size"]
-    with tempfile.TemporaryDirectory(prefix="g1-m2flow-") as run_dir:
-        cfg = from_dict(ReasoningConfig, {
-            "placement": w["placement"],
-            "model": {"path": w["model_dir"]},
-            "data": {"kind": "file", "path": w["prompts_file"], "prompts_per_step": p, "shuffle": False},
-            "rollout": {"sampling": {"n": g, "temperature": w["temperature"], "max_new_tokens": w["max_new_tokens"]},
-                        "num_threads": threads},
-            "reward": {"fn": f"{Path(__file__).stem}:parity_reward", "num_threads": 1},
-            "inference": {"num_threads": threads},
-            # One forward/backward over the whole batch and no extra old-policy pass, as the other sides.
-            "actor": {"optim": {"lr": w["lr"]}, "num_threads": threads, "micro_batch_size": p * g},
-            "algorithm": {"adv_estimator": "grpo", "old_logprobs": "actor"},
-            "steps": w["warmup_steps"] + w["steps"],
-            "seed": w["seed"],
-            "run_dir": run_dir,
-        })
+    return from_dict(ReasoningConfig, {
+        "placement": plan.placement,
+        "model": {"path": w["model_dir"]},
+        "data": {"kind": "file", "path": w["prompts_file"], "prompts_per_step": p, "shuffle": False},
+        "rollout": {"sampling": {"n": g, "temperature": w["temperature"], "max_new_tokens": w["max_new_tokens"]},
+                    "prompts_per_chunk": plan.prompts_per_chunk, "num_threads": threads},
+        # Reward and inference do next to nothing here: one thread each keeps them off the busy cores.
+        "reward": {"fn": f"{Path(__file__).stem}:parity_reward", "num_threads": 1},
+        "inference": {"num_threads": 1},
+        # No KL (so no reference model) and the actor's own detached forward as the old policy (so no
+        # extra pass): one forward/backward per response and one optimizer step per batch, as the others.
+        "actor": {"optim": {"lr": w["lr"]}, "num_threads": threads,
+                  "micro_batch_size": (plan.micro_batch_prompts or p) * g},
+        "algorithm": {"adv_estimator": "grpo", "old_logprobs": "actor", "kl_loss_coef": 0.0},
+        "steps": w["warmup_steps"] + w["steps"],
+        "seed": w["seed"],
+        "run_dir": run_dir,
+        "trace": trace,
+    })
+
+
+def _runner_side(w: dict, threads: int, plan_name: str, trace_dir: str | None) -> dict:
+    """`m2flow.runners.reasoning.train` on the workload under ``PLANS[plan_name]``; warm-up iterations left out.
+
+    With ``trace_dir`` the run keeps its directory there (with a trace: ``m2flow report`` reads it).
+    """
+    from m2flow.runners.reasoning import train
+
+    plan = PLANS[plan_name]
+    with tempfile.TemporaryDirectory(prefix="g1-m2flow-") as tmp:
+        run_dir = tmp
+        if trace_dir:
+            run_dir = str(Path(trace_dir) / f"{plan_name}-t{threads}-{time.strftime('%H%M%S')}")
+        cfg = runner_config(w, threads, plan, run_dir, trace=bool(trace_dir))
         history = train(cfg).history[w["warmup_steps"]:]
     total = sum(h["time/step"] for h in history)
     completions = sum(h["perf/completions_per_s"] * h["time/step"] for h in history)
     tokens = sum(h["perf/tokens_per_s"] * h["time/step"] for h in history)
     return {
-        "side": "m2flow", "implementation": f"reasoning runner, placement {w['placement']!r}",
-        "threads": threads, "steps": len(history), "seconds_per_step": total / len(history),
+        "side": f"m2flow:{plan_name}", "implementation": f"reasoning runner, placement {plan.placement!r}",
+        "plan": {"placement": plan.placement, "prompts_per_chunk": plan.prompts_per_chunk,
+                 "micro_batch_prompts": plan.micro_batch_prompts},
+        "run_dir": run_dir if trace_dir else None, "threads": threads, "steps": len(history), "seconds_per_step": total / len(history),
         "completions_per_s": completions / total, "tokens_per_s": tokens / total,
         "mean_completion_tokens": tokens / max(1.0, completions),
     }
@@ -229,9 +282,13 @@ def summarize(runs: dict[str, dict[int, list[dict]]]) -> dict:
             threads = max(med, key=lambda t: med[t]["completions_per_s"])
             out["best"][name] = {"threads": threads, **med[threads]}
     best = out["best"]
-    for a, b in (("m2flow", "trl"), ("m2flow", "bare"), ("bare", "trl")):
-        if a in best and b in best:
-            out[f"{a}_vs_{b}_completions"] = round(best[a]["completions_per_s"] / best[b]["completions_per_s"], 3)
+    ours = [n for n in best if n.startswith("m2flow")]
+    if ours:
+        out["fastest_m2flow"] = max(ours, key=lambda n: best[n]["completions_per_s"])
+    for a in ours + ["bare"]:
+        for b in ("trl", "bare"):
+            if a != b and a in best and b in best:
+                out[f"{a}_vs_{b}_completions"] = round(best[a]["completions_per_s"] / best[b]["completions_per_s"], 3)
     return out
 
 
@@ -248,9 +305,12 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps at the start of each run")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each side per thread count (A B C A B C ...)")
     ap.add_argument("--threads", default="1,2", help="comma-separated torch thread counts to try")
-    ap.add_argument("--sides", default="m2flow,trl,bare", help="comma-separated sides")
-    ap.add_argument("--placement", default="actor,rollout,inference,reward: 0",
-                    help="placement of the m2flow side when it runs the reasoning runner")
+    ap.add_argument("--sides", default="m2flow,trl,bare", help="comma-separated sides (m2flow: one per plan)")
+    ap.add_argument("--plans", default=",".join(PLANS),
+                    help=f"comma-separated runner plans, each a side of its own: {', '.join(PLANS)}")
+    ap.add_argument("--plan", default="collocated", help=argparse.SUPPRESS)
+    ap.add_argument("--trace-dir", default=None,
+                    help="keep each runner run's directory here, with its trace (see `m2flow report`)")
     ap.add_argument("--m2flow-impl", choices=["local_reference", "runner"], default=None,
                     help=f"override M2FLOW_SIDE (default {M2FLOW_SIDE})")
     ap.add_argument("--seed", type=int, default=0)
@@ -262,16 +322,23 @@ def main() -> None:
         return
     M2FLOW_SIDE = args.m2flow_impl or M2FLOW_SIDE
     if args.m2flow_side:
-        print(json.dumps(m2flow_side(args.workload, args.threads and int(args.threads))))
+        print(json.dumps(m2flow_side(args.workload, int(args.threads), args.plan, args.trace_dir)))
         return
     thread_counts = [int(t) for t in args.threads.split(",")]
-    names = args.sides.split(",")
+    plans = args.plans.split(",")
+    unknown = [p for p in plans if p not in PLANS]
+    if unknown:
+        ap.error(f"unknown plan(s) {unknown}; valid: {', '.join(PLANS)}")
+    names = []
+    for n in args.sides.split(","):
+        names += [f"m2flow:{p}" for p in plans] if n == "m2flow" and M2FLOW_SIDE == "runner" else [n]
+    trace_dir = Path(args.trace_dir).resolve() if args.trace_dir else None
     runs: dict[str, dict[int, list[dict]]] = {n: {} for n in names}
     skipped: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="g1-") as tmp:
         workload = make_workload(args, Path(tmp))
         for threads in thread_counts:
-            contenders = sides(workload, threads)
+            contenders = sides(workload, threads, plans, trace_dir)
             for _ in range(args.repeats):
                 for name in names:
                     side = contenders[name]
@@ -280,7 +347,7 @@ def main() -> None:
                         continue
                     row = run_side(side, threads, args.timeout)
                     runs[name].setdefault(threads, []).append(row)
-                    print(f"  {name:6s} threads={threads} {row['completions_per_s']:8.1f} completions/s "
+                    print(f"  {name:20s} threads={threads} {row['completions_per_s']:8.1f} completions/s "
                           f"{row['tokens_per_s']:9.1f} tokens/s", file=sys.stderr)
     result = {
         "benchmark": "G1",
@@ -290,6 +357,8 @@ def main() -> None:
             "warmup_steps": args.warmup, "temperature": 1.0, "reward": "crc32 parity of the completion",
         },
         "m2flow_side": M2FLOW_SIDE,
+        "plans": {p: vars(PLANS[p]) for p in plans} if M2FLOW_SIDE == "runner" else {},
+        "load_average": list(os.getloadavg()),
         "repeats": args.repeats,
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
         "skipped": skipped,

@@ -3,9 +3,11 @@
 Two ways through an iteration, chosen once from the config:
 
 - **streaming** (group-local advantages such as GRPO/RLOO, no critic, one optimizer step per
-  iteration, replicated weights): each micro-batch of ready groups gets its advantages and a
-  forward/backward in its own device turn as soon as it arrives, overlapping generation of the
-  rest; gradients accumulate and one optimizer step closes the iteration;
+  iteration, replicated weights): each micro-batch gets its advantages and a forward/backward in
+  its own device turn as soon as it arrives, overlapping generation of the rest; gradients
+  accumulate and one optimizer step closes the iteration. On devices of its own the actor takes
+  whatever groups are ready (elastic micro-batches); on devices shared with generation it waits
+  for full micro-batches, since a pass there cannot overlap anything;
 - **gathered** (PPO's critic, batch-wide whitening as in REINFORCE++, several mini-batches or
   epochs, or FSDP's lockstep passes): all groups are taken first, then values, advantages and the
   mini-batch updates run in one device turn.
@@ -124,7 +126,11 @@ class ActorWorker(ReasoningWorker):
         totals = StepTotals()
         remaining = expected
         while remaining:
-            groups = self._accept(step, self.inp.take_ready(self.rank, min(self.groups_per_micro_batch, remaining)))
+            limit = min(self.groups_per_micro_batch, remaining)
+            # On devices shared with generation a pass overlaps nothing, so a partial micro-batch only
+            # adds passes: wait for a full one. On devices of its own, train on whatever is ready.
+            take = self.inp.take if self.shares_devices else self.inp.take_ready
+            groups = self._accept(step, take(self.rank, limit))
             remaining -= len(groups)
             live = [g for g in groups if not g.dropped]
             if not live:
