@@ -75,6 +75,19 @@ class EnvGroup:
         self._needs_reset = False
         return obs
 
+    def running_episodes(self) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of the unfinished episodes' raw returns (n,) float64 and lengths (n,) int64."""
+        return self._ep_return.copy(), self._ep_length.copy()
+
+    def set_running_episodes(self, returns: np.ndarray, lengths: np.ndarray) -> None:
+        """Continue episodes part-way (a resumed run): returns (n,) and lengths (n,) so far."""
+        returns, lengths = np.asarray(returns), np.asarray(lengths)
+        if returns.shape != (self.num_envs,) or lengths.shape != (self.num_envs,):
+            raise ValueError(f"expected running returns and lengths of shape ({self.num_envs},), "
+                             f"got {returns.shape} and {lengths.shape}")
+        self._ep_return[:] = returns
+        self._ep_length[:] = lengths
+
     def step(self, actions: np.ndarray) -> StepResult:
         """Step every env with ``actions`` (n, *action_shape); raw (unnormalised) result."""
         if self._needs_reset:

@@ -116,6 +116,27 @@ def test_episode_statistics_are_exact():
     assert env.recent_returns(2) == [3.0, 6.0]
 
 
+
+def test_running_episodes_carry_over_to_a_restored_group():
+    make = lambda cfg: gym.make(SCRIPTED_ID, terminate_at=None, disable_env_checker=True)  # noqa: E731
+    env = VecEnv(raw_config(num_envs=2, num_groups=1), env_maker=make)
+    env.reset()
+    for _ in range(3):
+        env.step(np.zeros((2, 1)))
+    group = env.groups[0]
+    returns, lengths = group.running_episodes()
+    assert returns.tolist() == [6.0, 6.0] and lengths.tolist() == [3, 3]  # rewards 1 + 2 + 3
+    returns[:] = -1.0  # a copy: the group's own counts are untouched
+    assert group.running_episodes()[0].tolist() == [6.0, 6.0]
+    restored = VecEnv(raw_config(num_envs=2, num_groups=1), env_maker=make)
+    restored.reset()
+    restored.groups[0].set_running_episodes(np.array([6.0, 6.0]), np.array([3, 3]))
+    for _ in range(TIME_LIMIT):  # the fresh envs' own time limit ends the episodes after 5 more steps
+        res = restored.step(np.zeros((2, 1)))
+    assert res.episode_return.tolist() == [6.0 + 15.0] * 2 and res.episode_length.tolist() == [3 + 5] * 2
+    with pytest.raises(ValueError, match="shape"):
+        group.set_running_episodes(np.zeros(3), np.zeros(3))
+
 def test_seeding_per_rank_is_reproducible():
     cfg = raw_config(num_envs=3, seed=10)
     first = [VecEnv(cfg, rank=r) for r in (0, 1)]

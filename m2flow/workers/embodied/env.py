@@ -210,7 +210,7 @@ class EnvWorker(Worker):
             "norm_sync": self.norm.state_dict(),
             "envs": [get_env_state(env) for group in self.vec.groups for env in group.envs],
             # Running episode returns and lengths are the groups' own bookkeeping.
-            "episodes": [(g._ep_return.copy(), g._ep_length.copy()) for g in self.vec.groups],
+            "episodes": [g.running_episodes() for g in self.vec.groups],
             "obs": self.obs[0].copy(),
             "engine_rng": self.engine.rng_state() if self.engine is not None else None,
         }
@@ -231,8 +231,7 @@ class EnvWorker(Worker):
         for env, env_state in zip(envs, state["envs"]):
             set_env_state(env, env_state)
         for group, (ret, length) in zip(self.vec.groups, state["episodes"]):
-            group._ep_return[:] = ret
-            group._ep_length[:] = length
+            group.set_running_episodes(ret, length)
         self.obs[0] = state["obs"]
         if self.engine is not None and state["engine_rng"] is not None:
             self.engine.load_rng_state(state["engine_rng"])
