@@ -1,4 +1,9 @@
-"""``m2flow eval CHECKPOINT``: greedy accuracy and mean response length of a checkpoint on a dataset."""
+"""``m2flow eval CHECKPOINT``: evaluate a saved checkpoint, whichever workflow wrote it.
+
+A reasoning checkpoint (or model directory): greedy accuracy and mean response length on a dataset.
+An embodied checkpoint (``runs/.../checkpoints/iter_N``): mean raw return of the policy over whole
+episodes with deterministic actions, under the run's own env config and normalisation statistics.
+"""
 
 from __future__ import annotations
 
@@ -13,12 +18,14 @@ from m2flow.cli import register_command
 
 def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", type=Path,
-                        help="a model directory, or a training checkpoint (runs/.../checkpoints/step_N)")
+                        help="a model directory, or a training checkpoint (runs/.../checkpoints/step_N or iter_N)")
     parser.add_argument("--config", type=Path, default=None,
                         help="a reasoning training YAML: its data, reward and sampling lengths are the defaults")
+    parser.add_argument("--episodes", type=int, default=10, help="embodied checkpoints: episodes to average over")
     parser.add_argument("--output", type=Path, default=None, help="also write the results to this JSON file")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                        help="eval config overrides, e.g. data.kind=gsm8k data.path=DIR limit=100")
+                        help="eval config overrides, e.g. data.kind=gsm8k data.path=DIR limit=100; "
+                             "for an embodied checkpoint, overrides of its run config, e.g. env.num_envs=1")
 
 
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
@@ -46,7 +53,41 @@ def model_dir(checkpoint: Path) -> Path:
     return checkpoint / ACTOR_DIR if (checkpoint / ACTOR_DIR / "config.json").is_file() else checkpoint
 
 
+def _write(results: dict[str, float], output: Path | None) -> None:
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(results, indent=1))
+
+
 def _run(args: argparse.Namespace) -> int:
+    from m2flow.runners.embodied import TRAINER_STATE as EMBODIED_STATE
+
+    if (args.checkpoint / EMBODIED_STATE).is_file():
+        return _run_embodied(args)
+    return _run_reasoning(args)
+
+
+def _run_embodied(args: argparse.Namespace) -> int:
+    from m2flow.runners.embodied import evaluate_checkpoint
+
+    if args.config is not None:
+        print("error: --config is for reasoning checkpoints; an embodied checkpoint carries its own config "
+              "(change it with KEY=VALUE overrides)", file=sys.stderr)
+        return 1
+    if args.episodes < 1:
+        print(f"error: --episodes must be >= 1, got {args.episodes}", file=sys.stderr)
+        return 1
+    results = evaluate_checkpoint(args.checkpoint, episodes=args.episodes, overrides=args.overrides)
+    if not results.get("eval/episodes"):
+        print(f"error: no episode of {args.checkpoint} finished", file=sys.stderr)
+        return 1
+    print(f"{args.checkpoint}: mean return {results['eval/return']:.2f} (std {results['eval/return_std']:.2f}), "
+          f"mean length {results['eval/length']:.1f} over {int(results['eval/episodes'])} episodes")
+    _write(results, args.output)
+    return 0
+
+
+def _run_reasoning(args: argparse.Namespace) -> int:
     from m2flow.config import from_dict
     from m2flow.config.loader import compose
     from m2flow.runners.evaluation import EvalConfig, evaluate_checkpoint
@@ -60,10 +101,9 @@ def _run(args: argparse.Namespace) -> int:
     results = evaluate_checkpoint(str(path), cfg)
     print(f"{path}: accuracy {results['eval/accuracy']:.4f}, mean length {results['eval/response_length']:.2f} "
           f"tokens over {int(results['eval/prompts_count'])} prompts ({cfg.data.kind}, {cfg.split})")
-    if args.output is not None:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(results, indent=1))
+    _write(results, args.output)
     return 0
 
 
-register_command("eval", "accuracy and mean response length of a checkpoint on a dataset", _configure, _run)
+register_command("eval", "evaluate a checkpoint: accuracy on a dataset (reasoning) or mean return (embodied)",
+                 _configure, _run)

@@ -124,6 +124,19 @@ def test_a_checkpoint_is_evaluated_on_its_own(runs):
     assert metrics["eval/return"] > 1.0  # the trained policy, acting greedily
 
 
+
+def test_m2flow_eval_dispatches_on_an_embodied_checkpoint(runs, tmp_path, capsys):
+    from m2flow.cli import main
+
+    _, full = runs["collocated"]
+    out = tmp_path / "eval.json"
+    code = main(["eval", "--episodes", "3", "--output", str(out), str(full.last_checkpoint), "env.num_envs=2"])
+    assert code == 0
+    results = json.loads(out.read_text())
+    assert results["eval/episodes"] == 3.0 and results["eval/return"] > 1.0
+    assert f"mean return {results['eval/return']:.2f}" in capsys.readouterr().out
+    assert main(["eval", "--config", "x.yaml", str(full.last_checkpoint)]) == 1  # reasoning-only option
+
 @pytest.mark.parametrize(("override", "key", "words"), [
     ({"env.env_id": "HalfCheetah-v9"}, "env_id", "HalfCheetah-v5"),
     ({"placement": "env: 0, rollout: 1, critic: 2"}, "placement", "unknown component"),
