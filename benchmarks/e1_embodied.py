@@ -316,6 +316,26 @@ def main() -> None:
 
     raw = [raw_step_rates(e, 8, args.raw_steps, args.raw_repeats) for e in envs] if args.raw_steps else []
     runs: list[dict] = []
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def write() -> dict:
+        # rewritten after every run: a long benchmark stopped early still leaves its finished runs
+        summary = summarize(runs, sides) if runs else {}
+        record = {
+            "benchmark": "E1",
+            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            "cpus": os.cpu_count(),
+            "threads": threads,
+            "m2flow_placement": args.m2flow_placement,
+            "skipped_sides": skipped,
+            "raw_step": raw,
+            "summary": summary,
+            "runs": runs,
+        }
+        out.write_text(json.dumps(record, indent=2) + "\n")
+        return summary
+
     if not args.raw_only:
         for env in envs:
             for r in range(args.repeats):
@@ -324,23 +344,8 @@ def main() -> None:
                     result = run_side(SIDES[name], args, env, seed, threads[name])
                     runs.append(result)
                     print(json.dumps(result), file=sys.stderr)
-
-    summary = summarize(runs, sides) if runs else {}
-    record = {
-        "benchmark": "E1",
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-        "cpus": os.cpu_count(),
-        "threads": threads,
-        "m2flow_placement": args.m2flow_placement,
-        "skipped_sides": skipped,
-        "raw_step": raw,
-        "summary": summary,
-        "runs": runs,
-    }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n")
-    print(summary_line(summary, raw, sides))
+                    write()
+    print(summary_line(write(), raw, sides))
 
 
 def summary_line(summary: dict, raw: list[dict], sides: list[str]) -> str:
@@ -351,7 +356,8 @@ def summary_line(summary: dict, raw: list[dict], sides: list[str]) -> str:
             if s in entry:
                 e = entry[s]
                 ratio = next((f" ({v}x {k[9:]})" for k, v in e.items() if k.startswith("speed_vs_")), "")
-                speeds.append(f"{s} {e['env_steps_per_s']:.0f} steps/s ret {e['mean_return']}{ratio}")
+                at = "".join(f" @{int(c) // 1000}k {v}" for c, v in e["checkpoint_returns"].items())
+                speeds.append(f"{s} {e['env_steps_per_s']:.0f} steps/s ret {e['mean_return']}{at}{ratio}")
         parts.append(f"{env}: " + ", ".join(speeds))
     for r in raw:
         parts.append(
