@@ -1,16 +1,26 @@
-"""Tracing overhead: the cost of one span in nanoseconds, and a traced vs untraced demo run.
+"""Tracing overhead: the cost of one span in nanoseconds, and traced vs untraced runs of real loops.
 
 Part 1 times the recording primitives in this process (median of several timeit repeats): an enabled
 span, an enabled span with arguments, a counter, and the shared no-op span a disabled tracer hands out.
-Part 2 runs the runtime demo (three worker groups in a pipeline) alternately untraced and traced,
-A B B A A B ..., on one local Ray, and compares the median iteration time (``time/step``, warm-up steps
-left out); the ratio is taken pair by pair and its median reported. On a shared machine the demo's
-step time varies by more than tracing can cost, so the script also gives an upper bound that noise
-cannot blur: the events the traced run recorded per step times the measured cost of one event, as a
-fraction of the step time (as if every event sat on the critical path, which most do not).
+Part 2 runs each chosen workload alternately untraced and traced, A B B A A B ..., on one local Ray,
+and compares the median iteration time (warm-up iterations left out); the ratio is taken pair by pair
+and its median reported. The workloads:
 
-    python benchmarks/trace_overhead.py                      # defaults: 4 pairs of 40-step runs
-    python benchmarks/trace_overhead.py --pairs 5 --steps 80 --batch-size 65536
+- ``demo``: the runtime demo (three worker groups in a pipeline);
+- ``embodied``: the embodied PPO loop on CartPole-v1 under the hybrid pipelined plan of
+  ``examples/embodied/cartpole_pipelined.yaml`` (env and rollout on their own devices, two stages),
+  whose every env step and inference is a span;
+- ``reasoning``: the reasoning GRPO loop of ``examples/reasoning/arithmetic_grpo.yaml`` (tiny Qwen2
+  model) under a disaggregated plan that streams chunks of 4 prompts through the channels, so the
+  trace holds the channel depth counters too.
+
+On a shared machine a step time varies by more than tracing can cost, so the script also gives an
+upper bound that noise cannot blur: the events the traced run recorded per step times the measured
+cost of one event, as a fraction of the step time (as if every event sat on the critical path, which
+most do not).
+
+    python benchmarks/trace_overhead.py                      # demo, embodied and reasoning, 4 pairs each
+    python benchmarks/trace_overhead.py --workloads embodied,reasoning --pairs 3
     python benchmarks/trace_overhead.py --spans-only
 
 Writes ``benchmarks/results/trace_overhead.json`` (or ``--out``) and prints one summary line.
@@ -25,10 +35,12 @@ import statistics
 import sys
 import tempfile
 import timeit
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
 
 
 def span_costs(number: int = 200_000, repeats: int = 7) -> dict[str, float]:
@@ -66,54 +78,87 @@ def span_costs(number: int = 200_000, repeats: int = 7) -> dict[str, float]:
     return out
 
 
-def _demo_step_time(trace: bool, steps: int, batch_size: int, warmup: int) -> tuple[float, float]:
-    """Median seconds per step after the warm-up, and trace events recorded per step (0 untraced)."""
+COUNTER_TRACKS: set[str] = set()  # counter tracks seen in the traced runs (channel depths, device locks)
+
+
+def _events_per_step(run_dir: str, steps: int) -> float:
+    """Spans and counter samples of a traced run's merged trace, per iteration."""
+    from m2flow.runtime.trace import load_trace
+
+    events = load_trace(run_dir)["traceEvents"]
+    COUNTER_TRACKS.update(e["name"] for e in events if e["ph"] == "C")
+    return sum(e["ph"] in ("X", "C") for e in events) / steps
+
+
+def demo_step_time(trace: bool, steps: int, warmup: int, batch_size: int = 4096) -> tuple[float, float]:
+    """Median seconds per step of the demo after the warm-up, and trace events per step (0 untraced)."""
     from m2flow.metrics import MetricsConfig
     from m2flow.report.load import read_metrics
     from m2flow.runners.demo import DemoConfig, run_demo_config
-    from m2flow.runtime.trace import load_trace
 
     with tempfile.TemporaryDirectory() as d:
         cfg = DemoConfig(steps=steps, batch_size=batch_size, run_dir=d, trace=trace,
                          metrics=MetricsConfig(sinks=["jsonl"]))
         run_demo_config(cfg)
         rows = read_metrics(Path(d) / "metrics.jsonl")
-        events = 0
-        if trace:
-            events = sum(e["ph"] in ("X", "C") for e in load_trace(d)["traceEvents"])
-    return statistics.median(r["time/step"] for r in rows[warmup:]), events / steps
+        events = _events_per_step(d, steps) if trace else 0.0
+    return statistics.median(r["time/step"] for r in rows[warmup:]), events
 
 
-def demo_overhead(pairs: int, steps: int, batch_size: int, warmup: int) -> dict:
-    """Alternate untraced (A) and traced (B) demo runs; median step times and per-pair ratios."""
-    from m2flow.runtime import Cluster, ClusterConfig
+def embodied_step_time(trace: bool, steps: int, warmup: int, cluster: object) -> tuple[float, float]:
+    """Median seconds per iteration of the pipelined CartPole PPO loop, and trace events per iteration."""
+    from m2flow.config.loader import load_config
+    from m2flow.runners.embodied import train
+    from m2flow.runners.embodied_config import EmbodiedConfig
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    cluster = Cluster(ClusterConfig())  # one Ray for every run: the demo attaches to it
+    with tempfile.TemporaryDirectory() as d:
+        # 8 envs x 128 steps per iteration; the actor on device 0 with the env (one rank: no gloo).
+        cfg = load_config(EmbodiedConfig, ROOT / "examples" / "embodied" / "cartpole_pipelined.yaml", [
+            'placement="env: 0, rollout: 1, actor: 0"', f"total_env_steps={steps * 8 * 128}",
+            "eval_every=0", f"trace={str(trace).lower()}", f"run_dir={d}", "metrics.sinks=[]"])
+        history = train(cfg, cluster).history
+        events = _events_per_step(d, len(history)) if trace else 0.0
+    return statistics.median(h["time/iteration_s"] for h in history[warmup:]), events
+
+
+def reasoning_step_time(trace: bool, steps: int, warmup: int, cluster: object, model_dir: Path) -> tuple[float, float]:
+    """Median seconds per iteration of the arithmetic GRPO loop, and trace events per iteration."""
+    from m2flow.config.loader import load_config
+    from m2flow.runners.reasoning import train
+    from m2flow.runners.reasoning_config import ReasoningConfig
+
+    with tempfile.TemporaryDirectory() as d:
+        # 16 prompts x 8 samples per iteration, generated and trained in chunks of 4 prompts on two devices.
+        cfg = load_config(ReasoningConfig, ROOT / "examples" / "reasoning" / "arithmetic_grpo.yaml", [
+            'placement="rollout,reward,inference: 0, actor: 1"', "rollout.prompts_per_chunk=4",
+            "actor.micro_batch_size=32", "data.prompts_per_step=16", "data.arithmetic.train_size=512",
+            f"model.path={model_dir}", "model.warm_start_steps=0", f"steps={steps}", "eval_every=0",
+            "checkpoint_every=0", f"trace={str(trace).lower()}", f"run_dir={d}", "metrics.sinks=[]"])
+        history = train(cfg, cluster).history
+        events = _events_per_step(d, len(history)) if trace else 0.0
+    return statistics.median(h["time/step"] for h in history[warmup:]), events
+
+
+def alternate(name: str, run: Callable[[bool], tuple[float, float]], pairs: int) -> dict:
+    """Untraced (A) and traced (B) runs of one workload in alternating pairs; medians and per-pair ratios."""
     untraced, traced, ratios, per_step = [], [], [], []
-    try:
-        for i in range(pairs):
-            # The order flips every pair: a run starts while the previous run's workers exit,
-            # which would otherwise always slow the same side.
-            if i % 2 == 0:
-                a, _ = _demo_step_time(False, steps, batch_size, warmup)
-                b, events = _demo_step_time(True, steps, batch_size, warmup)
-            else:
-                b, events = _demo_step_time(True, steps, batch_size, warmup)
-                a, _ = _demo_step_time(False, steps, batch_size, warmup)
-            per_step.append(events)
-            untraced.append(a)
-            traced.append(b)
-            ratios.append(b / a)
-            print(f"pair {i}: untraced {a * 1e3:.2f} ms/step, traced {b * 1e3:.2f} ms/step, "
-                  f"ratio {b / a:.3f}", file=sys.stderr)
-    finally:
-        import ray
-
-        ray.shutdown()
-        del cluster
+    for i in range(pairs):
+        # The order flips every pair: a run starts while the previous run's workers exit,
+        # which would otherwise always slow the same side.
+        if i % 2 == 0:
+            a, _ = run(False)
+            b, events = run(True)
+        else:
+            b, events = run(True)
+            a, _ = run(False)
+        per_step.append(events)
+        untraced.append(a)
+        traced.append(b)
+        ratios.append(b / a)
+        print(f"{name} pair {i}: untraced {a * 1e3:.2f} ms/step, traced {b * 1e3:.2f} ms/step, "
+              f"ratio {b / a:.3f}", file=sys.stderr)
     return {
-        "pairs": pairs, "steps": steps, "batch_size": batch_size, "warmup_steps": warmup,
+        "pairs": pairs,
         "untraced_step_ms": [x * 1e3 for x in untraced], "traced_step_ms": [x * 1e3 for x in traced],
         "median_untraced_step_ms": statistics.median(untraced) * 1e3,
         "median_traced_step_ms": statistics.median(traced) * 1e3,
@@ -123,34 +168,73 @@ def demo_overhead(pairs: int, steps: int, batch_size: int, warmup: int) -> dict:
     }
 
 
+def workload_overhead(workloads: list[str], pairs: int, steps: dict[str, int], warmup: int,
+                      workdir: Path) -> dict[str, dict]:
+    """``alternate`` for each workload on one shared local Ray."""
+    from m2flow.runtime import Cluster, ClusterConfig
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    cluster = Cluster(ClusterConfig())  # one Ray for every run: the runs attach to it
+    runs: dict[str, Callable[[bool], tuple[float, float]]] = {
+        "demo": lambda t: demo_step_time(t, steps["demo"], warmup),
+        "embodied": lambda t: embodied_step_time(t, steps["embodied"], warmup, cluster),
+        "reasoning": lambda t: reasoning_step_time(t, steps["reasoning"], warmup, cluster,
+                                                   workdir / "arithmetic-tiny"),
+    }
+    out = {}
+    try:
+        for name in workloads:
+            COUNTER_TRACKS.clear()
+            out[name] = {"steps": steps[name], "warmup_steps": warmup, **alternate(name, runs[name], pairs)}
+            out[name]["counter_tracks"] = sorted(COUNTER_TRACKS)
+    finally:
+        import ray
+
+        ray.shutdown()
+        del cluster
+    return out
+
+
+WORKLOADS = ("demo", "embodied", "reasoning")
+DEFAULT_STEPS = {"demo": 40, "embodied": 8, "reasoning": 8}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=4, help="untraced/traced demo run pairs")
-    parser.add_argument("--steps", type=int, default=40, help="demo steps per run")
-    parser.add_argument("--batch-size", type=int, default=4096, help="demo numbers per batch")
-    parser.add_argument("--warmup", type=int, default=5, help="steps left out of each run's median")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS),
+                        help=f"comma-separated, from {', '.join(WORKLOADS)} (default: all)")
+    parser.add_argument("--pairs", type=int, default=4, help="untraced/traced run pairs per workload")
+    parser.add_argument("--steps", type=int, default=None,
+                        help=f"iterations per run (default per workload: {DEFAULT_STEPS})")
+    parser.add_argument("--warmup", type=int, default=2, help="iterations left out of each run's median")
     parser.add_argument("--spans-only", action="store_true", help="only the per-span costs")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "trace_overhead.json")
     args = parser.parse_args(argv)
+    workloads = [w for w in args.workloads.split(",") if w]
+    unknown = sorted(set(workloads) - set(WORKLOADS))
+    if unknown:
+        parser.error(f"unknown workload(s) {unknown}; valid: {list(WORKLOADS)}")
+    steps = {w: args.steps or n for w, n in DEFAULT_STEPS.items()}
+    if min(steps[w] for w in workloads) <= args.warmup:
+        parser.error("--steps must exceed --warmup")
 
     result: dict = {"span_ns": span_costs()}
+    line = (f"trace overhead: span {result['span_ns']['span_enabled']:.0f} ns enabled, "
+            f"{result['span_ns']['span_disabled']:.0f} ns disabled "
+            f"(empty call {result['span_ns']['baseline_call']:.0f} ns)")
     if not args.spans_only:
-        demo = demo_overhead(args.pairs, args.steps, args.batch_size, args.warmup)
         event_ns = max(result["span_ns"]["span_enabled_args"], result["span_ns"]["counter_enabled"])
-        demo["bound_overhead_fraction"] = (
-            demo["events_per_step"] * event_ns * 1e-6 / demo["median_untraced_step_ms"])
-        result["demo"] = demo
+        result["load_average"] = os.getloadavg()
+        with tempfile.TemporaryDirectory(prefix="trace-overhead-") as workdir:
+            result["workloads"] = workload_overhead(workloads, args.pairs, steps, args.warmup, Path(workdir))
+        result["load_average_after"] = os.getloadavg()
+        for name, w in result["workloads"].items():
+            w["bound_overhead_fraction"] = w["events_per_step"] * event_ns * 1e-6 / w["median_untraced_step_ms"]
+            line += (f"; {name} {w['median_traced_step_ms']:.1f} vs {w['median_untraced_step_ms']:.1f} ms/step "
+                     f"traced/untraced, pair ratio {w['median_ratio_traced_over_untraced']:.3f}, "
+                     f"bound {w['events_per_step']:.0f} events/step = {w['bound_overhead_fraction']:.2%}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
-    ns = result["span_ns"]
-    line = (f"trace overhead: span {ns['span_enabled']:.0f} ns enabled, "
-            f"{ns['span_disabled']:.0f} ns disabled (empty call {ns['baseline_call']:.0f} ns)")
-    if "demo" in result:
-        d = result["demo"]
-        line += (f"; demo {d['median_traced_step_ms']:.2f} vs {d['median_untraced_step_ms']:.2f} ms/step "
-                 f"traced/untraced, ratio {d['median_ratio_traced_over_untraced']:.3f} "
-                 f"(median of {d['pairs']} pairs); bound {d['events_per_step']:.0f} events/step "
-                 f"= {d['bound_overhead_fraction']:.2%} of a step")
     print(line)
     return 0
 
