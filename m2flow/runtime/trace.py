@@ -350,8 +350,9 @@ def _counter_event(e: dict[str, Any], pid: int, origin: int) -> dict[str, Any]:
 def merge_traces(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Merge ``run_dir/trace/*.jsonl`` into one Chrome/Perfetto JSON trace (``run_dir/trace.json``).
 
-    Processes are ordered driver first, then groups by their first event, then rank. Timestamps are
-    microseconds from the earliest event; the absolute origin is kept in ``otherData``.
+    Processes are ordered driver first, then groups by their first event, then rank; a process with
+    only shared counters (a channel host) gets no row of its own. Timestamps are microseconds from
+    the earliest event; the absolute origin is kept in ``otherData``.
     """
     run_dir = Path(run_dir)
     out_path = Path(out) if out is not None else run_dir / TRACE_FILE
