@@ -90,7 +90,8 @@ def _trl_python() -> Path:
     return TRL_VENV / "bin" / "python"
 
 
-def sides(workload: Path, threads: int, plans: list[str], trace_dir: Path | None = None) -> dict[str, Side]:
+def sides(workload: Path, threads: int, plans: list[str], trace_dir: Path | None = None,
+          ray_address: str | None = None) -> dict[str, Side]:
     """The contenders for one thread count: one m2flow side per plan (runner), TRL, the bare loop."""
     common = ["--workload", str(workload), "--threads", str(threads)]
     trl_missing = None if _trl_python().exists() else f"no {TRL_VENV}; run with --setup first"
@@ -98,8 +99,9 @@ def sides(workload: Path, threads: int, plans: list[str], trace_dir: Path | None
     out: dict[str, Side] = {}
     if M2FLOW_SIDE == "runner":
         for plan in plans:
-            traced = ["--trace-dir", str(trace_dir)] if trace_dir else []
-            out[f"m2flow:{plan}"] = Side(f"m2flow:{plan}", [*me, "--plan", plan, *traced])
+            extra = ["--trace-dir", str(trace_dir)] if trace_dir else []
+            extra += ["--ray-address", ray_address] if ray_address else []
+            out[f"m2flow:{plan}"] = Side(f"m2flow:{plan}", [*me, "--plan", plan, *extra])
     else:
         out["m2flow"] = Side("m2flow", me)
     out["trl"] = Side("trl", [str(_trl_python()), str(HERE / "peers" / "trl_grpo.py"), *common], trl_missing)
@@ -157,12 +159,14 @@ def run_side(side: Side, threads: int, timeout: float) -> dict:
 # ----------------------------------------------------------------------------- the m2flow side
 
 
-def m2flow_side(workload_path: str, threads: int, plan: str = "collocated", trace_dir: str | None = None) -> dict:
+def m2flow_side(workload_path: str, threads: int, plan: str = "collocated", trace_dir: str | None = None,
+                ray_address: str | None = None) -> dict:
     """Run the m2flow side in this process and return its figures."""
     if M2FLOW_SIDE == "local_reference":
         return _local_reference_side(json.loads(Path(workload_path).read_text()), threads)
     if M2FLOW_SIDE == "runner":
-        return _runner_side(json.loads(Path(workload_path).read_text()), threads, plan, trace_dir)
+        w = json.loads(Path(workload_path).read_text())
+        return _runner_side(w, threads, plan, trace_dir, ray_address)
     raise ValueError(f"unknown M2FLOW_SIDE {M2FLOW_SIDE!r}; valid: ['local_reference', 'runner']")
 
 
@@ -175,13 +179,15 @@ def _parity(response, answer: str) -> float:  # noqa: ANN001 - a Response; impor
     return parity_reward(response.text or "", answer)
 
 
-def runner_config(w: dict, threads: int, plan: RunnerPlan, run_dir: str, trace: bool = False) -> Any:
+def runner_config(w: dict, threads: int, plan: RunnerPlan, run_dir: str, trace: bool = False,
+                  ray_address: str | None = None) -> Any:
     """The reasoning runner's config for the workload under ``plan``, ``threads`` torch threads per busy worker."""
     from m2flow.config.convert import from_dict
     from m2flow.runners.reasoning_config import ReasoningConfig
 
     p, g = w["prompts_per_step"], w["group_size"]
     return from_dict(ReasoningConfig, {
+        "cluster": {"address": ray_address},
         "placement": plan.placement,
         "model": {"path": w["model_dir"]},
         "data": {"kind": "file", "path": w["prompts_file"], "prompts_per_step": p, "shuffle": False},
@@ -202,7 +208,7 @@ def runner_config(w: dict, threads: int, plan: RunnerPlan, run_dir: str, trace: 
     })
 
 
-def _runner_side(w: dict, threads: int, plan_name: str, trace_dir: str | None) -> dict:
+def _runner_side(w: dict, threads: int, plan_name: str, trace_dir: str | None, ray_address: str | None) -> dict:
     """`m2flow.runners.reasoning.train` on the workload under ``PLANS[plan_name]``; warm-up iterations left out.
 
     With ``trace_dir`` the run keeps its directory there (with a trace: ``m2flow report`` reads it).
@@ -214,7 +220,7 @@ def _runner_side(w: dict, threads: int, plan_name: str, trace_dir: str | None) -
         run_dir = tmp
         if trace_dir:
             run_dir = str(Path(trace_dir) / f"{plan_name}-t{threads}-{time.strftime('%H%M%S')}")
-        cfg = runner_config(w, threads, plan, run_dir, trace=bool(trace_dir))
+        cfg = runner_config(w, threads, plan, run_dir, trace=bool(trace_dir), ray_address=ray_address)
         history = train(cfg).history[w["warmup_steps"]:]
     total = sum(h["time/step"] for h in history)
     completions = sum(h["perf/completions_per_s"] * h["time/step"] for h in history)
@@ -267,6 +273,24 @@ def _local_reference_side(w: dict, threads: int) -> dict:
 # ----------------------------------------------------------------------------- driver
 
 
+def _start_shared_ray() -> str:
+    """Start one local Ray for all runner runs (they attach to it); returns its address.
+
+    Starting Ray is not part of any side's timed steps, but it costs tens of seconds per run on a
+    loaded machine; one instance for the whole benchmark keeps the runs short. It stops with this
+    process.
+    """
+    from m2flow.runtime import Cluster
+
+    # The runner's reward workers import this module's reward: Ray's workers inherit this path.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), str(HERE), os.environ.get("PYTHONPATH")]))
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    Cluster()
+    import ray
+
+    return ray.get_runtime_context().gcs_address
+
+
 def summarize(runs: dict[str, dict[int, list[dict]]]) -> dict:
     """Medians per side and thread count, each side's fastest setting, and the ratios between them."""
     out: dict = {"by_threads": {}, "best": {}}
@@ -309,6 +333,7 @@ def main() -> None:
     ap.add_argument("--plans", default=",".join(PLANS),
                     help=f"comma-separated runner plans, each a side of its own: {', '.join(PLANS)}")
     ap.add_argument("--plan", default="collocated", help=argparse.SUPPRESS)
+    ap.add_argument("--ray-address", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--trace-dir", default=None,
                     help="keep each runner run's directory here, with its trace (see `m2flow report`)")
     ap.add_argument("--m2flow-impl", choices=["local_reference", "runner"], default=None,
@@ -322,7 +347,7 @@ def main() -> None:
         return
     M2FLOW_SIDE = args.m2flow_impl or M2FLOW_SIDE
     if args.m2flow_side:
-        print(json.dumps(m2flow_side(args.workload, int(args.threads), args.plan, args.trace_dir)))
+        print(json.dumps(m2flow_side(args.workload, int(args.threads), args.plan, args.trace_dir, args.ray_address)))
         return
     thread_counts = [int(t) for t in args.threads.split(",")]
     plans = args.plans.split(",")
@@ -337,8 +362,9 @@ def main() -> None:
     skipped: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="g1-") as tmp:
         workload = make_workload(args, Path(tmp))
+        ray_address = _start_shared_ray() if any(n.startswith("m2flow:") for n in names) else None
         for threads in thread_counts:
-            contenders = sides(workload, threads, plans, trace_dir)
+            contenders = sides(workload, threads, plans, trace_dir, ray_address)
             for _ in range(args.repeats):
                 for name in names:
                     side = contenders[name]

@@ -123,9 +123,11 @@ class ReasoningConfig:
             raise ValueError(
                 "algorithm.old_logprobs: 'actor' is exact only with one optimizer step per iteration "
                 "(actor.mini_batches = actor.update_epochs = 1)")
-        layout = expected_layout(self.cluster)
+        # Attaching to a cluster, its devices are unknown until connected: check against one large
+        # node (a table of 2**16 devices; a bigger one costs gigabytes of memory).
+        layout = expected_layout(self.cluster) or NodeLayout((1 << 16,))
         try:
-            plan = parse_placement(self.placement, layout or NodeLayout((1 << 30,)), COMPONENTS)
+            plan = parse_placement(self.placement, layout, COMPONENTS)
         except PlacementError as e:
             raise ValueError(f"placement: {e}") from None
         actor_ranks = plan["actor"].world_size
