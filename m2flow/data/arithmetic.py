@@ -2,12 +2,17 @@
 
 Each problem belongs to the train or held-out split by a fixed hash of its text, so the two splits
 never share a problem, whatever the seed or the number of samples drawn.
+
+Answers may be written least significant digit first (``reverse_answer``: "12+9=" -> "12"), the
+order in which a left-to-right model can compute each digit from the operands and the carry it has
+just produced. ``ArithmeticTask.demonstrations`` plays an imperfect teacher: in a share of the
+problems it forgets every carry and borrow (``slip``), the classic schoolroom error.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -34,6 +39,10 @@ class ArithmeticTask:
     """Share of all problems that belongs to the held-out ('test') split."""
     allow_negative: bool = False
     """If False, subtraction puts the larger operand first so results are never negative."""
+    reverse_answer: bool = False
+    """Write answers least significant digit first ('12+9=' -> '12'); a minus sign stays in front."""
+    pad_operands: bool = False
+    """Write every operand with `digits` digits ('07+12='), so each digit sits at a fixed position."""
 
     def __post_init__(self) -> None:
         if self.digits < 1:
@@ -47,9 +56,13 @@ class ArithmeticTask:
             raise ValueError(f"heldout_fraction must be in (0, 1), got {self.heldout_fraction}")
 
     @staticmethod
-    def prompt(a: int, op: str, b: int) -> str:
-        """The prompt text, e.g. '12+7='."""
-        return f"{a}{op}{b}="
+    def prompt(a: int, op: str, b: int, width: int = 0) -> str:
+        """The prompt text, e.g. '12+7=' (or '12+07=' with `width` 2)."""
+        return f"{a:0{width}d}{op}{b:0{width}d}=" if width else f"{a}{op}{b}="
+
+    def text(self, a: int, op: str, b: int) -> str:
+        """The prompt text of a problem as this task writes it."""
+        return self.prompt(a, op, b, self.digits if self.pad_operands else 0)
 
     @staticmethod
     def solve(a: int, op: str, b: int) -> str:
@@ -59,6 +72,56 @@ class ArithmeticTask:
         if op == "-":
             return str(a - b)
         return str(a * b)
+
+    @staticmethod
+    def slip(a: int, op: str, b: int) -> str:
+        """The answer with every carry (+) or borrow (-) forgotten, e.g. '18+5=' -> '13', '52-17=' -> '45'."""
+        if op not in ("+", "-"):
+            raise ValueError(f"slip is defined for '+' and '-', not {op!r}")
+        if op == "-" and a < b:
+            return "-" + ArithmeticTask.slip(b, op, a)
+        value, place = 0, 1
+        while a or b:
+            da, db = a % 10, b % 10
+            value += ((da + db) % 10 if op == "+" else (da - db) % 10) * place
+            a, b, place = a // 10, b // 10, place * 10
+        return str(value)
+
+    @staticmethod
+    def parse(prompt: str) -> tuple[int, str, int]:
+        """(a, op, b) of a prompt text such as '12+7='."""
+        body = prompt.strip().removesuffix("=")
+        for i, ch in enumerate(body):
+            if ch in _OPERATORS and i > 0:
+                return int(body[:i]), ch, int(body[i + 1 :])
+        raise ValueError(f"not an arithmetic prompt: {prompt!r}")
+
+    def write(self, value: str) -> str:
+        """An answer value ('-12') in this task's digit order ('-21' when `reverse_answer`)."""
+        if not self.reverse_answer:
+            return value
+        sign, digits = ("-", value[1:]) if value.startswith("-") else ("", value)
+        return sign + digits[::-1]
+
+    def answer(self, a: int, op: str, b: int) -> str:
+        """The answer text in this task's digit order."""
+        return self.write(self.solve(a, op, b))
+
+    def demonstrations(self, problems: Sequence[dict[str, str]], slip_rate: float, seed: int = 0) -> list[dict[str, str]]:
+        """Worked answers of an imperfect teacher: each problem gets the `slip` answer with probability `slip_rate`.
+
+        The draw is per demonstration, not per problem, so a problem shown twice may get both answers.
+        """
+        if not 0.0 <= slip_rate <= 1.0:
+            raise ValueError(f"slip_rate must be in [0, 1], got {slip_rate}")
+        rng = np.random.default_rng(seed)
+        out = []
+        for p, r in zip(problems, rng.random(len(problems))):
+            answer = p["answer"]
+            if r < slip_rate:
+                answer = self.write(self.slip(*self.parse(p["prompt"])))
+            out.append({"prompt": p["prompt"], "answer": answer})
+        return out
 
     def split_of(self, a: int, op: str, b: int) -> Split:
         """Which split a problem belongs to, fixed by a hash of its prompt text."""
@@ -108,4 +171,4 @@ class ArithmeticTask:
                     continue
                 seen.add(problem)
                 chosen.append(problem)
-        return [{"prompt": self.prompt(*p), "answer": self.solve(*p)} for p in chosen]
+        return [{"prompt": self.text(*p), "answer": self.answer(*p)} for p in chosen]
