@@ -282,6 +282,10 @@ def main() -> None:
     p.add_argument("--raw-repeats", type=int, default=5, help="rotations of the raw-rate contenders")
     p.add_argument("--raw-only", action="store_true", help="measure only the raw stepping rate")
     p.add_argument("--timeout", type=float, default=7200, help="seconds allowed per training run")
+    p.add_argument("--retries", type=int, default=2,
+                   help="reruns of a failed training run (a shared machine can kill one) before skipping it")
+    p.add_argument("--reuse", action="store_true",
+                   help="keep the finished runs already in --out with the same env, side, seed and steps")
     p.add_argument("--out", default=str(HERE / "results" / "e1_embodied.json"), help="result JSON path")
     p.add_argument("--m2flow-placement", default="env,rollout: 0-1, actor: 0",
                    help="the m2flow side's placement (env, rollout, actor)")
@@ -318,6 +322,11 @@ def main() -> None:
     runs: list[dict] = []
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    done: dict[tuple, dict] = {}
+    if args.reuse and out.is_file():
+        for r in json.loads(out.read_text()).get("runs", []):
+            done[(r["env"], r["side"], r["seed"], r.get("requested_steps"))] = r
+    failures: list[dict] = []
 
     def write() -> dict:
         # rewritten after every run: a long benchmark stopped early still leaves its finished runs
@@ -332,6 +341,7 @@ def main() -> None:
             "raw_step": raw,
             "summary": summary,
             "runs": runs,
+            "failures": failures,
         }
         out.write_text(json.dumps(record, indent=2) + "\n")
         return summary
@@ -341,9 +351,21 @@ def main() -> None:
             for r in range(args.repeats):
                 seed = seeds[r % len(seeds)]
                 for name in sides:  # A B A B: every round runs each side once, in the same order
-                    result = run_side(SIDES[name], args, env, seed, threads[name])
-                    runs.append(result)
-                    print(json.dumps(result), file=sys.stderr)
+                    result = done.pop((env, name, seed, args.steps), None)
+                    for attempt in range(args.retries + 1):
+                        if result is not None:
+                            break
+                        try:
+                            result = run_side(SIDES[name], args, env, seed, threads[name])
+                            result["requested_steps"] = args.steps
+                        except (RuntimeError, subprocess.TimeoutExpired) as e:
+                            failures.append({"env": env, "side": name, "seed": seed, "attempt": attempt,
+                                             "error": str(e)[-500:]})
+                            print(f"{name} {env} seed {seed} failed (attempt {attempt + 1}):\n{e}", file=sys.stderr)
+                            time.sleep(30)
+                    if result is not None:
+                        runs.append(result)
+                        print(json.dumps(result), file=sys.stderr)
                     write()
     print(summary_line(write(), raw, sides))
 

@@ -20,10 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -39,13 +41,19 @@ PLANS: dict[str, tuple[str, int, bool]] = {
     "disaggregated-pipelined": ("env: 0, rollout: 1, actor: 2", 2, True),
     # env and rollout on their own devices, pipelined; the actor data-parallel over both
     "hybrid-pipelined": ("env: 0, rollout: 1, actor: 0-1", 2, True),
+    # two env ranks of 4 envs (one per device, simulating in parallel), each in two stages served
+    # by one rollout rank; one actor rank
+    "hybrid-pipelined-2env": ("env: 0-1, rollout: 1, actor: 0", 2, True),
     # two fused env ranks of 4 envs, one per device; one actor rank (E1's plan)
     "collocated-fused-2ranks": ("env,rollout: 0-1, actor: 0", 1, True),
 }
 
 
-def run_plan(name: str, iterations: int, env_id: str, seed: int) -> dict:
-    """Train ``iterations`` iterations under plan ``name`` in this process; per-iteration stage times."""
+def run_plan(name: str, iterations: int, env_id: str, seed: int, trace_dir: str | None = None) -> dict:
+    """Train ``iterations`` iterations under plan ``name`` in this process; per-iteration stage times.
+
+    With ``trace_dir`` the run is traced and its directory kept there (``m2flow report`` reads it).
+    """
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from m2flow.config import from_dict
     from m2flow.runners.embodied import train
@@ -56,7 +64,11 @@ def run_plan(name: str, iterations: int, env_id: str, seed: int) -> dict:
     placement, stages, fused = PLANS[name]
     cfg = from_dict(EmbodiedConfig, {"placement": placement})
     env_ranks = cfg.plan()["env"].world_size
-    with tempfile.TemporaryDirectory(prefix="e2-") as run_dir:
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="e2-") as tmp:
+        run_dir = tmp if trace_dir is None else str(Path(trace_dir) / name)
+        if trace_dir is not None:
+            shutil.rmtree(run_dir, ignore_errors=True)
         cfg = from_dict(EmbodiedConfig, {
             "cluster": {"cpu_devices_per_node": 8},
             "placement": placement,
@@ -68,6 +80,7 @@ def run_plan(name: str, iterations: int, env_id: str, seed: int) -> dict:
             "seed": seed,
             "run_dir": run_dir,
             "metrics": {"sinks": []},
+            "trace": trace_dir is not None,
         })
         result = train(cfg)
     rows = []
@@ -77,8 +90,9 @@ def run_plan(name: str, iterations: int, env_id: str, seed: int) -> dict:
         ideal = max(env_stage, rollout_stage) + h["time/actor_busy_s"]
         rows.append({"step_s": h["time/iteration_s"], "env_stage_s": env_stage, "rollout_stage_s": rollout_stage,
                      "actor_s": h["time/actor_busy_s"], "ideal_s": ideal})
+    # the machine is shared: the 1-minute load average around the run says how quiet it was
     return {"plan": name, "placement": placement, "stages": stages, "mode": result.mode, "fused": result.fused,
-            "iterations": rows}
+            "load": [round(load_before, 2), round(os.getloadavg()[0], 2)], "iterations": rows}
 
 
 def summarize(runs: list[dict], plans: list[str]) -> dict:
@@ -90,8 +104,10 @@ def summarize(runs: list[dict], plans: list[str]) -> dict:
         med = {k: round(statistics.median(r[k] for r in rows), 4) for k in rows[0]}
         med["step_over_ideal"] = round(statistics.median(r["step_s"] / r["ideal_s"] for r in rows), 3)
         first = next(run for run in runs if run["plan"] == name)
+        loads = [x for run in runs if run["plan"] == name for x in run.get("load", [])]
         out[name] = {"placement": first["placement"], "stages": first["stages"], "mode": first["mode"],
-                     "fused": first["fused"], **med, "iterations": len(rows)}
+                     "fused": first["fused"], **med, "iterations": len(rows),
+                     "load_max": max(loads) if loads else None}
     base = out.get("collocated-sequential")
     if base:
         for entry in out.values():
@@ -108,10 +124,13 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=3600, help="seconds allowed per run")
     p.add_argument("--out", default=str(HERE / "results" / "e2_placements.json"), help="result JSON path")
+    p.add_argument("--retries", type=int, default=4, help="reruns of a plan whose run failed")
+    p.add_argument("--trace-dir", default=None,
+                   help="trace every run and keep its run directory here (DIR/PLAN; the last round's)")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # run one plan here, JSON out
     args = p.parse_args()
     if args.one:
-        print(json.dumps(run_plan(args.one, args.iterations, args.env, args.seed)))
+        print(json.dumps(run_plan(args.one, args.iterations, args.env, args.seed, args.trace_dir)))
         return
     plans = [x for x in args.plans.split(",") if x]
     unknown = [x for x in plans if x not in PLANS]
@@ -123,23 +142,33 @@ def main() -> None:
         for name in plans:
             cmd = [sys.executable, str(Path(__file__).resolve()), "--one", name, "--iterations",
                    str(args.iterations), "--env", args.env, "--seed", str(args.seed)]
-            with tempfile.TemporaryDirectory(prefix="e2-cwd-") as cwd:
-                proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=args.timeout)
-            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-            if proc.returncode != 0 or not lines:
-                raise RuntimeError(f"plan {name} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+            if args.trace_dir:
+                cmd += ["--trace-dir", str(Path(args.trace_dir).resolve())]
+            for attempt in range(args.retries + 1):  # a loaded machine can time Ray's start-up out
+                with tempfile.TemporaryDirectory(prefix="e2-cwd-") as cwd:
+                    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
+                                          timeout=args.timeout)
+                lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+                if proc.returncode == 0 and lines:
+                    break
+                print(f"plan {name} failed (attempt {attempt + 1}, exit {proc.returncode}):\n{proc.stderr[-1500:]}",
+                      file=sys.stderr)
+                time.sleep(20)
+            else:
+                raise RuntimeError(f"plan {name} failed {args.retries + 1} times")
             runs.append(json.loads(lines[-1]))
             print(json.dumps({k: v for k, v in runs[-1].items() if k != "iterations"}), file=sys.stderr)
     summary = summarize(runs, plans)
     record = {"benchmark": "E2", "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-              "cpus": os.cpu_count(), "summary": summary, "runs": runs}
+              "cpus": os.cpu_count(), "load_max": max(x for r in runs for x in r["load"]),
+              "summary": summary, "runs": runs}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
     parts = [f"{n}: {e['step_s']:.3f}s/step, {e['step_over_ideal']}x ideal, "
              f"{e.get('speedup_vs_collocated_sequential', 1.0)}x vs collocated-sequential"
              for n, e in summary.items()]
-    print("E2 | " + " | ".join(parts))
+    print(f"E2 (load up to {record['load_max']}) | " + " | ".join(parts))
 
 
 if __name__ == "__main__":
