@@ -101,9 +101,9 @@ def _run_version(args: argparse.Namespace) -> int:
 
 def _run_demo(args: argparse.Namespace) -> int:
     try:
-        demo = importlib.import_module("m2flow.runners.demo")
+        demo = importlib.import_module("m2flow.runners.recipes.arithmetic_run")
     except ModuleNotFoundError as error:
-        if error.name not in ("m2flow.runners", "m2flow.runners.demo"):
+        if not (error.name or "").startswith("m2flow.runners"):
             raise
         print("error: the demo is not available in this installation", file=sys.stderr)
         return 1
@@ -166,7 +166,10 @@ def _run_config(args: argparse.Namespace) -> int:
 
 
 register_command("version", "print the m2flow version", lambda parser: None, _run_version)
-register_command("demo", "run the CPU demo (a tiny end-to-end training run)", _add_overrides, _run_demo)
+register_command(
+    "demo", "train a tiny transformer on arithmetic on CPU: a short warm start, then GRPO",
+    _add_overrides, _run_demo,
+)
 register_command("train", "run the workflow a YAML config names", _configure_train, _run_train)
 register_command(
     "config", "show a resolved config or document a workflow's fields", _configure_config, _run_config

@@ -130,7 +130,7 @@ def test_plugged_in_command_runs():
 
 
 def test_demo_passes_its_overrides(monkeypatch):
-    demo = pytest.importorskip("m2flow.runners.demo")
+    demo = pytest.importorskip("m2flow.runners.recipes.arithmetic_run")
     got = []
     monkeypatch.setattr(demo, "run_demo", lambda overrides: got.append(overrides) or 0)
     assert main(["demo", "a.b=1", "c=2"]) == 0

@@ -1,9 +1,13 @@
-"""The runtime demo runs end to end on the shared cluster and writes one log per worker."""
+"""The runtime demo (`m2flow train examples/demo.yaml`) runs end to end on the shared cluster and writes one log per worker."""
+
+from pathlib import Path
 
 import pytest
 
 from m2flow.config.errors import ConfigError
 from m2flow.runners.demo import DemoConfig, run_demo, run_demo_config
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "demo.yaml"
 
 
 def test_demo_runs_and_logs_per_worker(cluster, tmp_path, capsys):
@@ -24,8 +28,8 @@ def test_demo_rejects_bad_placement_before_starting():
 def test_impossible_placement_fails_naming_the_key(capsys):
     from m2flow.cli import main
 
-    assert main(["demo", "placement=producer: 0-9, scaler,reducer: 2-3"]) == 2
+    assert main(["train", str(EXAMPLE), "placement=producer: 0-9, scaler,reducer: 2-3"]) == 2
     err = capsys.readouterr().err
     assert "placement" in err and "device 9" in err and "0-7 exist" in err
-    assert main(["demo", "cluster.cpu_devices_per_node=0"]) == 2
+    assert main(["train", str(EXAMPLE), "cluster.cpu_devices_per_node=0"]) == 2
     assert "cluster.cpu_devices_per_node" in capsys.readouterr().err

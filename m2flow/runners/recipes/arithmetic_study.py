@@ -2,8 +2,9 @@
 
 For each seed the warm start runs once; three arms then start from copies of the same model:
 - ``grpo``: the recipe's GRPO phase (exact-answer reward);
-- ``sft_more``: the warm start simply continues, on as many training problems as GRPO saw prompts
-  (grpo_steps x prompts_per_step, at the warm-start batch size and learning rate);
+- ``sft_more``: the warm start simply continues on fresh demonstrations of the same teacher, as many
+  as GRPO sampled responses (grpo_steps x prompts_per_step x group_size), at the warm-start batch
+  size and learning rate: more supervised compute than GRPO spends on training;
 - ``random_reward``: the same GRPO phase with a reward that ignores the response (1.0 with
   probability `random_reward_rate`), i.e. the same compute and updates with no information.
 
@@ -30,6 +31,7 @@ from m2flow.data.batch import Response
 from m2flow.models.sft import sft_steps
 from m2flow.runners.recipes.arithmetic_demo import (
     ArithmeticDemoRecipe,
+    demonstrations,
     evaluate,
     heldout_problems,
     train_grpo,
@@ -43,6 +45,7 @@ ARMS = ("grpo", "sft_more", "random_reward")
 
 def run_seed(recipe: ArithmeticDemoRecipe, arms: tuple[str, ...] = ARMS, random_reward_rate: float = 0.2) -> dict[str, Any]:
     """Warm start once, then each arm from a copy of the warm model; accuracies and wall times."""
+    recipe.validate()
     if recipe.threads:
         torch.set_num_threads(recipe.threads)
     torch.manual_seed(recipe.seed)
@@ -69,8 +72,8 @@ def run_seed(recipe: ArithmeticDemoRecipe, arms: tuple[str, ...] = ARMS, random_
 
             train_grpo(model, warm.tokenizer, recipe, reward_fn=coin)
         elif arm == "sft_more":
-            count = recipe.grpo_steps * recipe.prompts_per_step
-            problems = recipe.task().sample("train", count, seed=recipe.seed + 60_000, unique=False)
+            count = recipe.grpo_steps * recipe.prompts_per_step * recipe.group_size
+            problems = demonstrations(recipe, count, seed=recipe.seed + 60_000)
             steps = max(1, count // recipe.sft_batch_size)
             sft_steps(model, warm.tokenizer, problems, steps=steps, lr=recipe.sft_lr, batch_size=recipe.sft_batch_size, seed=recipe.seed + 1)
         else:

@@ -13,8 +13,10 @@ from m2flow.runners.recipes.arithmetic_demo import (
     ArithmeticDemoRecipe,
     arithmetic_reward,
     build_demo_model,
+    demonstrations,
     grpo_step,
     run_local_grpo,
+    supervised,
     train_grpo,
     warmup_schedule,
 )
@@ -53,6 +55,44 @@ def test_warmup_schedule_rises_linearly_then_holds():
     assert lrs == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0, 1.0])
 
 
+def test_recipe_defaults_are_valid_and_bad_values_fail_naming_the_field():
+    ArithmeticDemoRecipe().validate()
+    for field, value in [("grpo_steps", -1), ("sft_steps", -5), ("group_size", 1), ("slip_rate", 1.5),
+                         ("lr", 0.0), ("eval_size", 0)]:
+        with pytest.raises(ValueError, match=field):
+            dataclasses.replace(ArithmeticDemoRecipe(), **{field: value}).validate()
+    with pytest.raises(ValueError, match="operator"):
+        dataclasses.replace(ArithmeticDemoRecipe(), operators=("/",)).validate()
+
+
+def test_demonstrations_slip_at_the_set_rate_and_only_where_a_carry_or_borrow_exists():
+    recipe = ArithmeticDemoRecipe(slip_rate=0.7)
+    task = recipe.task()
+    demos = demonstrations(recipe, 2000, seed=3)
+    right = task.sample("train", 2000, seed=3, unique=False)
+    assert [d["prompt"] for d in demos] == [r["prompt"] for r in right]
+    slips = [task.write(task.slip(*task.parse(r["prompt"]))) for r in right]
+    differs = [s != r["answer"] for s, r in zip(slips, right)]
+    wrong = [d["answer"] != r["answer"] for d, r in zip(demos, right)]
+    # A wrong demonstration is always the slip; problems without carries are never wrong.
+    assert all(d["answer"] == s for d, s, w in zip(demos, slips, wrong) if w)
+    assert not any(w for w, d in zip(wrong, differs) if not d)
+    rate = sum(wrong) / sum(differs)
+    assert 0.66 < rate < 0.74, rate
+
+
+def test_supervised_steps_lower_the_loss_and_report_each_step():
+    recipe = _tiny_recipe(sft_lr=3e-3, sft_batch_size=16)
+    model, tok = build_demo_model(recipe)
+    examples = [{"prompt": "12+07=", "answer": "91"}, {"prompt": "30+41=", "answer": "17"}]
+    seen = []
+    first = supervised(model, tok, examples, recipe, steps=1, seed=0)
+    last = supervised(model, tok, examples, recipe, steps=30, seed=0, on_step=lambda s, loss: seen.append(s))
+    assert seen == list(range(1, 31))
+    assert last < first / 2, (first, last)
+    assert not model.training
+
+
 def _tiny_recipe(**kw) -> ArithmeticDemoRecipe:
     base = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, prompts_per_step=8, group_size=8,
                 lr_warmup_steps=1, threads=1)
@@ -85,7 +125,8 @@ def test_grpo_raises_the_reward_it_is_given():
 
 @pytest.mark.slow
 def test_recipe_run_beats_its_warm_start_on_heldout_problems():
-    # Seed 0 with one thread: warm start 0.218 -> 0.304 after 100 GRPO steps when this was written.
+    # Seed 0, one thread. The warm-started model answers problems with a carry or borrow the teacher's
+    # wrong way; GRPO with the exact-answer reward must fix a good share of them.
     result = run_local_grpo(dataclasses.replace(ArithmeticDemoRecipe(), seed=0, eval_every=0, threads=1))
-    assert 0.05 < result.warm_start_accuracy < 0.5
-    assert result.final_accuracy > result.warm_start_accuracy + 0.04, result
+    assert 0.1 < result.warm_start_accuracy < 0.6, result
+    assert result.final_accuracy > result.warm_start_accuracy + 0.2, result
