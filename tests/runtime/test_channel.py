@@ -125,8 +125,8 @@ def test_prefetched_items_are_served_in_order_and_given_back(make_channel):
     for i in range(5):
         ch.put(i)
     fast = ch.with_options(prefetch=4)
-    assert fast.get() == 0  # brought 1, 2, 3 along
-    assert ch.total_size() == 1
+    assert fast.get() == 0  # 1, 2, 3 were pushed along
+    assert ch.total_size() == 4  # pushed but untaken items are still in the channel
     assert fast.get() == 1
     fast.disconnect()  # 2 and 3 go back to the front
     assert [ch.get() for _ in range(3)] == [2, 3, 4]

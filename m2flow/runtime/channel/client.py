@@ -18,7 +18,6 @@ from m2flow.runtime.channel.connection import (
     _CANCELLED,
     _CONNECTIONS,
     _CONNECTIONS_LOCK,
-    _MISS,
     ChannelAddress,
     ChannelClosed,
     _Connection,
@@ -67,6 +66,32 @@ class _Mapped(CommWork):
         return _wait().__await__()
 
 
+class _Fed(CommWork):
+    """A plain get waiting for the host to push it an item; a timeout withdraws it."""
+
+    def __init__(self, fut: Future, conn: _Connection, key: Hashable, what: str) -> None:
+        super().__init__(fut, what=what)
+        self._fut = fut
+        self._conn = conn
+        self._key = key
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """The item; on a timeout the get is withdrawn, and an item already on its way stays queued here."""
+        try:
+            raw = super().wait(timeout)
+        except CommTimeout:
+            if self._conn.withdraw(self._key, self._fut):
+                raise
+            raw = self._fut.result()  # an item reached it as it timed out: not lost, returned
+        return self._conn.decode(raw)
+
+    def __await__(self):
+        async def _wait() -> Any:
+            return self._conn.decode(await asyncio.wrap_future(self._fut))
+
+        return _wait().__await__()
+
+
 class Channel:
     """A named FIFO queue shared by worker groups, with keyed sub-queues and optional capacity.
 
@@ -75,9 +100,12 @@ class Channel:
     every item put before it, then ``get`` raises ``ChannelClosed`` (iteration just stops).
     If the channel is empty and a producer died, a blocked get raises ``PeerDiedError`` naming it.
 
-    ``prefetch`` (see ``with_options``) lets one ``get`` bring back up to that many items already
-    queued, so the next gets need no round trip. Prefetched items leave the channel's count; they
-    go back to the front of the queue when the process exits cleanly or calls ``disconnect()``.
+    A process that keeps calling ``get`` on a key is pushed items ahead of its gets, within a
+    window that grows each time it runs dry (up to 32 items, and half of ``maxsize``), so a steady
+    consumer never waits a round trip. Those items still count in the channel's size and capacity
+    until a get returns them; if another process blocks on that key they are handed back to it,
+    and they go back to the front of the queue when this process disconnects, exits or dies.
+    ``prefetch`` (see ``with_options``) sets the smallest window.
     """
 
     def __init__(self, address: ChannelAddress, prefetch: int = 1) -> None:
@@ -87,7 +115,7 @@ class Channel:
         self.prefetch = prefetch
 
     def with_options(self, prefetch: int) -> Channel:
-        """The same channel, with gets that prefetch up to ``prefetch`` queued items."""
+        """The same channel, with gets that let the host push at least ``prefetch`` items ahead."""
         return Channel(self.address, prefetch)
 
     @property
@@ -144,17 +172,19 @@ class Channel:
     # -- queue operations ----------------------------------------------------------------------
     def put(self, item: Any, weight: float = 1, key: Hashable = None, async_op: bool = False, timeout: float | None = None) -> CommWork | None:
         """Append ``item`` to sub-queue ``key``; blocks while the channel is full."""
-        work = CommWork(self._conn.put(item, weight, key), what=f"put into channel {self.name!r}")
+        fut = self._conn.put(item, weight, key)
+        if fut is None:  # sent at once
+            return done_work(None) if async_op else None
+        work = CommWork(fut, what=f"put into channel {self.name!r}")
         return work if async_op else work.wait(timeout)
 
     def get(self, key: Hashable = None, async_op: bool = False, timeout: float | None = None) -> Any:
         """Take the oldest item of sub-queue ``key``; blocks while it is empty."""
         conn = self._conn
-        hit = conn.take_local(key)
-        if hit is not _MISS:
-            return done_work(hit) if async_op else hit
-        req, fut = conn.request(("get", key, None, self.prefetch, 0.0))
-        work = _Mapped(fut, lambda batch: conn.keep(key, batch), conn, req, what=f"get from channel {self.name!r}")
+        item, fut = conn.take(key, self.prefetch)
+        if fut is None:
+            return done_work(item) if async_op else item
+        work = _Fed(fut, conn, key, what=f"get from channel {self.name!r}")
         return work if async_op else work.wait(timeout)
 
     def get_batch(self, target_weight: float, key: Hashable = None, async_op: bool = False, timeout: float | None = None) -> Any:
@@ -163,10 +193,17 @@ class Channel:
         if target_weight <= 0:
             raise ValueError(f"target_weight must be > 0, got {target_weight}")
         conn = self._conn
-        local, weight, complete = conn.take_local_batch(key, target_weight)
-        if complete:
-            return done_work(local) if async_op else local
-        req, fut = conn.request(("get", key, float(target_weight), 1, weight))
+        conn.begin_batch(key)  # items pushed for plain gets come first, in order
+        try:
+            local, weight, complete = conn.take_batch(key, target_weight)
+            if complete:
+                conn.end_batch(key)
+                return done_work(local) if async_op else local
+            req, fut = conn.request(("get", key, float(target_weight), 1, weight))
+        except BaseException:
+            conn.end_batch(key)
+            raise
+        fut.add_done_callback(lambda _: conn.end_batch(key))
         work = _Mapped(fut, lambda batch: local + _unwrap_many(batch), conn, req, what=f"get_batch from channel {self.name!r}")
         return work if async_op else work.wait(timeout)
 

@@ -1,7 +1,8 @@
-"""This process's connection to one channel host: requests, replies, credits and prefetched items.
+"""This process's connection to one channel host: requests, replies, credits and pushed items.
 
 One connection per (process, channel) is shared by every handle and thread; a reader thread
-resolves each request's future from the host's replies.
+resolves each request's future from the host's replies and files the items the host pushes
+(``push.py`` on the host side) into per-key boxes, from which plain gets take them without asking.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ import atexit
 import itertools
 import logging
 import os
+import pickle
 import threading
 from collections import deque
 from collections.abc import Hashable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from m2flow.runtime.comm.communicator import PROCESS_UID, _node_id
@@ -28,6 +30,7 @@ from m2flow.runtime.comm.wire import BufferPool, Connection, ConnectionLost, con
 log = logging.getLogger(__name__)
 
 _CREDIT_BATCH = 64  # slots a producer asks for at once on a bounded channel
+_MAX_WINDOW = 32  # most items a consumer lets the host push ahead of its gets, per key
 
 
 class ChannelClosed(Exception):
@@ -44,6 +47,18 @@ class ChannelAddress:
     tcp_address: tuple
     maxsize: int
     actor_name: str | None = None
+
+
+@dataclass
+class _Box:
+    """One key's items pushed to this process and not yet taken, and the gets waiting for them."""
+
+    items: deque = field(default_factory=deque)  # (seq, weight, (desc, inline, fds)), oldest first
+    getters: deque = field(default_factory=deque)  # futures of blocked gets, oldest first
+    seen: int = 0  # sequence number of the last item received
+    window: int = 0  # items the host may push ahead of this process's gets
+    batching: int = 0  # get_batch calls in progress: no pushes ahead meanwhile, they would overtake
+    settling: Future | None = None  # the host's answer to the last "stop", once all pushes are here
 
 
 def _identity() -> str:
@@ -82,16 +97,21 @@ class _Connection:
         self._credits = 0
         self._credit_req: int | None = None
         self._pending_puts: list[tuple[tuple, list, list[int], Future]] = []
-        self._local: dict[Hashable, deque[tuple[float, Any]]] = {}  # prefetched, not yet taken
+        self._boxes: dict[Hashable, _Box] = {}
+        # Half the capacity at most, so held items never fill a bounded channel by themselves.
+        self._max_window = min(_MAX_WINDOW, max(1, address.maxsize // 2)) if address.maxsize else _MAX_WINDOW
         threading.Thread(target=self._read, daemon=True, name=f"m2flow-chc-{address.name}").start()
 
     # -- requests ------------------------------------------------------------------------------
     def request(self, control: tuple) -> tuple[int, Future]:
+        with self._lock:
+            return self._request_locked(control)
+
+    def _request_locked(self, control: tuple) -> tuple[int, Future]:
         req = next(self._ids)
         fut: Future = Future()
-        with self._lock:
-            self._check()
-            self._futures[req] = fut
+        self._check()
+        self._futures[req] = fut
         self._send((control[0], req, *control[1:]))
         return req, fut
 
@@ -111,20 +131,24 @@ class _Connection:
     def cancel(self, req: int) -> None:
         self._send(("cancel", req))
 
-    def put(self, item: Any, weight: float, key: Hashable) -> Future:
-        packed = pack(encode(item), self.pool)
-        control = ("put", key, weight, packed.desc.to_wire())
-        fut: Future = Future()
+    def put(self, item: Any, weight: float, key: Hashable) -> Future | None:
+        """Send ``item`` now (returns None) or once credits come (returns the future of that)."""
+        enc = encode(item)
+        if not enc.specs and not enc.gpu:  # plain Python: the pickle is the whole payload
+            control, inline, fds = ("put", key, weight, enc.meta), [], []
+        else:
+            packed = pack(enc, self.pool)
+            control, inline, fds = ("put", key, weight, packed.desc.to_wire()), packed.inline, packed.fds
         with self._lock:
             self._check()
             if self.closed:
                 raise ChannelClosed(f"channel {self.address.name!r} is closed")
             if not self.address.maxsize or (self._credits > 0 and not self._pending_puts):
                 self._credits -= 1
-                self._send(control, packed.inline, packed.fds)  # under the lock: puts stay in order
-                fut.set_result(None)
-                return fut
-            self._pending_puts.append((control, packed.inline, packed.fds, fut))
+                self._send(control, inline, fds)  # under the lock: puts stay in order
+                return None
+            fut: Future = Future()
+            self._pending_puts.append((control, inline, fds, fut))
             if self._credit_req is None:
                 self._credit_req = req = next(self._ids)
                 self._send(("credit", req, min(_CREDIT_BATCH, self.address.maxsize)))
@@ -146,6 +170,9 @@ class _Connection:
             self.lost = why
             futures, self._futures = list(self._futures.values()), {}
             pending, self._pending_puts = self._pending_puts, []
+            for box in self._boxes.values():
+                futures.extend(box.getters)
+                box.getters.clear()
         err = self._lost_error(why)
         for fut in futures + [p[3] for p in pending]:
             if not fut.done():
@@ -153,12 +180,25 @@ class _Connection:
 
     def _on_reply(self, control: tuple, inline: list, fds: list[int]) -> None:
         op = control[0]
-        if op == "item":
+        if op == "push":
+            self._on_push(control[1], inline, fds)
+        elif op == "recall":
+            self._on_recall(control[1])
+        elif op == "end":
+            _, key, kind, message = control
+            with self._lock:
+                box = self._boxes.get(key)
+                getters = list(box.getters) if box is not None else []
+                if box is not None:
+                    box.getters.clear()
+            for fut in getters:
+                fut.set_exception(ChannelClosed(message) if kind == "closed" else PeerDiedError(message))
+        elif op == "item":
             _, req, last, _weight, desc = control
             try:
-                obj = unpack(Desc.from_wire(desc), inline, fds, self.cache)
-            except Exception as exc:
-                obj = _Undecodable(exc)
+                obj = self.decode((desc, inline, fds))
+            except CommError as exc:
+                obj = _Undecodable(exc.__cause__ or exc)
             with self._lock:
                 batch = self._batches.setdefault(req, [])
                 batch.append((_weight, obj))
@@ -209,53 +249,147 @@ class _Connection:
                 self._credit_req = req = next(self._ids)
                 self._send(("credit", req, min(_CREDIT_BATCH, self.address.maxsize)))
 
-    # -- prefetched items ------------------------------------------------------------------------
-    def take_local(self, key: Hashable) -> Any:
+    # -- pushed items ----------------------------------------------------------------------------
+    def _on_push(self, entries: list[tuple], inline: list, fds: list[int]) -> None:
+        fed: dict[Hashable, int] = {}
+        handed: list[tuple[Future, tuple]] = []
+        i = f = 0
         with self._lock:
-            q = self._local.get(key)
-            return q.popleft()[1] if q else _MISS
+            for key, seq, weight, desc, n_inline, n_fds in entries:
+                raw = (desc, inline[i : i + n_inline], fds[f : f + n_fds])
+                i, f = i + n_inline, f + n_fds
+                box = self._boxes.get(key)
+                if box is None:
+                    box = self._boxes[key] = _Box()
+                box.seen = seq
+                if box.getters:  # a blocked get takes it at once
+                    handed.append((box.getters.popleft(), raw))
+                    fed[key] = seq
+                else:
+                    box.items.append((seq, weight, raw))
+        for key, seq in fed.items():  # what blocked gets took comes first in each box: one report
+            self._report(key, seq)
+        for fut, raw in handed:
+            fut.set_result(raw)
 
-    def take_local_batch(self, key: Hashable, target: float) -> tuple[list[Any], float, bool]:
-        """Prefetched items towards ``target``: ``(items, weight, complete)``."""
-        items: list[Any] = []
+    def _report(self, key: Hashable, seq: int) -> None:
+        try:
+            self._send(("took", key, seq))
+        except PeerDiedError:
+            pass  # the next request says so
+
+    def _on_recall(self, key: Hashable) -> None:
+        """Another process is blocked on ``key``: hand back what was pushed here and is untaken."""
+        with self._lock:
+            box = self._boxes.get(key)
+            if box is None:
+                return
+            back, box.items = list(box.items), deque()
+            box.window = max(1, box.window // 2)  # hoarding starved someone: ask for less
+            if back:
+                self._send(("giveback", key, [seq for seq, _, _ in back]))
+        for _, _, raw in back:
+            _close_fds(raw[2])
+
+    def take(self, key: Hashable, min_window: int) -> tuple[Any, Future | None]:
+        """``(item, None)`` when one was pushed here already, else ``(None, future of its raw form)``."""
+        with self._lock:
+            box = self._boxes.get(key)
+            if box is None:
+                box = self._boxes[key] = _Box()
+            if not box.items:
+                self._check()
+                fut: Future = Future()
+                box.getters.append(fut)
+                # Running dry means the window was too small for this consumer's pace.
+                grown = min(max(min_window, box.window * 2, 1), max(min_window, self._max_window))
+                box.window = 0 if box.batching else grown
+                self._want(key, box)
+                return None, fut
+            seq, _, raw = box.items.popleft()
+        self._report(key, seq)
+        return self.decode(raw), None
+
+    def _want(self, key: Hashable, box: _Box) -> None:
+        # Sent under the lock: the host keeps only the latest snapshot, so they must arrive in order.
+        self._send(("want", key, box.seen, len(box.getters), box.window))
+
+    def withdraw(self, key: Hashable, fut: Future) -> bool:
+        """Take back a blocked get after its timeout; False if an item already reached it."""
+        with self._lock:
+            box = self._boxes.get(key)
+            if box is None or fut not in box.getters:
+                return False
+            box.getters.remove(fut)
+            if self.lost is None:
+                self._want(key, box)
+            return True
+
+    def begin_batch(self, key: Hashable) -> None:
+        """Stop pushes ahead on ``key`` until ``end_batch``, and wait for everything pushed so far.
+
+        A get_batch takes what was pushed here first, then asks the host for the rest: an item
+        pushed ahead while that request is out would arrive after later items.
+        """
+        with self._lock:
+            box = self._boxes.get(key)
+            if box is None:
+                box = self._boxes[key] = _Box()
+            box.batching += 1
+            if box.window or box.getters:
+                box.settling = self._request_locked(("stop", key))[1]
+            box.window = 0
+            settling = box.settling
+        if settling is not None:  # another thread's stop counts as well: its pushes may be in flight
+            try:
+                settling.result(timeout=60)
+            except BaseException:
+                self.end_batch(key)
+                raise
+
+    def end_batch(self, key: Hashable) -> None:
+        with self._lock:
+            self._boxes[key].batching -= 1
+
+    def take_batch(self, key: Hashable, target: float) -> tuple[list[Any], float, bool]:
+        """Items already here towards ``target``: ``(items, weight, complete)``."""
+        taken: list[tuple] = []
         weight = 0.0
         with self._lock:
-            q = self._local.get(key)
-            while q and (not items or weight + q[0][0] <= target):
-                w, obj = q.popleft()
-                items.append(obj)
-                weight += w
-            complete = bool(items) and (weight >= target or bool(q))
-        return items, weight, complete
+            box = self._boxes.get(key)
+            q = box.items if box is not None else deque()
+            while q and (not taken or weight + q[0][1] <= target):
+                entry = q.popleft()
+                taken.append(entry)
+                weight += entry[1]
+            complete = bool(taken) and (weight >= target or bool(q))
+        if taken:
+            self._report(key, taken[-1][0])
+        return [self.decode(raw) for _, _, raw in taken], weight, complete
 
-    def keep(self, key: Hashable, batch: list[tuple[float, Any]]) -> Any:
-        """Return the first item of a reply and keep the rest for the next gets."""
-        first = _unwrap_one(batch[:1])
-        if len(batch) > 1:
-            with self._lock:
-                self._local.setdefault(key, deque()).extend(batch[1:])
-        return first
-
-    def _give_back(self) -> None:
-        with self._lock:
-            local, self._local = self._local, {}
-        for key, q in local.items():
-            for weight, obj in reversed(q):  # each goes to the front: last one first
-                packed = pack(encode(obj), self.pool)
-                self._send(("requeue", key, weight, packed.desc.to_wire()), packed.inline, packed.fds)
+    def decode(self, raw: tuple) -> Any:
+        desc, inline, fds = raw
+        try:
+            if isinstance(desc, bytes):
+                return pickle.loads(desc)
+            return unpack(Desc.from_wire(desc), inline, fds, self.cache)
+        except Exception as exc:
+            raise CommError(f"cannot decode a channel item: {exc!r}") from exc
 
     def close(self) -> None:
-        """Give prefetched items back to the channel and say goodbye."""
-        try:
-            if self.lost is None:
-                self._give_back()
-        except PeerDiedError:
-            pass
-        try:
-            self.conn.send(("bye",))
-        except ConnectionLost:
-            pass
+        """Say goodbye: the host queues again what was pushed here and not taken, then answers."""
+        if self.lost is None:
+            try:
+                req, fut = self.request(("bye",))
+                fut.result(timeout=10)  # a new connection's gets must find those items queued
+            except Exception:
+                pass  # the host is gone, or slow: it requeues them when it reads the goodbye
         self.conn.close()
+        with self._lock:
+            leftovers = [raw for box in self._boxes.values() for _, _, raw in box.items]
+            self._boxes.clear()
+        for raw in leftovers:
+            _close_fds(raw[2])
         if self.pool is not None:
             self.pool.close()
 
@@ -265,8 +399,15 @@ class _Undecodable:
         self.exc = exc
 
 
+def _close_fds(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
 _CANCELLED = object()
-_MISS = object()
 _CONNECTIONS: dict[tuple, _Connection] = {}
 _CONNECTIONS_LOCK = threading.Lock()
 
@@ -280,13 +421,6 @@ def _connection(address: ChannelAddress) -> _Connection:
             if conn is None or conn.lost is not None:
                 conn = _CONNECTIONS[key] = _Connection(address)
     return conn
-
-
-def _unwrap_one(batch: list[tuple[float, Any]]) -> Any:
-    ((_, obj),) = batch
-    if isinstance(obj, _Undecodable):
-        raise CommError(f"cannot decode a channel item: {obj.exc!r}") from obj.exc
-    return obj
 
 
 def _unwrap_many(batch: list[tuple[float, Any]]) -> list[Any]:

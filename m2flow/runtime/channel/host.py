@@ -2,9 +2,12 @@
 
 Puts are one-way frames (no reply), so a producer streams items without a round trip; a bounded
 channel hands producers *credits* (free slots) in batches, which is how back-pressure reaches them
-without a per-item acknowledgement. Tensor bytes never pass through here on one node: a put carries
-a shared-memory segment descriptor and its file descriptor, which the host forwards untouched to
-the consumer; only a consumer on another node makes the host copy the bytes into the TCP stream.
+without a per-item acknowledgement. Consumers are fed the same way: a process blocked in ``get``
+says so once, and a steady consumer grants a small window of items the host may push ahead of its
+gets (``push.py``), so neither side waits a round trip per item. Tensor bytes never pass through
+here on one node: a put carries a shared-memory segment descriptor and its file descriptor, which
+the host forwards untouched to the consumer; only a consumer on another node makes the host copy
+the bytes into the TCP stream.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from m2flow.runtime.channel.metrics import ChannelMetrics, DepthTrace
+from m2flow.runtime.channel.push import _FLUSH_EVERY, Pusher
 from m2flow.runtime.comm.payload import Desc, discard, inline_copy
 from m2flow.runtime.comm.shm import SegmentCache
 from m2flow.runtime.comm.wire import BufferPool, Connection, ConnectionLost, Listener
@@ -32,18 +36,26 @@ _ids = itertools.count()
 @dataclass
 class _Item:
     weight: float
-    desc: tuple  # Desc in wire form
+    desc: tuple | bytes  # Desc in wire form, or just the pickled object when it has no buffers
     inline: list
     fds: list[int]
     nbytes: int
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: a client is one connection
 class _Client:
     conn: Connection
     identity: str = "?"
     puts: int = 0
     credits: int = 0  # granted and not yet used
+    # Feeding plain gets (see push.py), per key:
+    hungry: dict[Hashable, int] = field(default_factory=dict)  # gets blocked there, not yet fed
+    window: dict[Hashable, int] = field(default_factory=dict)  # untaken items it accepts ahead
+    held: dict[Hashable, deque] = field(default_factory=dict)  # (seq, _Item) pushed, not yet taken
+    seq: dict[Hashable, int] = field(default_factory=dict)  # last sequence number pushed
+    recalled: set = field(default_factory=set)  # keys whose held items were asked back
+    outbox: list = field(default_factory=list)  # frames to write at the next flush, in order
+    flush_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 @dataclass
@@ -91,6 +103,7 @@ class ChannelHost:
         self._dead: list[str] = []
         self._cache = SegmentCache()
         self._metrics = ChannelMetrics(name)
+        self._push = Pusher(self)
         self._trace = DepthTrace(counter=f"channel/{name}")  # depth track in a traced run
         self._listener = Listener(
             host_ip, self._on_accept, name=f"ch-{uuid.uuid4().hex[:12]}-{next(_ids)}", pool=BufferPool()
@@ -107,12 +120,22 @@ class ChannelHost:
 
     def _serve(self, client: _Client) -> None:
         graceful = False
+        bye: int | None = None
+        unflushed = 0
         try:
             while True:
                 control, inline, fds = client.conn.recv()
                 op = control[0]
                 if op == "put":
                     self._put(client, control, inline, fds)
+                elif op == "took":
+                    self._took(client, *control[1:])
+                elif op == "want":
+                    self._locked(self._push.want, client, *control[1:])
+                elif op == "giveback":
+                    self._locked(self._push.give_back, client, *control[1:])
+                elif op == "stop":
+                    self._locked(self._push.stop, client, control[2], control[1])
                 elif op == "get":
                     self._get(client, *control[1:])
                 elif op == "credit":
@@ -125,25 +148,29 @@ class ChannelHost:
                     self._close_request(client, control[1])
                 elif op == "synced":
                     self._synced(client)
-                elif op == "requeue":
-                    self._requeue(client, control, inline, fds)
                 elif op == "hello":
                     client.identity = control[1]
                 elif op == "bye":
-                    graceful = True
+                    graceful, bye = True, control[1]
                     return
+                # Replies wait while more frames are already buffered: one write then carries
+                # the items a burst of puts produced (bounded, so a busy producer never starves them).
+                unflushed += 1
+                if self._push.dirty and (unflushed >= _FLUSH_EVERY or not client.conn.frame_ready()):
+                    self._push.flush()
+                    unflushed = 0
         except ConnectionLost:
             pass
         except Exception:
             log.exception("channel %s: serving %s failed", self.name, client.identity)
         finally:
-            self._drop_client(client, graceful)
+            self._drop_client(client, graceful, bye)
 
     def _send(self, client: _Client, control: Any, item: _Item | None = None) -> None:
         try:
             if item is None:
                 client.conn.send(control)
-            elif client.conn.unix:  # same node: pass the segment on, bytes untouched
+            elif client.conn.unix or isinstance(item.desc, bytes):  # same node, or a bare pickle
                 client.conn.send((*control, item.desc), item.inline, item.fds)
                 self._close_fds(item.fds)
             else:  # another node: the bytes must travel in the stream
@@ -162,7 +189,7 @@ class ChannelHost:
             except OSError:
                 pass
 
-    def _drop_client(self, client: _Client, graceful: bool) -> None:
+    def _drop_client(self, client: _Client, graceful: bool, bye: int | None = None) -> None:
         with self._lock:
             if client in self._clients:
                 self._clients.remove(client)
@@ -178,17 +205,21 @@ class ChannelHost:
                 log.warning("channel %s: producer %s died", self.name, client.identity)
             if client in self._unsynced:
                 self._unsynced.remove(client)
+            self._push.drop(client)
             sync_done = bool(self._closers) and not self._unsynced
             actions = self._progress()
+        if bye is not None:  # its untaken items are queued again: the goodbye is answered
+            self._send(client, ("stat", bye, None))
         client.conn.close()
         self._run(actions)
+        self._push.flush()
         if sync_done:
             self.close()
 
     # -- operations ----------------------------------------------------------------------------
     def _put(self, client: _Client, control: tuple, inline: list, fds: list[int]) -> None:
         _, key, weight, desc = control
-        nbytes = sum(spec[1] for spec in desc[1])
+        nbytes = 0 if isinstance(desc, bytes) else sum(spec[1] for spec in desc[1])
         item = _Item(weight, desc, inline, fds, nbytes)
         with self._lock:
             client.puts += 1
@@ -196,7 +227,7 @@ class ChannelHost:
                 client.credits = max(0, client.credits - 1)
             if self._closed:
                 log.warning("channel %s: dropped an item put after close by %s", self.name, client.identity)
-                discard(Desc.from_wire(desc), fds, self._cache)
+                _discard(desc, fds, self._cache)
                 return
             self._queues.setdefault(key, deque()).append(item)
             self._size += 1
@@ -207,14 +238,16 @@ class ChannelHost:
             actions = self._progress()
         self._run(actions)
 
-    def _requeue(self, client: _Client, control: tuple, inline: list, fds: list[int]) -> None:
-        """Items a consumer had prefetched and gives back: they go to the front, in order."""
-        _, key, weight, desc = control
-        item = _Item(weight, desc, inline, fds, sum(spec[1] for spec in desc[1]))
+    def _locked(self, op: Callable[..., None], *args: Any) -> None:
+        """Run one push-side operation under the lock, then whatever it made possible."""
         with self._lock:
-            self._queues.setdefault(key, deque()).appendleft(item)
-            self._size += 1
-            self._metrics.items_out -= 1
+            op(*args)
+            actions = self._progress()
+        self._run(actions)
+
+    def _took(self, client: _Client, key: Hashable, through: int) -> None:
+        with self._lock:
+            self._metrics.items_out += self._push.took(client, key, through)
             actions = self._progress()
         self._run(actions)
 
@@ -246,14 +279,18 @@ class ChannelHost:
 
     def _stat(self, what: str, key: Hashable = None) -> Any:
         with self._lock:
+            # Items pushed to a consumer and not yet taken by a get are still in the channel.
             if what == "qsize":
-                return len(self._queues.get(key, ()))
+                return len(self._queues.get(key, ())) + self._push.held_of(key)
             if what == "total":
-                return self._size
+                return self._size + self._push.held
             if what == "full":
-                return bool(self.maxsize) and self._size >= self.maxsize
+                return bool(self.maxsize) and self._size + self._push.held >= self.maxsize
             if what == "keys":
-                return [k for k, q in self._queues.items() if q]
+                held = {k for c in self._clients for k, h in c.held.items() if h}
+                return [k for k, q in self._queues.items() if q or k in held] + [
+                    k for k in held if k not in self._queues
+                ]
             if what == "closed":
                 return self._closed
             if what == "metrics":
@@ -312,6 +349,7 @@ class ChannelHost:
         for closer, req in closers:
             self._send(closer, ("stat", req, True))
         self._run(actions)
+        self._push.flush()
 
     # -- matching waiters with items (called with the lock held; returns sends to run after) ----
     def _progress(self) -> list[Callable[[], None]]:
@@ -331,6 +369,7 @@ class ChannelHost:
             self._metrics.get_wait.add(now - w.since)
             self._metrics.items_out += len(w.taken)
             actions.append(self._reply(w, done))
+        self._push.feed()
         if self._size != (self._trace.samples[-1][1] if self._trace.samples else 0):
             self._trace.record(self._size)
         actions.extend(self._grant(now))
@@ -378,7 +417,7 @@ class ChannelHost:
         if not self.maxsize:
             free = None
         else:
-            free = self.maxsize - self._size - sum(c.credits for c in self._clients)
+            free = self.maxsize - self._size - self._push.held - sum(c.credits for c in self._clients)
         actions = []
         while self._credit_waiters and (free is None or free > 0):
             cw = self._credit_waiters.popleft()
@@ -407,9 +446,15 @@ class ChannelHost:
         with self._lock:
             clients, self._clients = self._clients, []
             items = [item for q in self._queues.values() for item in q]
+            items += [item for c in clients for h in c.held.values() for _, item in h]
             self._queues.clear()
             self._size = 0
         for client in clients:
             client.conn.close()
         for item in items:
-            discard(Desc.from_wire(item.desc), item.fds, self._cache)
+            _discard(item.desc, item.fds, self._cache)
+
+
+def _discard(desc: tuple | bytes, fds: list[int], cache: SegmentCache) -> None:
+    if not isinstance(desc, bytes):  # a bare pickle has no segment to release
+        discard(Desc.from_wire(desc), fds, cache)

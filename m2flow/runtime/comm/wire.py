@@ -178,6 +178,20 @@ class Connection:
             self._rbase += self._rpos
             self._rpos = 0
 
+    def frame_ready(self) -> bool:
+        """True when a whole frame is already buffered, so ``recv`` will not block.
+
+        A server uses it to handle a burst of frames before writing its replies in one go.
+        """
+        pos = self._rpos
+        avail = len(self._rbuf) - pos
+        if self.unix and avail and (self._rbase + pos) in self._fd_marks:
+            pos, avail = pos + 1, avail - 1  # the fd marker byte
+        if avail < _PREFIX.size:
+            return False
+        head_len, _, body_len = _PREFIX.unpack_from(self._rbuf, pos)
+        return avail >= _PREFIX.size + head_len + body_len
+
     def recv(self) -> tuple[Any, list[np.ndarray], list[int]]:
         """Block for the next frame: ``(control, inline buffers as uint8 arrays, received fds)``."""
         try:
