@@ -58,6 +58,14 @@ class ArithmeticDataConfig:
     train_size: int = option(2000, "training problems")
     test_size: int = option(200, "held-out problems (a disjoint split)")
     seed: int = option(0, "seed of the problem draw")
+    reverse_answer: bool = option(False, "answers written least significant digit first ('12+9=' -> '12')")
+    pad_operands: bool = option(False, "operands written with `digits` digits ('07+12=')")
+    teacher_slip_rate: float = option(
+        0.0, "share of warm-start answers in which the teacher forgets every carry and borrow (+ and - only)")
+
+    def validate(self) -> None:
+        if not 0.0 <= self.teacher_slip_rate <= 1.0:
+            raise ValueError(f"teacher_slip_rate must be in [0, 1], got {self.teacher_slip_rate}")
 
 
 @dataclass

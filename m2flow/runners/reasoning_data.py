@@ -22,7 +22,9 @@ Split = str  # "train" or "test"
 
 
 def _arithmetic(data: DataConfig) -> ArithmeticTask:
-    return ArithmeticTask(digits=data.arithmetic.digits, operators=tuple(data.arithmetic.operators))
+    a = data.arithmetic
+    return ArithmeticTask(digits=a.digits, operators=tuple(a.operators), reverse_answer=a.reverse_answer,
+                          pad_operands=a.pad_operands)
 
 
 def raw_records(data: DataConfig, split: Split) -> list[Any] | None:
@@ -125,6 +127,13 @@ def prepare_model(model: ModelConfig, data: DataConfig) -> Path:
         num_kv_heads=spec.num_kv_heads, intermediate_size=spec.intermediate_size,
         max_position_embeddings=spec.max_position_embeddings, seed=spec.seed), tokenizer)
     if model.warm_start_steps:
+        if data.kind == "arithmetic" and data.arithmetic.teacher_slip_rate:
+            # An imperfect teacher, whose mistakes RL with the exact-answer reward can correct. Each
+            # problem is demonstrated several times, each time slipping or not independently.
+            shown = model.warm_start_steps * model.warm_start_batch_size
+            repeats = min(20, -(-shown // max(1, len(records))))
+            records = _arithmetic(data).demonstrations(
+                list(records) * repeats, data.arithmetic.teacher_slip_rate, seed=spec.seed)
         pairs = _pairs(data, records, tokenizer)  # formatted as training will see them
         log.info("supervised warm start: %d steps on %d examples", model.warm_start_steps, len(pairs))
         sft_steps(lm, tokenizer, pairs, steps=model.warm_start_steps, lr=model.warm_start_lr,
