@@ -28,12 +28,12 @@ from typing import Any
 import torch
 
 from m2flow.data.batch import Response
-from m2flow.models.sft import sft_steps
 from m2flow.runners.recipes.arithmetic_demo import (
     ArithmeticDemoRecipe,
     demonstrations,
     evaluate,
     heldout_problems,
+    supervised,
     train_grpo,
     warm_start,
 )
@@ -75,7 +75,7 @@ def run_seed(recipe: ArithmeticDemoRecipe, arms: tuple[str, ...] = ARMS, random_
             count = recipe.grpo_steps * recipe.prompts_per_step * recipe.group_size
             problems = demonstrations(recipe, count, seed=recipe.seed + 60_000)
             steps = max(1, count // recipe.sft_batch_size)
-            sft_steps(model, warm.tokenizer, problems, steps=steps, lr=recipe.sft_lr, batch_size=recipe.sft_batch_size, seed=recipe.seed + 1)
+            supervised(model, warm.tokenizer, problems, recipe, steps, seed=recipe.seed + 1)
         else:
             raise ValueError(f"unknown arm {arm!r}; valid: {list(ARMS)}")
         out[f"{arm}_seconds"] = round(time.perf_counter() - start, 1)
