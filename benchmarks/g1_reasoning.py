@@ -57,6 +57,9 @@ class RunnerPlan:
     """Prompts per generate call (None: the whole batch in one call)."""
     micro_batch_prompts: int | None = None
     """Prompts per actor forward/backward (None: the whole batch in one pass)."""
+    max_threads: int | None = None
+    """Most torch threads per worker worth trying (None: any). Plans that keep two processes busy
+    at once already fill both cores with one thread each; more threads only oversubscribe them."""
 
 
 # The plans compared. Reward and inference (which computes nothing here: no KL, and the actor's own
@@ -67,13 +70,14 @@ PLANS = {
     "collocated": RunnerPlan("actor,rollout,inference,reward: 0"),
     # Everything on two devices: two rollout ranks generate half the prompts each at the same time,
     # then two actor ranks train on their halves (data parallel, gradients all-reduced).
-    "collocated_2dev": RunnerPlan("actor,rollout,inference,reward: 0-1"),
+    "collocated_2dev": RunnerPlan("actor,rollout,inference,reward: 0-1", max_threads=1),
     # Generation and training on separate devices, pipelined: the actor's forward/backward of one
     # chunk runs while the rollout generates the next; gradients accumulate, one optimizer step.
-    "disaggregated": RunnerPlan("rollout,reward,inference: 0, actor: 1", prompts_per_chunk=4, micro_batch_prompts=4),
+    "disaggregated": RunnerPlan("rollout,reward,inference: 0, actor: 1", prompts_per_chunk=4, micro_batch_prompts=4,
+                                max_threads=1),
     # Generation on device 0; training data-parallel over devices 0 and 1 (two actor ranks, the
     # first taking turns with generation).
-    "hybrid": RunnerPlan("rollout,reward,inference: 0, actor: 0-1"),
+    "hybrid": RunnerPlan("rollout,reward,inference: 0, actor: 0-1", max_threads=1),
 }
 
 
@@ -99,6 +103,9 @@ def sides(workload: Path, threads: int, plans: list[str], trace_dir: Path | None
     out: dict[str, Side] = {}
     if M2FLOW_SIDE == "runner":
         for plan in plans:
+            limit = PLANS[plan].max_threads
+            if limit is not None and threads > limit:
+                continue
             extra = ["--trace-dir", str(trace_dir)] if trace_dir else []
             extra += ["--ray-address", ray_address] if ray_address else []
             out[f"m2flow:{plan}"] = Side(f"m2flow:{plan}", [*me, "--plan", plan, *extra])
@@ -149,7 +156,11 @@ def run_side(side: Side, threads: int, timeout: float) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
     # ROOT for m2flow, HERE so the runner's reward workers can import this module's reward.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), str(HERE), env.get("PYTHONPATH")]))
-    proc = subprocess.run(side.command, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    for _ in range(3):
+        proc = subprocess.run(side.command, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+        # On a heavily loaded machine Ray's node can miss its fixed 30 s start-up deadline: try again.
+        if "timed out during startup" not in proc.stderr:
+            break
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"{side.name} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -273,24 +284,6 @@ def _local_reference_side(w: dict, threads: int) -> dict:
 # ----------------------------------------------------------------------------- driver
 
 
-def _start_shared_ray() -> str:
-    """Start one local Ray for all runner runs (they attach to it); returns its address.
-
-    Starting Ray is not part of any side's timed steps, but it costs tens of seconds per run on a
-    loaded machine; one instance for the whole benchmark keeps the runs short. It stops with this
-    process.
-    """
-    from m2flow.runtime import Cluster
-
-    # The runner's reward workers import this module's reward: Ray's workers inherit this path.
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), str(HERE), os.environ.get("PYTHONPATH")]))
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    Cluster()
-    import ray
-
-    return ray.get_runtime_context().gcs_address
-
-
 def summarize(runs: dict[str, dict[int, list[dict]]]) -> dict:
     """Medians per side and thread count, each side's fastest setting, and the ratios between them."""
     out: dict = {"by_threads": {}, "best": {}}
@@ -333,7 +326,7 @@ def main() -> None:
     ap.add_argument("--plans", default=",".join(PLANS),
                     help=f"comma-separated runner plans, each a side of its own: {', '.join(PLANS)}")
     ap.add_argument("--plan", default="collocated", help=argparse.SUPPRESS)
-    ap.add_argument("--ray-address", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--ray-address", default=None, help="runner sides attach to this Ray instead of starting their own")
     ap.add_argument("--trace-dir", default=None,
                     help="keep each runner run's directory here, with its trace (see `m2flow report`)")
     ap.add_argument("--m2flow-impl", choices=["local_reference", "runner"], default=None,
@@ -360,18 +353,25 @@ def main() -> None:
     trace_dir = Path(args.trace_dir).resolve() if args.trace_dir else None
     runs: dict[str, dict[int, list[dict]]] = {n: {} for n in names}
     skipped: dict[str, str] = {}
+    failed: dict[str, list[str]] = {}
     with tempfile.TemporaryDirectory(prefix="g1-") as tmp:
         workload = make_workload(args, Path(tmp))
-        ray_address = _start_shared_ray() if any(n.startswith("m2flow:") for n in names) else None
         for threads in thread_counts:
-            contenders = sides(workload, threads, plans, trace_dir, ray_address)
+            contenders = sides(workload, threads, plans, trace_dir, args.ray_address)
             for _ in range(args.repeats):
                 for name in names:
+                    if name not in contenders:  # a plan not tried at this thread count
+                        continue
                     side = contenders[name]
                     if side.unavailable:
                         skipped[name] = side.unavailable
                         continue
-                    row = run_side(side, threads, args.timeout)
+                    try:
+                        row = run_side(side, threads, args.timeout)
+                    except (RuntimeError, subprocess.TimeoutExpired) as e:  # keep the other sides' figures
+                        failed.setdefault(name, []).append(f"threads={threads}: {str(e)[-1500:]}")
+                        print(f"  {name} threads={threads} FAILED", file=sys.stderr)
+                        continue
                     runs[name].setdefault(threads, []).append(row)
                     print(f"  {name:20s} threads={threads} {row['completions_per_s']:8.1f} completions/s "
                           f"{row['tokens_per_s']:9.1f} tokens/s", file=sys.stderr)
@@ -388,6 +388,7 @@ def main() -> None:
         "repeats": args.repeats,
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
         "skipped": skipped,
+        "failed": failed,
         "runs": {n: {str(t): rows for t, rows in per.items()} for n, per in runs.items()},
         **summarize({n: per for n, per in runs.items() if per}),
     }
