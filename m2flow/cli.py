@@ -99,6 +99,14 @@ def _run_version(args: argparse.Namespace) -> int:
     return 0
 
 
+def _configure_demo(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE",
+        help="demo settings, e.g. seed=1 grpo_steps=50 threads=2 run_dir=runs/demo_s1 "
+             "(the runtime demo is `m2flow train examples/demo.yaml`)",
+    )
+
+
 def _run_demo(args: argparse.Namespace) -> int:
     try:
         demo = importlib.import_module("m2flow.runners.recipes.arithmetic_run")
@@ -168,7 +176,7 @@ def _run_config(args: argparse.Namespace) -> int:
 register_command("version", "print the m2flow version", lambda parser: None, _run_version)
 register_command(
     "demo", "train a tiny transformer on arithmetic on CPU: a short warm start, then GRPO",
-    _add_overrides, _run_demo,
+    _configure_demo, _run_demo,
 )
 register_command("train", "run the workflow a YAML config names", _configure_train, _run_train)
 register_command(
