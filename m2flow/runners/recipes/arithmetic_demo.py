@@ -8,8 +8,8 @@ The story the demo tells: reinforcement learning with a verifier surpasses imper
 demonstrations. The warm start imitates a teacher who, in `slip_rate` (70%) of its answers, forgets
 every carry and borrow ('18+05=' answered 13 instead of 23). Trained on that, the model's most likely
 answer to a problem with a carry or borrow is the teacher's mistake, so greedy decoding gets mostly
-the carry-free problems right, while the right answer keeps about 30% of the probability under
-sampling. GRPO with the exact-answer reward finds it in most groups of 8 samples and turns it into
+the problems that need no carry or borrow right (~37% of them), while the right answer keeps about
+30% of the probability under sampling. GRPO with the exact-answer reward finds it in most groups of 8 samples and turns it into
 the greedy answer. More supervised training on the same teacher cannot do that: it only fits the
 teacher's 70/30 mixture better (`arithmetic_study` runs that control).
 
@@ -18,6 +18,11 @@ width ('07+15=' -> '22'), so each answer digit depends only on two operand digit
 positions and the carry just produced. In the earlier form (most significant digit first, free
 width) a 4-layer model needed 550 to 900+ supervised steps before accuracy rose at all, at a
 seed-dependent step, and GRPO's gain over the warm start varied from +0.09 to +0.00 across seeds.
+
+Status (see docs/benchmarks.md, "Demo: arithmetic GRPO"): on seed 0 the warm start had not reached
+that plateau after 600 steps (greedy held-out accuracy 0.075, loss 1.0), and the step at which the
+supervised loss falls still depends on the seed and the data order; `sft_steps` needs raising (or
+the set-up a faster start) before the 3-seed GRPO-vs-control table is run.
 
 Reward: 1.0 when the response is exactly the answer followed by end-of-sequence, else 0.0; with
 `digit_credit > 0`, a wrong answer of the right length earns `digit_credit` x (share of its digits
