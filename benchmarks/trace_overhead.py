@@ -173,8 +173,18 @@ def workload_overhead(workloads: list[str], pairs: int, steps: dict[str, int], w
     """``alternate`` for each workload on one shared local Ray."""
     from m2flow.runtime import Cluster, ClusterConfig
 
+    import ray
+
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    cluster = Cluster(ClusterConfig())  # one Ray for every run: the runs attach to it
+    for attempt in range(3):
+        try:
+            cluster = Cluster(ClusterConfig())  # one Ray for every run: the runs attach to it
+            break
+        except Exception:  # noqa: BLE001 - Ray gives its raylet 30 s to start, too little on a loaded machine
+            ray.shutdown()
+            if attempt == 2:
+                raise
+            print(f"Ray did not start (attempt {attempt + 1}); retrying", file=sys.stderr)
     runs: dict[str, Callable[[bool], tuple[float, float]]] = {
         "demo": lambda t: demo_step_time(t, steps["demo"], warmup),
         "embodied": lambda t: embodied_step_time(t, steps["embodied"], warmup, cluster),
@@ -188,8 +198,6 @@ def workload_overhead(workloads: list[str], pairs: int, steps: dict[str, int], w
             out[name] = {"steps": steps[name], "warmup_steps": warmup, **alternate(name, runs[name], pairs)}
             out[name]["counter_tracks"] = sorted(COUNTER_TRACKS)
     finally:
-        import ray
-
         ray.shutdown()
         del cluster
     return out
