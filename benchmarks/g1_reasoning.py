@@ -326,7 +326,9 @@ def main() -> None:
     ap.add_argument("--plans", default=",".join(PLANS),
                     help=f"comma-separated runner plans, each a side of its own: {', '.join(PLANS)}")
     ap.add_argument("--plan", default="collocated", help=argparse.SUPPRESS)
-    ap.add_argument("--ray-address", default=None, help="runner sides attach to this Ray instead of starting their own")
+    # Runner sides attach to this Ray instead of starting their own (a multi-node cluster). Hidden: a
+    # second process attaching to m2flow's loopback-bound local Ray hangs in ray.init.
+    ap.add_argument("--ray-address", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--trace-dir", default=None,
                     help="keep each runner run's directory here, with its trace (see `m2flow report`)")
     ap.add_argument("--m2flow-impl", choices=["local_reference", "runner"], default=None,
