@@ -8,7 +8,7 @@ from typing import Literal
 from m2flow.config.schema import option
 from m2flow.metrics import MetricsConfig
 from m2flow.runtime.cluster import ClusterConfig, expected_layout
-from m2flow.runtime.placement import NodeLayout, PlacementError, parse_placement
+from m2flow.runtime.placement import SYNTAX_LAYOUT_DEVICES, NodeLayout, PlacementError, parse_placement
 from m2flow.workers.config import (
     ActorConfig,
     AlgorithmConfig,
@@ -131,9 +131,8 @@ class ReasoningConfig:
             raise ValueError(
                 "algorithm.old_logprobs: 'actor' is exact only with one optimizer step per iteration "
                 "(actor.mini_batches = actor.update_epochs = 1)")
-        # Attaching to a cluster, its devices are unknown until connected: check against one large
-        # node (a table of 2**16 devices; a bigger one costs gigabytes of memory).
-        layout = expected_layout(self.cluster) or NodeLayout((1 << 16,))
+        # Attaching to a cluster, its devices are unknown until connected: check the syntax only.
+        layout = expected_layout(self.cluster) or NodeLayout((SYNTAX_LAYOUT_DEVICES,))
         try:
             plan = parse_placement(self.placement, layout, COMPONENTS)
         except PlacementError as e:

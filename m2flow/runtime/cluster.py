@@ -15,7 +15,7 @@ from typing import Any
 
 import ray
 
-from m2flow.runtime.placement import NodeLayout, PlacementError, PlacementPlan, parse_placement
+from m2flow.runtime.placement import SYNTAX_LAYOUT_DEVICES, NodeLayout, PlacementError, PlacementPlan, parse_placement
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def check_placement(
     """Fail early (before Ray starts) when a placement cannot fit the cluster it will run on."""
     layout = expected_layout(config)
     if layout is None:
-        parse_placement(spec, NodeLayout((1 << 30,)), components)  # syntax and names only
+        parse_placement(spec, NodeLayout((SYNTAX_LAYOUT_DEVICES,)), components)  # syntax and names only
     else:
         parse_placement(spec, layout, components)
 

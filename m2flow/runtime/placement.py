@@ -48,17 +48,38 @@ class NodeLayout:
             raise PlacementError(f"unknown node group {group!r}; known: {sorted(groups) or 'none'}")
         return tuple(groups[group])
 
-    def device_table(self, group: str | None) -> list[tuple[int, int]]:
+    def device_table(self, group: str | None) -> DeviceTable:
         """Global device index (within the group) -> (node_rank, local device index)."""
-        table = []
         for node in self.group_nodes(group):
             if not 0 <= node < len(self.devices_per_node):
                 raise PlacementError(
                     f"node group {group!r} names node {node}, but the cluster has "
                     f"{len(self.devices_per_node)} node(s)"
                 )
-            table.extend((node, d) for d in range(self.devices_per_node[node]))
-        return table
+        return DeviceTable(tuple((node, self.devices_per_node[node]) for node in self.group_nodes(group)))
+
+
+SYNTAX_LAYOUT_DEVICES = 1 << 16
+"""Devices of the one-node layout used to check a placement's syntax when the cluster is not known yet."""
+
+
+@dataclass(frozen=True)
+class DeviceTable:
+    """Lazy index over a group's devices: an unbounded layout (syntax checks) costs no memory."""
+
+    nodes: tuple[tuple[int, int], ...]  # (node_rank, device count), in group order
+
+    def __len__(self) -> int:
+        return sum(count for _, count in self.nodes)
+
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        if index < 0:
+            raise IndexError(index)
+        for node, count in self.nodes:
+            if index < count:
+                return node, index
+            index -= count
+        raise IndexError(index)
 
 
 @dataclass(frozen=True)

@@ -122,3 +122,24 @@ def test_unknown_component_lookup_lists_placed():
     plan = parse_placement("actor: 0-3", ONE_NODE)
     with pytest.raises(PlacementError, match=r"placed: \['actor'\]"):
         plan["env"]
+
+
+def test_device_table_is_lazy_for_a_huge_syntax_layout() -> None:
+    """Checking syntax against an unknown cluster must not build one entry per possible device."""
+    import tracemalloc
+
+    tracemalloc.start()
+    plan = parse_placement("a: 0-3, b: 4", NodeLayout((1 << 30,)), ["a", "b"])
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert plan["a"].devices == frozenset({(0, 0), (0, 1), (0, 2), (0, 3)})
+    assert plan["b"].devices == frozenset({(0, 4)})
+    assert peak < 10_000_000
+
+
+def test_device_table_maps_across_nodes() -> None:
+    table = NodeLayout((2, 3)).device_table(None)
+    assert len(table) == 5
+    assert [table[i] for i in range(5)] == [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2)]
+    with pytest.raises(IndexError):
+        table[5]
