@@ -49,3 +49,25 @@ def test_large_bodies_land_in_pooled_blocks_that_come_back():
     assert len(pool._free) == 1  # the block is back for the next frame
     tx.close()
     rx.close()
+
+
+def test_frame_ready_tells_whether_a_whole_frame_is_buffered():
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    tx, rx = Connection(a), Connection(b)
+    assert not rx.frame_ready()
+    tx.send(("first",))
+    tx.send(("second",), [np.arange(5, dtype=np.uint8)])
+    assert rx.recv()[0] == ("first",)  # one read brings both frames in
+    assert rx.frame_ready()
+    control, (buf,), fds = rx.recv()
+    assert control == ("second",) and buf.tolist() == [0, 1, 2, 3, 4] and fds == []
+    assert not rx.frame_ready()
+    tx.send(("third",), [], [_memfd(b"x")])  # a frame with an fd comes whole as well
+    control, _, fds = rx.recv()
+    assert control == ("third",) and len(fds) == 1
+    os.close(fds[0])
+    a.sendall(b"\x00" * 4)  # the start of a prefix is not a frame
+    rx._fill(4)
+    assert not rx.frame_ready()
+    tx.close()
+    rx.close()

@@ -208,7 +208,9 @@ class Channel:
         return work if async_op else work.wait(timeout)
 
     def _stat(self, what: str, key: Hashable = None) -> Any:
-        return self._conn.request(("stat", what, key))[1].result(timeout=60)
+        conn = self._conn
+        conn.report_all()  # this process's own gets show in the answer
+        return conn.request(("stat", what, key))[1].result(timeout=60)
 
     def qsize(self, key: Hashable = None) -> int:
         """Items queued under ``key``."""

@@ -59,6 +59,7 @@ class _Box:
     window: int = 0  # items the host may push ahead of this process's gets
     batching: int = 0  # get_batch calls in progress: no pushes ahead meanwhile, they would overtake
     settling: Future | None = None  # the host's answer to the last "stop", once all pushes are here
+    told: int = 0  # the last item the host knows was taken
 
 
 def _identity() -> str:
@@ -264,7 +265,7 @@ class _Connection:
                 box.seen = seq
                 if box.getters:  # a blocked get takes it at once
                     handed.append((box.getters.popleft(), raw))
-                    fed[key] = seq
+                    fed[key] = box.told = seq
                 else:
                     box.items.append((seq, weight, raw))
         for key, seq in fed.items():  # what blocked gets took comes first in each box: one report
@@ -307,8 +308,26 @@ class _Connection:
                 self._want(key, box)
                 return None, fut
             seq, _, raw = box.items.popleft()
-        self._report(key, seq)
+            # Takes are reported in runs (each report frees capacity and costs the host a frame),
+            # and always when the box runs empty, so a consumer about to block owes nothing.
+            report = not box.items or seq - box.told >= max(1, box.window // 2)
+            if report:
+                box.told = seq
+        if report:
+            self._report(key, seq)
         return self.decode(raw), None
+
+    def report_all(self) -> None:
+        """Tell the host about every take not yet reported (before a statistic, or goodbye)."""
+        with self._lock:
+            owed = []
+            for key, box in self._boxes.items():
+                last = box.items[0][0] - 1 if box.items else box.seen
+                if last > box.told:
+                    owed.append((key, last))
+                    box.told = last
+        for key, seq in owed:
+            self._report(key, seq)
 
     def _want(self, key: Hashable, box: _Box) -> None:
         # Sent under the lock: the host keeps only the latest snapshot, so they must arrive in order.
@@ -364,6 +383,8 @@ class _Connection:
                 weight += entry[1]
             complete = bool(taken) and (weight >= target or bool(q))
         if taken:
+            with self._lock:
+                box.told = max(box.told, taken[-1][0])
             self._report(key, taken[-1][0])
         return [self.decode(raw) for _, _, raw in taken], weight, complete
 
@@ -380,6 +401,7 @@ class _Connection:
         """Say goodbye: the host queues again what was pushed here and not taken, then answers."""
         if self.lost is None:
             try:
+                self.report_all()  # what was taken must not be queued again
                 req, fut = self.request(("bye",))
                 fut.result(timeout=10)  # a new connection's gets must find those items queued
             except Exception:

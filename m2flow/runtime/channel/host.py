@@ -414,15 +414,18 @@ class ChannelHost:
         return send
 
     def _grant(self, now: float) -> list[Callable[[], None]]:
+        if not self._credit_waiters:
+            return []
         if not self.maxsize:
             free = None
         else:
             free = self.maxsize - self._size - self._push.held - sum(c.credits for c in self._clients)
         actions = []
+        # A lone producer gets all that is free; with several, half, so the next still finds room.
+        alone = free is not None and sum(1 for c in self._clients if c.puts) <= 1
         while self._credit_waiters and (free is None or free > 0):
             cw = self._credit_waiters.popleft()
-            # Half of what is free, so a second producer still finds room.
-            n = cw.want if free is None else min(cw.want, max(1, (free + 1) // 2))
+            n = cw.want if free is None else min(cw.want, free if alone else max(1, (free + 1) // 2))
             if free is not None:
                 free -= n
                 cw.client.credits += n

@@ -105,17 +105,23 @@ class Pusher:
             return
         queues = host._queues
         batching = {w.key for w in host._waiters}  # a waiting get_batch is served first
+        starved: list[tuple[_Client, Hashable]] = []
         again = True
         while again:  # blocked gets: one item per process per round, so they share fairly
             again = False
             for c in clients:
                 for key, n in c.hungry.items():
-                    if n and key not in batching and queues.get(key):
-                        self._push(c, key, queues[key].popleft())
+                    if not n:
+                        continue
+                    q = queues.get(key)
+                    if not q:
+                        starved.append((c, key))
+                    elif key not in batching:
+                        self._push(c, key, q.popleft())
                         c.hungry[key] = n - 1
                         again = True
         for key, q in queues.items():  # ahead of gets, round robin over open windows
-            if not q or key in batching or any(c.hungry.get(key) for c in clients):
+            if not q or key in batching:
                 continue
             takers = [c for c in clients if c.window.get(key, 0) > len(c.held.get(key, ()))]
             while q and takers:
@@ -125,10 +131,9 @@ class Pusher:
                     self._push(c, key, q.popleft())
                     if len(c.held[key]) >= c.window[key]:
                         takers.remove(c)
-        for c in clients:
-            for key, n in c.hungry.items():
-                if n and not queues.get(key):
-                    self._starving(c, key, clients)
+        for c, key in starved:
+            if c.hungry.get(key) and not queues.get(key):
+                self._starving(c, key, clients)
         for w in host._waiters:
             if not queues.get(w.key):
                 self._recall(w.client, w.key, clients)

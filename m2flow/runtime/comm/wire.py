@@ -101,6 +101,15 @@ class Connection:
 
     def send(self, control: Any, buffers: Sequence[Any] = (), fds: Sequence[int] = ()) -> None:
         """Send one frame; ``buffers`` are bytes-like, ``fds`` need a Unix socket."""
+        if not buffers and not fds:  # a control message alone: the common small frame
+            head = pickle.dumps((control, ()), protocol=5)
+            try:
+                with self._send_lock:
+                    self.sock.sendall(_PREFIX.pack(len(head), 0, 0) + head)
+            except OSError as exc:
+                self.closed = True
+                raise ConnectionLost(str(exc)) from exc
+            return
         views = [memoryview(b).cast("B") for b in buffers]
         head = pickle.dumps((control, [v.nbytes for v in views]), protocol=5)
         body_len = sum(v.nbytes for v in views)
@@ -192,11 +201,28 @@ class Connection:
         head_len, _, body_len = _PREFIX.unpack_from(self._rbuf, pos)
         return avail >= _PREFIX.size + head_len + body_len
 
+    def _buffered_control(self) -> tuple[Any, list[np.ndarray], list[int]] | None:
+        """The next frame when it is already buffered and carries neither body nor fds, else None."""
+        pos = self._rpos
+        avail = len(self._rbuf) - pos
+        if avail < _PREFIX.size or (self.unix and (self._rbase + pos) in self._fd_marks):
+            return None
+        head_len, nfds, body_len = _PREFIX.unpack_from(self._rbuf, pos)
+        if nfds or body_len or avail < _PREFIX.size + head_len:
+            return None
+        start = pos + _PREFIX.size
+        control, sizes = pickle.loads(self._rbuf[start : start + head_len])
+        self._rpos = start + head_len
+        return control, [np.empty(0, dtype=np.uint8) for _ in sizes], []
+
     def recv(self) -> tuple[Any, list[np.ndarray], list[int]]:
         """Block for the next frame: ``(control, inline buffers as uint8 arrays, received fds)``."""
         try:
             if self._rpos > _READ_AHEAD:
                 self._compact()
+            small = self._buffered_control()
+            if small is not None:
+                return small
             fds: list[int] = []
             if self.unix:
                 self._fill(1)
