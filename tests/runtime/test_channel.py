@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from m2flow.runtime.channel import Channel, ChannelClosed
+from m2flow.runtime.channel.connection import _Connection
 from m2flow.runtime.comm import CommTimeout
 
 _names = itertools.count()
@@ -130,6 +131,66 @@ def test_prefetched_items_are_served_in_order_and_given_back(make_channel):
     assert fast.get() == 1
     fast.disconnect()  # 2 and 3 go back to the front
     assert [ch.get() for _ in range(3)] == [2, 3, 4]
+
+
+class _OtherProcess:
+    """A second connection to the host, standing in for a consumer in another process."""
+
+    def __init__(self, ch: Channel, prefetch: int = 1) -> None:
+        self.conn = _Connection(ch.address)
+        self.prefetch = prefetch
+
+    def get(self, key=None, timeout: float = 30) -> object:
+        item, fut = self.conn.take(key, self.prefetch)
+        return item if fut is None else self.conn.decode(fut.result(timeout=timeout))
+
+    def die(self) -> None:
+        self.conn.conn.close()  # no goodbye: the host just sees the socket end
+
+
+def test_items_pushed_ahead_go_to_another_consumer_when_their_holder_leaves_or_dies(make_channel):
+    ch = make_channel()
+    for i in range(8):
+        ch.put(i)
+    leaving, dying = _OtherProcess(ch, prefetch=3), _OtherProcess(ch, prefetch=3)
+    first, second = leaving.get(), dying.get()  # each had up to 3 more pushed along
+    assert first == 0
+    # 8 put, 2 taken, held ones still counted (the other process may not have reported its take yet)
+    assert dying.conn.request(("stat", "total", None))[1].result(timeout=30) in (6, 7)
+    leaving.conn.close()
+    dying.die()
+    rest = [ch.get(timeout=30) for _ in range(6)]
+    assert sorted([first, second, *rest]) == list(range(8))  # nothing lost, nothing twice
+    assert ch.total_size() == 0
+
+
+def test_a_blocked_consumer_recalls_what_another_holds(make_channel):
+    ch = make_channel()
+    for i in range(3):
+        ch.put(i)
+    hoarder = _OtherProcess(ch, prefetch=3)
+    assert hoarder.get() == 0  # 1 and 2 were pushed along, and it does not come back for them
+    assert ch.get(timeout=30) == 1  # so they are handed back to the consumer that waits
+    assert hoarder.get() == 2  # whoever holds 2 now gives it back in turn
+    ch.put(3)
+    assert ch.get(timeout=30) == 3
+    hoarder.conn.close()
+
+
+def test_held_items_occupy_capacity_until_taken(make_channel):
+    ch = make_channel(maxsize=4)
+    for i in range(4):
+        ch.put(i)
+    fast = ch.with_options(prefetch=4)
+    assert fast.get() == 0  # 1, 2, 3 held by this process
+    ch.put(4)
+    assert ch.full()
+    blocked = ch.put(5, async_op=True)
+    ch.total_size()  # a reply on the same connection: the host has seen the put's credit request
+    assert not blocked.done()
+    assert [fast.get() for _ in range(5)] == [1, 2, 3, 4, 5]
+    blocked.wait(timeout=30)
+    assert ch.total_size() == 0
 
 
 def test_async_forms(make_channel):
