@@ -19,7 +19,6 @@ Every push carries a per-(process, key) sequence number: reports ("took through 
 
 from __future__ import annotations
 
-import logging
 import os
 from collections import deque
 from collections.abc import Hashable
@@ -31,7 +30,6 @@ from m2flow.runtime.comm.wire import _MAX_FDS, ConnectionLost
 if TYPE_CHECKING:
     from m2flow.runtime.channel.host import ChannelHost, _Client, _Item
 
-log = logging.getLogger(__name__)
 
 _FLUSH_EVERY = 16  # frames a busy connection reads before the host writes what they produced
 
