@@ -73,6 +73,27 @@ def expected_layout(config: ClusterConfig) -> NodeLayout | None:
     return NodeLayout((gpus or config.cpu_devices_per_node,), groups)
 
 
+_STARTUP_ATTEMPTS = 3
+
+
+def _start_local_ray(kwargs: dict) -> None:
+    """``ray.init`` for a local Ray, retried when its processes miss Ray's fixed start-up deadline.
+
+    Ray waits a hard-coded 30 s for its own processes; on a busy machine they can miss it, and a
+    second attempt usually succeeds. Other failures are raised at once.
+    """
+    for attempt in range(1, _STARTUP_ATTEMPTS + 1):
+        try:
+            ray.init(**kwargs)
+            return
+        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this
+            if "timed out during startup" not in str(e) or attempt == _STARTUP_ATTEMPTS:
+                raise
+            log.warning("local Ray missed its start-up deadline (attempt %d of %d); retrying",
+                        attempt, _STARTUP_ATTEMPTS)
+            ray.shutdown()
+
+
 def check_placement(
     spec: str | Mapping[str, str], config: ClusterConfig, components: Sequence[str]
 ) -> None:
@@ -144,7 +165,7 @@ class Cluster:
                 log.info("starting a local Ray (dashboard %s)",
                          "on" if self.config.include_dashboard else "off")
                 _prefer_loopback()
-                ray.init(**_local_init_kwargs(self.config))
+                _start_local_ray(_local_init_kwargs(self.config))
                 self._started_ray = True
         self.cluster_id = uuid.uuid4().hex[:12]
         self.nodes = self._discover_nodes()
