@@ -25,7 +25,6 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,8 @@ from m2flow.config.convert import to_dict
 from m2flow.config.loader import load_config, save_config
 from m2flow.envs import EnvConfig
 from m2flow.runners.embodied_config import COMPONENTS, EmbodiedConfig
-from m2flow.runtime import Cluster, GroupHandle, WorkerGroup
+from m2flow.runtime import Cluster, GroupHandle
+from m2flow.runtime.launch import launch_groups
 from m2flow.runtime.placement import ComponentPlacement
 from m2flow.runtime.trace import ProcessInfo, configure_tracer, get_tracer, merge_traces, prepare_trace_dir
 from m2flow.workers.embodied.messages import InteractStats
@@ -165,7 +165,7 @@ class EmbodiedFlow:
                      offload=cfg.rollout.offload),
                 cfg.rollout.num_threads)
         self.env = self.rollout = self.actor = None
-        groups = self._launch(cluster, plan, specs, trace_dir)
+        groups = launch_groups(cluster, self.names, plan, specs, self.run_dir / "logs", trace_dir)
         self.env, self.actor, self.rollout = groups["env"], groups["actor"], groups.get("rollout")
         holder = self.env if self.fused else self.rollout
         self.policy_holder = holder
@@ -176,30 +176,6 @@ class EmbodiedFlow:
         self._deltas: list | None = None
         log.info("launched %s%s: %s", self.mode, " (env+rollout fused)" if self.fused else "",
                  ", ".join(f"{c} x{ranks[c]}" for c in COMPONENTS))
-
-    def _launch(self, cluster: Cluster, plan: Any, specs: dict[str, tuple[type, tuple, dict, int]],
-                trace_dir: Path | None) -> dict[str, WorkerGroup]:
-        """Start the groups side by side: their processes import torch and build envs in parallel."""
-        def start(component: str) -> WorkerGroup:
-            cls, args, kwargs, threads = specs[component]
-            return WorkerGroup(cls, cluster, self.names[component], placement=plan[component], args=args,
-                               kwargs=kwargs, num_threads=threads, log_dir=self.run_dir / "logs",
-                               trace_dir=trace_dir)
-
-        with ThreadPoolExecutor(len(specs)) as pool:
-            futures = {c: pool.submit(start, c) for c in specs}
-        groups: dict[str, WorkerGroup] = {}
-        errors = []
-        for c, fut in futures.items():
-            try:
-                groups[c] = fut.result()
-            except BaseException as e:  # noqa: BLE001 - shut the others down, then report
-                errors.append(e)
-        if errors:
-            for g in groups.values():
-                g.shutdown()
-            raise errors[0]
-        return groups
 
     # -- the named steps of the loop ---------------------------------------------------------
     def sync_weights(self) -> float:

@@ -14,7 +14,6 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,8 @@ from m2flow.config.convert import to_dict
 from m2flow.data import PromptDataLoader, PromptDataset, PromptItem
 from m2flow.runners.evaluation import score_responses
 from m2flow.runners.reasoning_config import COMPONENTS, ReasoningConfig
-from m2flow.runtime import Cluster, GroupHandle, WorkerGroup
+from m2flow.runtime import Cluster, GroupHandle
+from m2flow.runtime.launch import launch_groups
 from m2flow.runtime.trace import (
     ProcessInfo,
     configure_tracer,
@@ -145,36 +145,12 @@ class ReasoningFlow:
                        "resume_dir": str(resume_dir) if resume_dir else None}, cfg.actor.num_threads),
         }
         self.names = {c: f"{c}-{rid}" for c in COMPONENTS}
-        groups = self._launch(cluster, plan, specs, trace_dir)
+        groups = launch_groups(cluster, self.names, plan, specs, self.run_dir / "logs", trace_dir)
         self.rollout, self.reward, self.inference, self.actor = (groups[c] for c in COMPONENTS)
         self.weight_targets = [(self.names["rollout"], list(range(ranks["rollout"])))]
         if self.inference.wants_weights(ranks=[0]).wait()[0]:
             self.weight_targets.append((self.names["inference"], list(range(ranks["inference"]))))
         log.info("launched %s: %s", self.mode, ", ".join(f"{c} x{ranks[c]}" for c in COMPONENTS))
-
-    def _launch(self, cluster: Cluster, plan: Any, specs: dict[str, tuple[type, tuple, dict, int]],
-                trace_dir: Path | None) -> dict[str, WorkerGroup]:
-        """Start the four groups side by side: their processes import torch and load models in parallel."""
-        def start(component: str) -> WorkerGroup:
-            cls, args, kwargs, threads = specs[component]
-            return WorkerGroup(cls, cluster, self.names[component], placement=plan[component], args=args,
-                               kwargs=kwargs, num_threads=threads, log_dir=self.run_dir / "logs",
-                               trace_dir=trace_dir)
-
-        with ThreadPoolExecutor(len(specs)) as pool:
-            futures = {c: pool.submit(start, c) for c in specs}
-        groups: dict[str, WorkerGroup] = {}
-        errors = []
-        for c, fut in futures.items():
-            try:
-                groups[c] = fut.result()
-            except BaseException as e:  # noqa: BLE001 - shut the others down, then report
-                errors.append(e)
-        if errors:
-            for g in groups.values():
-                g.shutdown()
-            raise errors[0]
-        return groups
 
     # -- the named steps of the loop ---------------------------------------------------------
     def sync_weights(self) -> None:

@@ -1,0 +1,58 @@
+"""launch_groups: every group starts, or none is left running and the first error is raised."""
+
+from __future__ import annotations
+
+import pytest
+
+from m2flow.runtime import Worker
+from m2flow.runtime.errors import WorkerError
+from m2flow.runtime.launch import launch_groups
+
+
+class Echo(Worker):
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+
+    def who(self) -> str:
+        return f"{self.tag}{self.rank}"
+
+
+class Broken(Worker):
+    def __init__(self) -> None:
+        raise ValueError("cannot build")
+
+
+def test_groups_start_side_by_side(cluster, tmp_path) -> None:
+    groups = launch_groups(cluster, {"a": "launch-a", "b": "launch-b"}, {"a": "0-1", "b": "2"},
+                           {"a": (Echo, ("a",), {}, 1), "b": (Echo, ("b",), {}, 1)}, tmp_path)
+    try:
+        assert groups["a"].who().wait() == ["a0", "a1"]
+        assert groups["b"].who().wait() == ["b0"]
+    finally:
+        for g in groups.values():
+            g.shutdown()
+
+
+def test_a_failing_group_shuts_the_others_down(cluster, tmp_path, monkeypatch) -> None:
+    from m2flow.runtime import launch as launch_mod
+
+    started, shut = [], []
+    real = launch_mod.WorkerGroup
+
+    def tracking(*args, **kwargs):
+        group = real(*args, **kwargs)
+        started.append(group)
+        real_shutdown = group.shutdown
+
+        def shutdown() -> None:
+            shut.append(group)
+            real_shutdown()
+
+        group.shutdown = shutdown
+        return group
+
+    monkeypatch.setattr(launch_mod, "WorkerGroup", tracking)
+    with pytest.raises((WorkerError, ValueError), match="cannot build"):
+        launch_groups(cluster, {"ok": "launch-ok", "bad": "launch-bad"}, {"ok": "0", "bad": "1"},
+                      {"ok": (Echo, ("x",), {}, 1), "bad": (Broken, (), {}, 1)}, tmp_path)
+    assert len(started) == 1 and shut == started  # the group that started was shut down
