@@ -177,6 +177,24 @@ def test_a_blocked_consumer_recalls_what_another_holds(make_channel):
     hoarder.conn.close()
 
 
+def test_close_ends_consumers_after_a_recall_of_partly_taken_items(make_channel):
+    ch = make_channel()
+    for i in range(8):
+        ch.put(i)
+    hoarder = _OtherProcess(ch, prefetch=8)
+    # 1..7 were pushed along; taking 1 and 2 reports nothing yet (takes are reported in runs)
+    assert [hoarder.get() for _ in range(3)] == [0, 1, 2]
+    assert ch.get(timeout=30) == 3  # recalls 3..7 from the hoarder, which still owes 1 and 2
+    ch.close()
+    assert [ch.get(timeout=30) for _ in range(4)] == [4, 5, 6, 7]
+    # Both consumers are told the stream ended: what the hoarder took counts as taken.
+    with pytest.raises(ChannelClosed):
+        hoarder.get(timeout=30)
+    with pytest.raises(ChannelClosed):
+        ch.get(timeout=30)
+    hoarder.conn.close()
+
+
 def test_held_items_occupy_capacity_until_taken(make_channel):
     ch = make_channel(maxsize=4)
     for i in range(4):

@@ -287,6 +287,12 @@ class _Connection:
                 return
             back, box.items = list(box.items), deque()
             box.window = max(1, box.window // 2)  # hoarding starved someone: ask for less
+            # Takes not yet reported come first: the starving process may be waiting for the end
+            # of the stream, which the host only sends once nothing of this key is held anywhere.
+            taken = back[0][0] - 1 if back else box.seen
+            if taken > box.told:
+                box.told = taken
+                self._send(("took", key, taken))
             if back:
                 self._send(("giveback", key, [seq for seq, _, _ in back]))
         for _, _, raw in back:
@@ -300,6 +306,9 @@ class _Connection:
                 box = self._boxes[key] = _Box()
             if not box.items:
                 self._check()
+                if box.seen > box.told:  # the box is empty: all it received was taken or given back
+                    box.told = box.seen
+                    self._send(("took", key, box.seen))
                 fut: Future = Future()
                 box.getters.append(fut)
                 # Running dry means the window was too small for this consumer's pace.
