@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+from dataclasses import replace
 
 import pytest
 import torch
@@ -136,8 +137,9 @@ def test_prefetched_items_are_served_in_order_and_given_back(make_channel):
 class _OtherProcess:
     """A second connection to the host, standing in for a consumer in another process."""
 
-    def __init__(self, ch: Channel, prefetch: int = 1) -> None:
-        self.conn = _Connection(ch.address)
+    def __init__(self, ch: Channel, prefetch: int = 1, other_node: bool = False) -> None:
+        # On "another node" it reaches the host over TCP, and tensor bytes travel in the stream.
+        self.conn = _Connection(replace(ch.address, node_id="another-node") if other_node else ch.address)
         self.prefetch = prefetch
 
     def get(self, key=None, timeout: float = 30) -> object:
@@ -193,6 +195,20 @@ def test_close_ends_consumers_after_a_recall_of_partly_taken_items(make_channel)
     with pytest.raises(ChannelClosed):
         ch.get(timeout=30)
     hoarder.conn.close()
+
+
+def test_items_pushed_to_another_node_and_given_back_keep_their_memory(make_channel):
+    ch = make_channel()
+    for i in range(4):
+        ch.put({"i": i, "x": torch.full((100_000,), float(i))})  # in shared memory
+    remote = _OtherProcess(ch, prefetch=4, other_node=True)
+    assert remote.get()["i"] == 0  # 1..3 were pushed along as bytes in the stream
+    # A consumer beside the host recalls them: they reach it through the shared memory again.
+    for i in (1, 2, 3):
+        item = ch.get(timeout=30)
+        assert item["i"] == i and torch.equal(item["x"], torch.full((100_000,), float(i)))
+    assert ch.total_size() == 0
+    remote.conn.close()
 
 
 def test_held_items_occupy_capacity_until_taken(make_channel):

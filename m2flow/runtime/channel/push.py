@@ -206,7 +206,10 @@ class Pusher:
             _, key, seq, item = msg
             desc, inline, ifds = item.desc, item.inline, item.fds
             if ifds and not conn.unix:  # another node: the bytes travel in the stream
-                d, inline = inline_copy(Desc.from_wire(desc), inline, ifds, self.host._cache)
+                # Mapping consumes the descriptors it is given; the held item keeps its own, since
+                # it may still be given back and pushed elsewhere, and its descriptors are closed
+                # when the consumer reports it taken.
+                d, inline = inline_copy(Desc.from_wire(desc), inline, [os.dup(f) for f in ifds], self.host._cache)
                 desc, ifds = d.to_wire(), []
             if entries and len(fds) + len(ifds) > _MAX_FDS:
                 conn.send(("push", entries), bufs, fds)
