@@ -22,7 +22,7 @@ from m2flow.config.convert import to_dict
 from m2flow.data import PromptDataLoader, PromptDataset, PromptItem
 from m2flow.runners.evaluation import score_responses
 from m2flow.runners.reasoning_config import COMPONENTS, ReasoningConfig
-from m2flow.runtime import Cluster, GroupHandle
+from m2flow.runtime import Cluster, GroupHandle, WorkerGroup
 from m2flow.runtime.launch import launch_groups
 from m2flow.runtime.trace import (
     ProcessInfo,
@@ -62,13 +62,14 @@ def train_loop(flow: ReasoningFlow, loader: PromptDataLoader, start: int, steps:
     for step in range(start, steps):
         t0 = time.perf_counter()
         with get_tracer().span("step", cat="step", step=step):
-            flow.sync_weights()                                      # actor -> rollout, inference
-            evaluated = flow.evaluate() if eval_every and step % eval_every == 0 else {}
+            syncing = flow.sync_weights()                            # actor -> rollout, inference
+            evaluated = flow.evaluate(syncing) if eval_every and step % eval_every == 0 else {}
             slots = flow.put_prompts(step, loader.next_batch())      # channel "prompts"
             metrics = flow.finish(
+                syncing,                                             # each worker loads, then goes on
                 rollout=flow.rollout.generate(step, slots),          # emits each group when done
                 reward=flow.reward.score(step, slots),               # scores what is ready
-                inference=flow.inference.compute(step, slots),       # old / reference log-probs
+                inference=flow.log_probs(step, slots),               # old / reference log-probs, if any
                 actor=flow.actor.train(step, slots),                 # trains on micro-batches as they come
             )
         # Held-out evaluation is timed on its own, so time/step and the rates describe training only.
@@ -79,8 +80,7 @@ def train_loop(flow: ReasoningFlow, loader: PromptDataLoader, start: int, steps:
         if checkpoint_every and ((step + 1) % checkpoint_every == 0 or step + 1 == steps):
             flow.save_checkpoint(step + 1, loader)
     if eval_every:
-        flow.sync_weights()
-        final = flow.evaluate()
+        final = flow.evaluate(flow.sync_weights())
         logger.log(final, step=steps)
         if history:  # the last entry describes the policy after the last update
             history[-1].update(final)
@@ -98,10 +98,10 @@ def _gather(handles: Sequence[GroupHandle]) -> list[list[Any]]:
     return asyncio.run(all_of())
 
 
-def _shares_devices(plan: Any, component: str) -> bool:
-    """True when another device-holding component runs on some of ``component``'s devices."""
+def _shares_devices(plan: Any, component: str, holders: Sequence[str]) -> bool:
+    """True when another of the device-holding components ``holders`` runs on some of ``component``'s devices."""
     mine = plan[component].devices
-    return any(mine & plan[c].devices for c in ("rollout", "inference", "actor") if c != component)
+    return any(mine & plan[c].devices for c in holders if c != component)
 
 
 class ReasoningFlow:
@@ -125,12 +125,17 @@ class ReasoningFlow:
         # One stream per edge of the workflow; each routes a group to rank slot % (consumer ranks).
         self.prompts = GroupStream.create(f"prompts-{rid}", ranks["rollout"])
         responses = GroupStream.create(f"responses-{rid}", ranks["reward"])
-        scored = GroupStream.create(f"scored-{rid}", ranks["inference"])
         ready = GroupStream.create(f"ready-{rid}", ranks["actor"])
-        self.streams = [self.prompts, responses, scored, ready]
+        # Inference runs only when it has log-probs to compute; otherwise scored groups go straight
+        # to the actor, one hop (a serialisation and a wake-up per group) fewer.
+        algo = cfg.algorithm
+        self.infers = algo.old_logprobs == "inference" or algo.needs_reference
+        scored = GroupStream.create(f"scored-{rid}", ranks["inference"]) if self.infers else ready
+        self.streams = [self.prompts, responses, scored] + ([ready] if self.infers else [])
         n = cfg.rollout.sampling.n
         temperature = cfg.rollout.sampling.temperature
-        shares = {c: _shares_devices(plan, c) for c in COMPONENTS}
+        holders = ["rollout", "actor"] + (["inference"] if self.infers else [])
+        shares = {c: _shares_devices(plan, c, holders) for c in COMPONENTS}
         path = str(model_path)
         specs: dict[str, tuple[type, tuple, dict, int]] = {
             "rollout": (RolloutWorker, (path, cfg.rollout, self.prompts, responses),
@@ -144,21 +149,34 @@ class ReasoningFlow:
                       {"total_steps": cfg.steps, "seed": cfg.seed, "shares_devices": shares["actor"],
                        "resume_dir": str(resume_dir) if resume_dir else None}, cfg.actor.num_threads),
         }
+        if not self.infers:
+            del specs["inference"]
         self.names = {c: f"{c}-{rid}" for c in COMPONENTS}
         groups = launch_groups(cluster, self.names, plan, specs, self.run_dir / "logs", trace_dir)
-        self.rollout, self.reward, self.inference, self.actor = (groups[c] for c in COMPONENTS)
+        self.rollout, self.reward, self.actor = groups["rollout"], groups["reward"], groups["actor"]
+        self.inference: WorkerGroup | None = groups.get("inference")
         self.weight_targets = [(self.names["rollout"], list(range(ranks["rollout"])))]
-        if self.inference.wants_weights(ranks=[0]).wait()[0]:
+        if self.inference is not None and self.inference.wants_weights(ranks=[0]).wait()[0]:
             self.weight_targets.append((self.names["inference"], list(range(ranks["inference"]))))
         log.info("launched %s: %s", self.mode, ", ".join(f"{c} x{ranks[c]}" for c in COMPONENTS))
 
     # -- the named steps of the loop ---------------------------------------------------------
-    def sync_weights(self) -> None:
-        """Stream the actor's weights to every rollout rank (and inference's policy copy)."""
+    def sync_weights(self) -> list[GroupHandle]:
+        """Start streaming the actor's weights to every rollout rank (and inference's policy copy).
+
+        Returns the calls' handles without waiting: each worker runs its calls in order, so the
+        iteration's work queued behind them starts on the new weights, and the driver saves a round
+        trip. ``finish`` (or ``evaluate``) waits for them.
+        """
         receivers = [self.rollout.receive_weights(self.names["actor"], 0)]
         if len(self.weight_targets) > 1:
+            assert self.inference is not None
             receivers.append(self.inference.receive_weights(self.names["actor"], 0))
-        _gather([self.actor.send_weights(self.weight_targets), *receivers])
+        return [self.actor.send_weights(self.weight_targets), *receivers]
+
+    def log_probs(self, step: int, slots: int) -> GroupHandle | None:
+        """Inference's old-policy / reference log-probs for the iteration (None: nothing to compute)."""
+        return self.inference.compute(step, slots) if self.inference is not None else None
 
     def put_prompts(self, step: int, items: Sequence[PromptItem]) -> int:
         """Put an iteration's prompts into the prompts channel; returns how many (the slots)."""
@@ -166,9 +184,11 @@ class ReasoningFlow:
             self.prompts.put(PromptTask(step, slot, item.index, list(item.prompt_ids), item.answer))
         return len(items)
 
-    def finish(self, **handles: GroupHandle) -> dict[str, float]:
-        """Wait for the iteration's calls; one dict of metrics (actor: rank 0's, already global)."""
-        results = dict(zip(handles, _gather(list(handles.values()))))
+    def finish(self, syncing: Sequence[GroupHandle] = (), **handles: GroupHandle | None) -> dict[str, float]:
+        """Wait for the weight sync and the iteration's calls; one dict of metrics (actor: rank 0's,
+        already global)."""
+        named = {k: h for k, h in handles.items() if h is not None}
+        results = dict(zip(named, _gather([*named.values(), *syncing])))
         metrics: dict[str, float] = {}
         for component, per_rank in results.items():
             merged = per_rank[0] if component == "actor" else merge_rank_metrics(per_rank)
@@ -183,10 +203,11 @@ class ReasoningFlow:
             "perf/tokens_per_s": metrics.get("rollout/tokens_count", 0.0) / seconds,
         }
 
-    def evaluate(self) -> dict[str, float]:
-        """Greedy held-out accuracy of the rollout's current weights (empty without a held-out set)."""
+    def evaluate(self, syncing: Sequence[GroupHandle] = ()) -> dict[str, float]:
+        """Greedy held-out accuracy of the rollout's weights after ``syncing`` (empty without a held-out set)."""
         if self.test_set is None:
             return {}
+        _gather(list(syncing))  # the weights are in place before the clock starts
         start = time.perf_counter()
         from m2flow.workers.reward import build_reward_fn
 

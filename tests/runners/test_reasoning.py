@@ -45,6 +45,19 @@ def test_every_group_of_every_iteration_is_trained_exactly_once(collocated):
         assert len({index for step, _, index, _ in groups if step == s}) == 8
 
 
+def test_without_log_probs_to_compute_scored_groups_go_straight_to_the_actor(tmp_path):
+    # The actor's own forward gives the old log-probs and there is no KL term: inference has nothing
+    # to do, so it is not started, and every group still reaches the actor once.
+    cfg = toy_config(tmp_path, "rollout,reward,inference: 0, actor: 1", steps=2,
+                     algorithm={"old_logprobs": "actor"}, rollout={"prompts_per_chunk": 4})
+    with ReasoningRun(cfg, shared_cluster()) as run:
+        result = run.train()
+        assert run.flow.inference is None
+        (groups,) = run.flow.actor.received_groups().wait()
+    assert sorted((step, slot) for step, slot, _, _ in groups) == [(s, k) for s in range(2) for k in range(8)]
+    assert all("time/inference" not in h and h["rollout/responses_count"] == 64 for h in result.history)
+
+
 def test_checkpoints_hold_weights_optimizer_data_position_and_rng(collocated):
     root, _, result, _ = collocated
     ckpts = sorted((root / "run" / CHECKPOINTS).iterdir())
