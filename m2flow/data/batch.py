@@ -44,24 +44,19 @@ class ResponseGroup:
 
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Stack id lists right-aligned: ids (N, W) filled with pad_id on the left, mask (N, W) 1 on real tokens."""
+    rows = [r.tolist() if isinstance(r, torch.Tensor) else list(r) for r in rows]
     width = max((len(r) for r in rows), default=0) if width is None else width
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        if len(r):
-            ids[i, width - len(r) :] = torch.as_tensor(r, dtype=torch.long)
-            mask[i, width - len(r) :] = 1
+    # One tensor from padded lists: a slice assignment per row costs more than the whole copy.
+    ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows], dtype=torch.long).view(len(rows), width)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long).view(len(rows), width)
     return ids, mask
 
 
 def right_pad(rows: Sequence[Sequence[float]], pad: float, width: int | None = None, dtype: torch.dtype = torch.long) -> torch.Tensor:
     """Stack lists left-aligned: (N, W) filled with `pad` on the right."""
+    rows = [r.tolist() if isinstance(r, torch.Tensor) else list(r) for r in rows]
     width = max((len(r) for r in rows), default=0) if width is None else width
-    out = torch.full((len(rows), width), pad, dtype=dtype)
-    for i, r in enumerate(rows):
-        if len(r):
-            out[i, : len(r)] = torch.as_tensor(r, dtype=dtype)
-    return out
+    return torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=dtype).view(len(rows), width)
 
 
 # How each optional (B, Lr) / (B,) field is padded when batches of different lengths are joined.
