@@ -141,6 +141,9 @@ def _local_init_kwargs(cfg: ClusterConfig) -> dict[str, Any]:
         "namespace": cfg.namespace,
         "log_to_driver": True,
         "configure_logging": False,
+        # Ray starts its workers at niceness 15 by default, behind every other process of the
+        # user: the workers are the job here, so they run at the driver's priority.
+        "_system_config": {"worker_niceness": 0},
     }
     if cfg.num_cpus is not None:
         kwargs["num_cpus"] = cfg.num_cpus

@@ -30,6 +30,7 @@ class Echo(Worker):
             "devices": self.devices,
             "rank_at_init": self.rank_at_init,
             "env": {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")},
+            "niceness": os.nice(0),
         }
 
     def times(self, x: int, plus: int = 0) -> int:
@@ -81,6 +82,8 @@ def test_ranks_know_themselves_and_results_come_in_rank_order(echo):
     assert [i["env"]["RANK"] for i in infos] == ["0", "1", "2", "3"]
     assert len({(i["env"]["MASTER_ADDR"], i["env"]["MASTER_PORT"]) for i in infos}) == 1
     assert echo.times(2, plus=1).wait() == [1, 21, 41, 61]
+    # Workers of a local Ray run at the driver's priority, not behind every other process.
+    assert all(i["niceness"] == os.nice(0) for i in infos)
 
 
 def test_chosen_ranks_and_scatter(echo):
