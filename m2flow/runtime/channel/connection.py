@@ -25,7 +25,7 @@ from m2flow.runtime.comm.payload import Desc, pack, unpack
 from m2flow.runtime.comm.rendezvous import HOSTNAME
 from m2flow.runtime.comm.serialization import encode
 from m2flow.runtime.comm.shm import SegmentCache, SegmentPool
-from m2flow.runtime.comm.wire import BufferPool, Connection, ConnectionLost, connect
+from m2flow.runtime.comm.wire import BufferPool, Connection, ConnectionLost, close_fds, connect
 
 log = logging.getLogger(__name__)
 
@@ -285,18 +285,17 @@ class _Connection:
             box = self._boxes.get(key)
             if box is None:
                 return
-            back, box.items = list(box.items), deque()
-            box.window = max(1, box.window // 2)  # hoarding starved someone: ask for less
             # Takes not yet reported come first: the starving process may be waiting for the end
             # of the stream, which the host only sends once nothing of this key is held anywhere.
-            taken = back[0][0] - 1 if back else box.seen
-            if taken > box.told:
-                box.told = taken
-                self._send(("took", key, taken))
+            owed = _owed(box)
+            if owed:
+                self._send(("took", key, owed))
+            back, box.items = list(box.items), deque()
+            box.window = max(1, box.window // 2)  # hoarding starved someone: ask for less
             if back:
                 self._send(("giveback", key, [seq for seq, _, _ in back]))
         for _, _, raw in back:
-            _close_fds(raw[2])
+            close_fds(raw[2])
 
     def take(self, key: Hashable, min_window: int) -> tuple[Any, Future | None]:
         """``(item, None)`` when one was pushed here already, else ``(None, future of its raw form)``."""
@@ -306,9 +305,9 @@ class _Connection:
                 box = self._boxes[key] = _Box()
             if not box.items:
                 self._check()
-                if box.seen > box.told:  # the box is empty: all it received was taken or given back
-                    box.told = box.seen
-                    self._send(("took", key, box.seen))
+                owed = _owed(box)  # a process about to block owes the host no report
+                if owed:
+                    self._send(("took", key, owed))
                 fut: Future = Future()
                 box.getters.append(fut)
                 # Running dry means the window was too small for this consumer's pace.
@@ -329,12 +328,7 @@ class _Connection:
     def report_all(self) -> None:
         """Tell the host about every take not yet reported (before a statistic, or goodbye)."""
         with self._lock:
-            owed = []
-            for key, box in self._boxes.items():
-                last = box.items[0][0] - 1 if box.items else box.seen
-                if last > box.told:
-                    owed.append((key, last))
-                    box.told = last
+            owed = [(key, seq) for key, box in self._boxes.items() if (seq := _owed(box))]
         for key, seq in owed:
             self._report(key, seq)
 
@@ -420,22 +414,26 @@ class _Connection:
             leftovers = [raw for box in self._boxes.values() for _, _, raw in box.items]
             self._boxes.clear()
         for raw in leftovers:
-            _close_fds(raw[2])
+            close_fds(raw[2])
         if self.pool is not None:
             self.pool.close()
+
+
+def _owed(box: _Box) -> int:
+    """The last item of ``box`` taken but not yet reported to the host (0: none); now counted as told.
+
+    Every item received before the oldest one still in the box was taken by a get or given back.
+    """
+    last = box.items[0][0] - 1 if box.items else box.seen
+    if last <= box.told:
+        return 0
+    box.told = last
+    return last
 
 
 class _Undecodable:
     def __init__(self, exc: Exception) -> None:
         self.exc = exc
-
-
-def _close_fds(fds: list[int]) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
 
 
 _CANCELLED = object()

@@ -26,7 +26,7 @@ from m2flow.runtime.channel.metrics import ChannelMetrics, DepthTrace
 from m2flow.runtime.channel.push import _FLUSH_EVERY, Pusher
 from m2flow.runtime.comm.payload import Desc, discard, inline_copy
 from m2flow.runtime.comm.shm import SegmentCache
-from m2flow.runtime.comm.wire import BufferPool, Connection, ConnectionLost, Listener
+from m2flow.runtime.comm.wire import BufferPool, Connection, ConnectionLost, Listener, close_fds
 from m2flow.runtime.trace import get_tracer
 
 log = logging.getLogger(__name__)
@@ -172,22 +172,12 @@ class ChannelHost:
                 client.conn.send(control)
             elif client.conn.unix or isinstance(item.desc, bytes):  # same node, or a bare pickle
                 client.conn.send((*control, item.desc), item.inline, item.fds)
-                self._close_fds(item.fds)
+                close_fds(item.fds)
             else:  # another node: the bytes must travel in the stream
                 desc, buffers = inline_copy(Desc.from_wire(item.desc), item.inline, item.fds, self._cache)
                 client.conn.send((*control, desc.to_wire()), buffers)
         except ConnectionLost:
             pass  # the reader of that connection cleans up
-
-    @staticmethod
-    def _close_fds(fds: list[int]) -> None:
-        import os
-
-        for fd in fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
 
     def _drop_client(self, client: _Client, graceful: bool, bye: int | None = None) -> None:
         with self._lock:

@@ -25,7 +25,7 @@ from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 from m2flow.runtime.comm.payload import Desc, inline_copy
-from m2flow.runtime.comm.wire import _MAX_FDS, ConnectionLost
+from m2flow.runtime.comm.wire import _MAX_FDS, ConnectionLost, close_fds
 
 if TYPE_CHECKING:
     from m2flow.runtime.channel.host import ChannelHost, _Client, _Item
@@ -56,7 +56,7 @@ class Pusher:
         n = 0
         while held and held[0][0] <= through:
             _, item = held.popleft()
-            _close(item.fds)
+            close_fds(item.fds)
             n += 1
         self.held -= n
         return n
@@ -220,10 +220,3 @@ class Pusher:
         if entries:
             conn.send(("push", entries), bufs, fds)
 
-
-def _close(fds: list[int]) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass

@@ -8,6 +8,7 @@ buffers back to back, read straight into freshly allocated arrays (no intermedia
 from __future__ import annotations
 
 import array
+import os
 import pickle
 import socket
 import struct
@@ -24,6 +25,15 @@ _SMALL = 256 << 10  # frames below this are joined and sent in one system call
 _SOCK_BUF = 4 << 20
 _READ_AHEAD = 256 << 10
 _FD_MARKER = b"\x00"
+
+
+def close_fds(fds: list[int]) -> None:
+    """Close received (or no longer needed) file descriptors; one already closed is skipped."""
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def _fds_from(anc: list) -> list[int]:
