@@ -24,6 +24,14 @@ PLUGIN_MODULE = "commands"
 ENTRY_POINT_GROUP = "m2flow.commands"
 
 
+class CommandError(Exception):
+    """A subcommand's refusal: ``main`` prints ``error: <message>`` and exits with ``code``."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 @dataclass(frozen=True)
 class Command:
     """One subcommand: ``configure_parser`` adds its arguments, ``run(args)`` returns the exit code."""
@@ -229,6 +237,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except CommandError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return error.code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -155,3 +155,10 @@ def test_python_dash_m_help_without_heavy_imports():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_a_command_refusing_bad_input_prints_one_error_line(tmp_path, capsys):
+    assert main(["report", "--last", "0", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == "error: --last must be >= 1 and --skip >= 0\n"
+    assert main(["eval", str(tmp_path)]) == 1  # a directory without a model
+    assert capsys.readouterr().err == f"error: {tmp_path} holds no model (no config.json)\n"

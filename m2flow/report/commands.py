@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from m2flow.cli import register_command
+from m2flow.cli import CommandError, register_command
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
@@ -22,13 +21,11 @@ def _run(args: argparse.Namespace) -> int:
     from m2flow.report.report import build_report
 
     if args.last < 1 or args.skip < 0:
-        print("error: --last must be >= 1 and --skip >= 0", file=sys.stderr)
-        return 2
+        raise CommandError("--last must be >= 1 and --skip >= 0", code=2)
     try:
         report = build_report(args.run_dir, last=args.last, skip=args.skip, plots=not args.no_plots)
     except FileNotFoundError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        raise CommandError(str(e)) from e
     render(report)
     return 0
 

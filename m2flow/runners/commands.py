@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-from m2flow.cli import register_command
+from m2flow.cli import CommandError, register_command
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
@@ -71,16 +70,13 @@ def _run_embodied(args: argparse.Namespace) -> int:
     from m2flow.runners.embodied import evaluate_checkpoint
 
     if args.config is not None:
-        print("error: --config is for reasoning checkpoints; an embodied checkpoint carries its own config "
-              "(change it with KEY=VALUE overrides)", file=sys.stderr)
-        return 1
+        raise CommandError("--config is for reasoning checkpoints; an embodied checkpoint carries its own config "
+                           "(change it with KEY=VALUE overrides)")
     if args.episodes < 1:
-        print(f"error: --episodes must be >= 1, got {args.episodes}", file=sys.stderr)
-        return 1
+        raise CommandError(f"--episodes must be >= 1, got {args.episodes}")
     results = evaluate_checkpoint(args.checkpoint, episodes=args.episodes, overrides=args.overrides)
     if not results.get("eval/episodes"):
-        print(f"error: no episode of {args.checkpoint} finished", file=sys.stderr)
-        return 1
+        raise CommandError(f"no episode of {args.checkpoint} finished")
     print(f"{args.checkpoint}: mean return {results['eval/return']:.2f} (std {results['eval/return_std']:.2f}), "
           f"mean length {results['eval/length']:.1f} over {int(results['eval/episodes'])} episodes")
     _write(results, args.output)
@@ -96,8 +92,7 @@ def _run_reasoning(args: argparse.Namespace) -> int:
     cfg = from_dict(EvalConfig, _merge(base, compose(None, args.overrides, EvalConfig)))
     path = model_dir(args.checkpoint)
     if not (path / "config.json").is_file():
-        print(f"error: {args.checkpoint} holds no model (no config.json)", file=sys.stderr)
-        return 1
+        raise CommandError(f"{args.checkpoint} holds no model (no config.json)")
     results = evaluate_checkpoint(str(path), cfg)
     print(f"{path}: accuracy {results['eval/accuracy']:.4f}, mean length {results['eval/response_length']:.2f} "
           f"tokens over {int(results['eval/prompts_count'])} prompts ({cfg.data.kind}, {cfg.split})")

@@ -107,7 +107,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.table:
         results = [json.loads(p.read_text()) for p in sorted(Path(args.table).glob("seed_*.json"))]
-        print(table(results))
+        log.info("\n%s", table(results))
         return
     overrides = {}
     types = {f.name: f.type for f in dataclasses.fields(ArithmeticDemoRecipe)}
@@ -125,7 +125,7 @@ def main() -> None:
         result["recipe"] = dataclasses.asdict(recipe)
         (out / f"seed_{seed}.json").write_text(json.dumps(result, indent=1))
         results.append(result)
-    print(table(results))
+    log.info("\n%s", table(results))
 
 
 if __name__ == "__main__":
