@@ -205,9 +205,9 @@ class ReasoningFlow:
 
     def evaluate(self, syncing: Sequence[GroupHandle] = ()) -> dict[str, float]:
         """Greedy held-out accuracy of the rollout's weights after ``syncing`` (empty without a held-out set)."""
+        _gather(list(syncing))  # the weights are in place before the clock starts
         if self.test_set is None:
             return {}
-        _gather(list(syncing))  # the weights are in place before the clock starts
         start = time.perf_counter()
         from m2flow.workers.reward import build_reward_fn
 
