@@ -89,8 +89,11 @@ def test_eval_command_reads_a_training_checkpoint(collocated, capsys, tmp_path):
     assert code == 0
     results = json.loads(out.read_text())
     assert results["eval/prompts_count"] == 8 and 0 <= results["eval/accuracy"] <= 1
-    assert 1 <= results["eval/response_length"] <= 4
     assert "accuracy" in capsys.readouterr().out
+    # The overrides reach generation: with a budget of one token every greedy response is one token.
+    assert main(["eval", "--output", str(out), str(result.last_checkpoint), "data.arithmetic.test_size=8",
+                 "max_new_tokens=1"]) == 0
+    assert json.loads(out.read_text())["eval/response_length"] == 1.0
 
 
 
