@@ -100,6 +100,14 @@ def test_metrics_and_trace_are_written(runs):
     trace = json.loads((run_dir / "trace.json").read_text())
     names = {e.get("name") for e in trace["traceEvents"]}
     assert {"env_step", "act", "train", "step"} <= names
+    # The actor's wait for trajectories is a wait span inside its train call, not training time.
+    spans = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    waits = [e for e in spans if e["name"] == "wait_trajectories"]
+    ranks = {e["pid"] for e in waits}
+    assert len(waits) == len(ranks) * len(result.history) and all(e["cat"] == "wait_channel" for e in waits)
+    for w in waits:
+        assert any(t["name"] == "train" and t["pid"] == w["pid"] and t["tid"] == w["tid"]
+                   and t["ts"] <= w["ts"] and w["ts"] + w["dur"] <= t["ts"] + t["dur"] + 1 for t in spans)
     episodes = json.loads((run_dir / "episodes.json").read_text())
     assert len(episodes) == sum(h["env/episodes"] for h in result.history)
 

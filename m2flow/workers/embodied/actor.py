@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from m2flow.models.policies import GaussianHead, PolicyConfig, build_policy
-from m2flow.runtime.trace import trace_category
+from m2flow.runtime.trace import get_tracer, trace_category
 from m2flow.runtime.worker import Worker
 from m2flow.workers.embodied.config import ActorConfig, PPOConfig
 from m2flow.workers.embodied.batch import build_batch
@@ -75,7 +75,9 @@ class ActorWorker(Worker):
     def train(self, iteration: int) -> dict[str, float]:
         """One PPO update on the trajectories of every env rank for ``iteration``."""
         t0 = time.perf_counter()
-        trajs = [self.comm.recv(self.env_group, e) for e in range(self.env_ranks)]
+        # Waiting for the env ranks is a span of its own, so the trace does not count it as training.
+        with get_tracer().span("wait_trajectories", cat="wait_channel", iteration=iteration):
+            trajs = [self.comm.recv(self.env_group, e) for e in range(self.env_ranks)]
         for traj in trajs:
             if traj.iteration != iteration:
                 raise RuntimeError(f"expected trajectories of iteration {iteration}, env rank "
