@@ -110,8 +110,9 @@ def _run_version(args: argparse.Namespace) -> int:
 def _configure_demo(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "overrides", nargs="*", metavar="KEY=VALUE",
-        help="demo settings, e.g. seed=1 grpo_steps=50 threads=2 run_dir=runs/demo_s1 "
-             "(the runtime demo is `m2flow train examples/demo.yaml`)",
+        help="demo settings (fields of ArithmeticDemoConfig), e.g. seed=1 grpo_steps=50 threads=2 "
+             "run_dir=runs/demo_s1. The runtime demo, the workflow named 'demo', is "
+             "`m2flow train examples/demo.yaml`; `m2flow config docs demo` lists its fields",
     )
 
 
