@@ -37,7 +37,7 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(w["model_dir"], local_files_only=True)
     tok.padding_side = "left"  # generation appends on the right
     model = AutoModelForCausalLM.from_pretrained(w["model_dir"], local_files_only=True, dtype=torch.float32)
-    opt = torch.optim.AdamW(model.parameters(), lr=w["lr"], weight_decay=0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=w["lr"], weight_decay=0.0, fused=True)  # as TRL's default
     p, g, max_new = w["prompts_per_step"], w["group_size"], w["max_new_tokens"]
     prompts = w["prompts"]
     step_times, completions, tokens = [], 0, 0

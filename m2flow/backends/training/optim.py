@@ -29,6 +29,9 @@ class OptimConfig:
     schedule: Schedule = option("constant", "learning-rate shape after warm-up")
     warmup_steps: int = option(0, "optimizer steps of linear warm-up from 0 to lr")
     min_lr_ratio: float = option(0.0, "the linear/cosine schedules end at lr * min_lr_ratio")
+    fused: bool | None = option(
+        None, "Adam/AdamW/SGD in torch's fused kernel, one call per step instead of a few ops per tensor "
+              "(None: where it applies, i.e. plain float tensors on CPU or CUDA; sharded ones use foreach)")
 
     def validate(self) -> None:
         if self.lr <= 0:
@@ -52,11 +55,26 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimConfig) -> t
     trainable = [p for p in params if p.requires_grad]
     if not trainable:
         raise ValueError("the model has no trainable parameters")
-    if cfg.name == "adamw":
-        return torch.optim.AdamW(trainable, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
-    if cfg.name == "adam":
-        return torch.optim.Adam(trainable, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
-    return torch.optim.SGD(trainable, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    fused = fused_applies(trainable) if cfg.fused is None else cfg.fused
+    if fused and not fused_applies(trainable):
+        raise ValueError("optim.fused=true needs plain floating-point parameters on CPU or CUDA")
+    kind = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}.get(cfg.name)
+    if kind is not None:
+        return kind(trainable, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                    fused=fused or None)
+    return torch.optim.SGD(trainable, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                           fused=fused or None)
+
+
+def fused_applies(params: Iterable[torch.nn.Parameter]) -> bool:
+    """Whether torch's fused optimizer kernels take these parameters: plain (not sharded) float
+    tensors, all on CPU or all on one CUDA device type."""
+    import torch
+
+    params = list(params)
+    devices = {p.device.type for p in params}
+    plain = all(type(p) is torch.nn.Parameter or type(p) is torch.Tensor for p in params)
+    return plain and len(devices) == 1 and devices <= {"cpu", "cuda"} and all(p.is_floating_point() for p in params)
 
 
 def lr_factor(step: int, *, schedule: Schedule, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:

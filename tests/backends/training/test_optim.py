@@ -50,3 +50,33 @@ def test_no_trainable_parameters_and_bad_values_fail():
         OptimConfig(lr=0).validate()
     with pytest.raises(ValueError, match="min_lr_ratio"):
         OptimConfig(min_lr_ratio=2).validate()
+
+
+@pytest.mark.parametrize("name", ["adamw", "adam", "sgd"])
+def test_fused_kernel_is_the_default_on_cpu_and_steps_like_the_per_tensor_loop(name):
+    torch.manual_seed(0)
+    a = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    b = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    b.load_state_dict(a.state_dict())
+    cfg = dict(name=name, lr=1e-2, weight_decay=0.01, momentum=0.9)
+    fused = build_optimizer(a.parameters(), OptimConfig(**cfg))
+    loop = build_optimizer(b.parameters(), OptimConfig(**cfg, fused=False))
+    assert fused.defaults["fused"] is True and not loop.defaults["fused"]
+    x = torch.randn(32, 8)
+    for _ in range(5):
+        for model, opt in ((a, fused), (b, loop)):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert not torch.equal(pa, torch.zeros_like(pa))
+        torch.testing.assert_close(pa, pb, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_is_refused_for_parameters_it_cannot_take():
+    doubles = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    assert build_optimizer([doubles], OptimConfig()).defaults["fused"] is True  # float64 is fine
+    meta = torch.nn.Parameter(torch.zeros(3, device="meta"))
+    assert not build_optimizer([meta], OptimConfig()).defaults["fused"]
+    with pytest.raises(ValueError, match="optim.fused=true needs plain floating-point parameters"):
+        build_optimizer([meta], OptimConfig(fused=True))
