@@ -16,6 +16,8 @@ _LAZY = {
     "load_causal_lm": "m2flow.models.causal_lm",
     "load_model_and_tokenizer": "m2flow.models.causal_lm",
     "logprobs_from_logits": "m2flow.models.causal_lm",
+    "LeanLM": "m2flow.models.lean_lm",
+    "lean_logits": "m2flow.models.lean_lm",
     "position_ids_from_mask": "m2flow.models.causal_lm",
     "response_logprobs": "m2flow.models.causal_lm",
     "sft_steps": "m2flow.models.sft",
