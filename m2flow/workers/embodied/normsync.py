@@ -47,7 +47,9 @@ class NormSync:
 
     def __init__(self, vec: VecEnv) -> None:
         self.vec = vec
-        self.base = {k: rms.state_dict() for k, rms in _pieces(vec).items()}
+        # Before the first merge the shared statistics hold no samples: what the rank has folded in
+        # already (its reset observations) belongs to its first delta, so every rank receives it.
+        self.base = {k: RunningMeanStd(rms.shape).state_dict() for k, rms in _pieces(vec).items()}
 
     def delta(self) -> dict[str, Moments | None]:
         """The moments this rank added since the last merge."""
