@@ -180,8 +180,8 @@ class ReasoningFlow:
 
     def put_prompts(self, step: int, items: Sequence[PromptItem]) -> int:
         """Put an iteration's prompts into the prompts channel; returns how many (the slots)."""
-        for slot, item in enumerate(items):
-            self.prompts.put(PromptTask(step, slot, item.index, list(item.prompt_ids), item.answer))
+        self.prompts.put_many(PromptTask(step, slot, item.index, list(item.prompt_ids), item.answer)
+                              for slot, item in enumerate(items))
         return len(items)
 
     def finish(self, syncing: Sequence[GroupHandle] = (), **handles: GroupHandle | None) -> dict[str, float]:

@@ -91,8 +91,7 @@ class InferenceWorker(ReasoningWorker):
                     self._logprobs(live)
                 busy += time.perf_counter() - t0
                 sizes.append(sum(g.size for g in live))
-            for g in groups:
-                self.out.put(g)
+            self.out.put_many(groups)
         return {
             "perf/inference_micro_batch": sum(sizes) / max(1, len(sizes)),
             "time/inference": busy,

@@ -69,7 +69,7 @@ class RewardWorker(Worker):
                 if self.dynamic_sampling and bool((g.batch.rewards == g.batch.rewards[0]).all()):
                     g.dropped = True
                     dropped += 1
-                self.out.put(g)
+            self.out.put_many(groups)
             raw_all.extend(raw.tolist())
             final_all.extend(final.tolist())
         stats = self.fn.pop_stats()

@@ -60,7 +60,7 @@ class RolloutWorker(ReasoningWorker):
         self._offloaded = False
 
     def _backend_kwargs(self) -> dict[str, Any]:
-        if self.cfg.backend == "hf":
+        if self.cfg.backend in ("hf", "lean"):
             return {"device": self.torch_device, "dtype": torch_dtype(self.cfg.dtype)}
         if self.cfg.backend == "vllm":  # the engine places itself on the visible GPU
             return {"dtype": self.cfg.dtype, "seed": self.seed}
@@ -121,12 +121,14 @@ class RolloutWorker(ReasoningWorker):
                     groups = self.backend.generate([t.prompt_ids for t in part], params)
                 busy += time.perf_counter() - t0
             # Put after the device turn: a consumer waiting for the lock must not block a full channel.
+            samples = []
             for task, group in zip(part, groups):
                 batch = RolloutBatch.from_groups([group], self.pad_id, group_ids=[task.slot])
                 texts = [r.text or "" for r in group.responses]
-                self.responses.put(GroupSample(step, task.slot, task.index, task.answer, texts, batch))
+                samples.append(GroupSample(step, task.slot, task.index, task.answer, texts, batch))
                 lengths.extend(len(r.token_ids) for r in group.responses)
                 truncated += sum(r.finish_reason == "length" for r in group.responses)
+            self.responses.put_many(samples)  # the chunk's groups: one message per reward rank
         n = max(1, len(lengths))
         return {
             "rollout/response_length": sum(lengths) / n,

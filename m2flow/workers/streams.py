@@ -4,10 +4,16 @@ Items carry the ``slot`` of their prompt in the iteration (0..G-1). Because rout
 slot only, every consumer rank knows how many items an iteration brings it, so an iteration needs no
 end-of-stream marker, one channel serves the whole run, and which rank trains which group is
 deterministic (runs and resumed runs see the same data in the same places).
+
+``put_many`` sends the items bound for one consumer rank as one channel item (a bundle weighing as
+many items as it holds): one message and one wake-up instead of one per item. Consumers unpack
+bundles; what a ``take_ready`` unpacked beyond its limit stays with that consumer for its next take.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict, deque
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 from m2flow.runtime.channel import Channel
@@ -18,6 +24,19 @@ class _Routed(Protocol):
     slot: int
 
 
+class _Bundle:
+    """Several routed items travelling as one channel item."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items = items
+
+
+def _unpack(item: Any) -> list[Any]:
+    return item.items if isinstance(item, _Bundle) else [item]
+
+
 class GroupStream:
     """Put routed items in; consumer ``rank`` takes its own, all at once or as they become ready."""
 
@@ -26,6 +45,14 @@ class GroupStream:
             raise ValueError(f"a stream needs at least one consumer rank, got {consumers}")
         self.channel = channel
         self.consumers = consumers
+        self._held: dict[int, deque[Any]] = defaultdict(deque)  # unpacked, not yet taken (this process)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Held items belong to the process that unpacked them; a copy sent elsewhere starts empty.
+        return {"channel": self.channel, "consumers": self.consumers}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["channel"], state["consumers"])  # type: ignore[misc]
 
     @classmethod
     def create(cls, name: str, consumers: int) -> GroupStream:
@@ -48,12 +75,37 @@ class GroupStream:
         """Send ``item`` to the consumer rank of its slot."""
         self.channel.put(item, weight=1, key=self.key(item.slot))
 
+    def put_many(self, items: Iterable[_Routed]) -> None:
+        """Send ``items``, one message per consumer rank (in slot order within each)."""
+        by_rank: dict[int, list[Any]] = defaultdict(list)
+        for item in items:
+            by_rank[self.key(item.slot)].append(item)
+        for rank, mine in by_rank.items():
+            if len(mine) == 1:
+                self.channel.put(mine[0], weight=1, key=rank)
+            else:
+                self.channel.put(_Bundle(mine), weight=len(mine), key=rank)
+
     def take(self, rank: int, count: int) -> list[Any]:
         """Exactly ``count`` items for ``rank``, blocking until they are all there."""
         if count <= 0:
             return []
-        with get_tracer().span(f"wait {self.name}", cat="wait_channel", items=count):
-            return list(self.channel.get_batch(count, key=rank))
+        held = self._held[rank]
+        out = [held.popleft() for _ in range(min(count, len(held)))]
+        if len(out) < count:
+            with get_tracer().span(f"wait {self.name}", cat="wait_channel", items=count):
+                # A batch stops short of the target when the next bundle would overshoot it; the next
+                # request then gets that bundle whole (an item heavier than the target comes alone).
+                while len(out) < count:
+                    got = self.channel.get_batch(count - len(out), key=rank)
+                    if not got:
+                        raise RuntimeError(f"stream {self.name!r} ended with {len(out)} of {count} items for rank {rank}")
+                    for item in got:
+                        out.extend(_unpack(item))
+        if len(out) > count:  # a bundle straddles what was asked: keep the rest for the next take
+            held.extendleft(reversed(out[count:]))
+            del out[count:]
+        return out
 
     def take_ready(self, rank: int, limit: int) -> list[Any]:
         """Between 1 and ``limit`` items for ``rank``: blocks for the first, then adds what is already queued.
@@ -62,10 +114,13 @@ class GroupStream:
         """
         if limit <= 0:
             return []
-        with get_tracer().span(f"wait {self.name}", cat="wait_channel"):
-            first = self.channel.get(key=rank)
-        ready = min(limit - 1, self.channel.qsize(key=rank))
-        return [first] + (list(self.channel.get_batch(ready, key=rank)) if ready > 0 else [])
+        held = self._held[rank]
+        if not held:
+            with get_tracer().span(f"wait {self.name}", cat="wait_channel"):
+                held.extend(_unpack(self.channel.get(key=rank)))
+        while len(held) < limit and self.channel.qsize(key=rank) > 0:
+            held.extend(_unpack(self.channel.get(key=rank)))
+        return [held.popleft() for _ in range(min(limit, len(held)))]
 
     def close(self) -> None:
         """End the stream (consumers blocked on it get ``ChannelClosed``)."""

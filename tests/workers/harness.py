@@ -32,6 +32,10 @@ class MemoryStream:
     def put(self, item: Any) -> None:
         self.queues[self.key(item.slot)].append(item)
 
+    def put_many(self, items: Any) -> None:
+        for item in items:
+            self.put(item)
+
     def take(self, rank: int, count: int) -> list[Any]:
         q = self.queues[rank]
         assert len(q) >= count, f"stream has {len(q)} items for rank {rank}, {count} wanted (would block)"

@@ -44,3 +44,36 @@ def test_take_ready_returns_what_is_queued_up_to_the_limit(stream):
 def test_a_stream_needs_a_consumer():
     with pytest.raises(ValueError, match="at least one consumer"):
         GroupStream(None, 0)  # type: ignore[arg-type]
+
+
+def test_put_many_bundles_per_rank_and_takes_of_any_size_get_every_item_once(stream):
+    # 12 items of one iteration, sent in uneven bundles: rank 0 gets slots 0, 3, 6, 9.
+    stream.put_many([Item(0, s) for s in range(5)])      # rank 0: [0, 3]
+    stream.put_many([Item(0, s) for s in range(5, 8)])   # rank 0: [6]
+    stream.put_many([Item(0, s) for s in range(8, 12)])  # rank 0: [9]
+    assert stream.channel.qsize(key=0) == 3              # one channel item per put_many and rank
+    # Takes that cut bundles: 1, then 2 (the rest of [0, 3] plus [6]), then 1.
+    got = [stream.take(0, 1), stream.take(0, 2), stream.take(0, 1)]
+    assert [[i.slot for i in part] for part in got] == [[0], [3, 6], [9]]
+    assert [i.slot for i in stream.take_ready(1, 2)] == [1, 4]
+    assert [i.slot for i in stream.take_ready(1, 5)] == [7, 10]
+    assert [i.slot for i in stream.take(2, 4)] == [2, 5, 8, 11]
+    assert all(stream.channel.qsize(key=r) == 0 for r in range(3))
+
+
+def test_a_take_ready_limit_below_a_bundle_keeps_the_rest_for_the_next_take(stream):
+    stream.put_many([Item(0, s) for s in (0, 3, 6, 9, 12)])
+    assert [i.slot for i in stream.take_ready(0, 2)] == [0, 3]
+    stream.put(Item(0, 15))
+    assert [i.slot for i in stream.take_ready(0, 2)] == [6, 9]
+    assert [i.slot for i in stream.take(0, 2)] == [12, 15]
+
+
+def test_a_copy_of_a_stream_starts_without_the_items_another_process_holds(stream):
+    import pickle
+
+    stream.put_many([Item(0, s) for s in (0, 3)])
+    assert [i.slot for i in stream.take_ready(0, 1)] == [0]
+    copy = pickle.loads(pickle.dumps(stream))
+    assert copy.consumers == 3 and copy.name == stream.name and not copy._held[0]
+    assert [i.slot for i in stream.take(0, 1)] == [3]
