@@ -43,7 +43,11 @@ class DataParallelStrategy:
                     dist.broadcast(tensor.data, src=0)
 
     def parameters(self) -> Iterator[nn.Parameter]:
-        return (p for p in self.module.parameters() if p.requires_grad)
+        # Listed once: walking the module tree costs more than a small model's optimizer step.
+        # The optimizer is built over this same list, so later requires_grad changes are ignored.
+        if not hasattr(self, "_trainable"):
+            self._trainable = [p for p in self.module.parameters() if p.requires_grad]
+        return iter(self._trainable)
 
     def accumulate(self, last: bool) -> AbstractContextManager[None]:
         del last  # reduction happens in reduce_gradients, never inside backward
@@ -63,8 +67,7 @@ class DataParallelStrategy:
                     g.copy_(flat[offset : offset + g.numel()].view_as(g))
                     offset += g.numel()
         if scale != 1.0:
-            for p in params:
-                p.grad.mul_(scale)
+            torch._foreach_mul_([p.grad for p in params], scale)  # one call, not one op per tensor
 
     def _buckets(self, grads: list[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
         bucket: list[torch.Tensor] = []
