@@ -144,6 +144,25 @@ def _project(x: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Te
     return tuple(F.linear(x, w, b) for w, b in zip(weights, biases))
 
 
+def _attention_inputs(x: torch.Tensor, w: _Layer, s: _Shape, cos: torch.Tensor,
+                      sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rotated queries (B, H, T, D), rotated keys and values (B, KV, T, D) of normed x (B, T, hidden)."""
+    b, t, _ = x.shape
+    heads, kv, d = s.num_heads, s.num_kv_heads, s.head_dim
+    if len(w.qkv) == 1:
+        # Fused: queries and keys are adjacent columns, so one rotation covers both.
+        qkv = F.linear(x, w.qkv[0], w.qkv_bias[0])
+        qk = _rotate(qkv[..., : (heads + kv) * d].view(b, t, heads + kv, d), cos, sin)
+        q, k = qk[:, :, :heads], qk[:, :, heads:]
+        v = qkv[..., (heads + kv) * d :].view(b, t, kv, d)
+    else:
+        q, k, v = _project(x, w.qkv, w.qkv_bias, s.qkv_sizes)
+        q = _rotate(q.view(b, t, heads, d), cos, sin)
+        k = _rotate(k.view(b, t, kv, d), cos, sin)
+        v = v.view(b, t, kv, d)
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if x.dtype == torch.float32:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
@@ -152,7 +171,7 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of x (B, heads, T, D) with cos/sin (B, 1, T, D) (HF's rotate_half convention)."""
+    """Rotary embedding of x (B, T, heads, D) with cos/sin (B, T, 1, D) (HF's rotate_half convention)."""
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
@@ -168,14 +187,11 @@ def _rope_table(inv_freq: torch.Tensor, positions: torch.Tensor,
 def _decoder_layer(h: torch.Tensor, w: _Layer, s: _Shape, cos: torch.Tensor, sin: torch.Tensor,
                    mask: torch.Tensor | None, cache: tuple[torch.Tensor, torch.Tensor] | None = None,
                    start: int = 0, dropout_p: float = 0.0) -> torch.Tensor:
-    """One pre-norm block on h (B, T, hidden). With `cache` (keys, values (B, KV, Lmax, D)) the new keys
-    and values are written at [start, start + T) and attention runs over [0, start + T)."""
+    """One pre-norm block on h (B, T, hidden); `mask` (B, 1, T, S) bool (True: attend) or additive float.
+    With `cache` (keys, values (B, KV, Lmax, D)) the new keys and values are written at [start, start + T)
+    and attention runs over [0, start + T)."""
     b, t, _ = h.shape
-    x = _rms_norm(h, w.input_norm, s.eps)
-    q, k, v = _project(x, w.qkv, w.qkv_bias, s.qkv_sizes)
-    q = _rotate(q.view(b, t, s.num_heads, s.head_dim).transpose(1, 2), cos, sin)  # (B, H, T, D)
-    k = _rotate(k.view(b, t, s.num_kv_heads, s.head_dim).transpose(1, 2), cos, sin)  # (B, KV, T, D)
-    v = v.view(b, t, s.num_kv_heads, s.head_dim).transpose(1, 2)
+    q, k, v = _attention_inputs(_rms_norm(h, w.input_norm, s.eps), w, s, cos, sin)
     if cache is not None:
         keys, values = cache
         keys[:, :, start : start + t] = k
@@ -224,7 +240,7 @@ def lean_logits(
     mask = None if attention_mask is None else _padded_causal_mask(attention_mask)
     h = F.embedding(input_ids, base.embed_tokens.weight, s.padding_idx)
     cos, sin = _rope_table(base.rotary_emb.inv_freq, position_ids, h.dtype)
-    cos, sin = cos[:, None], sin[:, None]  # (B, 1, L, D): one table for all heads
+    cos, sin = cos[:, :, None], sin[:, :, None]  # (B, L, 1, D): one table for all heads
     dropout = s.attention_dropout if model.training else 0.0
     for layer in base.layers:
         h = _decoder_layer(h, _layer(layer, fused=False), s, cos, sin, mask, dropout_p=dropout)
@@ -241,8 +257,8 @@ class DecodeState:
     """(layers, B, KV, Lmax, D) cached keys; slots [0, length) are filled."""
     values: torch.Tensor
     """(layers, B, KV, Lmax, D) cached values."""
-    key_mask: torch.Tensor
-    """(B, 1, 1, Lmax) bool: which cache slots hold real tokens (prompt padding does not)."""
+    key_bias: torch.Tensor
+    """(B, 1, 1, Lmax) attention bias of each cache slot: 0 for real tokens, -inf for padding and empty slots."""
     next_position: torch.Tensor
     """(B, 1) position id of each row's next token."""
     length: int
@@ -252,11 +268,11 @@ class DecodeState:
     sin: torch.Tensor
     """(P, D) rotary sin."""
 
-    def keep(self, rows: torch.Tensor) -> None:
-        """Keep only the given rows (B',) of the batch, in that order (drop finished ones)."""
+    def select(self, rows: torch.Tensor) -> None:
+        """Make the batch the given rows (B',) of it, in that order: drop finished rows, or repeat rows."""
         self.keys = self.keys.index_select(1, rows)
         self.values = self.values.index_select(1, rows)
-        self.key_mask = self.key_mask.index_select(0, rows)
+        self.key_bias = self.key_bias.index_select(0, rows)
         self.next_position = self.next_position.index_select(0, rows)
 
 
@@ -305,7 +321,7 @@ class LeanLM:
         """Logits (B, V) of the last of input_ids (B, T), appended to the cache at state.length."""
         base, s = self.model.model, self.shape
         h = F.embedding(input_ids, base.embed_tokens.weight)
-        cos, sin = state.cos[positions][:, None], state.sin[positions][:, None]  # (B, 1, T, D)
+        cos, sin = state.cos[positions][:, :, None], state.sin[positions][:, :, None]  # (B, T, 1, D)
         for i, w in enumerate(self._layers):
             h = _decoder_layer(h, w, s, cos, sin, mask, (state.keys[i], state.values[i]), state.length)
         state.length += input_ids.shape[1]
@@ -313,31 +329,38 @@ class LeanLM:
                         self.model.lm_head.bias)
 
     @torch.no_grad()
-    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                max_new_tokens: int) -> tuple[torch.Tensor, DecodeState]:
-        """Run left-padded prompts (B, Lp) through the model: logits (B, V) of the next token, and the state
-        to `decode` with, which has room for `max_new_tokens` more tokens."""
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
+                repeats: int = 1) -> tuple[torch.Tensor, DecodeState]:
+        """Run left-padded prompts (B, Lp) through the model: logits (B * repeats, V) of the next token, and
+        the state to `decode` with, which has room for `max_new_tokens` more tokens. With `repeats` > 1
+        every prompt stands for that many consecutive rows (samples of one prompt): it runs once and its
+        cache is copied."""
         if self.stale:
             self.refresh()
         b, lp = input_ids.shape
         s, dtype, device = self.shape, self.model.model.embed_tokens.weight.dtype, input_ids.device
         cache = (len(self._layers), b, s.num_kv_heads, lp + max_new_tokens, s.head_dim)
-        key_mask = torch.zeros(b, 1, 1, lp + max_new_tokens, dtype=torch.bool, device=device)
-        key_mask[:, 0, 0, :lp] = attention_mask.bool()
+        # An additive bias, not a bool mask: the attention kernel would convert a bool mask every step.
+        key_bias = torch.full((b, 1, 1, lp + max_new_tokens), float("-inf"), dtype=dtype, device=device)
+        key_bias[:, 0, 0, :lp].masked_fill_(attention_mask.bool(), 0.0)
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         table = torch.arange(lp + max_new_tokens, device=device)
         cos, sin = _rope_table(self.model.model.rotary_emb.inv_freq, table, dtype)
         state = DecodeState(
             keys=torch.empty(cache, dtype=dtype, device=device), values=torch.empty(cache, dtype=dtype, device=device),
-            key_mask=key_mask, next_position=positions[:, -1:] + 1, length=0, cos=cos, sin=sin,
+            key_bias=key_bias, next_position=positions[:, -1:] + 1, length=0, cos=cos, sin=sin,
         )
         logits = self._forward(input_ids, positions, state, _padded_causal_mask(attention_mask))
+        if repeats > 1:
+            rows = torch.arange(b, device=device).repeat_interleave(repeats)
+            state.select(rows)
+            logits = logits.index_select(0, rows)
         return logits, state
 
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor, state: DecodeState) -> torch.Tensor:
         """Append one token per row, tokens (B,); logits (B, V) of the token after it."""
-        state.key_mask[:, :, :, state.length] = True
+        state.key_bias[:, :, :, state.length] = 0.0
         positions = state.next_position
         state.next_position = positions + 1
-        return self._forward(tokens[:, None], positions, state, state.key_mask[..., : state.length + 1])
+        return self._forward(tokens[:, None], positions, state, state.key_bias[..., : state.length + 1])

@@ -42,7 +42,8 @@ class SamplingConfig:
 class RolloutConfig:
     """The rollout workers: generation of n responses per prompt."""
 
-    backend: str = option("hf", "generation backend: 'hf' (CPU or GPU) or 'vllm' (CUDA)")
+    backend: str = option(
+        "hf", "generation backend: 'hf' (CPU or GPU), 'lean' (small Qwen2/Llama models on a CPU) or 'vllm' (CUDA)")
     sampling: SamplingConfig = option(SamplingConfig(), "sampling parameters")
     prompts_per_chunk: int | None = option(
         None, "prompts per generate call; a chunk's groups go downstream as soon as it ends (None: all at once)")

@@ -121,12 +121,25 @@ def test_dropping_rows_keeps_the_others_going():
     lean = LeanLM.from_hf(model)
     logits, state = lean.prefill(ids, mask, max_new_tokens=2)
     token = logits.argmax(-1)
-    state.keep(torch.tensor([1]))
+    state.select(torch.tensor([1]))
     got = lean.decode(token[1:], state)
     full = torch.cat([ids[1:], token[1:, None]], 1)
     full_mask = torch.cat([mask[1:], torch.ones(1, 1, dtype=torch.long)], 1)
     with torch.no_grad():
         torch.testing.assert_close(got, _hf_logits(model, full, full_mask)[:, -1], rtol=0, atol=1e-5)
+
+
+def test_repeated_prompts_are_prefilled_once_and_decode_as_copies():
+    model = _model(arch="llama")
+    ids, mask = _batch(seed=4)
+    ids, mask = ids[:2], mask[:2]
+    lean = LeanLM.from_hf(model)
+    once, state = lean.prefill(ids, mask, max_new_tokens=2, repeats=3)
+    full, full_state = lean.prefill(ids.repeat_interleave(3, 0), mask.repeat_interleave(3, 0), max_new_tokens=2)
+    assert once.shape == (6, VOCAB)
+    torch.testing.assert_close(once, full, rtol=0, atol=1e-6)
+    tokens = torch.arange(6) + 1  # different continuations of the copies
+    torch.testing.assert_close(lean.decode(tokens, state), lean.decode(tokens, full_state), rtol=0, atol=1e-6)
 
 
 def test_fused_weights_follow_in_place_updates():

@@ -12,9 +12,9 @@ from tests.workers.harness import MemoryStream, local_worker
 PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [6]]
 
 
-def _generate(ckpt: str, step: int, seed: int = 0, chunk: int | None = None, n: int = 3):
+def _generate(ckpt: str, step: int, seed: int = 0, chunk: int | None = None, n: int = 3, backend: str = "hf"):
     prompts, out = MemoryStream(), MemoryStream()
-    cfg = RolloutConfig(sampling=SamplingConfig(n=n, max_new_tokens=5), prompts_per_chunk=chunk)
+    cfg = RolloutConfig(backend=backend, sampling=SamplingConfig(n=n, max_new_tokens=5), prompts_per_chunk=chunk)
     worker = local_worker(RolloutWorker, ckpt, cfg, prompts, out, seed=seed)
     for slot, ids in enumerate(PROMPTS):
         prompts.put(PromptTask(step, slot, 100 + slot, ids, str(slot)))
@@ -42,6 +42,16 @@ def test_sampling_depends_on_seed_and_step_only(tiny_ckpt):
     b, _ = _generate(tiny_ckpt, step=3, seed=1)
     c, _ = _generate(tiny_ckpt, step=4, seed=1)
     assert ids(a) == ids(b) and ids(a) != ids(c)
+
+
+def test_the_lean_backend_draws_the_hf_backends_groups(tiny_ckpt):
+    hf, hf_metrics = _generate(tiny_ckpt, step=2, seed=1, chunk=3)
+    lean, lean_metrics = _generate(tiny_ckpt, step=2, seed=1, chunk=3, backend="lean")
+    assert [(g.slot, g.texts, g.batch.response_ids.tolist()) for g in lean] == [
+        (g.slot, g.texts, g.batch.response_ids.tolist()) for g in hf]
+    for g, h in zip(lean, hf):
+        assert torch.allclose(g.batch.rollout_logprobs, h.batch.rollout_logprobs, atol=1e-5)
+    assert lean_metrics["rollout/tokens_count"] == hf_metrics["rollout/tokens_count"]
 
 
 def test_weights_digest_changes_with_the_weights(tiny_ckpt):

@@ -1,4 +1,5 @@
-"""Generation backends: `HFGenerationBackend` (CPU or GPU, HF generate) and `VLLMGenerationBackend` (CUDA, lazy)."""
+"""Generation backends: `HFGenerationBackend` (CPU or GPU, HF generate), `LeanGenerationBackend` (small
+Qwen2/Llama models, a lean decoding loop) and `VLLMGenerationBackend` (CUDA, lazy)."""
 
 from m2flow.backends.generation.base import (
     GenerationBackend,
@@ -9,11 +10,13 @@ from m2flow.backends.generation.base import (
     register_generation_backend,
 )
 from m2flow.backends.generation.hf import HFGenerationBackend
+from m2flow.backends.generation.lean import LeanGenerationBackend
 from m2flow.backends.generation.vllm import VLLMGenerationBackend, vllm_available
 
 __all__ = [
     "GenerationBackend",
     "HFGenerationBackend",
+    "LeanGenerationBackend",
     "Response",
     "ResponseGroup",
     "SamplingParams",

@@ -187,11 +187,26 @@ class HFGenerationBackend:
             sequences = self.model.generate(**kwargs)
         generated = sequences[:, prompt_len:].cpu()
         logprobs = recorder.finish(sequences).cpu()
+        stopped_at = stopper.stopped_at if stopper is not None else None
+        return self._groups(prompts, first_index, params, generated, logprobs, stopped_at)
+
+    def _groups(
+        self,
+        prompts: Sequence[Sequence[int]],
+        first_index: int,
+        params: SamplingParams,
+        generated: torch.Tensor,
+        logprobs: torch.Tensor,
+        stopped_at: Sequence[int] | None,
+    ) -> list[ResponseGroup]:
+        """Groups from prompt-major rows: generated ids and their log-probs (B, T), and per row the token
+        count at which a stop string completed (0: never; None: no stop strings)."""
+        n = params.n
         groups: list[ResponseGroup] = []
         for p, prompt in enumerate(prompts):
             responses = []
             for row in range(p * n, (p + 1) * n):
-                stop_len = stopper.stopped_at[row] if stopper is not None else 0
+                stop_len = stopped_at[row] if stopped_at is not None else 0
                 responses.append(self._cut(generated[row], logprobs[row], stop_len, params.stop))
             groups.append(ResponseGroup(prompt_index=first_index + p, prompt_ids=list(prompt), responses=responses))
         return groups

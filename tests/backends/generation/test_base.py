@@ -16,7 +16,7 @@ def test_sampling_params_validate():
 
 
 def test_registry_fails_loudly(ckpt):
-    with pytest.raises(ValueError, match=r"unknown generation backend 'tgi'; valid: \['hf', 'vllm'\]"):
+    with pytest.raises(ValueError, match=r"unknown generation backend 'tgi'; valid: \['hf', 'lean', 'vllm'\]"):
         create_generation_backend("tgi", str(ckpt))
     with pytest.raises(ValueError, match="already registered"):
         register_generation_backend("hf")(HFGenerationBackend)
