@@ -35,7 +35,6 @@ from m2flow.envs import EnvConfig
 from m2flow.runners.embodied_config import COMPONENTS, EmbodiedConfig
 from m2flow.runtime import Cluster, GroupHandle
 from m2flow.runtime.launch import launch_groups
-from m2flow.runtime.placement import ComponentPlacement
 from m2flow.runtime.trace import ProcessInfo, configure_tracer, get_tracer, merge_traces, prepare_trace_dir
 from m2flow.workers.embodied.messages import InteractStats
 
@@ -112,12 +111,6 @@ def _spaces(env: EnvConfig) -> tuple[Any, Any]:
         probe.close()
 
 
-def _same_devices(a: ComponentPlacement, b: ComponentPlacement) -> bool:
-    """Rank by rank, the two components sit on the same devices of the same nodes."""
-    return a.world_size == b.world_size and all(
-        (x.node_rank, x.local_devices) == (y.node_rank, y.local_devices) for x, y in zip(a.ranks, b.ranks))
-
-
 class EmbodiedFlow:
     """The launched system of one run: env, rollout and actor groups, and the run's counters."""
 
@@ -130,7 +123,7 @@ class EmbodiedFlow:
         self.run_dir = Path(cfg.run_dir)
         plan = cluster.placement(cfg.placement, components=COMPONENTS)
         self.mode = plan.mode
-        self.fused = cfg.rollout.fuse_with_env and _same_devices(plan["env"], plan["rollout"])
+        self.fused = cfg.rollout.fuse_with_env and plan["env"].same_devices(plan["rollout"])
         rid = uuid.uuid4().hex[:8]
         self.names = {c: f"{c}-{rid}" for c in COMPONENTS}
         ranks = {c: plan[c].world_size for c in COMPONENTS}

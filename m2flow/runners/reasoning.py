@@ -68,7 +68,7 @@ def train_loop(flow: ReasoningFlow, loader: PromptDataLoader, start: int, steps:
             metrics = flow.finish(
                 syncing,                                             # each worker loads, then goes on
                 rollout=flow.rollout.generate(step, slots),          # emits each group when done
-                reward=flow.reward.score(step, slots),               # scores what is ready
+                reward=flow.score(step, slots),                      # scores what is ready (or fused)
                 inference=flow.log_probs(step, slots),               # old / reference log-probs, if any
                 actor=flow.actor.train(step, slots),                 # trains on micro-batches as they come
             )
@@ -124,25 +124,28 @@ class ReasoningFlow:
         ranks = {c: plan[c].world_size for c in COMPONENTS}
         # One stream per edge of the workflow; each routes a group to rank slot % (consumer ranks).
         self.prompts = GroupStream.create(f"prompts-{rid}", ranks["rollout"])
-        responses = GroupStream.create(f"responses-{rid}", ranks["reward"])
         ready = GroupStream.create(f"ready-{rid}", ranks["actor"])
         # Inference runs only when it has log-probs to compute; otherwise scored groups go straight
         # to the actor, one hop (a serialisation and a wake-up per group) fewer.
         algo = cfg.algorithm
         self.infers = algo.old_logprobs == "inference" or algo.needs_reference
         scored = GroupStream.create(f"scored-{rid}", ranks["inference"]) if self.infers else ready
-        self.streams = [self.prompts, responses, scored] + ([ready] if self.infers else [])
+        # Reward on the rollout's own devices scores inside the rollout process: one hop fewer again.
+        self.reward_fused = cfg.reward.fuse_with_rollout and plan["reward"].same_devices(plan["rollout"])
+        responses = scored if self.reward_fused else GroupStream.create(f"responses-{rid}", ranks["reward"])
+        self.streams = list({id(s): s for s in (self.prompts, responses, scored, ready)}.values())
         n = cfg.rollout.sampling.n
         temperature = cfg.rollout.sampling.temperature
         holders = ["rollout", "actor"] + (["inference"] if self.infers else [])
         shares = {c: _shares_devices(plan, c, holders) for c in COMPONENTS}
         path = str(model_path)
+        scoring = {"max_new_tokens": cfg.rollout.sampling.max_new_tokens, "dynamic_sampling": algo.dynamic_sampling}
+        fused_scorer = {"cfg": cfg.reward, **scoring} if self.reward_fused else None
         specs: dict[str, tuple[type, tuple, dict, int]] = {
             "rollout": (RolloutWorker, (path, cfg.rollout, self.prompts, responses),
-                        {"seed": cfg.seed, "shares_devices": shares["rollout"]}, cfg.rollout.num_threads),
-            "reward": (RewardWorker, (cfg.reward, responses, scored),
-                       {"max_new_tokens": cfg.rollout.sampling.max_new_tokens,
-                        "dynamic_sampling": cfg.algorithm.dynamic_sampling}, cfg.reward.num_threads),
+                        {"seed": cfg.seed, "shares_devices": shares["rollout"], "scorer": fused_scorer},
+                        cfg.rollout.num_threads),
+            "reward": (RewardWorker, (cfg.reward, responses, scored), scoring, cfg.reward.num_threads),
             "inference": (InferenceWorker, (path, cfg.inference, cfg.algorithm, temperature, n, scored, ready),
                           {"shares_devices": shares["inference"]}, cfg.inference.num_threads),
             "actor": (ActorWorker, (path, cfg.actor, cfg.algorithm, temperature, n, ready),
@@ -151,14 +154,18 @@ class ReasoningFlow:
         }
         if not self.infers:
             del specs["inference"]
+        if self.reward_fused:
+            del specs["reward"]
         self.names = {c: f"{c}-{rid}" for c in COMPONENTS}
         groups = launch_groups(cluster, self.names, plan, specs, self.run_dir / "logs", trace_dir)
-        self.rollout, self.reward, self.actor = groups["rollout"], groups["reward"], groups["actor"]
+        self.rollout, self.actor = groups["rollout"], groups["actor"]
+        self.reward: WorkerGroup | None = groups.get("reward")
         self.inference: WorkerGroup | None = groups.get("inference")
         self.weight_targets = [(self.names["rollout"], list(range(ranks["rollout"])))]
         if self.inference is not None and self.inference.wants_weights(ranks=[0]).wait()[0]:
             self.weight_targets.append((self.names["inference"], list(range(ranks["inference"]))))
-        log.info("launched %s: %s", self.mode, ", ".join(f"{c} x{ranks[c]}" for c in COMPONENTS))
+        log.info("launched %s: %s%s", self.mode, ", ".join(f"{c} x{ranks[c]}" for c in groups),
+                 " (reward scored in the rollout processes)" if self.reward_fused else "")
 
     # -- the named steps of the loop ---------------------------------------------------------
     def sync_weights(self) -> list[GroupHandle]:
@@ -173,6 +180,10 @@ class ReasoningFlow:
             assert self.inference is not None
             receivers.append(self.inference.receive_weights(self.names["actor"], 0))
         return [self.actor.send_weights(self.weight_targets), *receivers]
+
+    def score(self, step: int, slots: int) -> GroupHandle | None:
+        """The reward workers' scoring of the iteration (None: the rollout scores, fused)."""
+        return self.reward.score(step, slots) if self.reward is not None else None
 
     def log_probs(self, step: int, slots: int) -> GroupHandle | None:
         """Inference's old-policy / reference log-probs for the iteration (None: nothing to compute)."""

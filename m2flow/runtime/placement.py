@@ -109,6 +109,11 @@ class ComponentPlacement:
         """The (node_rank, local_device) pairs this component occupies."""
         return frozenset((r.node_rank, d) for r in self.ranks for d in r.local_devices)
 
+    def same_devices(self, other: ComponentPlacement) -> bool:
+        """Rank by rank, the two components sit on the same devices of the same nodes."""
+        return self.world_size == other.world_size and all(
+            (x.node_rank, x.local_devices) == (y.node_rank, y.local_devices) for x, y in zip(self.ranks, other.ranks))
+
 
 @dataclass(frozen=True)
 class PlacementPlan:

@@ -67,6 +67,9 @@ class RewardConfig:
         None, "DAPO overlong shaping: the penalty ramps up over the last this-many tokens before max_new_tokens")
     overlong_penalty: float = option(1.0, "the overlong penalty at max_new_tokens")
     num_threads: int = option(1, "torch threads of each reward rank")
+    fuse_with_rollout: bool = option(
+        True, "when reward and rollout ranks sit on the same devices, score in the rollout process: no reward "
+              "workers, and each group goes from generation to the next stage in one hop")
 
     def validate(self) -> None:
         if self.timeout_s <= 0:

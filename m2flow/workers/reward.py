@@ -32,57 +32,60 @@ def build_reward_fn(cfg: RewardConfig, pool: SandboxPool | None = None) -> Rewar
     return load_reward_fn(cfg.fn)
 
 
-class RewardWorker(Worker):
-    """Scores the groups routed to this rank and sends them on."""
+class GroupScorer:
+    """The reward of every response of a group, DAPO's shaping and filter, and the metrics of it all.
 
-    def __init__(self, cfg: RewardConfig, responses: GroupStream, scored: GroupStream,
-                 *, max_new_tokens: int, dynamic_sampling: bool = False) -> None:
+    Used by ``RewardWorker`` and, when reward and rollout share their devices, by the rollout worker
+    itself (``reward.fuse_with_rollout``).
+    """
+
+    def __init__(self, cfg: RewardConfig, *, max_new_tokens: int, dynamic_sampling: bool = False) -> None:
         self.cfg = cfg
-        self.inp = responses
-        self.out = scored
         self.max_new_tokens = max_new_tokens
         self.dynamic_sampling = dynamic_sampling
         self.fn = build_reward_fn(cfg)
+        self.reset()
 
-    @trace_category("reward")
-    def score(self, step: int, num_slots: int) -> dict[str, float]:
-        """Score this rank's groups of iteration ``step``; returns reward metrics."""
-        remaining = self.inp.expected(self.rank, num_slots)
-        raw_all: list[float] = []
-        final_all: list[float] = []
-        dropped = 0
-        busy = 0.0
-        while remaining:
-            groups: list[GroupSample] = self.inp.take_ready(self.rank, remaining)
-            remaining -= len(groups)
-            t0 = time.perf_counter()
-            with self.tracer.span("reward", cat="reward", step=step, groups=len(groups)):
-                texts = [t for g in groups for t in g.texts]
-                refs = [g.answer or "" for g in groups for _ in g.texts]
-                raw = torch.tensor(self.fn(texts, refs), dtype=torch.float32)
-                final = raw + self._shaping(groups)
-            busy += time.perf_counter() - t0
-            row = 0
-            for g in groups:
-                g.batch.rewards = final[row : row + g.size].clone()
-                row += g.size
-                if self.dynamic_sampling and bool((g.batch.rewards == g.batch.rewards[0]).all()):
-                    g.dropped = True
-                    dropped += 1
-            self.out.put_many(groups)
-            raw_all.extend(raw.tolist())
-            final_all.extend(final.tolist())
+    def reset(self) -> None:
+        """Start the counts of a new iteration."""
+        self.raw: list[float] = []
+        self.final: list[float] = []
+        self.dropped = 0
+        self.busy = 0.0
+
+    def score(self, groups: list[GroupSample]) -> None:
+        """Set ``batch.rewards`` of each group (and ``dropped`` under dynamic sampling)."""
+        if not groups:
+            return
+        t0 = time.perf_counter()
+        texts = [t for g in groups for t in g.texts]
+        refs = [g.answer or "" for g in groups for _ in g.texts]
+        raw = torch.tensor(self.fn(texts, refs), dtype=torch.float32)
+        final = raw + self._shaping(groups)
+        row = 0
+        for g in groups:
+            g.batch.rewards = final[row : row + g.size].clone()
+            row += g.size
+            if self.dynamic_sampling and bool((g.batch.rewards == g.batch.rewards[0]).all()):
+                g.dropped = True
+                self.dropped += 1
+        self.raw.extend(raw.tolist())
+        self.final.extend(final.tolist())
+        self.busy += time.perf_counter() - t0
+
+    def metrics(self) -> dict[str, float]:
+        """Reward metrics of what was scored since ``reset``."""
         stats = self.fn.pop_stats()
-        n = max(1, len(raw_all))
+        n = max(1, len(self.raw))
         return {
-            "reward/mean": sum(final_all) / n,
-            "reward/score_mean": sum(raw_all) / n,
-            "reward/solved_frac": sum(1.0 for r in raw_all if r >= 1.0) / n,
-            "reward/dropped_groups_count": float(dropped),
+            "reward/mean": sum(self.final) / n,
+            "reward/score_mean": sum(self.raw) / n,
+            "reward/solved_frac": sum(1.0 for r in self.raw if r >= 1.0) / n,
+            "reward/dropped_groups_count": float(self.dropped),
             "reward/timeouts_count": float(stats.timeouts),
             "reward/errors_count": float(stats.errors + stats.crashes),
-            "time/reward": busy,
-            WEIGHT_KEY: float(len(raw_all)),
+            "time/reward": self.busy,
+            WEIGHT_KEY: float(len(self.raw)),
         }
 
     def _shaping(self, groups: list[GroupSample]) -> torch.Tensor:
@@ -93,3 +96,26 @@ class RewardWorker(Worker):
         return overlong_penalty(lengths, max_length=self.max_new_tokens,
                                 buffer_length=min(self.cfg.overlong_buffer, self.max_new_tokens),
                                 penalty=self.cfg.overlong_penalty).float()
+
+
+class RewardWorker(Worker):
+    """Scores the groups routed to this rank and sends them on."""
+
+    def __init__(self, cfg: RewardConfig, responses: GroupStream, scored: GroupStream,
+                 *, max_new_tokens: int, dynamic_sampling: bool = False) -> None:
+        self.inp = responses
+        self.out = scored
+        self.scorer = GroupScorer(cfg, max_new_tokens=max_new_tokens, dynamic_sampling=dynamic_sampling)
+
+    @trace_category("reward")
+    def score(self, step: int, num_slots: int) -> dict[str, float]:
+        """Score this rank's groups of iteration ``step``; returns reward metrics."""
+        remaining = self.inp.expected(self.rank, num_slots)
+        self.scorer.reset()
+        while remaining:
+            groups: list[GroupSample] = self.inp.take_ready(self.rank, remaining)
+            remaining -= len(groups)
+            with self.tracer.span("reward", cat="reward", step=step, groups=len(groups)):
+                self.scorer.score(groups)
+            self.out.put_many(groups)
+        return self.scorer.metrics()

@@ -20,6 +20,7 @@ from m2flow.runtime.trace import trace_category
 from m2flow.workers.common import ReasoningWorker, derive_seed, state_digest
 from m2flow.workers.config import RolloutConfig, torch_dtype
 from m2flow.workers.messages import GroupSample, PromptTask
+from m2flow.workers.reward import GroupScorer
 from m2flow.workers.stats import WEIGHT_KEY
 from m2flow.workers.streams import GroupStream
 
@@ -48,10 +49,12 @@ class RolloutWorker(ReasoningWorker):
     """Generates response groups for the prompts routed to this rank."""
 
     def __init__(self, model_path: str, cfg: RolloutConfig, prompts: GroupStream, responses: GroupStream,
-                 *, seed: int = 0, shares_devices: bool = False) -> None:
+                 *, seed: int = 0, shares_devices: bool = False, scorer: dict[str, Any] | None = None) -> None:
         self.cfg = cfg
         self.prompts = prompts
         self.responses = responses
+        # Reward fused into this process (``GroupScorer`` keyword arguments): groups leave scored.
+        self.scorer = GroupScorer(**scorer) if scorer is not None else None
         self.seed = seed
         self.shares_devices = shares_devices
         self.params = sampling_params(cfg)
@@ -107,6 +110,8 @@ class RolloutWorker(ReasoningWorker):
         """Generate the groups of this rank's prompts of iteration ``step``; returns rollout metrics."""
         tasks: list[PromptTask] = self.prompts.take(self.rank, self.prompts.expected(self.rank, num_slots))
         tasks.sort(key=lambda t: t.slot)
+        if self.scorer is not None:
+            self.scorer.reset()
         chunk = self.cfg.prompts_per_chunk or max(1, len(tasks))
         lengths: list[int] = []
         truncated = 0
@@ -128,9 +133,13 @@ class RolloutWorker(ReasoningWorker):
                 samples.append(GroupSample(step, task.slot, task.index, task.answer, texts, batch))
                 lengths.extend(len(r.token_ids) for r in group.responses)
                 truncated += sum(r.finish_reason == "length" for r in group.responses)
-            self.responses.put_many(samples)  # the chunk's groups: one message per reward rank
+            if self.scorer is not None:
+                with self.tracer.span("reward", cat="reward", step=step, groups=len(samples)):
+                    self.scorer.score(samples)
+            self.responses.put_many(samples)  # the chunk's groups: one message per next-stage rank
         n = max(1, len(lengths))
-        return {
+        metrics = self.scorer.metrics() if self.scorer is not None else {}
+        return metrics | {
             "rollout/response_length": sum(lengths) / n,
             "rollout/response_length_max": float(max(lengths, default=0)),
             "rollout/truncated_frac": truncated / n,

@@ -23,6 +23,7 @@ def collocated(tmp_path_factory):
     with ReasoningRun(cfg, shared_cluster()) as run:
         result = run.train()
         received = run.flow.actor.received_groups().wait()
+        assert run.flow.reward is None  # reward on rollout's device: scored in the rollout process
     return root, cfg, result, received
 
 
@@ -45,14 +46,17 @@ def test_every_group_of_every_iteration_is_trained_exactly_once(collocated):
         assert len({index for step, _, index, _ in groups if step == s}) == 8
 
 
-def test_without_log_probs_to_compute_scored_groups_go_straight_to_the_actor(tmp_path):
+@pytest.mark.parametrize("fuse_reward", [True, False])
+def test_without_log_probs_to_compute_scored_groups_go_straight_to_the_actor(tmp_path, fuse_reward):
     # The actor's own forward gives the old log-probs and there is no KL term: inference has nothing
-    # to do, so it is not started, and every group still reaches the actor once.
+    # to do, so it is not started, and every group still reaches the actor once. Reward shares the
+    # rollout's device: fused, the rollout scores and sends to the actor; if not, reward workers do.
     cfg = toy_config(tmp_path, "rollout,reward,inference: 0, actor: 1", steps=2,
-                     algorithm={"old_logprobs": "actor"}, rollout={"prompts_per_chunk": 4})
+                     algorithm={"old_logprobs": "actor"}, rollout={"prompts_per_chunk": 4},
+                     reward={"fuse_with_rollout": fuse_reward})
     with ReasoningRun(cfg, shared_cluster()) as run:
         result = run.train()
-        assert run.flow.inference is None
+        assert run.flow.inference is None and (run.flow.reward is None) == fuse_reward
         (groups,) = run.flow.actor.received_groups().wait()
     assert sorted((step, slot) for step, slot, _, _ in groups) == [(s, k) for s in range(2) for k in range(8)]
     assert all("time/inference" not in h and h["rollout/responses_count"] == 64 for h in result.history)

@@ -30,7 +30,10 @@ def test_grpo_learns_and_weight_sync_is_bit_exact(tmp_path, mode):
         rollout = flow.rollout.weights_digest().wait()
         inference = flow.inference.weights_digest().wait()
         received = flow.actor.received_groups().wait()
+        # Reward sharing rollout's devices scores in the rollout process; on its own device it has workers.
+        reward_workers = flow.reward is not None
     assert result.mode == mode
+    assert reward_workers == (mode == "disaggregated")
     assert improved(result.history), [h["reward/mean"] for h in result.history]
     assert rollout == [actor] and inference == [actor]
     # Two actor ranks: each group went to exactly one of them, and each rank got half of every iteration.

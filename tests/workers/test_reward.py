@@ -62,6 +62,6 @@ def test_math_reward_uses_the_configured_time_limit_and_timeouts_are_counted():
         return [0.0] * len(responses), VerifyStats(total=len(responses), sandboxed=1, timeouts=1)
 
     worker, out = _worker(RewardConfig(fn="math"), [_group(0, ["\\sqrt{8}", "2"], [3, 1], answer="2\\sqrt{2}")])
-    worker.fn = RewardFunction("math", RewardEntry(slow_checks, batched=True, returns_stats=True))
+    worker.scorer.fn = RewardFunction("math", RewardEntry(slow_checks, batched=True, returns_stats=True))
     m = worker.score(0, 1)
     assert m["reward/timeouts_count"] == 1 and out.take(0, 1)[0].batch.rewards.tolist() == [0.0, 0.0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from m2flow.workers.config import RolloutConfig, SamplingConfig
@@ -61,3 +62,24 @@ def test_weights_digest_changes_with_the_weights(tiny_ckpt):
     with torch.no_grad():
         next(worker.backend.model.parameters()).add_(1e-3)
     assert worker.weights_digest() != before
+
+
+def test_a_fused_scorer_sends_the_groups_on_scored_with_the_reward_metrics(tiny_ckpt):
+    from m2flow.workers.config import RewardConfig
+
+    prompts, out = MemoryStream(), MemoryStream()
+    cfg = RolloutConfig(sampling=SamplingConfig(n=3, max_new_tokens=5), prompts_per_chunk=3)
+    # The toy reward scores the fraction of '7' characters in a response.
+    scorer = {"cfg": RewardConfig(fn="tests.runners.toy_reward:target_fraction"), "max_new_tokens": 5}
+    worker = local_worker(RolloutWorker, tiny_ckpt, cfg, prompts, out, seed=0, scorer=scorer)
+    for step in (0, 1):
+        for slot, ids in enumerate(PROMPTS):
+            prompts.put(PromptTask(step, slot, 100 + slot, ids, str(slot)))
+        metrics = worker.generate(step, len(PROMPTS))
+        groups = out.take(0, len(PROMPTS))
+        rewards = [r for g in groups for r in g.batch.rewards.tolist()]
+        expected = [t.count("7") / max(1, len(t)) for g in groups for t in g.texts]
+        assert rewards == pytest.approx(expected)
+        # The iteration's metrics cover this iteration's 12 responses only.
+        assert metrics["_weight"] == 12 and metrics["reward/mean"] == pytest.approx(sum(expected) / 12)
+        assert metrics["rollout/responses_count"] == 12 and metrics["reward/dropped_groups_count"] == 0
