@@ -7,13 +7,15 @@ constant, so every step trains) and one AdamW update per rollout batch without a
 - ``trl``: TRL ``GRPOTrainer`` on CPU (its own virtual environment, ``--setup``);
 - ``bare``: a hand-written torch loop doing only that compute (the limit);
 - ``m2flow:PLAN``: the reasoning runner (``m2flow.runners.reasoning``) under each plan of ``PLANS``
-  (placement and micro-batching), one side per plan.
+  (placement and micro-batching), one side per plan; ``PLAN+lean`` is the same plan with the
+  ``lean`` generation backend instead of HF ``generate`` (``rollout.backend``).
 Each run is a fresh process that prints one JSON line; sides alternate (A B C A B C ...) for every
 thread count, figures are medians, and each side is compared at its own fastest thread setting.
 
     python benchmarks/g1_reasoning.py --setup              # TRL environment: benchmarks/.venvs/trl
     python benchmarks/g1_reasoning.py                      # 8 prompts x 4 samples x 16 tokens
     python benchmarks/g1_reasoning.py --plans collocated,disaggregated --threads 1,2 --trace-dir runs/g1
+    python benchmarks/g1_reasoning.py --plans collocated,collocated+lean,collocated_2dev+lean
 
 Writes ``benchmarks/results/g1.json`` (or ``--out``) and prints one summary line. With
 ``--trace-dir`` every runner run keeps its directory (trace included) for ``m2flow report DIR``.
@@ -90,6 +92,18 @@ class Side:
     unavailable: str | None = None
 
 
+BACKENDS = ("hf", "lean")
+
+
+def plan_and_backend(name: str) -> tuple[RunnerPlan, str]:
+    """``PLAN`` or ``PLAN+BACKEND`` -> the plan and the rollout's generation backend (default hf)."""
+    base, _, backend = name.partition("+")
+    if base not in PLANS or (backend or "hf") not in BACKENDS:
+        raise ValueError(f"unknown plan {name!r}; valid: PLAN or PLAN+BACKEND, PLAN in {list(PLANS)}, "
+                         f"BACKEND in {list(BACKENDS)}")
+    return PLANS[base], backend or "hf"
+
+
 def _trl_python() -> Path:
     return TRL_VENV / "bin" / "python"
 
@@ -103,7 +117,7 @@ def sides(workload: Path, threads: int, plans: list[str], trace_dir: Path | None
     out: dict[str, Side] = {}
     if M2FLOW_SIDE == "runner":
         for plan in plans:
-            limit = PLANS[plan].max_threads
+            limit = plan_and_backend(plan)[0].max_threads
             if limit is not None and threads > limit:
                 continue
             extra = ["--trace-dir", str(trace_dir)] if trace_dir else []
@@ -191,7 +205,7 @@ def _parity(response, answer: str) -> float:  # noqa: ANN001 - a Response; impor
 
 
 def runner_config(w: dict, threads: int, plan: RunnerPlan, run_dir: str, trace: bool = False,
-                  ray_address: str | None = None) -> Any:
+                  ray_address: str | None = None, backend: str = "hf") -> Any:
     """The reasoning runner's config for the workload under ``plan``, ``threads`` torch threads per busy worker."""
     from m2flow.config.convert import from_dict
     from m2flow.runners.reasoning_config import ReasoningConfig
@@ -203,7 +217,7 @@ def runner_config(w: dict, threads: int, plan: RunnerPlan, run_dir: str, trace: 
         "model": {"path": w["model_dir"]},
         "data": {"kind": "file", "path": w["prompts_file"], "prompts_per_step": p, "shuffle": False},
         "rollout": {"sampling": {"n": g, "temperature": w["temperature"], "max_new_tokens": w["max_new_tokens"]},
-                    "prompts_per_chunk": plan.prompts_per_chunk, "num_threads": threads},
+                    "prompts_per_chunk": plan.prompts_per_chunk, "num_threads": threads, "backend": backend},
         # Reward and inference do next to nothing here: one thread each keeps them off the busy cores.
         "reward": {"fn": f"{Path(__file__).stem}:parity_reward", "num_threads": 1},
         "inference": {"num_threads": 1},
@@ -226,12 +240,13 @@ def _runner_side(w: dict, threads: int, plan_name: str, trace_dir: str | None, r
     """
     from m2flow.runners.reasoning import train
 
-    plan = PLANS[plan_name]
+    plan, backend = plan_and_backend(plan_name)
     with tempfile.TemporaryDirectory(prefix="g1-m2flow-") as tmp:
         run_dir = tmp
         if trace_dir:
-            run_dir = str(Path(trace_dir) / f"{plan_name}-t{threads}-{time.strftime('%H%M%S')}")
-        cfg = runner_config(w, threads, plan, run_dir, trace=bool(trace_dir), ray_address=ray_address)
+            run_dir = str(Path(trace_dir) / f"{plan_name.replace('+', '-')}-t{threads}-{time.strftime('%H%M%S')}")
+        cfg = runner_config(w, threads, plan, run_dir, trace=bool(trace_dir), ray_address=ray_address,
+                            backend=backend)
         history = train(cfg).history[w["warmup_steps"]:]
     total = sum(h["time/step"] for h in history)
     completions = sum(h["perf/completions_per_s"] * h["time/step"] for h in history)
@@ -239,7 +254,7 @@ def _runner_side(w: dict, threads: int, plan_name: str, trace_dir: str | None, r
     return {
         "side": f"m2flow:{plan_name}", "implementation": f"reasoning runner, placement {plan.placement!r}",
         "plan": {"placement": plan.placement, "prompts_per_chunk": plan.prompts_per_chunk,
-                 "micro_batch_prompts": plan.micro_batch_prompts},
+                 "micro_batch_prompts": plan.micro_batch_prompts, "backend": backend},
         "run_dir": run_dir if trace_dir else None, "threads": threads, "steps": len(history), "seconds_per_step": total / len(history),
         "completions_per_s": completions / total, "tokens_per_s": tokens / total,
         "mean_completion_tokens": tokens / max(1.0, completions),
@@ -323,8 +338,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="runs of each side per thread count (A B C A B C ...)")
     ap.add_argument("--threads", default="1,2", help="comma-separated torch thread counts to try")
     ap.add_argument("--sides", default="m2flow,trl,bare", help="comma-separated sides (m2flow: one per plan)")
-    ap.add_argument("--plans", default=",".join(PLANS),
-                    help=f"comma-separated runner plans, each a side of its own: {', '.join(PLANS)}")
+    ap.add_argument("--plans", default=",".join([*PLANS, *(f"{p}+lean" for p in PLANS)]),
+                    help=f"comma-separated runner plans, each a side of its own: {', '.join(PLANS)}, each "
+                         "optionally +lean (the lean generation backend)")
     ap.add_argument("--plan", default="collocated", help=argparse.SUPPRESS)
     # Runner sides attach to this Ray instead of starting their own (a multi-node cluster). Hidden: a
     # second process attaching to m2flow's loopback-bound local Ray hangs in ray.init.
@@ -346,9 +362,11 @@ def main() -> None:
         return
     thread_counts = [int(t) for t in args.threads.split(",")]
     plans = args.plans.split(",")
-    unknown = [p for p in plans if p not in PLANS]
-    if unknown:
-        ap.error(f"unknown plan(s) {unknown}; valid: {', '.join(PLANS)}")
+    for p in plans:
+        try:
+            plan_and_backend(p)
+        except ValueError as e:
+            ap.error(str(e))
     names = []
     for n in args.sides.split(","):
         names += [f"m2flow:{p}" for p in plans] if n == "m2flow" and M2FLOW_SIDE == "runner" else [n]
@@ -385,7 +403,8 @@ def main() -> None:
             "warmup_steps": args.warmup, "temperature": 1.0, "reward": "crc32 parity of the completion",
         },
         "m2flow_side": M2FLOW_SIDE,
-        "plans": {p: vars(PLANS[p]) for p in plans} if M2FLOW_SIDE == "runner" else {},
+        "plans": ({p: {**vars(plan_and_backend(p)[0]), "backend": plan_and_backend(p)[1]} for p in plans}
+                  if M2FLOW_SIDE == "runner" else {}),
         "load_average": list(os.getloadavg()),
         "repeats": args.repeats,
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
