@@ -38,9 +38,9 @@ def send_weights(
     """Broadcast named tensors (a module's state dict, a dict, or pairs) in buckets; returns their count."""
     count, bucket, size = 0, {}, 0
 
-    def flush() -> None:
+    def flush(kind: str = "weights") -> None:
         nonlocal count, bucket, size
-        comm.broadcast(("weights", count, bucket), dst_group, dst_ranks)
+        comm.broadcast((kind, count, bucket), dst_group, dst_ranks)
         count, bucket, size = count + 1, {}, 0
         comm.wait_shm_below(max_inflight * bucket_bytes)
 
@@ -51,8 +51,9 @@ def send_weights(
         bucket[name] = tensor.detach()
         size += nbytes
     if bucket:
-        flush()
-    comm.broadcast(("weights-end", count, None), dst_group, dst_ranks)
+        flush("weights-last")  # the last bucket also ends the stream: one message (and wake-up) fewer
+    else:
+        comm.broadcast(("weights-end", count, None), dst_group, dst_ranks)
     return count
 
 
@@ -77,7 +78,7 @@ def recv_weights(
             if index != expected:
                 raise CommError(f"weight stream from {src_group}[{src_rank}] ended after {expected} of {index} buckets")
             break
-        if kind != "weights" or index != expected:
+        if kind not in ("weights", "weights-last") or index != expected:
             raise CommError(f"unexpected message in the weight stream from {src_group}[{src_rank}]: {kind} #{index}")
         expected += 1
         for name, tensor in bucket.items():
@@ -93,6 +94,8 @@ def recv_weights(
                 dst.copy_(tensor)
             out[name] = dst
         del bucket
+        if kind == "weights-last":
+            break
     if strict and target is not None:
         missing = sorted(set(target) - set(out))
         if missing:
