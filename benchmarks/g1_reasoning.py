@@ -8,7 +8,8 @@ constant, so every step trains) and one AdamW update per rollout batch without a
 - ``bare``: a hand-written torch loop doing only that compute (the limit);
 - ``m2flow:PLAN``: the reasoning runner (``m2flow.runners.reasoning``) under each plan of ``PLANS``
   (placement and micro-batching), one side per plan; ``PLAN+lean`` is the same plan with the
-  ``lean`` generation backend instead of HF ``generate`` (``rollout.backend``).
+  ``lean`` generation backend instead of HF ``generate`` (``rollout.backend``) and the lean training
+  forward instead of the HF model's (``actor.forward``), both over the same weights.
 Each run is a fresh process that prints one JSON line; sides alternate (A B C A B C ...) for every
 thread count, figures are medians, and each side is compared at its own fastest thread setting.
 
@@ -223,7 +224,7 @@ def runner_config(w: dict, threads: int, plan: RunnerPlan, run_dir: str, trace: 
         "inference": {"num_threads": 1},
         # No KL (so no reference model) and the actor's own detached forward as the old policy (so no
         # extra pass): one forward/backward per response and one optimizer step per batch, as the others.
-        "actor": {"optim": {"lr": w["lr"]}, "num_threads": threads,
+        "actor": {"optim": {"lr": w["lr"]}, "num_threads": threads, "forward": backend,
                   "micro_batch_size": (plan.micro_batch_prompts or p) * g},
         "algorithm": {"adv_estimator": "grpo", "old_logprobs": "actor", "kl_loss_coef": 0.0},
         "steps": w["warmup_steps"] + w["steps"],

@@ -119,12 +119,15 @@ def response_logprobs(
     temperature: float = 1.0,
     micro_batch_size: int | None = None,
     return_entropy: bool = False,
+    lean: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (B, Lr) of the responses, and their entropy (B, Lr) if asked; 0 on padding.
 
     Inputs are prompt ids/mask (B, Lp) left-padded and response ids/mask (B, Lr) right-padded.
     Runs in micro-batches of `micro_batch_size` rows (all at once when None). Gradients flow when
-    the caller has them enabled; wrap in `torch.no_grad()` for inference.
+    the caller has them enabled; wrap in `torch.no_grad()` for inference. With `lean` the logits come
+    from `m2flow.models.lean_lm.lean_logits` over the model's own parameters (Qwen2/Llama; the same
+    values with less per-pass overhead) instead of the model's forward.
     """
     b, lr_full = response_ids.shape
     mbs = micro_batch_size or b
@@ -132,15 +135,16 @@ def response_logprobs(
     for i in range(0, b, mbs):
         sl = slice(i, i + mbs)
         span = _trim(prompt_ids[sl], prompt_mask[sl], response_ids[sl], response_mask[sl])
-        out = model(
-            input_ids=span.input_ids,
-            attention_mask=span.attention_mask,
-            position_ids=position_ids_from_mask(span.attention_mask),
-            use_cache=False,
-            # Only the last lr + 1 positions' logits are needed: the ones predicting response tokens.
-            logits_to_keep=span.lr + 1,
-        )
-        logits = out.logits[:, -span.lr - 1 : -1]  # (mb, lr, V)
+        positions = position_ids_from_mask(span.attention_mask)
+        # Only the last lr + 1 positions' logits are needed: the ones predicting response tokens.
+        if lean:
+            from m2flow.models.lean_lm import lean_logits
+
+            all_logits = lean_logits(model, span.input_ids, span.attention_mask, positions, logits_to_keep=span.lr + 1)
+        else:
+            all_logits = model(input_ids=span.input_ids, attention_mask=span.attention_mask, position_ids=positions,
+                               use_cache=False, logits_to_keep=span.lr + 1).logits
+        logits = all_logits[:, -span.lr - 1 : -1]  # (mb, lr, V)
         mask = span.response_mask.to(logits.dtype if logits.is_floating_point() else torch.float32)
         lp = logprobs_from_logits(logits, span.response_ids, temperature) * mask
         logps.append(_pad_to(lp, lr_full))

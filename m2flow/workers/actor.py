@@ -67,8 +67,12 @@ class ActorWorker(ReasoningWorker):
         device, dtype = self.torch_device, torch_dtype(cfg.dtype)
         updates = total_steps * cfg.mini_batches * cfg.update_epochs
         self.tokenizer = load_tokenizer(model_path)
-        self.policy = TrainedModel(load_causal_lm(source, dtype=dtype, device=device), cfg.strategy, device,
-                                   cfg.optim, updates, cpu_offload=cfg.fsdp_cpu_offload)
+        model = load_causal_lm(source, dtype=dtype, device=device)
+        if cfg.forward == "lean":  # an unsupported model fails here, not in the first iteration
+            from m2flow.models.lean_lm import check_supported
+
+            check_supported(model.config)
+        self.policy = TrainedModel(model, cfg.strategy, device, cfg.optim, updates, cpu_offload=cfg.fsdp_cpu_offload)
         self.critic: TrainedModel | None = None
         if algo.uses_critic:
             critic_source = Path(resume_dir) / CRITIC_DIR if resume_dir else Path(cfg.critic.path or model_path)
@@ -200,7 +204,8 @@ class ActorWorker(ReasoningWorker):
         with self.policy.strategy.accumulate(last):
             logp, entropy = response_logprobs(
                 self.policy.module, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
-                batch.response_mask, temperature=self.temperature, return_entropy=need_entropy)
+                batch.response_mask, temperature=self.temperature, return_entropy=need_entropy,
+                lean=self.cfg.forward == "lean")
             obj = policy_objective(logp, entropy, batch, self.algo)
             (obj.loss * weight).backward()
         if weight:

@@ -175,6 +175,9 @@ class ActorConfig:
     weight_sync_bucket_mb: int = option(64, "weight sync to rollout/inference streams buckets of this size")
     critic: CriticConfig = option(CriticConfig(), "the value model (used by the gae estimator)")
     num_threads: int = option(1, "torch threads of each actor rank")
+    forward: Literal["hf", "lean"] = option(
+        "hf", "the policy's training forward: the HF model's ('hf'), or the lean functional one over the same "
+              "parameters ('lean': Qwen2/Llama with strategy ddp; less per-pass overhead for small models)")
 
     @property
     def updates_once(self) -> bool:
@@ -185,6 +188,9 @@ class ActorConfig:
         for key in ("micro_batch_size", "mini_batches", "update_epochs", "weight_sync_bucket_mb", "num_threads"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        if self.forward == "lean" and self.strategy != "ddp":
+            # FSDP2 gathers the shards in the module's forward hooks, which the lean forward skips.
+            raise ValueError(f"forward 'lean' needs strategy 'ddp', got {self.strategy!r}")
 
 
 def torch_dtype(name: DType):  # -> torch.dtype; torch is imported lazily to keep this module light
