@@ -104,6 +104,16 @@ def _shares_devices(plan: Any, component: str, holders: Sequence[str]) -> bool:
     return any(mine & plan[c].devices for c in holders if c != component)
 
 
+def rollout_fuses_with_actor(cfg: ReasoningConfig, plan: Any) -> bool:
+    """Whether the rollout generates inside the actor processes (``rollout.fuse_with_actor``): same devices
+    rank for rank, full weights on every actor rank (ddp), an in-process backend and the same dtype."""
+    from m2flow.backends.generation import IN_PROCESS_BACKENDS
+
+    return (cfg.rollout.fuse_with_actor and plan["rollout"].same_devices(plan["actor"])
+            and cfg.actor.strategy == "ddp" and cfg.rollout.backend in IN_PROCESS_BACKENDS
+            and cfg.rollout.dtype == cfg.actor.dtype)
+
+
 class ReasoningFlow:
     """The launched system of one run: worker groups, the streams between them, and the data."""
 
@@ -132,11 +142,14 @@ class ReasoningFlow:
         scored = GroupStream.create(f"scored-{rid}", ranks["inference"]) if self.infers else ready
         # Reward on the rollout's own devices scores inside the rollout process: one hop fewer again.
         self.reward_fused = cfg.reward.fuse_with_rollout and plan["reward"].same_devices(plan["rollout"])
+        # Rollout on the actor's own devices, rank for rank, generates inside the actor processes from
+        # the policy being trained: no weight sync to it and no second copy of the model.
+        self.rollout_fused = rollout_fuses_with_actor(cfg, plan)
         responses = scored if self.reward_fused else GroupStream.create(f"responses-{rid}", ranks["reward"])
         self.streams = list({id(s): s for s in (self.prompts, responses, scored, ready)}.values())
         n = cfg.rollout.sampling.n
         temperature = cfg.rollout.sampling.temperature
-        holders = ["rollout", "actor"] + (["inference"] if self.infers else [])
+        holders = (["actor"] if self.rollout_fused else ["rollout", "actor"]) + (["inference"] if self.infers else [])
         shares = {c: _shares_devices(plan, c, holders) for c in COMPONENTS}
         path = str(model_path)
         scoring = {"max_new_tokens": cfg.rollout.sampling.max_new_tokens, "dynamic_sampling": algo.dynamic_sampling}
@@ -152,20 +165,28 @@ class ReasoningFlow:
                       {"total_steps": cfg.steps, "seed": cfg.seed, "shares_devices": shares["actor"],
                        "resume_dir": str(resume_dir) if resume_dir else None}, cfg.actor.num_threads),
         }
+        if self.rollout_fused:
+            del specs["rollout"]
+            specs["actor"][2]["generation"] = {"cfg": cfg.rollout, "prompts": self.prompts, "responses": responses,
+                                               "seed": cfg.seed, "scorer": fused_scorer}
         if not self.infers:
             del specs["inference"]
         if self.reward_fused:
             del specs["reward"]
         self.names = {c: f"{c}-{rid}" for c in COMPONENTS}
         groups = launch_groups(cluster, self.names, plan, specs, self.run_dir / "logs", trace_dir)
-        self.rollout, self.actor = groups["rollout"], groups["actor"]
+        self.actor = groups["actor"]
+        self.rollout = self.actor if self.rollout_fused else groups["rollout"]
         self.reward: WorkerGroup | None = groups.get("reward")
         self.inference: WorkerGroup | None = groups.get("inference")
-        self.weight_targets = [(self.names["rollout"], list(range(ranks["rollout"])))]
-        if self.inference is not None and self.inference.wants_weights(ranks=[0]).wait()[0]:
+        self.weight_targets = [] if self.rollout_fused else [(self.names["rollout"], list(range(ranks["rollout"])))]
+        self.syncs_inference = self.inference is not None and self.inference.wants_weights(ranks=[0]).wait()[0]
+        if self.syncs_inference:
             self.weight_targets.append((self.names["inference"], list(range(ranks["inference"]))))
+        notes = (["rollout generating in the actor processes"] if self.rollout_fused else []) + \
+            (["reward scored in the rollout processes"] if self.reward_fused else [])
         log.info("launched %s: %s%s", self.mode, ", ".join(f"{c} x{ranks[c]}" for c in groups),
-                 " (reward scored in the rollout processes)" if self.reward_fused else "")
+                 f" ({'; '.join(notes)})" if notes else "")
 
     # -- the named steps of the loop ---------------------------------------------------------
     def sync_weights(self) -> list[GroupHandle]:
@@ -175,10 +196,12 @@ class ReasoningFlow:
         iteration's work queued behind them starts on the new weights, and the driver saves a round
         trip. ``finish`` (or ``evaluate``) waits for them.
         """
-        receivers = [self.rollout.receive_weights(self.names["actor"], 0)]
-        if len(self.weight_targets) > 1:
+        receivers = [] if self.rollout_fused else [self.rollout.receive_weights(self.names["actor"], 0)]
+        if self.syncs_inference:
             assert self.inference is not None
             receivers.append(self.inference.receive_weights(self.names["actor"], 0))
+        if not receivers:  # the rollout generates from the actor's own weights, and nothing else needs them
+            return []
         return [self.actor.send_weights(self.weight_targets), *receivers]
 
     def score(self, step: int, slots: int) -> GroupHandle | None:
@@ -256,9 +279,11 @@ class ReasoningFlow:
                 stream.close()
             except Exception:  # noqa: BLE001 - the host may be gone already
                 pass
+        stopped: set[int] = set()
         for name in ("actor", "inference", "reward", "rollout"):
             group = getattr(self, name, None)
-            if group is not None:
+            if group is not None and id(group) not in stopped:  # a fused rollout is the actor group
+                stopped.add(id(group))
                 group.shutdown()
 
 

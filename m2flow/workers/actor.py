@@ -36,7 +36,8 @@ from m2flow.runtime.comm import send_weights
 from m2flow.runtime.trace import trace_category
 from m2flow.workers.advantages import fill_advantages
 from m2flow.workers.common import ReasoningWorker, state_digest
-from m2flow.workers.config import ActorConfig, AlgorithmConfig, torch_dtype
+from m2flow.workers.config import ActorConfig, AlgorithmConfig, RolloutConfig, torch_dtype
+from m2flow.workers.generation import GeneratesGroups
 from m2flow.workers.messages import GroupSample, join_groups
 from m2flow.workers.objective import StepTotals, critic_objective, policy_objective
 from m2flow.workers.stats import WEIGHT_KEY
@@ -48,12 +49,17 @@ CRITIC_DIR = "critic"
 TRAINING_STATE = "training_state.pt"
 
 
-class ActorWorker(ReasoningWorker):
-    """Trains the policy on the groups routed to this rank; rank 0 streams weights to the generators."""
+class ActorWorker(GeneratesGroups, ReasoningWorker):
+    """Trains the policy on the groups routed to this rank; rank 0 streams weights to the generators.
+
+    With ``generation`` (the rollout fused into this process: ``setup_generation`` keyword arguments plus
+    ``cfg``, the rollout config) it also generates, from the very policy it trains.
+    """
 
     def __init__(self, model_path: str, cfg: ActorConfig, algo: AlgorithmConfig, temperature: float,
                  group_size: int, ready: GroupStream, *, total_steps: int, seed: int = 0,
-                 resume_dir: str | None = None, shares_devices: bool = False) -> None:
+                 resume_dir: str | None = None, shares_devices: bool = False,
+                 generation: dict[str, Any] | None = None) -> None:
         self.cfg = cfg
         self.algo = algo
         self.inp = ready
@@ -84,6 +90,18 @@ class ActorWorker(ReasoningWorker):
                           and not self.policy.strategy.lockstep)
         if resume_dir:
             self._load_training_state(Path(resume_dir))
+        if generation is not None:
+            self._fuse_rollout(**generation)
+
+    def _fuse_rollout(self, cfg: RolloutConfig, prompts: GroupStream, responses: GroupStream, *, seed: int,
+                      scorer: dict[str, Any] | None = None) -> None:
+        """Generate with a backend over the trained policy itself (the rollout fused into this process)."""
+        from m2flow.backends.generation import generation_backend_over
+
+        module = self.policy.module
+        backend = generation_backend_over(cfg.backend, module, self.tokenizer, device=self.torch_device)
+        module.train()  # backends put their model in eval mode; generation does so per call instead
+        self.setup_generation(backend, cfg, prompts, responses, seed=seed, scorer=scorer, shared_model=module)
 
     # -- context switching ------------------------------------------------------------------
     def offload(self) -> None:

@@ -49,6 +49,10 @@ class RolloutConfig:
         None, "prompts per generate call; a chunk's groups go downstream as soon as it ends (None: all at once)")
     dtype: DType = option("float32", "weight dtype of the generation model")
     num_threads: int = option(1, "torch threads of each rollout rank")
+    fuse_with_actor: bool = option(
+        True, "when rollout and actor ranks sit on the same devices rank for rank (ddp actor, hf or lean backend, "
+              "same dtype), generate inside the actor processes from the trained policy itself: no weight "
+              "sync, no second copy of the model (the actor's num_threads apply)")
 
     def validate(self) -> None:
         if self.prompts_per_chunk is not None and self.prompts_per_chunk < 1:

@@ -10,6 +10,7 @@ import pytest
 from m2flow.cli import main
 from m2flow.runners.reasoning import CHECKPOINTS, TRAINER_STATE, ReasoningRun, _gather, train
 from m2flow.runtime import Worker, WorkerError, WorkerGroup
+from m2flow.runtime.trace import iter_spans, load_trace
 from tests.ray_session import shared_cluster
 from tests.runners.reasoning_setup import improved, toy_config
 
@@ -44,6 +45,30 @@ def test_every_group_of_every_iteration_is_trained_exactly_once(collocated):
     # Each iteration trains eight distinct prompts of the dataset.
     for s in range(6):
         assert len({index for step, _, index, _ in groups if step == s}) == 8
+
+
+@pytest.mark.parametrize("devices", ["0", "0-1"])
+def test_a_rollout_fused_into_the_actor_generates_what_a_separate_rollout_would(tmp_path, devices):
+    # Rollout and actor on the same devices rank for rank: by default each actor process generates
+    # from the policy it trains, with no weight sync; with fuse_with_actor off, rollout workers get the
+    # weights by sync. The same seeds must then draw the same responses and make the same updates.
+    runs = {}
+    for fuse in (True, False):
+        cfg = toy_config(tmp_path / f"fuse{fuse}", f"actor,rollout,inference,reward: {devices}", steps=3,
+                         eval_every=2, algorithm={"old_logprobs": "actor"}, trace=True,
+                         rollout={"fuse_with_actor": fuse, "prompts_per_chunk": 2})
+        with ReasoningRun(cfg, shared_cluster()) as run:
+            result = run.train()
+            assert (run.flow.rollout is run.flow.actor) == fuse
+            received = run.flow.actor.received_groups().wait()
+        syncs = [s for s in iter_spans(load_trace(result.run_dir)) if s["cat"] == "weight_sync"]
+        runs[fuse] = result.history, received, len(syncs)
+    (fused, fused_received, fused_syncs), (separate, separate_received, separate_syncs) = runs[True], runs[False]
+    keys = ["reward/mean", "actor/grad_norm", "actor/pg_loss", "rollout/tokens_count", "rollout/response_length_max"]
+    assert [{k: h[k] for k in keys} for h in fused] == [{k: h[k] for k in keys} for h in separate]
+    assert fused[-1]["eval/accuracy"] == separate[-1]["eval/accuracy"]
+    assert fused_received == separate_received  # the same groups on the same ranks
+    assert fused_syncs == 0 and separate_syncs > 0
 
 
 @pytest.mark.parametrize("fuse_reward", [True, False])

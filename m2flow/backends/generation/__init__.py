@@ -6,7 +6,9 @@ from m2flow.backends.generation.base import (
     Response,
     ResponseGroup,
     SamplingParams,
+    IN_PROCESS_BACKENDS,
     create_generation_backend,
+    generation_backend_over,
     register_generation_backend,
 )
 from m2flow.backends.generation.hf import HFGenerationBackend
@@ -14,6 +16,7 @@ from m2flow.backends.generation.lean import LeanGenerationBackend
 from m2flow.backends.generation.vllm import VLLMGenerationBackend, vllm_available
 
 __all__ = [
+    "IN_PROCESS_BACKENDS",
     "GenerationBackend",
     "HFGenerationBackend",
     "LeanGenerationBackend",
@@ -22,6 +25,7 @@ __all__ = [
     "SamplingParams",
     "VLLMGenerationBackend",
     "create_generation_backend",
+    "generation_backend_over",
     "register_generation_backend",
     "vllm_available",
 ]

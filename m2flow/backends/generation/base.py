@@ -112,3 +112,18 @@ def create_generation_backend(name: str, model_path: str, **kwargs: Any) -> Gene
     if name not in _BACKENDS:
         raise ValueError(f"unknown generation backend {name!r}; valid: {sorted(_BACKENDS)}")
     return _BACKENDS[name].from_pretrained(model_path, **kwargs)
+
+
+IN_PROCESS_BACKENDS = ("hf", "lean")
+"""Backends that generate from a model object held in the calling process (`generation_backend_over`)."""
+
+
+def generation_backend_over(name: str, model: torch.nn.Module, tokenizer: Any, **kwargs: Any) -> GenerationBackend:
+    """The backend `name` generating from `model` itself (no copy): its in-place updates are what it samples
+    from next. Only the in-process backends (`IN_PROCESS_BACKENDS`) can; others raise ValueError."""
+    import m2flow.backends.generation  # noqa: F401  (registers the built-in backends)
+
+    if name not in IN_PROCESS_BACKENDS:
+        raise ValueError(f"generation backend {name!r} cannot generate from a model held by another component; "
+                         f"in-process backends: {list(IN_PROCESS_BACKENDS)}")
+    return _BACKENDS[name](model, tokenizer, **kwargs)
