@@ -69,10 +69,11 @@ class RunnerPlan:
 # detached forward gives the old log-probs) sit with rollout, so only generation and training keep
 # processes busy. A device is a CPU slot; each busy worker runs ``--threads`` torch threads.
 PLANS = {
-    # Everything on one device: generation, then training, in turn, each with the whole batch.
+    # Everything on one device: generation, then training, in turn, each with the whole batch; the
+    # rollout is fused into the actor process (rollout.fuse_with_actor), generating from its weights.
     "collocated": RunnerPlan("actor,rollout,inference,reward: 0"),
-    # Everything on two devices: two rollout ranks generate half the prompts each at the same time,
-    # then two actor ranks train on their halves (data parallel, gradients all-reduced).
+    # Everything on two devices: two actor ranks, each generating half the prompts from its own copy
+    # of the policy (fused as above), then training on its half (data parallel, gradients all-reduced).
     "collocated_2dev": RunnerPlan("actor,rollout,inference,reward: 0-1", max_threads=1),
     # Generation and training on separate devices, pipelined: the actor's forward/backward of one
     # chunk runs while the rollout generates the next; gradients accumulate, one optimizer step.

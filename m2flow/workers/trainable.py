@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from m2flow.backends.training import OptimConfig, build_optimizer, build_scheduler, create_strategy
+from m2flow.runtime.trace import get_tracer
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,8 @@ class TrainedModel:
 
     def apply_update(self, scale: float) -> dict[str, float]:
         """Reduce the accumulated gradients x ``scale`` over ranks, clip, step; a non-finite norm skips."""
-        self.strategy.reduce_gradients(scale)
+        with get_tracer().span("reduce_gradients", cat="train"):
+            self.strategy.reduce_gradients(scale)
         norm = self.strategy.clip_grad_norm(self.optim_cfg.grad_clip)
         lr = self.scheduler.get_last_lr()[0]
         skipped = not math.isfinite(norm)
