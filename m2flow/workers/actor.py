@@ -28,15 +28,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from m2flow.backends.training.collectives import all_reduce_max, all_reduce_sum, barrier
+from m2flow.backends.training.collectives import all_reduce_max, all_reduce_sum, barrier, use_host_sum
 from m2flow.data.batch import RolloutBatch
 from m2flow.models.causal_lm import CausalLMWithValueHead, load_causal_lm, response_logprobs
 from m2flow.models.tokenizer import load_tokenizer
 from m2flow.runtime.comm import send_weights
+from m2flow.runtime.comm.collectives import ExchangeSum
 from m2flow.runtime.trace import trace_category
 from m2flow.workers.advantages import fill_advantages
 from m2flow.workers.common import ReasoningWorker, state_digest
-from m2flow.workers.config import ActorConfig, AlgorithmConfig, RolloutConfig, torch_dtype
+from m2flow.workers.config import ActorConfig, AlgorithmConfig, RolloutConfig, torch_dtype, uses_exchange
 from m2flow.workers.generation import GeneratesGroups
 from m2flow.workers.messages import GroupSample, join_groups
 from m2flow.workers.objective import StepTotals, critic_objective, policy_objective
@@ -69,6 +70,8 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         torch.manual_seed(seed)  # the same on every rank: a fresh value head starts identical
         if self.world_size > 1:
             self.init_process_group()
+            if uses_exchange(cfg.host_sum, self.world_size, self.torch_device.type):
+                use_host_sum(ExchangeSum(self.comm, self.group_name, self.rank, self.world_size))
         source = Path(resume_dir) / ACTOR_DIR if resume_dir else Path(model_path)
         device, dtype = self.torch_device, torch_dtype(cfg.dtype)
         updates = total_steps * cfg.mini_batches * cfg.update_epochs

@@ -16,6 +16,24 @@ OldLogprobSource = Literal["inference", "rollout", "actor"]
 GROUP_LOCAL_ESTIMATORS = frozenset({"grpo", "dr_grpo", "rloo"})
 
 
+EXCHANGE_MAX_RANKS = 4
+"""``host_sum: auto`` sums with ``m2flow.runtime.comm.collectives.ExchangeSum`` in CPU groups of at most
+this many ranks, with gloo in larger ones."""
+
+HOST_SUM_HELP = ("how CPU ranks sum gradients and counts: 'comm' sends each rank's tensor to the others over "
+                 "the communicator (shared memory on one node), 'gloo' a gloo all-reduce; 'auto': comm for "
+                 f"up to {EXCHANGE_MAX_RANKS} ranks, else gloo (GPU ranks use the device backend whatever the setting)")
+
+
+def uses_exchange(mode: str, world_size: int, device_type: str) -> bool:
+    """Whether ``host_sum`` ``mode`` ('auto', 'comm', 'gloo') picks ``ExchangeSum`` for this group."""
+    if mode not in ("auto", "comm", "gloo"):
+        raise ValueError(f"host_sum must be 'auto', 'comm' or 'gloo', got {mode!r}")
+    if world_size < 2 or mode == "gloo" or device_type != "cpu":
+        return False
+    return mode == "comm" or world_size <= EXCHANGE_MAX_RANKS
+
+
 @dataclass
 class SamplingConfig:
     """How responses are sampled."""
@@ -179,6 +197,7 @@ class ActorConfig:
     weight_sync_bucket_mb: int = option(64, "weight sync to rollout/inference streams buckets of this size")
     critic: CriticConfig = option(CriticConfig(), "the value model (used by the gae estimator)")
     num_threads: int = option(1, "torch threads of each actor rank")
+    host_sum: Literal["auto", "comm", "gloo"] = option("auto", HOST_SUM_HELP)
     forward: Literal["hf", "lean"] = option(
         "hf", "the policy's training forward: the HF model's ('hf'), or the lean functional one over the same "
               "parameters ('lean': Qwen2/Llama with strategy ddp; less per-pass overhead for small models)")

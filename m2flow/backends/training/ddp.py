@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from m2flow.backends.training.base import move_optimizer_state, register_strategy
-from m2flow.backends.training.collectives import is_distributed
+from m2flow.backends.training.collectives import is_distributed, sum_in_place
 
 _BUCKET_BYTES = 32 << 20
 
@@ -61,7 +61,7 @@ class DataParallelStrategy:
         if self.distributed:
             for bucket in self._buckets([p.grad for p in params]):
                 flat = torch.cat([g.reshape(-1) for g in bucket])
-                dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+                sum_in_place(flat)
                 offset = 0
                 for g in bucket:
                     g.copy_(flat[offset : offset + g.numel()].view_as(g))

@@ -18,8 +18,10 @@ import numpy as np
 import torch
 
 from m2flow.models.policies import GaussianHead, PolicyConfig, build_policy
+from m2flow.runtime.comm.collectives import ExchangeSum
 from m2flow.runtime.trace import get_tracer, trace_category
 from m2flow.runtime.worker import Worker
+from m2flow.workers.config import uses_exchange
 from m2flow.workers.embodied.config import ActorConfig, PPOConfig
 from m2flow.workers.embodied.batch import build_batch
 from m2flow.workers.embodied.messages import Trajectory
@@ -66,7 +68,8 @@ class ActorWorker(Worker):
         if self.world_size > 1:
             backend = None if actor.backend == "auto" else actor.backend
             self.init_process_group(backend)
-            all_reduce = _all_reduce_sum
+            exchange = uses_exchange(actor.host_sum, self.world_size, self.device.type)
+            all_reduce = ExchangeSum(self.comm, self.group_name, self.rank, self.world_size) if exchange else _all_reduce_sum
         self.updater = PPOUpdater(self.policy, ppo, self.rank, self.world_size, all_reduce, seed=seed)
         self._host_state: dict[str, torch.Tensor] | None = None
 

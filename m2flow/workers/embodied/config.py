@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from m2flow.config.schema import option
+from m2flow.workers.config import HOST_SUM_HELP
 
 
 @dataclass
@@ -89,6 +90,7 @@ class ActorConfig:
         False, "offload weights and optimizer state after each update when sharing devices with the rollout")
     backend: Literal["auto", "gloo", "nccl"] = option(
         "auto", "torch.distributed backend of the gradient all-reduce: auto (NCCL on GPU, else gloo)")
+    host_sum: Literal["auto", "comm", "gloo"] = option("auto", HOST_SUM_HELP)
 
     def validate(self) -> None:
         if self.num_threads < 1:
