@@ -49,3 +49,23 @@ def test_impossible_settings_fail_naming_the_key(data, key, message):
     assert message in str(info.value)
     if key:
         assert str(info.value).startswith(key)
+
+
+@pytest.mark.parametrize(("placement", "overrides", "fused"), [
+    ("actor,rollout,inference,reward: 0", {}, True),
+    ("actor,rollout,inference,reward: 0-1", {}, True),  # rank for rank on the same devices
+    ("actor,rollout,inference,reward: 0", {"rollout": {"fuse_with_actor": False}}, False),
+    ("actor,rollout,inference,reward: 0-1", {"actor": {"strategy": "fsdp"}}, False),  # sharded weights
+    ("actor,rollout,inference,reward: 0", {"rollout": {"backend": "vllm"}}, False),  # an engine of its own
+    ("actor,rollout,inference,reward: 0", {"rollout": {"dtype": "bfloat16"}}, False),
+    ("rollout,reward,inference: 0, actor: 0-1", {}, False),  # different ranks
+    ("rollout,reward,inference: 0, actor: 1", {}, False),
+])
+def test_the_rollout_fuses_into_the_actor_only_where_it_can_share_the_policy(placement, overrides, fused):
+    from m2flow.runners.reasoning import rollout_fuses_with_actor
+    from m2flow.runners.reasoning_config import COMPONENTS
+    from m2flow.runtime.placement import NodeLayout, parse_placement
+
+    cfg = from_dict(ReasoningConfig, {"placement": placement, **overrides})
+    plan = parse_placement(cfg.placement, NodeLayout((2,)), COMPONENTS)
+    assert rollout_fuses_with_actor(cfg, plan) == fused
