@@ -105,6 +105,10 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         backend = generation_backend_over(cfg.backend, module, self.tokenizer, device=self.torch_device)
         module.train()  # backends put their model in eval mode; generation does so per call instead
         self.setup_generation(backend, cfg, prompts, responses, seed=seed, scorer=scorer, shared_model=module)
+        if responses.name == self.inp.name and responses.consumers == prompts.consumers == self.world_size:
+            # Generation feeds this rank's own training: rank r generates the slots r (mod ranks) and
+            # trains on exactly those, after generating them. They need not leave the process.
+            self.inp.keep_local(self.rank)
 
     # -- context switching ------------------------------------------------------------------
     def offload(self) -> None:

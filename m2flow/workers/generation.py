@@ -125,7 +125,8 @@ class GeneratesGroups:
             if self.scorer is not None:
                 with tracer.span("reward", cat="reward", step=step, groups=len(samples)):
                     self.scorer.score(samples)
-            self.responses.put_many(samples)  # the chunk's groups: one message per next-stage rank
+            with tracer.span("send", cat="generate", step=step, groups=len(samples)):
+                self.responses.put_many(samples)  # the chunk's groups: one message per next-stage rank
         n = max(1, len(lengths))
         metrics = self.scorer.metrics() if self.scorer is not None else {}
         return metrics | {

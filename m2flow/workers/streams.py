@@ -8,6 +8,10 @@ deterministic (runs and resumed runs see the same data in the same places).
 ``put_many`` sends the items bound for one consumer rank as one channel item (a bundle weighing as
 many items as it holds): one message and one wake-up instead of one per item. Consumers unpack
 bundles; what a ``take_ready`` unpacked beyond its limit stays with that consumer for its next take.
+
+``keep_local(rank)`` is for a consumer rank that lives in the process producing all of its items and
+takes them after they are put (the rollout fused into an actor rank): its items then stay in the
+process, never serialised or sent through the channel host.
 """
 
 from __future__ import annotations
@@ -35,6 +39,10 @@ class _Bundle:
 
 def _unpack(item: Any) -> list[Any]:
     return item.items if isinstance(item, _Bundle) else [item]
+
+
+_LOCAL: dict[tuple[str, int], deque[Any]] = {}
+"""(stream name, consumer rank) -> the items put for that rank in this process and not yet taken."""
 
 
 class GroupStream:
@@ -71,9 +79,20 @@ class GroupStream:
         """How many of an iteration's ``num_slots`` items go to consumer ``rank``."""
         return len(range(rank, num_slots, self.consumers))
 
+    def keep_local(self, rank: int) -> None:
+        """Keep the items for consumer ``rank`` in this process: it produces all of them itself, and
+        takes them only after putting them (a take that finds too few then raises, as nothing else
+        could bring the rest)."""
+        _LOCAL.setdefault((self.name, rank), self._held[rank])
+
+    def _box(self, rank: int) -> tuple[deque[Any], bool]:
+        """The items of ``rank`` held in this process, and whether that is all it will ever get."""
+        local = _LOCAL.get((self.name, rank))
+        return (local, True) if local is not None else (self._held[rank], False)
+
     def put(self, item: _Routed) -> None:
         """Send ``item`` to the consumer rank of its slot."""
-        self.channel.put(item, weight=1, key=self.key(item.slot))
+        self.put_many([item])
 
     def put_many(self, items: Iterable[_Routed]) -> None:
         """Send ``items``, one message per consumer rank (in slot order within each)."""
@@ -81,7 +100,10 @@ class GroupStream:
         for item in items:
             by_rank[self.key(item.slot)].append(item)
         for rank, mine in by_rank.items():
-            if len(mine) == 1:
+            local = _LOCAL.get((self.name, rank))
+            if local is not None:
+                local.extend(mine)
+            elif len(mine) == 1:
                 self.channel.put(mine[0], weight=1, key=rank)
             else:
                 self.channel.put(_Bundle(mine), weight=len(mine), key=rank)
@@ -90,7 +112,10 @@ class GroupStream:
         """Exactly ``count`` items for ``rank``, blocking until they are all there."""
         if count <= 0:
             return []
-        held = self._held[rank]
+        held, local = self._box(rank)
+        if local and len(held) < count:
+            raise RuntimeError(f"stream {self.name!r}: rank {rank} takes {count} items, but only {len(held)} "
+                               "were put in this process (kept local)")
         out = [held.popleft() for _ in range(min(count, len(held)))]
         if len(out) < count:
             with get_tracer().span(f"wait {self.name}", cat="wait_channel", items=count):
@@ -114,7 +139,11 @@ class GroupStream:
         """
         if limit <= 0:
             return []
-        held = self._held[rank]
+        held, local = self._box(rank)
+        if local:
+            if not held:
+                raise RuntimeError(f"stream {self.name!r}: rank {rank} takes from an empty local box (kept local)")
+            return [held.popleft() for _ in range(min(limit, len(held)))]
         if not held:
             with get_tracer().span(f"wait {self.name}", cat="wait_channel"):
                 held.extend(_unpack(self.channel.get(key=rank)))
@@ -123,7 +152,9 @@ class GroupStream:
         return [held.popleft() for _ in range(min(limit, len(held)))]
 
     def close(self) -> None:
-        """End the stream (consumers blocked on it get ``ChannelClosed``)."""
+        """End the stream (consumers blocked on it get ``ChannelClosed``); local boxes are forgotten."""
+        for key in [k for k in _LOCAL if k[0] == self.name]:
+            del _LOCAL[key]
         self.channel.close()
 
     def __repr__(self) -> str:

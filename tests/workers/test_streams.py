@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import uuid
 from dataclasses import dataclass
 
@@ -77,3 +78,22 @@ def test_a_copy_of_a_stream_starts_without_the_items_another_process_holds(strea
     copy = pickle.loads(pickle.dumps(stream))
     assert copy.consumers == 3 and copy.name == stream.name and not copy._held[0]
     assert [i.slot for i in stream.take(0, 1)] == [3]
+
+
+def test_a_rank_kept_local_gets_its_items_without_the_channel(stream):
+    # Consumer rank 1 lives in the producing process: its items stay here, the others travel.
+    stream.keep_local(1)
+    stream.put_many([Item(0, slot) for slot in range(6)])
+    assert stream.channel.qsize(key=1) == 0 and stream.channel.qsize(key=0) == 1  # one bundle for rank 0
+    assert [i.slot for i in stream.take(1, 1)] == [1]
+    assert [i.slot for i in stream.take_ready(1, 5)] == [4]
+    assert [i.slot for i in stream.take(0, 2)] == [0, 3]
+    # Nothing else can bring a local rank's items: a take that finds too few fails instead of waiting.
+    with pytest.raises(RuntimeError, match="only 0 were put in this process"):
+        stream.take(1, 1)
+    with pytest.raises(RuntimeError, match="empty local box"):
+        stream.take_ready(1, 1)
+    # Another copy of the stream in this process shares the local box.
+    copy = pickle.loads(pickle.dumps(stream))
+    copy.put(Item(1, 7))
+    assert [i.slot for i in stream.take(1, 1)] == [7]
