@@ -199,7 +199,7 @@ class Channel:
             if complete:
                 conn.end_batch(key)
                 return done_work(local) if async_op else local
-            req, fut = conn.request(("get", key, float(target_weight), 1, weight))
+            req, fut = conn.request(("get", key, float(target_weight), weight))
         except BaseException:
             conn.end_batch(key)
             raise

@@ -63,9 +63,8 @@ class _Waiter:
     client: _Client
     req: int
     key: Hashable
-    target: float | None  # None: a single get
+    target: float  # total weight the batch reaches (plain gets are fed by push.py)
     since: float
-    limit: int = 1  # a single get may take up to this many items that are already queued
     base: float = 0.0  # weight the consumer already holds towards ``target`` (its prefetch)
     taken: list[_Item] = field(default_factory=list)
     weight: float = 0.0
@@ -241,9 +240,10 @@ class ChannelHost:
             actions = self._progress()
         self._run(actions)
 
-    def _get(self, client: _Client, req: int, key: Hashable, target: float | None, limit: int = 1, base: float = 0.0) -> None:
+    def _get(self, client: _Client, req: int, key: Hashable, target: float, base: float = 0.0) -> None:
+        """A batch get: items of ``key`` until their weight, with ``base`` already held, reaches ``target``."""
         with self._lock:
-            self._waiters.append(_Waiter(client, req, key, target, time.monotonic(), max(1, limit), base))
+            self._waiters.append(_Waiter(client, req, key, target, time.monotonic(), base))
             actions = self._progress()
         self._run(actions)
 
@@ -347,7 +347,7 @@ class ChannelHost:
         now = time.monotonic()
         for w in list(self._waiters):
             q = self._queues.get(w.key)
-            while q and (len(w.taken) < w.limit if w.target is None else self._fits(w, q[0])):
+            while q and self._fits(w, q[0]):
                 item = q.popleft()
                 self._size -= 1
                 w.taken.append(item)
@@ -367,15 +367,11 @@ class ChannelHost:
 
     @staticmethod
     def _fits(w: _Waiter, item: _Item) -> bool:
-        assert w.target is not None
         return not w.holds or w.base + w.weight + item.weight <= w.target
 
     def _complete(self, w: _Waiter, q: deque | None) -> str | None:
         """``"items"``, ``"closed"``, ``"died"``, or None to keep waiting."""
-        if w.target is None:
-            if w.taken:
-                return "items"
-        elif w.holds:
+        if w.holds:
             total = w.base + w.weight
             if total >= w.target or (q and total + q[0].weight > w.target):
                 return "items"
