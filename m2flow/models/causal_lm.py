@@ -126,8 +126,9 @@ def response_logprobs(
     Inputs are prompt ids/mask (B, Lp) left-padded and response ids/mask (B, Lr) right-padded.
     Runs in micro-batches of `micro_batch_size` rows (all at once when None). Gradients flow when
     the caller has them enabled; wrap in `torch.no_grad()` for inference. With `lean` the logits come
-    from `m2flow.models.lean_lm.lean_logits` over the model's own parameters (Qwen2/Llama; the same
-    values with less per-pass overhead) instead of the model's forward.
+    from `m2flow.models.lean_packed.lean_packed_logits` over the model's own parameters (Qwen2/Llama;
+    the same values, with each distinct prompt run once, no padding inside a group and less per-pass
+    overhead) instead of the model's forward.
     """
     b, lr_full = response_ids.shape
     mbs = micro_batch_size or b
@@ -135,16 +136,15 @@ def response_logprobs(
     for i in range(0, b, mbs):
         sl = slice(i, i + mbs)
         span = _trim(prompt_ids[sl], prompt_mask[sl], response_ids[sl], response_mask[sl])
-        positions = position_ids_from_mask(span.attention_mask)
         # Only the last lr + 1 positions' logits are needed: the ones predicting response tokens.
         if lean:
-            from m2flow.models.lean_lm import lean_logits
+            from m2flow.models.lean_packed import lean_packed_logits
 
-            all_logits = lean_logits(model, span.input_ids, span.attention_mask, positions, logits_to_keep=span.lr + 1)
+            logits = lean_packed_logits(model, prompt_ids[sl], prompt_mask[sl], span.response_ids, span.response_mask)
         else:
-            all_logits = model(input_ids=span.input_ids, attention_mask=span.attention_mask, position_ids=positions,
-                               use_cache=False, logits_to_keep=span.lr + 1).logits
-        logits = all_logits[:, -span.lr - 1 : -1]  # (mb, lr, V)
+            positions = position_ids_from_mask(span.attention_mask)
+            logits = model(input_ids=span.input_ids, attention_mask=span.attention_mask, position_ids=positions,
+                           use_cache=False, logits_to_keep=span.lr + 1).logits[:, -span.lr - 1 : -1]  # (mb, lr, V)
         mask = span.response_mask.to(logits.dtype if logits.is_floating_point() else torch.float32)
         lp = logprobs_from_logits(logits, span.response_ids, temperature) * mask
         logps.append(_pad_to(lp, lr_full))
