@@ -200,7 +200,8 @@ class ActorConfig:
     host_sum: Literal["auto", "comm", "gloo"] = option("auto", HOST_SUM_HELP)
     forward: Literal["hf", "lean"] = option(
         "hf", "the policy's training forward: the HF model's ('hf'), or the lean functional one over the same "
-              "parameters ('lean': Qwen2/Llama with strategy ddp; less per-pass overhead for small models)")
+              "parameters ('lean': Qwen2/Llama with strategy ddp; each prompt run once per micro-batch, no padding "
+              "inside a group, less per-pass overhead for small models)")
 
     @property
     def updates_once(self) -> bool:
