@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+import time
 from dataclasses import replace
 
 import pytest
@@ -207,6 +208,25 @@ def test_items_pushed_to_another_node_and_given_back_keep_their_memory(make_chan
     for i in (1, 2, 3):
         item = ch.get(timeout=30)
         assert item["i"] == i and torch.equal(item["x"], torch.full((100_000,), float(i)))
+    assert ch.total_size() == 0
+    remote.conn.close()
+
+
+def test_a_producer_does_not_reuse_memory_of_items_still_held_for_another_node(make_channel):
+    ch = make_channel()
+    for i in range(4):
+        ch.put({"i": i, "x": torch.full((100_000,), float(i))})  # in shared memory
+    remote = _OtherProcess(ch, prefetch=4, other_node=True)
+    assert remote.get()["i"] == 0  # 1..3 pushed along as bytes: the host copied them out of the segments
+    time.sleep(0.5)  # the pushes are written, the host's copies dropped
+    for i in range(4, 8):  # the producer's pool must not hand out the segments of 1..3 again
+        ch.put({"i": i, "x": torch.full((100_000,), float(i))})
+    seen = []
+    for _ in range(1, 8):  # what the other node holds is recalled once the queue runs dry
+        item = ch.get(timeout=30)
+        assert torch.equal(item["x"], torch.full((100_000,), float(item["i"]))), item["i"]
+        seen.append(item["i"])
+    assert sorted(seen) == list(range(1, 8))
     assert ch.total_size() == 0
     remote.conn.close()
 

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
-from m2flow.runtime.comm.payload import Desc, inline_copy
+from m2flow.runtime.comm.payload import Desc, discard, inline_copy
 from m2flow.runtime.comm.wire import _MAX_FDS, ConnectionLost, close_fds
 
 if TYPE_CHECKING:
@@ -56,7 +56,12 @@ class Pusher:
         n = 0
         while held and held[0][0] <= through:
             _, item = held.popleft()
-            close_fds(item.fds)
+            if item.fds and not c.conn.unix:
+                # It went there as a copy: its segment is free for the producer only now. (A
+                # consumer on this node got the descriptors and releases it itself.)
+                discard(Desc.from_wire(item.desc), item.fds, self.host._cache)
+            else:
+                close_fds(item.fds)
             n += 1
         self.held -= n
         return n
@@ -206,10 +211,11 @@ class Pusher:
             _, key, seq, item = msg
             desc, inline, ifds = item.desc, item.inline, item.fds
             if ifds and not conn.unix:  # another node: the bytes travel in the stream
-                # Mapping consumes the descriptors it is given; the held item keeps its own, since
-                # it may still be given back and pushed elsewhere, and its descriptors are closed
-                # when the consumer reports it taken.
-                d, inline = inline_copy(Desc.from_wire(desc), inline, [os.dup(f) for f in ifds], self.host._cache)
+                # Mapping consumes the descriptors it is given; the held item keeps its own, and
+                # the producer's segment stays in use, since the item may still be given back and
+                # pushed elsewhere. Both end when the consumer reports it taken (`took`).
+                d, inline = inline_copy(Desc.from_wire(desc), inline, [os.dup(f) for f in ifds], self.host._cache,
+                                        release=False)
                 desc, ifds = d.to_wire(), []
             if entries and len(fds) + len(ifds) > _MAX_FDS:
                 conn.send(("push", entries), bufs, fds)

@@ -84,18 +84,23 @@ def unpack(desc: Desc, inline: list[Any], fds: list[int], cache: SegmentCache, g
     return decode(desc.meta, list(desc.specs), buffers(desc, inline, fds, cache), gpu)
 
 
-def buffers(desc: Desc, inline: list[Any], fds: list[int], cache: SegmentCache) -> list[Any]:
+def buffers(desc: Desc, inline: list[Any], fds: list[int], cache: SegmentCache, release: bool = True) -> list[Any]:
     if desc.seg is None:
         return inline
     ranges = [(off, s.nbytes) for off, s in zip(desc.offsets, desc.specs, strict=True)]
-    return cache.views(desc.seg, fds[0], desc.slot, ranges)
+    return cache.views(desc.seg, fds[0], desc.slot, ranges, release)
 
 
-def inline_copy(desc: Desc, inline: list[Any], fds: list[int], cache: SegmentCache) -> tuple[Desc, list[Any]]:
-    """The same payload with its bytes inline, for a receiver that cannot map the segment."""
+def inline_copy(desc: Desc, inline: list[Any], fds: list[int], cache: SegmentCache,
+                release: bool = True) -> tuple[Desc, list[Any]]:
+    """The same payload with its bytes inline, for a receiver that cannot map the segment.
+
+    With ``release`` the sender may reuse the segment once the copy is written; without, the
+    caller still answers for the payload and releases it later (`discard`).
+    """
     if desc.seg is None:
         return desc, inline
-    return desc._replace(offsets=(), seg=None, slot=0), buffers(desc, inline, fds, cache)
+    return desc._replace(offsets=(), seg=None, slot=0), buffers(desc, inline, fds, cache, release)
 
 
 def discard(desc: Desc, fds: list[int], cache: SegmentCache) -> None:

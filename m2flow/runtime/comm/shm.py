@@ -195,15 +195,18 @@ class SegmentCache:
                 if mm is not None:
                     self._bytes -= len(mm)
 
-    def views(self, ref: SegmentRef, fd: int, slot: int, ranges: list[tuple[int, int]]) -> list[np.ndarray]:
-        """Zero-copy uint8 views of ``(offset, nbytes)`` ranges; the slot's flag clears when all die."""
+    def views(self, ref: SegmentRef, fd: int, slot: int, ranges: list[tuple[int, int]],
+              release: bool = True) -> list[np.ndarray]:
+        """Zero-copy uint8 views of ``(offset, nbytes)`` ranges; the slot's flag clears when all die
+        (never, with ``release`` False: a reader that is not the message's last keeps it set)."""
         mm = self._map(ref, fd)
         # A fresh array per message is the one object every view below keeps alive (numpy points
         # each slice's ``base`` at it), so its finalizer runs exactly when the receiver has dropped
         # every tensor and array of this message.
         base = np.frombuffer(mm, dtype=np.uint8)
         out = [base[off : off + n] for off, n in ranges]
-        weakref.finalize(base, _release, np.frombuffer(mm, dtype=np.uint8, count=HEADER), slot)
+        if release:
+            weakref.finalize(base, _release, np.frombuffer(mm, dtype=np.uint8, count=HEADER), slot)
         return out
 
     def clear(self) -> None:
