@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ from m2flow.workers.trainable import TrainedModel
 ACTOR_DIR = "actor"
 CRITIC_DIR = "critic"
 TRAINING_STATE = "training_state.pt"
+RECEIVED_LOG = 1 << 16  # groups kept in the log of taken groups (a long run would grow it without end)
 
 
 class ActorWorker(GeneratesGroups, ReasoningWorker):
@@ -88,7 +90,8 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
             value_model = CausalLMWithValueHead.from_pretrained(critic_source, dtype=dtype).to(device)
             self.critic = TrainedModel(value_model, cfg.strategy, device, cfg.critic.optim, updates,
                                        cpu_offload=cfg.fsdp_cpu_offload)
-        self.received: list[tuple[int, int, int, bool]] = []  # (step, slot, dataset index, trained)
+        # (step, slot, dataset index, trained) of the latest groups taken, for checks and tests
+        self.received: deque[tuple[int, int, int, bool]] = deque(maxlen=RECEIVED_LOG)
         self.streaming = (algo.group_local and self.critic is None and cfg.updates_once
                           and not self.policy.strategy.lockstep)
         if resume_dir:
@@ -203,7 +206,8 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         return groups
 
     def received_groups(self) -> list[tuple[int, int, int, bool]]:
-        """Every group this rank took: (iteration, slot, dataset index, trained on)."""
+        """The groups this rank took, the latest ``RECEIVED_LOG`` of them: (iteration, slot, dataset index,
+        trained on)."""
         return list(self.received)
 
     def _mini_batch_update(self, mini: RolloutBatch | None, dummy: RolloutBatch | None) -> dict[str, float]:

@@ -45,3 +45,14 @@ def test_each_algorithm_runs_iterations_with_finite_losses(tiny_ckpt, name):
 def test_streaming_path_is_taken_for_group_local_estimators(tiny_ckpt):
     assert Pipeline(tiny_ckpt, AlgorithmConfig(adv_estimator="grpo")).actor.streaming
     assert not Pipeline(tiny_ckpt, AlgorithmConfig(adv_estimator="reinforce_pp")).actor.streaming
+
+
+def test_the_log_of_taken_groups_keeps_the_latest_only(tiny_ckpt, monkeypatch):
+    monkeypatch.setattr("m2flow.workers.actor.RECEIVED_LOG", 6)
+    pipe = Pipeline(tiny_ckpt, AlgorithmConfig(adv_estimator="grpo"), actor=ActorConfig(micro_batch_size=8))
+    for step in range(3):
+        pipe.step(step)
+    received = pipe.actor.received_groups()
+    assert len(received) == 6  # 12 groups taken; the 6 latest kept: two of iteration 1, all four of 2
+    assert [s for s, _, _, _ in received] == [1, 1, 2, 2, 2, 2]
+    assert sorted(slot for s, slot, _, _ in received if s == 2) == [0, 1, 2, 3]
