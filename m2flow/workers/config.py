@@ -107,6 +107,9 @@ class InferenceConfig:
     micro_batch_size: int = option(32, "most responses per forward pass; fewer when fewer are ready")
     dtype: DType = option("float32", "weight dtype of the policy and reference copies")
     num_threads: int = option(1, "torch threads of each inference rank")
+    forward: Literal["hf", "lean"] = option(
+        "hf", "the forward of the policy and reference copies: the HF model's ('hf'), or the lean packed one "
+              "('lean': Qwen2/Llama; each prompt run once per micro-batch, no padding inside a group)")
 
     def validate(self) -> None:
         if self.micro_batch_size < 1:

@@ -41,6 +41,11 @@ class InferenceWorker(ReasoningWorker):
             self.policy = load_causal_lm(model_path, dtype=dtype, device=self.torch_device)
         if algo.needs_reference:
             self.reference = load_causal_lm(model_path, dtype=dtype, device=self.torch_device)
+        if cfg.forward == "lean":  # an unsupported model fails here, not in the first iteration
+            from m2flow.models.lean_lm import check_supported
+
+            for model in self._models():
+                check_supported(model.config)
 
     # -- context switching ------------------------------------------------------------------
     def _models(self) -> list[nn.Module]:
@@ -104,5 +109,5 @@ class InferenceWorker(ReasoningWorker):
         args = (batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
         for model, field in ((self.policy, "old_logprobs"), (self.reference, "ref_logprobs")):
             if model is not None:
-                logp, _ = response_logprobs(model, *args, temperature=self.temperature)
+                logp, _ = response_logprobs(model, *args, temperature=self.temperature, lean=self.cfg.forward == "lean")
                 scatter_rows(groups, field, logp.float().cpu())

@@ -74,8 +74,9 @@ def copy_weights(actor: Any, *targets: torch.nn.Module) -> None:
 class Pipeline:
     """Rollout, reward, inference and actor workers of one iteration, called in turn in this process."""
 
-    def __init__(self, ckpt: str, algo: Any, *, actor: Any = None, reward: Any = None, n: int = 4,
-                 prompts: int = 4, max_new_tokens: int = 6, micro_batch_size: int = 8, seed: int = 0) -> None:
+    def __init__(self, ckpt: str, algo: Any, *, actor: Any = None, reward: Any = None, inference: Any = None,
+                 n: int = 4, prompts: int = 4, max_new_tokens: int = 6, micro_batch_size: int = 8,
+                 seed: int = 0) -> None:
         from m2flow.data import ArithmeticTask
         from m2flow.models.tokenizer import load_tokenizer
         from m2flow.workers.actor import ActorWorker
@@ -96,8 +97,8 @@ class Pipeline:
         reward = reward or RewardConfig(fn="tests.runners.toy_reward:target_fraction")
         self.reward = local_worker(RewardWorker, reward, responses, scored, max_new_tokens=max_new_tokens,
                                    dynamic_sampling=algo.dynamic_sampling, group="reward")
-        self.inference = local_worker(InferenceWorker, ckpt, InferenceConfig(micro_batch_size=micro_batch_size),
-                                      algo, 1.0, n, scored, ready, group="inference")
+        inference = inference or InferenceConfig(micro_batch_size=micro_batch_size)
+        self.inference = local_worker(InferenceWorker, ckpt, inference, algo, 1.0, n, scored, ready, group="inference")
         actor = actor or ActorConfig(micro_batch_size=micro_batch_size)
         self.actor = local_worker(ActorWorker, ckpt, actor, algo, 1.0, n, ready, total_steps=10, seed=seed,
                                   group="actor")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from m2flow.workers.config import AlgorithmConfig
+from m2flow.workers.config import AlgorithmConfig, InferenceConfig
 from tests.workers.harness import Pipeline
 
 
@@ -34,6 +34,19 @@ def test_recomputed_logprobs_match_the_generators_and_the_reference_starts_equal
     # micro_batch_size 6 with groups of 3: everything was ready, so two groups per forward pass.
     assert pipe.streams[2].taken == [2, 2]
     assert metrics["perf/inference_micro_batch"] == 6
+
+
+def test_the_lean_forward_gives_the_hf_forwards_logprobs(tiny_ckpt):
+    algo = AlgorithmConfig(kl_loss_coef=0.1)
+    runs = {}
+    for forward in ("hf", "lean"):
+        pipe = Pipeline(tiny_ckpt, algo, prompts=4, n=3, micro_batch_size=6,
+                        inference=InferenceConfig(micro_batch_size=6, forward=forward))
+        runs[forward], _ = _run_to_inference(pipe)
+    for hf, lean in zip(runs["hf"], runs["lean"], strict=True):
+        assert torch.equal(hf.batch.response_ids, lean.batch.response_ids)  # the same samples
+        torch.testing.assert_close(lean.batch.old_logprobs, hf.batch.old_logprobs, rtol=0, atol=1e-5)
+        torch.testing.assert_close(lean.batch.ref_logprobs, hf.batch.ref_logprobs, rtol=0, atol=1e-5)
 
 
 def test_nothing_is_computed_when_no_algorithm_needs_it(tiny_ckpt):
