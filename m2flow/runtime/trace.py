@@ -198,7 +198,8 @@ class Tracer:
             if first:
                 lines.append(json.dumps({"kind": "process", **asdict(self.info),
                                          "pid": os.getpid(), "host": socket.gethostname()}))
-            names = {str(t.ident): t.name for t in threading.enumerate()}
+            # A thread that is starting has no ident yet: it is named in a later flush.
+            names = {str(t.ident): t.name for t in threading.enumerate() if t.ident is not None}
             lines.append(json.dumps({"kind": "threads", "names": names}))
             off = self._offset_ns
             for ev in chunk:
@@ -328,7 +329,7 @@ def _read_shard(path: Path) -> _Shard | None:
                 log.warning("%s does not start with a process record; skipped", path)
                 return None
             elif kind == "threads":
-                shard.threads.update({int(k): v for k, v in rec["names"].items()})
+                shard.threads.update({int(k): v for k, v in rec["names"].items() if k.isdigit()})
             else:
                 shard.events.append(rec)
     return shard

@@ -205,6 +205,18 @@ def test_merge_skips_a_torn_last_line_and_needs_shards(tmp_path):
     assert [e["name"] for e in _spans(trace)] == ["env_step"]
 
 
+def test_merge_ignores_a_thread_without_an_ident(tmp_path):
+    # Shards written before a starting thread's ident was skipped named it "None".
+    t = Tracer(tmp_path / "trace", ProcessInfo("env", 0), offset_ns=0)
+    t.complete("env_step", 0, MS, cat="env_step")
+    t.close()
+    shard = next((tmp_path / "trace").glob("*.jsonl"))
+    with open(shard, "a") as f:
+        f.write('{"kind": "threads", "names": {"None": "starting"}}\n')
+    trace = load_trace(merge_traces(tmp_path))
+    assert [e["name"] for e in _spans(trace)] == ["env_step"]
+
+
 def test_prepare_trace_dir_clears_an_earlier_run(tmp_path):
     t = Tracer(tmp_path / "trace", ProcessInfo(), offset_ns=0)
     t.complete("step", 0, 1, cat="step")
