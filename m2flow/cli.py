@@ -46,6 +46,11 @@ _COMMANDS: dict[str, Command] = {}
 _plugins_loaded = False
 
 
+def say(text: str) -> None:
+    """One line of a command's output on stdout: subcommands print through here, library modules log."""
+    print(text)
+
+
 def register_command(
     name: str,
     help: str,

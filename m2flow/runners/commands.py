@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from m2flow.cli import CommandError, register_command
+from m2flow.cli import CommandError, register_command, say
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
@@ -77,8 +77,8 @@ def _run_embodied(args: argparse.Namespace) -> int:
     results = evaluate_checkpoint(args.checkpoint, episodes=args.episodes, overrides=args.overrides)
     if not results.get("eval/episodes"):
         raise CommandError(f"no episode of {args.checkpoint} finished")
-    print(f"{args.checkpoint}: mean return {results['eval/return']:.2f} (std {results['eval/return_std']:.2f}), "
-          f"mean length {results['eval/length']:.1f} over {int(results['eval/episodes'])} episodes")
+    say(f"{args.checkpoint}: mean return {results['eval/return']:.2f} (std {results['eval/return_std']:.2f}), "
+        f"mean length {results['eval/length']:.1f} over {int(results['eval/episodes'])} episodes")
     _write(results, args.output)
     return 0
 
@@ -94,8 +94,8 @@ def _run_reasoning(args: argparse.Namespace) -> int:
     if not (path / "config.json").is_file():
         raise CommandError(f"{args.checkpoint} holds no model (no config.json)")
     results = evaluate_checkpoint(str(path), cfg)
-    print(f"{path}: accuracy {results['eval/accuracy']:.4f}, mean length {results['eval/response_length']:.2f} "
-          f"tokens over {int(results['eval/prompts_count'])} prompts ({cfg.data.kind}, {cfg.split})")
+    say(f"{path}: accuracy {results['eval/accuracy']:.4f}, mean length {results['eval/response_length']:.2f} "
+        f"tokens over {int(results['eval/prompts_count'])} prompts ({cfg.data.kind}, {cfg.split})")
     _write(results, args.output)
     return 0
 
