@@ -136,12 +136,11 @@ def response_logprobs(
     for i in range(0, b, mbs):
         sl = slice(i, i + mbs)
         span = _trim(prompt_ids[sl], prompt_mask[sl], response_ids[sl], response_mask[sl])
-        # Only the last lr + 1 positions' logits are needed: the ones predicting response tokens.
         if lean:
             from m2flow.models.lean_packed import lean_packed_logits
 
             logits = lean_packed_logits(model, prompt_ids[sl], prompt_mask[sl], span.response_ids, span.response_mask)
-        else:
+        else:  # only the last lr + 1 positions' logits are needed: the ones predicting response tokens
             positions = position_ids_from_mask(span.attention_mask)
             logits = model(input_ids=span.input_ids, attention_mask=span.attention_mask, position_ids=positions,
                            use_cache=False, logits_to_keep=span.lr + 1).logits[:, -span.lr - 1 : -1]  # (mb, lr, V)

@@ -91,9 +91,10 @@ def pack_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_id
     # Prompts: left-padded in, left-aligned out.
     col = torch.arange(lp, device=dev)[None, :] - (lp - p_len)[:, None]
     uu = torch.arange(u, device=dev)[:, None].expand(u, lp)
-    ids[uu[u_mask], col[u_mask]] = unique[:, :lp][u_mask]
-    positions[uu[u_mask], col[u_mask]] = col[u_mask]
-    segments[uu[u_mask], col[u_mask]] = PROMPT_SEGMENT
+    pu, pc = uu[u_mask], col[u_mask]
+    ids[pu, pc] = unique[:, :lp][u_mask]
+    positions[pu, pc] = pc
+    segments[pu, pc] = PROMPT_SEGMENT
     # Responses: token t of row r (t < packed_len) at column start + t, position p + t.
     t = torch.arange(max(lr - 1, 0), device=dev)[None, :]
     valid = t < packed_len[:, None]
@@ -101,8 +102,9 @@ def pack_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_id
     cols = (start[:, None] + t)[valid]
     ids[g, cols] = response_ids[:, : lr - 1][valid]
     positions[g, cols] = (p_len[group][:, None] + t)[valid]
+    group_rows = torch.bincount(group, minlength=u)
     rank = torch.empty_like(group)  # a row's index among its group's rows, in row order
-    rank[order] = torch.arange(b, device=dev) - _first_of(group[order])
+    rank[order] = torch.arange(b, device=dev) - (group_rows.cumsum(0) - group_rows)[group[order]]
     segments[g, cols] = (rank[:, None] + 1).expand_as(valid)[valid]
 
     # Response token 0 comes from the prompt's last token, token t > 0 from token t - 1.
@@ -111,14 +113,6 @@ def pack_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_id
     src_col = torch.where(steps < r_len[:, None], src_col, 0)  # padding: any column, masked later
     source = group[:, None] * n + src_col
     return PackedGroups(ids, positions, segments, source)
-
-
-def _first_of(sorted_groups: torch.Tensor) -> torch.Tensor:
-    """For group ids in sorted order, the index where each element's run of equal ids begins."""
-    idx = torch.arange(len(sorted_groups), device=sorted_groups.device)
-    is_first = torch.ones_like(sorted_groups, dtype=torch.bool)
-    is_first[1:] = sorted_groups[1:] != sorted_groups[:-1]
-    return torch.cummax(torch.where(is_first, idx, 0), 0).values
 
 
 def lean_packed_logits(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
