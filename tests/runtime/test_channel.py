@@ -198,12 +198,22 @@ def test_close_ends_consumers_after_a_recall_of_partly_taken_items(make_channel)
     hoarder.conn.close()
 
 
+def _tensor_item(i: int) -> dict:
+    return {"i": i, "x": torch.full((100_000,), float(i))}  # large enough for shared memory
+
+
+def _three_held_by_another_node(ch: Channel) -> _OtherProcess:
+    """Put items 0..3; a consumer on another node takes 0 and holds 1..3, pushed to it as bytes."""
+    for i in range(4):
+        ch.put(_tensor_item(i))
+    remote = _OtherProcess(ch, prefetch=4, other_node=True)
+    assert remote.get()["i"] == 0
+    return remote
+
+
 def test_items_pushed_to_another_node_and_given_back_keep_their_memory(make_channel):
     ch = make_channel()
-    for i in range(4):
-        ch.put({"i": i, "x": torch.full((100_000,), float(i))})  # in shared memory
-    remote = _OtherProcess(ch, prefetch=4, other_node=True)
-    assert remote.get()["i"] == 0  # 1..3 were pushed along as bytes in the stream
+    remote = _three_held_by_another_node(ch)
     # A consumer beside the host recalls them: they reach it through the shared memory again.
     for i in (1, 2, 3):
         item = ch.get(timeout=30)
@@ -214,13 +224,10 @@ def test_items_pushed_to_another_node_and_given_back_keep_their_memory(make_chan
 
 def test_a_producer_does_not_reuse_memory_of_items_still_held_for_another_node(make_channel):
     ch = make_channel()
-    for i in range(4):
-        ch.put({"i": i, "x": torch.full((100_000,), float(i))})  # in shared memory
-    remote = _OtherProcess(ch, prefetch=4, other_node=True)
-    assert remote.get()["i"] == 0  # 1..3 pushed along as bytes: the host copied them out of the segments
+    remote = _three_held_by_another_node(ch)  # the host copied 1..3 out of their segments
     time.sleep(0.5)  # the pushes are written, the host's copies dropped
     for i in range(4, 8):  # the producer's pool must not hand out the segments of 1..3 again
-        ch.put({"i": i, "x": torch.full((100_000,), float(i))})
+        ch.put(_tensor_item(i))
     seen = []
     for _ in range(1, 8):  # what the other node holds is recalled once the queue runs dry
         item = ch.get(timeout=30)

@@ -192,29 +192,27 @@ def test_merge_gives_a_process_with_only_shared_counters_no_row(tmp_path):
     assert (counter["pid"], counter["name"], counter["args"]) == (2, "channel/ready", {"depth": 2})
 
 
-def test_merge_skips_a_torn_last_line_and_needs_shards(tmp_path):
-    with pytest.raises(FileNotFoundError):
-        merge_traces(tmp_path)
+def _merged_spans_after_appending(tmp_path, text: str) -> list[str]:
+    """Names of the merged spans of a one-span shard with ``text`` appended to it."""
     t = Tracer(tmp_path / "trace", ProcessInfo("env", 0), offset_ns=0)
     t.complete("env_step", 0, MS, cat="env_step")
     t.close()
     shard = next((tmp_path / "trace").glob("*.jsonl"))
     with open(shard, "a") as f:
-        f.write('{"kind": "X", "name": "cut')
-    trace = load_trace(merge_traces(tmp_path))
-    assert [e["name"] for e in _spans(trace)] == ["env_step"]
+        f.write(text)
+    return [e["name"] for e in _spans(load_trace(merge_traces(tmp_path)))]
+
+
+def test_merge_skips_a_torn_last_line_and_needs_shards(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        merge_traces(tmp_path)
+    assert _merged_spans_after_appending(tmp_path, '{"kind": "X", "name": "cut') == ["env_step"]
 
 
 def test_merge_ignores_a_thread_without_an_ident(tmp_path):
     # Shards written before a starting thread's ident was skipped named it "None".
-    t = Tracer(tmp_path / "trace", ProcessInfo("env", 0), offset_ns=0)
-    t.complete("env_step", 0, MS, cat="env_step")
-    t.close()
-    shard = next((tmp_path / "trace").glob("*.jsonl"))
-    with open(shard, "a") as f:
-        f.write('{"kind": "threads", "names": {"None": "starting"}}\n')
-    trace = load_trace(merge_traces(tmp_path))
-    assert [e["name"] for e in _spans(trace)] == ["env_step"]
+    text = '{"kind": "threads", "names": {"None": "starting"}}\n'
+    assert _merged_spans_after_appending(tmp_path, text) == ["env_step"]
 
 
 def test_prepare_trace_dir_clears_an_earlier_run(tmp_path):
