@@ -9,7 +9,9 @@ constant, so every step trains) and one AdamW update per rollout batch without a
 - ``m2flow:PLAN``: the reasoning runner (``m2flow.runners.reasoning``) under each plan of ``PLANS``
   (placement and micro-batching), one side per plan; ``PLAN+lean`` is the same plan with the
   ``lean`` generation backend instead of HF ``generate`` (``rollout.backend``) and the lean training
-  forward instead of the HF model's (``actor.forward``), both over the same weights.
+  forward instead of the HF model's (``actor.forward``), both over the same weights;
+  ``PLAN+lean+compile`` also runs the lean backend's decoding steps ``torch.compile``d
+  (``rollout.compile``; the compile falls in the untimed warm-up iterations, like start-up).
 Each run is a fresh process that prints one JSON line; sides alternate (A B C A B C ...) for every
 thread count, figures are medians, and each side is compared at its own fastest thread setting.
 
@@ -94,11 +96,12 @@ class Side:
     unavailable: str | None = None
 
 
-BACKENDS = ("hf", "lean")
+BACKENDS = ("hf", "lean", "lean+compile")
 
 
 def plan_and_backend(name: str) -> tuple[RunnerPlan, str]:
-    """``PLAN`` or ``PLAN+BACKEND`` -> the plan and the rollout's generation backend (default hf)."""
+    """``PLAN`` or ``PLAN+BACKEND`` -> the plan and the rollout's generation backend (default hf;
+    ``lean+compile``: the lean backend with compiled decoding steps)."""
     base, _, backend = name.partition("+")
     if base not in PLANS or (backend or "hf") not in BACKENDS:
         raise ValueError(f"unknown plan {name!r}; valid: PLAN or PLAN+BACKEND, PLAN in {list(PLANS)}, "
@@ -219,13 +222,14 @@ def runner_config(w: dict, threads: int, plan: RunnerPlan, run_dir: str, trace: 
         "model": {"path": w["model_dir"]},
         "data": {"kind": "file", "path": w["prompts_file"], "prompts_per_step": p, "shuffle": False},
         "rollout": {"sampling": {"n": g, "temperature": w["temperature"], "max_new_tokens": w["max_new_tokens"]},
-                    "prompts_per_chunk": plan.prompts_per_chunk, "num_threads": threads, "backend": backend},
+                    "prompts_per_chunk": plan.prompts_per_chunk, "num_threads": threads,
+                    "backend": backend.partition("+")[0], "compile": backend.endswith("+compile")},
         # Reward and inference do next to nothing here: one thread each keeps them off the busy cores.
         "reward": {"fn": f"{Path(__file__).stem}:parity_reward", "num_threads": 1},
         "inference": {"num_threads": 1},
         # No KL (so no reference model) and the actor's own detached forward as the old policy (so no
         # extra pass): one forward/backward per response and one optimizer step per batch, as the others.
-        "actor": {"optim": {"lr": w["lr"]}, "num_threads": threads, "forward": backend,
+        "actor": {"optim": {"lr": w["lr"]}, "num_threads": threads, "forward": backend.partition("+")[0],
                   "micro_batch_size": (plan.micro_batch_prompts or p) * g},
         "algorithm": {"adv_estimator": "grpo", "old_logprobs": "actor", "kl_loss_coef": 0.0},
         "steps": w["warmup_steps"] + w["steps"],
@@ -342,7 +346,7 @@ def main() -> None:
     ap.add_argument("--sides", default="m2flow,trl,bare", help="comma-separated sides (m2flow: one per plan)")
     ap.add_argument("--plans", default=",".join([*PLANS, *(f"{p}+lean" for p in PLANS)]),
                     help=f"comma-separated runner plans, each a side of its own: {', '.join(PLANS)}, each "
-                         "optionally +lean (the lean generation backend)")
+                         "optionally +lean (the lean generation backend) or +lean+compile")
     ap.add_argument("--plan", default="collocated", help=argparse.SUPPRESS)
     # Runner sides attach to this Ray instead of starting their own (a multi-node cluster). Hidden: a
     # second process attaching to m2flow's loopback-bound local Ray hangs in ray.init.

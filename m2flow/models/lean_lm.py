@@ -10,7 +10,8 @@ tensor calls per layer (fused q/k/v and gate/up projections, `F.scaled_dot_produ
   last position's logits, `decode(tokens, state)` adds one token per row. Left padding is handled by
   the attention mask; positions count real tokens only (as `position_ids_from_mask`). The fused copies
   are rebuilt by `refresh()`, which `prefill` calls by itself whenever a parameter of the model was
-  modified in place or replaced since the last build (`stale`).
+  modified in place or replaced since the last build (`stale`). With `compile=True` each `decode` runs
+  one `torch.compile`d step over the whole cache instead (`m2flow.models.lean_decode`).
 * Training and scoring, `lean_logits(model, input_ids, attention_mask, position_ids, logits_to_keep)`:
   one forward over full (left- or right-) padded sequences that reads the model's live parameters (no
   copies), so gradients reach them exactly as through `model(...)`; returns the logits of the last
@@ -108,6 +109,14 @@ class _Layer:
     gate_up_bias: list[torch.Tensor | None]
     down: torch.Tensor
     down_bias: torch.Tensor | None
+
+    def flat(self) -> tuple[torch.Tensor | None, ...]:
+        """A fused layer's weights as one flat tuple (what `lean_decode.decode_step` takes: a tuple of
+        tensors is cheaper for a compiled function to check than an object)."""
+        if len(self.qkv) != 1 or len(self.gate_up) != 1:
+            raise ValueError("flat() needs fused q/k/v and gate/up weights")
+        return (self.input_norm, self.post_norm, self.qkv[0], self.qkv_bias[0], self.o, self.o_bias,
+                self.gate_up[0], self.gate_up_bias[0], self.down, self.down_bias)
 
 
 def _fuse(tensors: list[torch.Tensor | None], rows: list[int]) -> torch.Tensor | None:
@@ -279,19 +288,26 @@ class DecodeState:
 class LeanLM:
     """Generation with a preallocated KV cache over fused copies of a Qwen2/Llama model's weights."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, compile: bool = False) -> None:
         check_supported(model.config)
         self.model = model
         """The HF model whose parameters are read (and fused on `refresh`)."""
         self.shape = _Shape.of(model)
+        self.compiled: Any = None
+        """With `compile`: the `CompiledDecode` that runs each decoding step (`m2flow.models.lean_decode`)."""
+        if compile:
+            from m2flow.models.lean_decode import CompiledDecode
+
+            self.compiled = CompiledDecode(self.shape)
         self._layers: list[_Layer] = []
         self._built_from: list[tuple[int, int, int]] | None = None
         self.refresh()
 
     @classmethod
-    def from_hf(cls, model: nn.Module) -> LeanLM:
-        """A generator over `model` (a `Qwen2ForCausalLM` or `LlamaForCausalLM`); ValueError if unsupported."""
-        return cls(model)
+    def from_hf(cls, model: nn.Module, compile: bool = False) -> LeanLM:
+        """A generator over `model` (a `Qwen2ForCausalLM` or `LlamaForCausalLM`); ValueError if unsupported.
+        With `compile` each decoding step runs as one `torch.compile`d function (see `lean_decode`)."""
+        return cls(model, compile=compile)
 
     def _fingerprint(self) -> list[tuple[int, int, int]]:
         # In-place updates (optimizer steps, load_state_dict, copy_) bump a tensor's version counter;
@@ -307,11 +323,13 @@ class LeanLM:
     def refresh(self) -> None:
         """(Re)build the fused weights from the model's current parameters."""
         self._layers = [_layer(layer, fused=True) for layer in self.model.model.layers]
+        self._flat = tuple(w.flat() for w in self._layers)
         self._built_from = self._fingerprint()
 
     def release(self) -> None:
         """Drop the fused copies (e.g. before the model is moved off the device); rebuilt on the next use."""
         self._layers = []
+        self._flat = ()
         self._built_from = None
 
     # ---- the forward -------------------------------------------------------------------------
@@ -347,7 +365,8 @@ class LeanLM:
         table = torch.arange(lp + max_new_tokens, device=device)
         cos, sin = _rope_table(self.model.model.rotary_emb.inv_freq, table, dtype)
         state = DecodeState(
-            keys=torch.empty(cache, dtype=dtype, device=device), values=torch.empty(cache, dtype=dtype, device=device),
+            # Zeros, not garbage: a compiled step attends over empty slots too (at weight 0; NaN * 0 is NaN).
+            keys=torch.zeros(cache, dtype=dtype, device=device), values=torch.zeros(cache, dtype=dtype, device=device),
             key_bias=key_bias, next_position=positions[:, -1:] + 1, length=0, cos=cos, sin=sin,
         )
         logits = self._forward(input_ids, positions, state, _padded_causal_mask(attention_mask))
@@ -360,7 +379,21 @@ class LeanLM:
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor, state: DecodeState) -> torch.Tensor:
         """Append one token per row, tokens (B,); logits (B, V) of the token after it."""
-        state.key_bias[:, :, :, state.length] = 0.0
         positions = state.next_position
         state.next_position = positions + 1
+        if self.compiled is not None:
+            # The step attends over the whole cache (the new token through its own keys), then the
+            # token's keys and values go into its slot.
+            base = self.model.model
+            logits, keys, values = self.compiled(
+                tokens, positions, state.keys, state.values, state.key_bias, state.cos, state.sin,
+                base.embed_tokens.weight, self._flat, base.norm.weight, self.model.lm_head.weight,
+                self.model.lm_head.bias)
+            slot = state.length
+            state.keys[:, :, :, slot : slot + 1] = keys
+            state.values[:, :, :, slot : slot + 1] = values
+            state.key_bias[:, :, :, slot] = 0.0
+            state.length += 1
+            return logits
+        state.key_bias[:, :, :, state.length] = 0.0
         return self._forward(tokens[:, None], positions, state, state.key_bias[..., : state.length + 1])

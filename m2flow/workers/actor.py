@@ -105,7 +105,8 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         from m2flow.backends.generation import generation_backend_over
 
         module = self.policy.module
-        backend = generation_backend_over(cfg.backend, module, self.tokenizer, device=self.torch_device)
+        options = {"compile": cfg.compile} if cfg.backend == "lean" else {}
+        backend = generation_backend_over(cfg.backend, module, self.tokenizer, device=self.torch_device, **options)
         module.train()  # backends put their model in eval mode; generation does so per call instead
         self.setup_generation(backend, cfg, prompts, responses, seed=seed, scorer=scorer, shared_model=module)
         if responses.name == self.inp.name and responses.consumers == prompts.consumers == self.world_size:

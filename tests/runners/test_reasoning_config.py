@@ -40,6 +40,7 @@ def test_there_are_arithmetic_and_gsm8k_examples():
       "data": {"prompts_per_step": 2}}, "", "at least the number of actor ranks"),
     ({"data": {"kind": "gsm8k"}}, "data.path", "is required for kind 'gsm8k'"),
     ({"rollout": {"sampling": {"n": 0}}}, "rollout.sampling.n", "must be >= 1, got 0"),
+    ({"rollout": {"compile": True}}, "rollout.compile", "is an option of the 'lean' backend, not of 'hf'"),
     ({"actor": {"optim": {"lr": -1}}}, "actor.optim.lr", "must be > 0"),
     ({"steps": 0}, "steps", "must be >= 1"),
 ])

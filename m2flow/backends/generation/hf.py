@@ -111,12 +111,14 @@ class HFGenerationBackend:
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         prompts_per_chunk: int | None = None,
+        **options: Any,
     ) -> HFGenerationBackend:
-        """Load model and tokenizer from one local directory."""
+        """Load model and tokenizer from one local directory; `options` go to the class (e.g. the lean
+        backend's `compile`)."""
         from m2flow.models.causal_lm import load_model_and_tokenizer
 
         model, tokenizer = load_model_and_tokenizer(path, dtype=dtype, device=device)
-        return cls(model, tokenizer, device=device, prompts_per_chunk=prompts_per_chunk)
+        return cls(model, tokenizer, device=device, prompts_per_chunk=prompts_per_chunk, **options)
 
     # ---- generation -------------------------------------------------------------------------
 

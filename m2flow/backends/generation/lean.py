@@ -61,10 +61,12 @@ class LeanGenerationBackend(HFGenerationBackend):
         tokenizer: Any,
         device: str | torch.device = "cpu",
         prompts_per_chunk: int | None = None,
+        compile: bool = False,
     ) -> None:
         check_supported(model.config)
         super().__init__(model, tokenizer, device=device, prompts_per_chunk=prompts_per_chunk)
-        self.lean = LeanLM.from_hf(self.model)
+        self.lean = LeanLM.from_hf(self.model, compile=compile)
+        """The decoder; with `compile` its decoding steps run `torch.compile`d (`m2flow.models.lean_decode`)."""
 
     @torch.no_grad()
     def _generate_chunk(

@@ -105,6 +105,18 @@ def test_seed_makes_sampling_reproducible(backend, tok):
     assert torch.equal(torch.rand(1), before)
 
 
+def test_compiled_decoding_samples_what_eager_decoding_samples(ckpt, tok):
+    eager = LeanGenerationBackend.from_pretrained(ckpt)
+    compiled = LeanGenerationBackend.from_pretrained(ckpt, compile=True)
+    for params in (SamplingParams(n=3, max_new_tokens=10, seed=4), SamplingParams(n=2, temperature=0, max_new_tokens=8)):
+        want, got = eager.generate(_prompts(tok), params), compiled.generate(_prompts(tok), params)
+        assert _flat(got) == _flat(want)
+        for g, w in zip(got, want):
+            for r, s in zip(g.responses, w.responses):
+                assert torch.allclose(torch.tensor(r.logprobs), torch.tensor(s.logprobs), atol=1e-5)
+    assert compiled.lean.compiled.active
+
+
 def test_top_k_one_is_greedy(pair, tok):
     _, lean = pair
     greedy = lean.generate(_prompts(tok), SamplingParams(n=2, temperature=0, max_new_tokens=8))
