@@ -108,7 +108,8 @@ def test_seed_makes_sampling_reproducible(backend, tok):
 def test_compiled_decoding_samples_what_eager_decoding_samples(ckpt, tok):
     eager = LeanGenerationBackend.from_pretrained(ckpt)
     compiled = LeanGenerationBackend.from_pretrained(ckpt, compile=True)
-    sampled, greedy = SamplingParams(n=3, max_new_tokens=10, seed=4), SamplingParams(n=2, temperature=0, max_new_tokens=8)
+    sampled = SamplingParams(n=3, max_new_tokens=10, seed=4)
+    greedy = SamplingParams(n=2, temperature=0, max_new_tokens=8)
     for params in (sampled, greedy):
         want, got = eager.generate(_prompts(tok), params), compiled.generate(_prompts(tok), params)
         assert _flat(got) == _flat(want)
