@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from m2flow.models.lean_lm import _rms_norm, _rotate, _Shape
+from m2flow.models.lean_lm import _attention_inputs, _Layer, _mlp, _rms_norm, _Shape
 
 __all__ = ["CompiledDecode", "decode_step"]
 
@@ -41,35 +41,29 @@ log = logging.getLogger(__name__)
 
 def decode_step(shape: _Shape, tokens: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor,
                 values: torch.Tensor, key_bias: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                embed: torch.Tensor, layers: tuple[tuple[torch.Tensor | None, ...], ...], norm: torch.Tensor,
-                head: torch.Tensor, head_bias: torch.Tensor | None,
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                embed: torch.Tensor, layers: tuple[_Layer, ...], norm: torch.Tensor, head: torch.Tensor,
+                head_bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One token per row, tokens (B,) at positions (B, 1), attending to the cache and to itself.
 
     keys/values (layers, B, KV, Lmax, D) are read, not written; key_bias (B, 1, 1, Lmax) is 0 on the
     slots a row attends to and -inf elsewhere (the new token's slot included: it is attended through
-    its own keys). cos/sin (P, D) are the rotary tables; `layers` holds each layer's `_Layer.flat()`.
-    Returns the logits (B, V) and the token's keys and values (layers, B, KV, 1, D) for the cache.
+    its own keys). cos/sin (P, D) are the rotary tables. Returns the logits (B, V) and the token's keys
+    and values (layers, B, KV, 1, D) for the cache.
     """
     b = tokens.shape[0]
     heads, kv, d = shape.num_heads, shape.num_kv_heads, shape.head_dim
-    group, scale = heads // kv, d**-0.5
     h = F.embedding(tokens[:, None], embed)  # (B, 1, hidden)
     cos_t, sin_t = cos[positions][:, :, None], sin[positions][:, :, None]  # (B, 1, 1, D)
     new_keys, new_values = [], []
-    for i, (in_norm, post_norm, qkv_w, qkv_b, o_w, o_b, gu_w, gu_b, down_w, down_b) in enumerate(layers):
-        qkv = F.linear(_rms_norm(h, in_norm, shape.eps), qkv_w, qkv_b)  # (B, 1, (heads + 2 kv) d)
-        qk = _rotate(qkv[..., : (heads + kv) * d].view(b, 1, heads + kv, d), cos_t, sin_t)
-        q = qk[:, 0, :heads].reshape(b, kv, group, d)
-        k = qk[:, 0, heads:, None]  # (B, KV, 1, D)
-        v = qkv[:, 0, (heads + kv) * d :].view(b, kv, 1, d)
-        cached = torch.matmul(q, keys[i].transpose(-1, -2)) * scale + key_bias  # (B, KV, group, Lmax)
-        own = torch.matmul(q, k.transpose(-1, -2)) * scale  # (B, KV, group, 1)
+    for i, w in enumerate(layers):
+        q, k, v = _attention_inputs(_rms_norm(h, w.input_norm, shape.eps), w, shape, cos_t, sin_t)
+        q = q.reshape(b, kv, heads // kv, d)  # (B, H, 1, D) grouped by key/value head
+        cached = torch.matmul(q, keys[i].transpose(-1, -2)) * d**-0.5 + key_bias  # (B, KV, group, Lmax)
+        own = torch.matmul(q, k.transpose(-1, -2)) * d**-0.5  # (B, KV, group, 1)
         p = torch.cat((cached, own), dim=-1).softmax(-1)
         o = torch.matmul(p[..., :-1], values[i]) + p[..., -1:] * v  # (B, KV, group, D)
-        h = h + F.linear(o.reshape(b, 1, heads * d), o_w, o_b)
-        gate, up = F.linear(_rms_norm(h, post_norm, shape.eps), gu_w, gu_b).split(shape.intermediate, dim=-1)
-        h = h + F.linear(F.silu(gate) * up, down_w, down_b)
+        h = h + F.linear(o.reshape(b, 1, heads * d), w.o, w.o_bias)
+        h = h + _mlp(_rms_norm(h, w.post_norm, shape.eps), w, shape)
         new_keys.append(k)
         new_values.append(v)
     logits = F.linear(_rms_norm(h[:, -1], norm, shape.eps), head, head_bias)

@@ -110,14 +110,6 @@ class _Layer:
     down: torch.Tensor
     down_bias: torch.Tensor | None
 
-    def flat(self) -> tuple[torch.Tensor | None, ...]:
-        """A fused layer's weights as one flat tuple (what `lean_decode.decode_step` takes: a tuple of
-        tensors is cheaper for a compiled function to check than an object)."""
-        if len(self.qkv) != 1 or len(self.gate_up) != 1:
-            raise ValueError("flat() needs fused q/k/v and gate/up weights")
-        return (self.input_norm, self.post_norm, self.qkv[0], self.qkv_bias[0], self.o, self.o_bias,
-                self.gate_up[0], self.gate_up_bias[0], self.down, self.down_bias)
-
 
 def _fuse(tensors: list[torch.Tensor | None], rows: list[int]) -> torch.Tensor | None:
     """Concatenate weights (or biases) along the output dimension; a missing bias counts as zeros."""
@@ -211,9 +203,13 @@ def _decoder_layer(h: torch.Tensor, w: _Layer, s: _Shape, cos: torch.Tensor, sin
         scale=s.head_dim**-0.5, enable_gqa=s.num_heads != s.num_kv_heads,
     )
     h = h + F.linear(o.transpose(1, 2).reshape(b, t, s.num_heads * s.head_dim), w.o, w.o_bias)
-    x = _rms_norm(h, w.post_norm, s.eps)
+    return h + _mlp(_rms_norm(h, w.post_norm, s.eps), w, s)
+
+
+def _mlp(x: torch.Tensor, w: _Layer, s: _Shape) -> torch.Tensor:
+    """The SiLU-gated MLP of normed x."""
     gate, up = _project(x, w.gate_up, w.gate_up_bias, (s.intermediate, s.intermediate))
-    return h + F.linear(F.silu(gate) * up, w.down, w.down_bias)
+    return F.linear(F.silu(gate) * up, w.down, w.down_bias)
 
 
 def _padded_causal_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -323,13 +319,11 @@ class LeanLM:
     def refresh(self) -> None:
         """(Re)build the fused weights from the model's current parameters."""
         self._layers = [_layer(layer, fused=True) for layer in self.model.model.layers]
-        self._flat = tuple(w.flat() for w in self._layers)
         self._built_from = self._fingerprint()
 
     def release(self) -> None:
         """Drop the fused copies (e.g. before the model is moved off the device); rebuilt on the next use."""
         self._layers = []
-        self._flat = ()
         self._built_from = None
 
     # ---- the forward -------------------------------------------------------------------------
@@ -387,7 +381,7 @@ class LeanLM:
             base = self.model.model
             logits, keys, values = self.compiled(
                 tokens, positions, state.keys, state.values, state.key_bias, state.cos, state.sin,
-                base.embed_tokens.weight, self._flat, base.norm.weight, self.model.lm_head.weight,
+                base.embed_tokens.weight, tuple(self._layers), base.norm.weight, self.model.lm_head.weight,
                 self.model.lm_head.bias)
             slot = state.length
             state.keys[:, :, :, slot : slot + 1] = keys
