@@ -122,3 +122,16 @@ def write_result(name: str, result: dict[str, Any]) -> Path:
 
 def environment() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0], "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def g1_model(threads: int, training: bool) -> Any:
+    """G1's model (Qwen2, hidden 128, 4 layers, ~1.05M parameters, seed 0) after setting torch's
+    thread count; torch and transformers are imported here, so peer scripts need neither."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=19, hidden_size=128, intermediate_size=512, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64, pad_token_id=0)
+    return Qwen2ForCausalLM(config).train(training)

@@ -15,7 +15,7 @@ import statistics
 import time
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from common import g1_model
 
 from m2flow.models.lean_lm import DecodeState, LeanLM
 
@@ -50,11 +50,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=200, help="timed steps per side and round")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=19, hidden_size=128, intermediate_size=512, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64, pad_token_id=0)
-    model = Qwen2ForCausalLM(config).eval()  # G1's model: ~1.05M parameters
+    model = g1_model(args.threads, training=False)
     eager, compiled = LeanLM.from_hf(model), LeanLM.from_hf(model, compile=True)
     with torch.no_grad():
         t0 = time.perf_counter()

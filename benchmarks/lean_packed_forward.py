@@ -17,7 +17,7 @@ import statistics
 import time
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from common import g1_model
 
 from m2flow.data.batch import left_pad, right_pad
 from m2flow.models.causal_lm import logprobs_from_logits
@@ -59,11 +59,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=30, help="timed passes per side and round")
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=19, hidden_size=128, intermediate_size=512, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64, pad_token_id=0)
-    model = Qwen2ForCausalLM(config).train()  # G1's model: ~1.05M parameters
+    model = g1_model(args.threads, training=True)
     for prompts in (int(p) for p in args.prompts.split(",")):
         batch = _batch(prompts, args.group, args.max_new_tokens, random.Random(0))
         _time(_padded, model, batch, 3), _time(lean_packed_logits, model, batch, 3)  # warm-up

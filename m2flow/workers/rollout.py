@@ -33,10 +33,9 @@ class RolloutWorker(GeneratesGroups, ReasoningWorker):
         self._offloaded = False
 
     def _backend_kwargs(self) -> dict[str, Any]:
-        if self.cfg.backend == "lean":
-            return {"device": self.torch_device, "dtype": torch_dtype(self.cfg.dtype), "compile": self.cfg.compile}
-        if self.cfg.backend == "hf":
-            return {"device": self.torch_device, "dtype": torch_dtype(self.cfg.dtype)}
+        if self.cfg.backend in ("hf", "lean"):
+            kwargs = {"device": self.torch_device, "dtype": torch_dtype(self.cfg.dtype)}
+            return {**kwargs, "compile": self.cfg.compile} if self.cfg.backend == "lean" else kwargs
         if self.cfg.backend == "vllm":  # the engine places itself on the visible GPU
             return {"dtype": self.cfg.dtype, "seed": self.seed}
         return {}
