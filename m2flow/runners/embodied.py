@@ -147,7 +147,8 @@ class EmbodiedFlow:
             "env": (EnvWorker, (env_cfg, cfg.rollout_steps), env_kwargs, cfg.env_worker.num_threads),
             "actor": (ActorWorker, (obs_space, act_space, cfg.policy, cfg.algorithm, cfg.actor),
                       dict(env_group=self.names["env"], env_ranks=self.env_ranks, total_iterations=self.iterations,
-                           seed=cfg.seed, shares_devices=bool(actor_devices & plan[policy_holder].devices)),
+                           seed=cfg.seed, shares_devices=bool(actor_devices & plan[policy_holder].devices),
+                           batch_size=cfg.rollout_steps * cfg.env.num_envs * self.env_ranks),
                       cfg.actor.num_threads),
         }
         if not self.fused:

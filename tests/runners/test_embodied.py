@@ -50,7 +50,7 @@ PLANS = {
     # name: (placement, pipeline stages, expected mode, env+rollout fused)
     "collocated": ("env,rollout,actor: 0", 1, "collocated", True),
     "disaggregated": ("env: 0, rollout: 1, actor: 2", 2, "disaggregated", False),
-    "hybrid": ("env: 0, rollout: 1, actor: 0-1", 2, "hybrid", False),  # two actor ranks, gloo
+    "hybrid": ("env: 0, rollout: 1, actor: 0-1", 2, "hybrid", False),  # two actor ranks, compiled steps
 }
 
 
@@ -64,7 +64,8 @@ def runs(tmp_path_factory):
     out = {}
     for name, (placement, stages, _, _) in PLANS.items():
         cfg = toy_config(tmp_path_factory.mktemp(name), placement=placement, pipeline_stages=stages,
-                         trace=name == "hybrid", checkpoint_every=4 if name == "collocated" else 0)
+                         trace=name == "hybrid", checkpoint_every=4 if name == "collocated" else 0,
+                         **{"actor.compile": name == "hybrid"})
         out[name] = (cfg, train(cfg, cluster=cluster))
     return out
 
@@ -97,6 +98,7 @@ def test_metrics_and_trace_are_written(runs):
     for key in ("env/episode_return", "actor/approx_kl", "time/env_steps_per_s", "time/env_busy_s",
                 "time/rollout_busy_s", "time/actor_busy_s", "critic/value_loss"):
         assert key in lines[-1], key
+    assert all(line["actor/compiled"] == 1.0 for line in lines)  # actor.compile: every update ran compiled
     trace = json.loads((run_dir / "trace.json").read_text())
     names = {e.get("name") for e in trace["traceEvents"]}
     assert {"env_step", "act", "train", "step"} <= names

@@ -32,6 +32,15 @@ log = logging.getLogger(__name__)
 ACTOR_FILE = "actor.pt"
 
 
+def zero_batch(obs_space: Any, action_space: Any, size: int, device: torch.device) -> PPOBatch:
+    """A batch of ``size`` zero samples with the shapes and dtypes ``build_batch`` gives (for compiling)."""
+    discrete = not getattr(action_space, "shape", None)
+    actions = (torch.zeros(size, dtype=torch.int64, device=device) if discrete
+               else torch.zeros((size, *action_space.shape), device=device))
+    column = torch.zeros(size, device=device)
+    return PPOBatch(torch.zeros((size, *obs_space.shape), device=device), actions, column, column, column, column)
+
+
 def _all_reduce_sum(tensor: torch.Tensor) -> None:
     import torch.distributed as dist
 
@@ -54,6 +63,7 @@ class ActorWorker(Worker):
         total_iterations: int,
         seed: int = 0,
         shares_devices: bool = False,
+        batch_size: int | None = None,
     ) -> None:
         self.cfg = ppo
         self.env_group = env_group
@@ -70,7 +80,10 @@ class ActorWorker(Worker):
             self.init_process_group(backend)
             exchange = uses_exchange(actor.host_sum, self.world_size, self.device.type)
             all_reduce = ExchangeSum(self.comm, self.group_name, self.rank, self.world_size) if exchange else _all_reduce_sum
-        self.updater = PPOUpdater(self.policy, ppo, self.rank, self.world_size, all_reduce, seed=seed)
+        self.updater = PPOUpdater(self.policy, ppo, self.rank, self.world_size, all_reduce, seed=seed,
+                                  compile=actor.compile)
+        if actor.compile and batch_size:  # compile now: start-up cost, not part of the first update
+            self.updater.warm_up(zero_batch(obs_space, action_space, batch_size, self.device))
         self._host_state: dict[str, torch.Tensor] | None = None
 
     # -- the iteration ---------------------------------------------------------------------------
@@ -103,6 +116,8 @@ class ActorWorker(Worker):
         metrics = self.updater.update(batch, lr)
         metrics.update(extra)
         metrics["actor/lr"] = lr
+        if self.updater.compiled is not None:
+            metrics["actor/compiled"] = float(self.updater.compiling)  # 0 once a compile failure fell back
         metrics.update(self._policy_stats(batch))
         return metrics
 

@@ -22,6 +22,9 @@ Derivatives used, per sample (z = (a - mu) / sigma, r = exp(log-ratio), A' = -A 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import NamedTuple
+
 import torch
 from torch import Tensor, nn
 
@@ -65,120 +68,216 @@ def supports(policy: ActorCritic, cfg: PPOConfig) -> bool:
 # the hot path below uses 0-dim tensors made once instead.
 
 
-def _forward(layers: list[Layer], x: Tensor) -> list[Tensor]:
+class Constants(NamedTuple):
+    """0-dim tensors the step uses: 1, 0 and the ratio's clip bounds."""
+
+    one: Tensor
+    zero: Tensor
+    low: Tensor
+    high: Tensor
+
+
+@dataclass(frozen=True)
+class Net:
+    """Where each tensor of an MLP actor-critic sits in its list of parameters (``FlatParameters.params``)."""
+
+    actor: tuple[tuple[int, int, str], ...]
+    """(weight, bias, activation) of each actor trunk layer."""
+    critic: tuple[tuple[int, int, str], ...] | None
+    """the same for the critic trunk; None: the critic reads the actor's features."""
+    head: tuple[int, int]
+    """(weight, bias) of the Gaussian mean or of the categorical logits."""
+    log_std: int | None
+    """the Gaussian log-std; None for a categorical head."""
+    value: tuple[int, int]
+    """(weight, bias) of the value head."""
+    use_critic: bool
+
+    @staticmethod
+    def of(policy: ActorCritic, params: list[Tensor], cfg: PPOConfig) -> Net:
+        index = {id(p): i for i, p in enumerate(params)}
+
+        def layers(trunk: nn.Module) -> tuple[tuple[int, int, str], ...]:
+            return tuple((index[id(lin.weight)], index[id(lin.bias)], act) for lin, act in _mlp(trunk) or [])
+
+        head = policy.head
+        gaussian = isinstance(head, GaussianHead)
+        out = head.mean if gaussian else head.logits
+        return Net(
+            actor=layers(policy.actor_trunk),
+            critic=None if policy.critic_trunk is None else layers(policy.critic_trunk),
+            head=(index[id(out.weight)], index[id(out.bias)]),
+            log_std=index[id(head.log_std)] if gaussian else None,
+            value=(index[id(policy.value_head.weight)], index[id(policy.value_head.bias)]),
+            use_critic=cfg.use_critic,
+        )
+
+
+class GradSink:
+    """Writes each gradient into its tensor of ``.grad`` views (``out=``: nothing allocated)."""
+
+    def __init__(self, grads: list[Tensor]) -> None:
+        self.grads = grads
+
+    def mm(self, i: int, a: Tensor, b: Tensor) -> None:
+        torch.mm(a, b, out=self.grads[i])
+
+    def sum0(self, i: int, x: Tensor) -> None:
+        torch.sum(x, 0, out=self.grads[i])
+
+    def sub(self, i: int, value: float) -> None:
+        self.grads[i].sub_(value)
+
+
+class GradList(GradSink):
+    """Collects each gradient as a new tensor, for code that must not write into its inputs (compiled)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__([None] * n)  # type: ignore[list-item]
+
+    def mm(self, i: int, a: Tensor, b: Tensor) -> None:
+        self.grads[i] = torch.mm(a, b)
+
+    def sum0(self, i: int, x: Tensor) -> None:
+        self.grads[i] = torch.sum(x, 0)
+
+    def sub(self, i: int, value: float) -> None:
+        self.grads[i] = self.grads[i] - value
+
+
+def _forward(layers: tuple[tuple[int, int, str], ...], p: list[Tensor], x: Tensor) -> list[Tensor]:
     """Activations of every layer, input first: [x, h1, ..., hL]."""
     hs = [x]
-    for linear, act in layers:
-        pre = torch.addmm(linear.bias, hs[-1], linear.weight.t())
+    for w, b, act in layers:
+        pre = torch.addmm(p[b], hs[-1], p[w].t())
         hs.append(torch.tanh(pre) if act == "tanh" else torch.relu(pre))
     return hs
 
 
-def _backward(layers: list[Layer], hs: list[Tensor], grad: Tensor, one: Tensor) -> None:
+def _backward(layers: tuple[tuple[int, int, str], ...], p: list[Tensor], hs: list[Tensor], grad: Tensor,
+              sink: GradSink, one: Tensor) -> None:
     """Write the weight and bias gradients of ``layers`` given d loss / d (last activation)."""
     for i in range(len(layers) - 1, -1, -1):
-        linear, act = layers[i]
+        w, b, act = layers[i]
         h = hs[i + 1]
         if act == "tanh":
             grad = grad * torch.addcmul(one, h, h, value=-1.0)  # 1 - h^2
         else:
             grad = torch.where(h > 0, grad, one - one)
-        torch.mm(grad.t(), hs[i], out=linear.weight.grad)
-        torch.sum(grad, 0, out=linear.bias.grad)
+        sink.mm(w, grad.t(), hs[i])
+        sink.sum0(b, grad)
         if i:
-            grad = torch.mm(grad, linear.weight)
+            grad = torch.mm(grad, p[w])
+
+
+def minibatch_gradient(net: Net, p: list[Tensor], sink: GradSink, k: Constants, obs: Tensor, actions: Tensor,
+                       offset: Tensor, neg_adv: Tensor, returns: Tensor, value_factor: Tensor,
+                       entropy_slope: float) -> Tensor:
+    """Hand every parameter's d loss / d p to ``sink``; returns the metric parts (see ``PPOUpdater._step_loss``).
+
+    ``p`` are the parameters in ``net``'s order, ``value_factor`` is 2 * vf_coef * scale and
+    ``entropy_slope`` ent_coef * scale * (samples), the Gaussian entropy bonus's constant slope.
+    """
+    x = obs.flatten(1) if obs.dim() > 2 else obs
+    hs = _forward(net.actor, p, x)
+    features = hs[-1]
+    w_out, b_out = net.head
+    # log-ratio and d log-ratio / d (head output)
+    if net.log_std is not None:
+        log_std = p[net.log_std]
+        mean = torch.addmm(p[b_out], features, p[w_out].t())
+        inv_std = torch.exp(-log_std)
+        z = (actions - mean) * inv_std
+        zz = z * z
+        log_ratio = torch.sub(offset - log_std.sum(), zz.sum(-1), alpha=0.5)
+    else:
+        logits = torch.addmm(p[b_out], features, p[w_out].t())
+        log_p = torch.log_softmax(logits, dim=-1)
+        log_ratio = log_p.gather(-1, actions).squeeze(-1) + offset
+    ratio = torch.exp(log_ratio)
+    clipped = torch.clamp(ratio, k.low, k.high)
+    unclipped_term, clipped_term = neg_adv * ratio, neg_adv * clipped
+    active = unclipped_term >= clipped_term
+    pg = torch.where(active, unclipped_term, clipped_term).sum()
+    d_log_ratio = torch.where(active, unclipped_term, k.zero).unsqueeze(-1)  # A' r where active
+    if net.log_std is not None:
+        d_out = d_log_ratio * z * inv_std  # d loss / d mean
+        sink.sum0(net.log_std, d_log_ratio * (zz - k.one))
+        if entropy_slope:  # entropy = n * (sum log_std + const): a constant slope per dimension
+            sink.sub(net.log_std, entropy_slope)
+    else:
+        d_out = -torch.exp(log_p) * d_log_ratio  # d loss / d logits
+        d_out.scatter_add_(1, actions, d_log_ratio)
+    sink.mm(w_out, d_out.t(), features)
+    sink.sum0(b_out, d_out)
+    d_features = torch.mm(d_out, p[w_out])
+    # the critic
+    if net.critic is None:
+        critic_hs, critic_features = hs, features
+    else:
+        critic_hs = _forward(net.critic, p, x)
+        critic_features = critic_hs[-1]
+    w_v, b_v = net.value
+    values = torch.addmm(p[b_v], critic_features, p[w_v].t()).squeeze(-1)
+    error = values - returns
+    sq = torch.dot(error, error)
+    if net.use_critic:
+        d_values = (error * value_factor).unsqueeze(-1)
+    else:
+        d_values = torch.zeros_like(error).unsqueeze(-1)
+    sink.mm(w_v, d_values.t(), critic_features)
+    sink.sum0(b_v, d_values)
+    d_critic = torch.mm(d_values, p[w_v])
+    if net.critic is None:
+        _backward(net.actor, p, hs, d_features + d_critic, sink, k.one)
+    else:
+        _backward(net.actor, p, hs, d_features, sink, k.one)
+        _backward(net.critic, p, critic_hs, d_critic, sink, k.one)
+    if not net.use_critic:
+        sq = k.zero
+    clipped_count = (clipped != ratio).sum(dtype=ratio.dtype)
+    return torch.stack((pg, sq, ratio.sum(), log_ratio.sum(), clipped_count))
+
+
+def constants(cfg: PPOConfig, dtype: torch.dtype, device: torch.device | str) -> Constants:
+    def full(value: float) -> Tensor:
+        return torch.full((), value, dtype=dtype, device=device)
+
+    return Constants(full(1.0), full(0.0), full(1.0 - cfg.clip), full(1.0 + cfg.clip))
 
 
 class ClosedFormPPO:
     """Loss parts and gradients of one minibatch share, for a policy :func:`supports` accepts."""
 
-    def __init__(self, policy: ActorCritic, cfg: PPOConfig) -> None:
+    def __init__(self, policy: ActorCritic, cfg: PPOConfig, params: list[nn.Parameter] | None = None) -> None:
         if not supports(policy, cfg):
             raise ValueError("this policy or config needs autograd")
         self.policy = policy
         self.cfg = cfg
-        self.actor = _mlp(policy.actor_trunk)
-        self.critic = _mlp(policy.critic_trunk) if policy.critic_trunk is not None else None
-        self.gaussian = isinstance(policy.head, GaussianHead)
-        dtype = next(policy.parameters()).dtype
-        device = next(policy.parameters()).device
-        self._one = torch.ones((), dtype=dtype, device=device)
-        self._zero = torch.zeros((), dtype=dtype, device=device)
-        self._low = torch.full((), 1.0 - cfg.clip, dtype=dtype, device=device)
-        self._high = torch.full((), 1.0 + cfg.clip, dtype=dtype, device=device)
+        self.params = list(params) if params is not None else [p for p in policy.parameters() if p.requires_grad]
+        self.net = Net.of(policy, self.params, cfg)
+        first = self.params[0]
+        self.k = constants(cfg, first.dtype, first.device)
         self._value_scale: dict[float, Tensor] = {}
 
     def to(self, device: torch.device | str) -> None:
         """Move the cached constants along with the policy."""
-        for name in ("_one", "_zero", "_low", "_high"):
-            setattr(self, name, getattr(self, name).to(device))
+        self.k = Constants(*(t.to(device) for t in self.k))
         self._value_scale = {}
+
+    def value_factor(self, scale: float) -> Tensor:
+        """2 * vf_coef * scale as a 0-dim tensor, made once per scale."""
+        factor = self._value_scale.get(scale)
+        if factor is None:
+            factor = self._value_scale[scale] = torch.full((), 2.0 * self.cfg.vf_coef * scale,
+                                                           dtype=self.k.one.dtype, device=self.k.one.device)
+        return factor
 
     @torch.no_grad()
     def step(self, obs: Tensor, actions: Tensor, offset: Tensor, neg_adv: Tensor, returns: Tensor,
              scale: float) -> Tensor:
         """Write d loss / d parameters into every ``.grad``; returns the metric parts (see ``_step_loss``)."""
-        cfg, policy, head = self.cfg, self.policy, self.policy.head
-        x = obs.flatten(1) if obs.dim() > 2 else obs
-        hs = _forward(self.actor, x)
-        features = hs[-1]
-        # log-ratio and d log-ratio / d (head output)
-        if self.gaussian:
-            mean = torch.addmm(head.mean.bias, features, head.mean.weight.t())
-            inv_std = torch.exp(-head.log_std)
-            z = (actions - mean) * inv_std
-            zz = z * z
-            log_ratio = torch.sub(offset - head.log_std.sum(), zz.sum(-1), alpha=0.5)
-        else:
-            logits = torch.addmm(head.logits.bias, features, head.logits.weight.t())
-            log_p = torch.log_softmax(logits, dim=-1)
-            log_ratio = log_p.gather(-1, actions).squeeze(-1) + offset
-        ratio = torch.exp(log_ratio)
-        clipped = torch.clamp(ratio, self._low, self._high)
-        unclipped_term, clipped_term = neg_adv * ratio, neg_adv * clipped
-        active = unclipped_term >= clipped_term
-        pg = torch.where(active, unclipped_term, clipped_term).sum()
-        d_log_ratio = torch.where(active, unclipped_term, self._zero).unsqueeze(-1)  # A' r where active
-        if self.gaussian:
-            d_out = d_log_ratio * z * inv_std  # d loss / d mean
-            torch.sum(d_log_ratio * (zz - self._one), 0, out=head.log_std.grad)
-            if cfg.ent_coef:  # entropy = n * (sum log_std + const): a constant slope per dimension
-                head.log_std.grad.sub_(cfg.ent_coef * scale * x.shape[0])
-            out_layer = head.mean
-        else:
-            d_out = -torch.exp(log_p) * d_log_ratio  # d loss / d logits
-            d_out.scatter_add_(1, actions, d_log_ratio)
-            out_layer = head.logits
-        torch.mm(d_out.t(), features, out=out_layer.weight.grad)
-        torch.sum(d_out, 0, out=out_layer.bias.grad)
-        d_features = torch.mm(d_out, out_layer.weight)
-        # the critic
-        if self.critic is None:
-            critic_hs, critic_features = hs, features
-        else:
-            critic_hs = _forward(self.critic, x)
-            critic_features = critic_hs[-1]
-        vh = policy.value_head
-        values = torch.addmm(vh.bias, critic_features, vh.weight.t()).squeeze(-1)
-        error = values - returns
-        sq = torch.dot(error, error)
-        if cfg.use_critic:
-            factor = self._value_scale.get(scale)
-            if factor is None:
-                factor = self._value_scale[scale] = torch.full((), 2.0 * cfg.vf_coef * scale,
-                                                               dtype=error.dtype, device=error.device)
-            d_values = (error * factor).unsqueeze(-1)
-        else:
-            d_values = torch.zeros_like(error).unsqueeze(-1)
-        torch.mm(d_values.t(), critic_features, out=vh.weight.grad)
-        torch.sum(d_values, 0, out=vh.bias.grad)
-        d_critic = torch.mm(d_values, vh.weight)
-        if self.critic is None:
-            _backward(self.actor, hs, d_features + d_critic, self._one)
-        else:
-            _backward(self.actor, hs, d_features, self._one)
-            _backward(self.critic, critic_hs, d_critic, self._one)
-        if not cfg.use_critic:
-            sq = self._zero
-        clipped_count = (clipped != ratio).sum(dtype=ratio.dtype)
-        return torch.stack((pg, sq, ratio.sum(), log_ratio.sum(), clipped_count))
+        sink = GradSink([p.grad for p in self.params])  # type: ignore[misc]
+        slope = self.cfg.ent_coef * scale * obs.shape[0] if self.net.log_std is not None else 0.0
+        return minibatch_gradient(self.net, self.params, sink, self.k, obs, actions, offset, neg_adv, returns,
+                                  self.value_factor(scale), slope)

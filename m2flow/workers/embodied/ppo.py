@@ -21,6 +21,7 @@ loss is the mean squared error without the 1/2, so ``vf_coef`` means what it mea
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,8 +31,11 @@ from torch import Tensor, nn
 
 from m2flow.models.policies import ActorCritic, GaussianHead
 from m2flow.workers.embodied.closed_form import ClosedFormPPO, supports
+from m2flow.workers.embodied.compiled_step import CompiledStep, layout_of
 from m2flow.workers.embodied.config import PPOConfig
 from m2flow.workers.embodied.lean import LeanPolicy
+
+log = logging.getLogger(__name__)
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 # What each minibatch adds up for the metrics (see PPOUpdater._step_loss).
@@ -107,6 +111,17 @@ class FlatAdam:
         self._beta2 = torch.full((), self.betas[1], dtype=param.dtype, device=param.device)
         self._eps = torch.zeros((), dtype=param.dtype, device=param.device)
 
+    def scalars(self, step: int) -> tuple[float, float]:
+        """The step size and epsilon of update number ``step`` (from 1), bias corrections folded in.
+
+        With b1 = 1 - beta1^t and b2 = sqrt(1 - beta2^t), ``sqrt(v) / b2 + eps`` is written as
+        ``(sqrt(v) + eps * b2) / b2`` and the ``1 / b2`` goes into the step size ``lr * b2 / b1``.
+        """
+        beta1, beta2 = self.betas
+        bias1 = 1.0 - beta1**step
+        bias2_sqrt = math.sqrt(1.0 - beta2**step)
+        return self.lr * bias2_sqrt / bias1, self.eps * bias2_sqrt
+
     @torch.no_grad()
     def step(self) -> None:
         """One update of ``param`` from ``param.grad``."""
@@ -115,12 +130,10 @@ class FlatAdam:
         self.step_count += 1
         self.exp_avg.lerp_(grad, 1.0 - beta1)
         self.exp_avg_sq.mul_(self._beta2).addcmul_(grad, grad, value=1.0 - beta2)
-        bias1 = 1.0 - beta1**self.step_count
-        bias2_sqrt = math.sqrt(1.0 - beta2**self.step_count)
-        # sqrt(v) / b2 + eps, written as (sqrt(v) + eps * b2) / b2 with the / b2 folded into the step
-        self._eps.fill_(self.eps * bias2_sqrt)
+        step_size, eps = self.scalars(self.step_count)
+        self._eps.fill_(eps)
         denom = torch.sqrt(self.exp_avg_sq).add_(self._eps)
-        self.param.addcdiv_(self.exp_avg, denom, value=-self.lr * bias2_sqrt / bias1)
+        self.param.addcdiv_(self.exp_avg, denom, value=-step_size)
 
     def to(self, device: torch.device | str) -> None:
         self.exp_avg = self.exp_avg.to(device)
@@ -211,6 +224,7 @@ class PPOUpdater:
         all_reduce: Callable[[Tensor], None] | None = None,
         seed: int = 0,
         closed_form: bool = True,
+        compile: bool = False,
     ) -> None:
         if world_size > 1 and all_reduce is None:
             raise ValueError("a data-parallel update (world_size > 1) needs an all_reduce")
@@ -221,9 +235,21 @@ class PPOUpdater:
         self.all_reduce = all_reduce
         self.flat = FlatParameters(policy)
         self.lean = LeanPolicy(policy)
-        self.closed_form = ClosedFormPPO(policy, cfg) if closed_form and supports(policy, cfg) else None
+        self.closed_form = (ClosedFormPPO(policy, cfg, self.flat.params) if closed_form and supports(policy, cfg)
+                            else None)
         self._clip_coef = torch.zeros((), dtype=self.flat.param.dtype, device=self.flat.param.device)
         self.optimizer = FlatAdam(self.flat.param, lr=cfg.lr, eps=cfg.adam_eps)
+        self.compiled: CompiledStep | None = None
+        if compile and self.closed_form is None:
+            log.warning("actor.compile: this policy or PPO config has no closed-form gradient (an MLP trunk with "
+                        "tanh or relu, no value_clip, no categorical entropy bonus); training eagerly")
+        elif compile:
+            fused = world_size == 1 and cfg.target_kl is None
+            self.compiled = CompiledStep(self.closed_form.net, layout_of(self.flat.params), cfg.max_grad_norm,
+                                         self.optimizer.betas, fused)
+        # Adam's per-step scalars for the compiled step, as 0-dim tensors
+        self._step_size = torch.zeros((), dtype=self.flat.param.dtype, device=self.flat.param.device)
+        self._eps = torch.zeros_like(self._step_size)
         # The same seed on every rank: all ranks draw the same permutation of the batch.
         self.generator = torch.Generator().manual_seed(seed)
 
@@ -268,19 +294,11 @@ class PPOUpdater:
             for start, end in bounds:
                 lo, hi = self._my_share(start, end)
                 n = end - start
-                if self.closed_form is not None:  # gradients written directly
-                    parts = self.closed_form.step(obs[lo:hi], act[lo:hi], offset[lo:hi], neg_adv[lo:hi],
-                                                  returns[lo:hi], 1.0 / n)
-                else:
-                    loss, parts = self._step_loss(obs[lo:hi], act[lo:hi], offset[lo:hi], neg_adv[lo:hi],
-                                                  returns[lo:hi], old_values[lo:hi], 1.0 / n)
-                if cfg.target_kl is not None and self._kl_exceeded(parts, hi - lo, 1.0 / n):
-                    stopped = True
+                share = (obs[lo:hi], act[lo:hi], offset[lo:hi], neg_adv[lo:hi], returns[lo:hi])
+                done = self._compiled_minibatch(share, n) if self.compiling else None
+                parts, stopped = done if done is not None else self._eager_minibatch(share, old_values[lo:hi], n)
+                if stopped:
                     break
-                if self.closed_form is None:
-                    self.flat.zero_grad()
-                    loss.backward()
-                self._step()
                 w = weights.get(n)
                 if w is None:  # the policy loss comes scaled already; the other sums are scaled here
                     w = weights[n] = torch.tensor([1.0] + [1.0 / n] * (len(_SUMS) - 2), dtype=sums.dtype,
@@ -302,6 +320,83 @@ class PPOUpdater:
             "actor/updates": float(steps),
             "actor/early_stop": float(stopped),
         }
+
+    @property
+    def compiling(self) -> bool:
+        """Whether minibatch steps run compiled (``compile=True``, a supported policy, no compile failure)."""
+        return self.compiled is not None and self.compiled.active
+
+    def _eager_minibatch(self, share: tuple[Tensor, ...], old_values: Tensor, n: int) -> tuple[Tensor, bool]:
+        """One minibatch share, gradient and step: (metric parts, whether ``target_kl`` stopped the epochs)."""
+        if self.closed_form is not None:  # gradients written directly
+            parts = self.closed_form.step(*share, 1.0 / n)
+        else:
+            loss, parts = self._step_loss(*share, old_values, 1.0 / n)
+        if self.cfg.target_kl is not None and self._kl_exceeded(parts, share[0].shape[0], 1.0 / n):
+            return parts, True
+        if self.closed_form is None:
+            self.flat.zero_grad()
+            loss.backward()
+        self._step()
+        return parts, False
+
+    def _compiled_minibatch(self, share: tuple[Tensor, ...], n: int) -> tuple[Tensor, bool] | None:
+        """``_eager_minibatch`` through the compiled step; None if compiling failed (nothing was changed)."""
+        compiled, closed, opt = self.compiled, self.closed_form, self.optimizer
+        assert compiled is not None and closed is not None
+        step_size, eps = opt.scalars(opt.step_count + 1)
+        self._step_size.fill_(step_size)
+        self._eps.fill_(eps)
+        slope = self.cfg.ent_coef * share[0].shape[0] / n if closed.net.log_std is not None else 0.0
+        args = (closed.k, *share, closed.value_factor(1.0 / n), slope)
+        flat, state = self.flat.param.data, (opt.exp_avg, opt.exp_avg_sq, self._step_size, self._eps)
+        if compiled.fused:
+            parts = compiled.whole(flat, *state, *args)
+            if parts is None:
+                return None
+        else:
+            out = compiled.gradient(flat, *args)
+            if out is None:
+                return None
+            grad, parts = out
+            if self.cfg.target_kl is not None and self._kl_exceeded(parts, share[0].shape[0], 1.0 / n):
+                return parts, True
+            self.flat.grad.copy_(grad)
+            if self.all_reduce is not None:
+                self.all_reduce(self.flat.grad)
+            if not compiled.update(flat, self.flat.grad, *state):
+                self._step(reduce=False)  # the summed gradient is there: finish this step eagerly
+                return parts, False
+        opt.step_count += 1
+        return parts, False
+
+    def warm_up(self, batch: PPOBatch) -> None:
+        """Compile the minibatch step for ``batch``'s shapes now, on copies of the state.
+
+        Run by the actor worker before training, on a batch of zeros of the right shapes, so the
+        compile is start-up cost rather than part of the first update. Nothing is summed across
+        ranks and nothing the update uses (weights, Adam, the shuffling generator) changes.
+        """
+        compiled, closed = self.compiled, self.closed_form
+        if compiled is None or closed is None:
+            return
+        opt = self.optimizer
+        actions = self.lean.prepare_actions(batch.actions)
+        offset = self.lean.offset(batch.logprobs)
+        shapes = {(hi - lo, end - start): (lo, hi) for start, end in self._minibatches(len(batch))
+                  for lo, hi in [self._my_share(start, end)]}
+        for (m, n), (lo, hi) in shapes.items():
+            share = (batch.obs[lo:hi], actions[lo:hi], offset[lo:hi], batch.advantages[lo:hi], batch.returns[lo:hi])
+            slope = self.cfg.ent_coef * m / n if closed.net.log_std is not None else 0.0
+            args = (closed.k, *share, closed.value_factor(1.0 / n), slope)
+            flat = self.flat.param.data.clone()
+            state = (opt.exp_avg.clone(), opt.exp_avg_sq.clone(), self._step_size, self._eps)
+            if compiled.fused:
+                compiled.whole(flat, *state, *args)
+            elif (out := compiled.gradient(flat, *args)) is not None:
+                compiled.update(flat, out[0], *state)
+            if not compiled.active:
+                return
 
     def _step_loss(self, obs: Tensor, actions: Tensor, offset: Tensor, neg_adv: Tensor, returns: Tensor,
                    old_values: Tensor, scale: float) -> tuple[Tensor, Tensor]:
@@ -361,9 +456,9 @@ class PPOUpdater:
             self.all_reduce(kl)
         return float(kl) > 1.5 * self.cfg.target_kl
 
-    def _step(self) -> None:
+    def _step(self, reduce: bool = True) -> None:
         grad = self.flat.grad
-        if self.all_reduce is not None:
+        if reduce and self.all_reduce is not None:
             self.all_reduce(grad)
         if self.cfg.max_grad_norm > 0:
             norm = torch.linalg.vector_norm(grad)
