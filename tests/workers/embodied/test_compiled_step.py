@@ -61,7 +61,8 @@ def test_compiled_updates_train_as_the_eager_ones(name):
         for key, value in m_eager.items():
             assert m_compiled[key] == pytest.approx(value, abs=1e-5), key
     assert compiled.compiling and compiled.compiled.failure is None
-    assert compiled.optimizer.step_count == eager.optimizer.step_count == 2 * 10 * 3  # 2 updates x 10 epochs x 3 minibatches
+    # 2 updates x 10 epochs x 3 minibatches
+    assert compiled.optimizer.step_count == eager.optimizer.step_count == 2 * 10 * 3
     assert _captured() == warmed  # nothing compiled again after the warm-up
 
 
