@@ -49,7 +49,8 @@ PLANS: dict[str, tuple[str, int, bool]] = {
 }
 
 
-def run_plan(name: str, iterations: int, env_id: str, seed: int, trace_dir: str | None = None) -> dict:
+def run_plan(name: str, iterations: int, env_id: str, seed: int, trace_dir: str | None = None,
+             compile: bool = False) -> dict:
     """Train ``iterations`` iterations under plan ``name`` in this process; per-iteration stage times.
 
     With ``trace_dir`` the run is traced and its directory kept there (``m2flow report`` reads it).
@@ -77,6 +78,7 @@ def run_plan(name: str, iterations: int, env_id: str, seed: int, trace_dir: str 
             "rollout_steps": 256,
             "total_env_steps": iterations * 2048,
             "rollout": {"fuse_with_env": fused},
+            "actor": {"compile": compile},
             "seed": seed,
             "run_dir": run_dir,
             "metrics": {"sinks": []},
@@ -92,7 +94,7 @@ def run_plan(name: str, iterations: int, env_id: str, seed: int, trace_dir: str 
                      "actor_s": h["time/actor_busy_s"], "ideal_s": ideal})
     # the machine is shared: the 1-minute load average around the run says how quiet it was
     return {"plan": name, "placement": placement, "stages": stages, "mode": result.mode, "fused": result.fused,
-            "load": [round(load_before, 2), round(os.getloadavg()[0], 2)], "iterations": rows}
+            "compile": compile, "load": [round(load_before, 2), round(os.getloadavg()[0], 2)], "iterations": rows}
 
 
 def summarize(runs: list[dict], plans: list[str]) -> dict:
@@ -127,10 +129,11 @@ def main() -> None:
     p.add_argument("--retries", type=int, default=4, help="reruns of a plan whose run failed")
     p.add_argument("--trace-dir", default=None,
                    help="trace every run and keep its run directory here (DIR/PLAN; the last round's)")
+    p.add_argument("--compile", action="store_true", help="actor.compile in every plan (compiled PPO steps)")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # run one plan here, JSON out
     args = p.parse_args()
     if args.one:
-        print(json.dumps(run_plan(args.one, args.iterations, args.env, args.seed, args.trace_dir)))
+        print(json.dumps(run_plan(args.one, args.iterations, args.env, args.seed, args.trace_dir, args.compile)))
         return
     plans = [x for x in args.plans.split(",") if x]
     unknown = [x for x in plans if x not in PLANS]
@@ -144,6 +147,8 @@ def main() -> None:
                    str(args.iterations), "--env", args.env, "--seed", str(args.seed)]
             if args.trace_dir:
                 cmd += ["--trace-dir", str(Path(args.trace_dir).resolve())]
+            if args.compile:
+                cmd.append("--compile")
             for attempt in range(args.retries + 1):  # a loaded machine can time Ray's start-up out
                 with tempfile.TemporaryDirectory(prefix="e2-cwd-") as cwd:
                     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
