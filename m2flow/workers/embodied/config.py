@@ -93,7 +93,7 @@ class ActorConfig:
     host_sum: Literal["auto", "comm", "gloo"] = option("auto", HOST_SUM_HELP)
     compile: bool = option(
         False, "run each PPO minibatch step torch.compile'd (MLP policies; compiled at start-up, ~10-30 s per "
-        "actor rank, then ~1.4x faster updates on CPU)")
+        "actor rank, then ~1.5x faster updates on CPU)")
 
     def validate(self) -> None:
         if self.num_threads < 1:

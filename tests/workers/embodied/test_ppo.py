@@ -13,7 +13,8 @@ import torch
 from m2flow.algorithms.losses import ppo_policy_loss, value_loss
 from m2flow.models.policies import PolicyConfig, build_policy
 from m2flow.workers.embodied.config import PPOConfig
-from m2flow.workers.embodied.ppo import FlatParameters, PPOBatch, PPOUpdater, evaluate_actions, whiten_minibatches
+from m2flow.workers.embodied.flat import FlatParameters
+from m2flow.workers.embodied.ppo import PPOBatch, PPOUpdater, evaluate_actions, whiten_minibatches
 
 torch.set_num_threads(1)
 
@@ -185,7 +186,7 @@ def test_checkpoint_round_trip_restores_optimizer_and_shuffling():
 
 
 def test_flat_adam_matches_torch_adam():
-    from m2flow.workers.embodied.ppo import FlatAdam
+    from m2flow.workers.embodied.flat import FlatAdam
 
     torch.manual_seed(0)
     ours = torch.nn.Parameter(torch.randn(50))
