@@ -92,7 +92,7 @@ class ActorConfig:
         "auto", "torch.distributed backend of the gradient all-reduce: auto (NCCL on GPU, else gloo)")
     host_sum: Literal["auto", "comm", "gloo"] = option("auto", HOST_SUM_HELP)
     compile: bool = option(
-        False, "run each PPO minibatch step torch.compile'd (MLP policies; compiled at start-up, ~10-30 s per "
+        False, "run each PPO minibatch step torch.compile'd (MLP policies; compiled at start-up, ~3-11 s per "
         "actor rank, then ~1.5x faster updates on CPU)")
 
     def validate(self) -> None:
