@@ -259,25 +259,27 @@ class ClosedFormPPO:
         first = self.params[0]
         self.k = constants(cfg, first.dtype, first.device)
         self._value_scale: dict[float, Tensor] = {}
+        self._sink = GradSink([p.grad for p in self.params])  # type: ignore[misc]
 
     def to(self, device: torch.device | str) -> None:
-        """Move the cached constants along with the policy."""
+        """Move the cached constants along with the policy (after ``FlatParameters.to`` moved the gradients)."""
         self.k = Constants(*(t.to(device) for t in self.k))
         self._value_scale = {}
+        self._sink = GradSink([p.grad for p in self.params])  # type: ignore[misc]
 
-    def value_factor(self, scale: float) -> Tensor:
-        """2 * vf_coef * scale as a 0-dim tensor, made once per scale."""
+    def scalars(self, samples: int, scale: float) -> tuple[Tensor, float]:
+        """``minibatch_gradient``'s (value_factor, entropy_slope) for ``samples`` samples scaled by ``scale``;
+        the factor is a 0-dim tensor made once per scale."""
         factor = self._value_scale.get(scale)
         if factor is None:
             factor = self._value_scale[scale] = torch.full((), 2.0 * self.cfg.vf_coef * scale,
                                                            dtype=self.k.one.dtype, device=self.k.one.device)
-        return factor
+        slope = self.cfg.ent_coef * scale * samples if self.net.log_std is not None else 0.0
+        return factor, slope
 
     @torch.no_grad()
     def step(self, obs: Tensor, actions: Tensor, offset: Tensor, neg_adv: Tensor, returns: Tensor,
              scale: float) -> Tensor:
         """Write d loss / d parameters into every ``.grad``; returns the metric parts (see ``_step_loss``)."""
-        sink = GradSink([p.grad for p in self.params])  # type: ignore[misc]
-        slope = self.cfg.ent_coef * scale * obs.shape[0] if self.net.log_std is not None else 0.0
-        return minibatch_gradient(self.net, self.params, sink, self.k, obs, actions, offset, neg_adv, returns,
-                                  self.value_factor(scale), slope)
+        return minibatch_gradient(self.net, self.params, self._sink, self.k, obs, actions, offset, neg_adv, returns,
+                                  *self.scalars(obs.shape[0], scale))

@@ -29,16 +29,8 @@ from m2flow.workers.embodied.closed_form import Constants, GradList, Net, miniba
 
 log = logging.getLogger(__name__)
 
-# One (offset, size, shape) per parameter, in the flat buffer's order.
+# One (offset, size, shape) per parameter, in the flat buffer's order (``FlatParameters.layout``).
 Layout = tuple[tuple[int, int, tuple[int, ...]], ...]
-
-
-def layout_of(params: list[Tensor]) -> Layout:
-    out, offset = [], 0
-    for p in params:
-        out.append((offset, p.numel(), tuple(p.shape)))
-        offset += p.numel()
-    return tuple(out)
 
 
 def _views(flat: Tensor, layout: Layout) -> list[Tensor]:

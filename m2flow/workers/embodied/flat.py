@@ -28,13 +28,16 @@ class FlatParameters:
         first = params[0]
         flat = torch.empty(total, dtype=first.dtype, device=first.device)
         grad = torch.zeros_like(flat)
-        offset = 0
+        layout, offset = [], 0
         for p in params:
-            n = p.numel()
-            flat[offset : offset + n].copy_(p.detach().reshape(-1))
-            p.data = flat[offset : offset + n].view_as(p)
-            p.grad = grad[offset : offset + n].view_as(p)
-            offset += n
+            layout.append((offset, p.numel(), tuple(p.shape)))
+            offset += p.numel()
+        self.layout: tuple[tuple[int, int, tuple[int, ...]], ...] = tuple(layout)
+        """(offset, size, shape) of each parameter in the buffers, in ``params`` order."""
+        for p, (o, n, _) in zip(params, self.layout):
+            flat[o : o + n].copy_(p.detach().reshape(-1))
+            p.data = flat[o : o + n].view_as(p)
+            p.grad = grad[o : o + n].view_as(p)
         self.params = params
         self.param = nn.Parameter(flat)  # shares the storage of flat: an update of it moves the module
         self.param.grad = grad
@@ -54,12 +57,9 @@ class FlatParameters:
         grad = self.grad.to(device)
         self.param.data = self.param.data.to(device)
         self.param.grad = grad
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            p.data = self.param.data[offset : offset + n].view_as(p)
-            p.grad = grad[offset : offset + n].view_as(p)
-            offset += n
+        for p, (o, n, _) in zip(self.params, self.layout):
+            p.data = self.param.data[o : o + n].view_as(p)
+            p.grad = grad[o : o + n].view_as(p)
 
 
 class FlatAdam:

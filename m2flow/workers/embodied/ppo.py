@@ -32,7 +32,7 @@ from torch import Tensor
 
 from m2flow.models.policies import ActorCritic, GaussianHead
 from m2flow.workers.embodied.closed_form import ClosedFormPPO, supports
-from m2flow.workers.embodied.compiled_step import CompiledStep, layout_of
+from m2flow.workers.embodied.compiled_step import CompiledStep
 from m2flow.workers.embodied.config import PPOConfig
 from m2flow.workers.embodied.flat import FlatAdam, FlatParameters
 from m2flow.workers.embodied.lean import LeanPolicy
@@ -134,7 +134,7 @@ class PPOUpdater:
                         "tanh or relu, no value_clip, no categorical entropy bonus); training eagerly")
         elif compile:
             fused = world_size == 1 and cfg.target_kl is None
-            self.compiled = CompiledStep(self.closed_form.net, layout_of(self.flat.params), cfg.max_grad_norm,
+            self.compiled = CompiledStep(self.closed_form.net, self.flat.layout, cfg.max_grad_norm,
                                          self.optimizer.betas, fused)
         # Adam's per-step scalars for the compiled step, as 0-dim tensors
         self._step_size = torch.zeros((), dtype=self.flat.param.dtype, device=self.flat.param.device)
@@ -236,8 +236,7 @@ class PPOUpdater:
         step_size, eps = opt.scalars(opt.step_count + 1)
         self._step_size.fill_(step_size)
         self._eps.fill_(eps)
-        slope = self.cfg.ent_coef * share[0].shape[0] / n if closed.net.log_std is not None else 0.0
-        args = (closed.k, *share, closed.value_factor(1.0 / n), slope)
+        args = (closed.k, *share, *closed.scalars(share[0].shape[0], 1.0 / n))
         flat, state = self.flat.param.data, (opt.exp_avg, opt.exp_avg_sq, self._step_size, self._eps)
         if compiled.fused:
             parts = compiled.whole(flat, *state, *args)
@@ -276,8 +275,7 @@ class PPOUpdater:
                   for lo, hi in [self._my_share(start, end)]}
         for (m, n), (lo, hi) in shapes.items():
             share = (batch.obs[lo:hi], actions[lo:hi], offset[lo:hi], batch.advantages[lo:hi], batch.returns[lo:hi])
-            slope = self.cfg.ent_coef * m / n if closed.net.log_std is not None else 0.0
-            args = (closed.k, *share, closed.value_factor(1.0 / n), slope)
+            args = (closed.k, *share, *closed.scalars(m, 1.0 / n))
             flat = self.flat.param.data.clone()
             state = (opt.exp_avg.clone(), opt.exp_avg_sq.clone(), self._step_size, self._eps)
             if compiled.fused:
