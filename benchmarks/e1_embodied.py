@@ -6,7 +6,7 @@ process and prints one JSON line; the sides run alternately (A B A B ...) and th
 medians, with speed ratios taken pair by pair. The limit to compare with is the raw vector-env
 stepping rate with random actions, measured here for the m2flow env adapter and bare gymnasium.
 
-The m2flow side is ``m2flow.runners.embodied.train`` with ``examples/embodied/halfcheetah_ppo.yaml``'s
+The m2flow side is ``m2flow.workflows.embodied.train`` with ``examples/embodied/halfcheetah_ppo.yaml``'s
 settings (``--m2flow-placement`` picks the plan; the 8 envs are split evenly over the env ranks),
 run by this same script in a child process (``--m2flow-side``). Its wall time is the training
 loop's, as the peers' is their ``learn()`` call's: Ray start-up and worker launch are reported apart.
@@ -94,9 +94,9 @@ def m2flow_side(args: argparse.Namespace) -> dict:
     """One m2flow training run in this process, reported in the peers' JSON format."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from m2flow.config import from_dict
-    from m2flow.config.workflows import load_workflow_config
-    from m2flow.runners.embodied import train
-    from m2flow.runners.embodied_config import EmbodiedConfig
+    from m2flow.workflows.registry import load_workflow_config
+    from m2flow.workflows.embodied import train
+    from m2flow.workflows.embodied_config import EmbodiedConfig
     from m2flow.runtime.placement import NodeLayout, parse_placement
     from m2flow.runtime.logs import setup_logging
 

@@ -57,8 +57,8 @@ def run_plan(name: str, iterations: int, env_id: str, seed: int, trace_dir: str 
     """
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from m2flow.config import from_dict
-    from m2flow.runners.embodied import train
-    from m2flow.runners.embodied_config import EmbodiedConfig
+    from m2flow.workflows.embodied import train
+    from m2flow.workflows.embodied_config import EmbodiedConfig
     from m2flow.runtime.logs import setup_logging
 
     setup_logging(console=False)

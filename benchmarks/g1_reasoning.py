@@ -6,7 +6,7 @@ maximum completion length, the same reward (parity of the completion text's CRC3
 constant, so every step trains) and one AdamW update per rollout batch without a KL term:
 - ``trl``: TRL ``GRPOTrainer`` on CPU (its own virtual environment, ``--setup``);
 - ``bare``: a hand-written torch loop doing only that compute (the limit);
-- ``m2flow:PLAN``: the reasoning runner (``m2flow.runners.reasoning``) under each plan of ``PLANS``
+- ``m2flow:PLAN``: the reasoning runner (``m2flow.workflows.reasoning``) under each plan of ``PLANS``
   (placement and micro-batching), one side per plan; ``PLAN+lean`` is the same plan with the
   ``lean`` generation backend instead of HF ``generate`` (``rollout.backend``) and the lean training
   forward instead of the HF model's (``actor.forward``), both over the same weights;
@@ -48,8 +48,8 @@ TRL_PACKAGES = ["torch==2.13.0", "transformers==5.24.0", "trl==1.13.0", "acceler
 
 # Which m2flow code drives the m2flow side:
 # - "local_reference": the single-process GRPO step of the arithmetic recipe
-#   (m2flow.runners.recipes.arithmetic_demo.grpo_step), a stand-in labelled as such in the JSON;
-# - "runner": the reasoning runner (m2flow.runners.reasoning), one side per named placement.
+#   (m2flow.workflows.recipes.arithmetic_demo.grpo_step), a stand-in labelled as such in the JSON;
+# - "runner": the reasoning runner (m2flow.workflows.reasoning), one side per named placement.
 M2FLOW_SIDE = "runner"
 
 
@@ -213,7 +213,7 @@ def runner_config(w: dict, threads: int, plan: RunnerPlan, run_dir: str, trace: 
                   ray_address: str | None = None, backend: str = "hf") -> Any:
     """The reasoning runner's config for the workload under ``plan``, ``threads`` torch threads per busy worker."""
     from m2flow.config.convert import from_dict
-    from m2flow.runners.reasoning_config import ReasoningConfig
+    from m2flow.workflows.reasoning_config import ReasoningConfig
 
     p, g = w["prompts_per_step"], w["group_size"]
     return from_dict(ReasoningConfig, {
@@ -240,11 +240,11 @@ def runner_config(w: dict, threads: int, plan: RunnerPlan, run_dir: str, trace: 
 
 
 def _runner_side(w: dict, threads: int, plan_name: str, trace_dir: str | None, ray_address: str | None) -> dict:
-    """`m2flow.runners.reasoning.train` on the workload under ``PLANS[plan_name]``; warm-up iterations left out.
+    """`m2flow.workflows.reasoning.train` on the workload under ``PLANS[plan_name]``; warm-up iterations left out.
 
     With ``trace_dir`` the run keeps its directory there (with a trace: ``m2flow report`` reads it).
     """
-    from m2flow.runners.reasoning import train
+    from m2flow.workflows.reasoning import train
 
     plan, backend = plan_and_backend(plan_name)
     with tempfile.TemporaryDirectory(prefix="g1-m2flow-") as tmp:
@@ -272,7 +272,7 @@ def _local_reference_side(w: dict, threads: int) -> dict:
 
     from m2flow.backends.generation import HFGenerationBackend
     from m2flow.models.causal_lm import load_model_and_tokenizer
-    from m2flow.runners.recipes.arithmetic_demo import ArithmeticDemoRecipe, grpo_step
+    from m2flow.workflows.recipes.arithmetic_demo import ArithmeticDemoRecipe, grpo_step
 
     torch.set_num_threads(threads)
     torch.manual_seed(w["seed"])

@@ -123,9 +123,9 @@ def _configure_demo(parser: argparse.ArgumentParser) -> None:
 
 def _run_demo(args: argparse.Namespace) -> int:
     try:
-        demo = importlib.import_module("m2flow.runners.recipes.arithmetic_run")
+        demo = importlib.import_module("m2flow.workflows.recipes.arithmetic_run")
     except ModuleNotFoundError as error:
-        if not (error.name or "").startswith("m2flow.runners"):
+        if not (error.name or "").startswith("m2flow.workflows"):
             raise
         print("error: the demo is not available in this installation", file=sys.stderr)
         return 1
@@ -138,7 +138,7 @@ def _configure_train(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    from m2flow.config.workflows import load_workflow_config
+    from m2flow.workflows.registry import load_workflow_config
 
     spec, cfg = load_workflow_config(args.config, args.overrides)
     logging.getLogger("m2flow").info("running workflow %r from %s", spec.name, args.config)
@@ -155,14 +155,8 @@ def _configure_config(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_config(args: argparse.Namespace) -> int:
-    from m2flow.config import (
-        available_workflows,
-        describe,
-        get_workflow,
-        load_workflow_config,
-        to_dict,
-        to_yaml,
-    )
+    from m2flow.config import describe, to_dict, to_yaml
+    from m2flow.workflows.registry import available_workflows, get_workflow, load_workflow_config
     from m2flow.config.schema import MISSING
     from m2flow.config.yaml_io import dump_inline
 

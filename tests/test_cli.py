@@ -7,7 +7,7 @@ import yaml
 
 from m2flow import __version__
 from m2flow.cli import main, register_command, registered_commands, unregister_command
-from m2flow.config import register_workflow, unregister_workflow
+from m2flow.workflows.registry import register_workflow, unregister_workflow
 
 from tests.config.example_schemas import TrainCfg
 
@@ -108,11 +108,11 @@ def test_config_docs_prints_every_field(fake_workflow, capsys):
 
 def test_config_docs_demo_documents_the_runtime_demo(capsys):
     from m2flow.config.schema import undocumented
-    from m2flow.runners.demo import DemoConfig
+    from m2flow.workflows.demo import DemoConfig
 
     assert main(["config", "docs", "demo"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("# workflow demo: m2flow.runners.demo.DemoConfig\n")
+    assert out.startswith("# workflow demo: m2flow.workflows.demo.DemoConfig\n")
     assert "placement: str = 'producer: 0-1, scaler,reducer: 2-3'\n" in out
     assert "steps: int = 20\n    batches each producer rank emits\n" in out
     assert "batch_size: int = 4096\n" in out and "cluster.address: str | None = null\n" in out
@@ -145,7 +145,7 @@ def test_plugged_in_command_runs():
 
 
 def test_demo_passes_its_overrides(monkeypatch):
-    demo = pytest.importorskip("m2flow.runners.recipes.arithmetic_run")
+    demo = pytest.importorskip("m2flow.workflows.recipes.arithmetic_run")
     got = []
     monkeypatch.setattr(demo, "run_demo", lambda overrides: got.append(overrides) or 0)
     assert main(["demo", "a.b=1", "c=2"]) == 0

@@ -94,7 +94,7 @@ class Pipeline:
         sampling = SamplingConfig(n=n, max_new_tokens=max_new_tokens)
         self.rollout = local_worker(RolloutWorker, ckpt, RolloutConfig(sampling=sampling), prompts_s, responses,
                                     seed=seed, group="rollout")
-        reward = reward or RewardConfig(fn="tests.runners.toy_reward:target_fraction")
+        reward = reward or RewardConfig(fn="tests.workflows.toy_reward:target_fraction")
         self.reward = local_worker(RewardWorker, reward, responses, scored, max_new_tokens=max_new_tokens,
                                    dynamic_sampling=algo.dynamic_sampling, group="reward")
         inference = inference or InferenceConfig(micro_batch_size=micro_batch_size)

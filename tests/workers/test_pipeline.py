@@ -21,7 +21,7 @@ ALGORITHMS = {
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_each_algorithm_runs_iterations_with_finite_losses(tiny_ckpt, name):
     algo = ALGORITHMS[name]
-    reward = RewardConfig(fn="tests.runners.toy_reward:target_fraction",
+    reward = RewardConfig(fn="tests.workflows.toy_reward:target_fraction",
                           overlong_buffer=3 if name == "dapo" else None)
     actor = ActorConfig(micro_batch_size=8, mini_batches=2 if name == "ppo" else 1)
     pipe = Pipeline(tiny_ckpt, algo, actor=actor, reward=reward)

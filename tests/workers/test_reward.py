@@ -42,7 +42,7 @@ def test_math_rewards_each_response_and_passes_every_group_on():
 
 
 def test_overlong_penalty_is_added_and_constant_groups_are_dropped():
-    cfg = RewardConfig(fn="tests.runners.toy_reward:target_fraction", overlong_buffer=4, overlong_penalty=1.0)
+    cfg = RewardConfig(fn="tests.workflows.toy_reward:target_fraction", overlong_buffer=4, overlong_penalty=1.0)
     # max_new_tokens 8, buffer 4: no penalty up to 4 tokens, then -0.25 per token, -1 at 8.
     groups = [_group(0, ["77", "7777"], [2, 6]), _group(1, ["1", "2"], [1, 1])]
     worker, out = _worker(cfg, groups, dynamic_sampling=True)

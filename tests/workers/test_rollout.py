@@ -70,7 +70,7 @@ def test_a_fused_scorer_sends_the_groups_on_scored_with_the_reward_metrics(tiny_
     prompts, out = MemoryStream(), MemoryStream()
     cfg = RolloutConfig(sampling=SamplingConfig(n=3, max_new_tokens=5), prompts_per_chunk=3)
     # The toy reward scores the fraction of '7' characters in a response.
-    scorer = {"cfg": RewardConfig(fn="tests.runners.toy_reward:target_fraction"), "max_new_tokens": 5}
+    scorer = {"cfg": RewardConfig(fn="tests.workflows.toy_reward:target_fraction"), "max_new_tokens": 5}
     worker = local_worker(RolloutWorker, tiny_ckpt, cfg, prompts, out, seed=0, scorer=scorer)
     for step in (0, 1):
         for slot, ids in enumerate(PROMPTS):

@@ -9,9 +9,9 @@ import pytest
 
 from m2flow.config import from_dict
 from m2flow.config.errors import ConfigError
-from m2flow.config.workflows import load_workflow_config
-from m2flow.runners.embodied import train
-from m2flow.runners.embodied_config import EmbodiedConfig
+from m2flow.workflows.registry import load_workflow_config
+from m2flow.workflows.embodied import train
+from m2flow.workflows.embodied_config import EmbodiedConfig
 
 # The module's runs start worker processes (most of their time); on a loaded machine that can take
 # minutes, more than the suite's default per-test limit.
@@ -126,7 +126,7 @@ def test_resume_continues_exactly(runs, cluster, tmp_path):
 
 
 def test_a_checkpoint_is_evaluated_on_its_own(runs):
-    from m2flow.runners.embodied import evaluate_checkpoint
+    from m2flow.workflows.embodied import evaluate_checkpoint
 
     _, full = runs["collocated"]
     metrics = evaluate_checkpoint(full.last_checkpoint, episodes=4, overrides=["env.num_envs=2"])

@@ -8,11 +8,11 @@ import time
 import pytest
 
 from m2flow.cli import main
-from m2flow.runners.reasoning import CHECKPOINTS, TRAINER_STATE, ReasoningRun, _gather, train
+from m2flow.workflows.reasoning import CHECKPOINTS, TRAINER_STATE, ReasoningRun, _gather, train
 from m2flow.runtime import Worker, WorkerError, WorkerGroup
 from m2flow.runtime.trace import iter_spans, load_trace
 from tests.ray_session import shared_cluster
-from tests.runners.reasoning_setup import improved, toy_config
+from tests.workflows.reasoning_setup import improved, toy_config
 
 COLLOCATED = "actor,rollout,inference,reward: 0"
 

@@ -3,14 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from m2flow.config import (
-    ConfigError,
-    get_workflow,
-    load_workflow_config,
-    option,
-    register_workflow,
-    unregister_workflow,
-)
+from m2flow.config import ConfigError, option
+from m2flow.workflows.registry import get_workflow, load_workflow_config, register_workflow, unregister_workflow
 
 from tests.config.example_schemas import TrainCfg
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from m2flow.runners.reasoning import ReasoningRun
+from m2flow.workflows.reasoning import ReasoningRun
 from m2flow.runtime.trace import iter_spans, load_trace
 from tests.ray_session import shared_cluster
-from tests.runners.reasoning_setup import improved, toy_config
+from tests.workflows.reasoning_setup import improved, toy_config
 
 PLACEMENTS = {
     # Every component on its own devices; two actor ranks shard the policy with FSDP2.

@@ -9,7 +9,7 @@ import torch
 
 from m2flow.backends.generation import HFGenerationBackend
 from m2flow.data.batch import Response
-from m2flow.runners.recipes.arithmetic_demo import (
+from m2flow.workflows.recipes.arithmetic_demo import (
     ArithmeticDemoRecipe,
     arithmetic_reward,
     build_demo_model,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from m2flow.config.schema import option
-from m2flow.runners.reasoning_config import DataConfig
+from m2flow.workflows.reasoning_config import DataConfig
 from m2flow.workers.config import RewardConfig
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def score_responses(texts: Sequence[str], lengths: Sequence[int], answers: Seque
 def evaluate_checkpoint(path: str, cfg: EvalConfig) -> dict[str, float]:
     """Load a checkpoint directory (model + tokenizer) here and evaluate it on ``cfg.data``."""
     from m2flow.backends.generation import SamplingParams, create_generation_backend
-    from m2flow.runners.reasoning_data import prompt_dataset, raw_records
+    from m2flow.workflows.reasoning_data import prompt_dataset, raw_records
     from m2flow.workers.reward import build_reward_fn
 
     backend: Any = create_generation_backend("hf", path)

@@ -22,7 +22,7 @@ import torch
 
 from m2flow.config.schema import option
 from m2flow.metrics import ConsoleSink, JsonlSink, MetricsLogger
-from m2flow.runners.recipes.arithmetic_demo import (
+from m2flow.workflows.recipes.arithmetic_demo import (
     ArithmeticDemoRecipe,
     evaluate,
     heldout_problems,

@@ -13,8 +13,8 @@ import pytest
 
 from m2flow.config import from_dict
 from m2flow.models.causal_lm import CausalLMWithValueHead, load_causal_lm
-from m2flow.runners.reasoning import ReasoningRun
-from m2flow.runners.reasoning_config import ReasoningConfig
+from m2flow.workflows.reasoning import ReasoningRun
+from m2flow.workflows.reasoning_config import ReasoningConfig
 from tests.ray_session import shared_cluster
 
 GSM8K = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "gsm8k"

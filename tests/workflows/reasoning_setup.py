@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from m2flow.config import from_dict
-from m2flow.runners.reasoning_config import ReasoningConfig
+from m2flow.workflows.reasoning_config import ReasoningConfig
 
 
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
@@ -24,7 +24,7 @@ def toy_config(root: Path, placement: str, **overrides: Any) -> ReasoningConfig:
                   "tiny": {"hidden_size": 32, "intermediate_size": 64, "seed": 1}},
         "data": {"prompts_per_step": 8, "arithmetic": {"train_size": 64, "test_size": 16}},
         "rollout": {"sampling": {"n": 8, "max_new_tokens": 8}},
-        "reward": {"fn": "tests.runners.toy_reward:target_fraction"},
+        "reward": {"fn": "tests.workflows.toy_reward:target_fraction"},
         "actor": {"optim": {"lr": 0.02}, "micro_batch_size": 16},
         "steps": 6,
         "run_dir": str(root / "run"),

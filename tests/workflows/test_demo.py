@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from m2flow.config.errors import ConfigError
-from m2flow.runners.demo import DemoConfig, run_demo, run_demo_config
+from m2flow.workflows.demo import DemoConfig, run_demo, run_demo_config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "demo.yaml"
 

@@ -162,7 +162,7 @@ def run_demo(overrides: list[str]) -> int:
 
 
 def _register() -> None:
-    from m2flow.config.workflows import register_workflow
+    from m2flow.workflows.registry import register_workflow
 
     register_workflow("demo", DemoConfig, run_demo_config)
 

@@ -35,7 +35,8 @@ def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
 
 
 def _defaults_from_training(path: Path) -> dict[str, Any]:
-    from m2flow.config import load_workflow_config, to_dict
+    from m2flow.config import to_dict
+    from m2flow.workflows.registry import load_workflow_config
 
     _, cfg = load_workflow_config(path)
     if not hasattr(cfg, "data") or not hasattr(cfg, "rollout"):
@@ -59,7 +60,7 @@ def _write(results: dict[str, float], output: Path | None) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from m2flow.runners.embodied import TRAINER_STATE as EMBODIED_STATE
+    from m2flow.workflows.embodied import TRAINER_STATE as EMBODIED_STATE
 
     if (args.checkpoint / EMBODIED_STATE).is_file():
         return _run_embodied(args)
@@ -67,7 +68,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _run_embodied(args: argparse.Namespace) -> int:
-    from m2flow.runners.embodied import evaluate_checkpoint
+    from m2flow.workflows.embodied import evaluate_checkpoint
 
     if args.config is not None:
         raise CommandError("--config is for reasoning checkpoints; an embodied checkpoint carries its own config "
@@ -86,7 +87,7 @@ def _run_embodied(args: argparse.Namespace) -> int:
 def _run_reasoning(args: argparse.Namespace) -> int:
     from m2flow.config import from_dict
     from m2flow.config.loader import compose
-    from m2flow.runners.evaluation import EvalConfig, evaluate_checkpoint
+    from m2flow.workflows.evaluation import EvalConfig, evaluate_checkpoint
 
     base = _defaults_from_training(args.config) if args.config is not None else {}
     cfg = from_dict(EvalConfig, _merge(base, compose(None, args.overrides, EvalConfig)))

@@ -32,7 +32,7 @@ from typing import Any
 from m2flow.config.convert import to_dict
 from m2flow.config.loader import load_config, save_config
 from m2flow.envs import EnvConfig
-from m2flow.runners.embodied_config import COMPONENTS, EmbodiedConfig
+from m2flow.workflows.embodied_config import COMPONENTS, EmbodiedConfig
 from m2flow.runtime import Cluster, GroupHandle
 from m2flow.runtime.launch import launch_groups
 from m2flow.runtime.trace import ProcessInfo, configure_tracer, get_tracer, merge_traces, prepare_trace_dir
@@ -365,7 +365,7 @@ def run_embodied(cfg: EmbodiedConfig) -> int:
 
 
 def _register() -> None:
-    from m2flow.config.workflows import register_workflow
+    from m2flow.workflows.registry import register_workflow
 
     register_workflow("embodied", EmbodiedConfig, run_embodied)
 

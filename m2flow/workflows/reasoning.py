@@ -20,8 +20,8 @@ from typing import Any
 
 from m2flow.config.convert import to_dict
 from m2flow.data import PromptDataLoader, PromptDataset, PromptItem
-from m2flow.runners.evaluation import score_responses
-from m2flow.runners.reasoning_config import COMPONENTS, ReasoningConfig
+from m2flow.workflows.evaluation import score_responses
+from m2flow.workflows.reasoning_config import COMPONENTS, ReasoningConfig
 from m2flow.runtime import Cluster, GroupHandle, WorkerGroup
 from m2flow.runtime.launch import launch_groups
 from m2flow.runtime.trace import (
@@ -321,7 +321,7 @@ class ReasoningRun:
 
     def __enter__(self) -> ReasoningRun:
         from m2flow.models.tokenizer import load_tokenizer
-        from m2flow.runners.reasoning_data import load_datasets, prepare_model
+        from m2flow.workflows.reasoning_data import load_datasets, prepare_model
         from m2flow.runtime.logs import setup_logging
 
         cfg = self.cfg
@@ -399,7 +399,7 @@ def run_reasoning(cfg: ReasoningConfig) -> int:
 
 
 def _register() -> None:
-    from m2flow.config.workflows import register_workflow
+    from m2flow.workflows.registry import register_workflow
 
     register_workflow("reasoning", ReasoningConfig, run_reasoning)
 

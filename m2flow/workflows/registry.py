@@ -2,8 +2,9 @@
 
 A workflow registers its top-level config dataclass and a ``run(cfg) -> int`` function. The
 workflow named ``X`` is looked up in the registry and, failing that, by importing the module
-``m2flow.runners.X`` (which registers it on import), so no central list has to be edited and
-nothing heavy is imported until a workflow is actually used.
+``m2flow.workflows.X`` (which registers it on import), so no central list has to be edited and
+nothing heavy is imported until a workflow is actually used. It lives above ``config/``: config only
+loads and validates, and knows no workflow.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from m2flow.config.yaml_io import read_yaml
 
 logger = logging.getLogger(__name__)
 
-RUNNERS_PACKAGE = "m2flow.runners"
+RUNNERS_PACKAGE = "m2flow.workflows"
+_NOT_WORKFLOWS = {"registry"}
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -63,11 +65,9 @@ def unregister_workflow(name: str) -> None:
 
 
 def _runner_modules() -> list[str]:
-    """Names of the modules in m2flow/runners, read from disk so nothing is imported."""
-    package = Path(__file__).resolve().parents[1] / "runners"
-    if not package.is_dir():
-        return []
-    return sorted(p.stem for p in package.glob("*.py") if not p.stem.startswith("_"))
+    """Names of the modules in m2flow/workflows, read from disk so nothing is imported."""
+    package = Path(__file__).resolve().parent
+    return sorted(p.stem for p in package.glob("*.py") if not p.stem.startswith("_") and p.stem not in _NOT_WORKFLOWS)
 
 
 def available_workflows() -> list[str]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from m2flow.runners.recipes.arithmetic_demo import ArithmeticDemoRecipe
-from m2flow.runners.recipes.arithmetic_study import run_seed, table
+from m2flow.workflows.recipes.arithmetic_demo import ArithmeticDemoRecipe
+from m2flow.workflows.recipes.arithmetic_study import run_seed, table
 
 torch.set_num_threads(1)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from m2flow.cli import main
-from m2flow.runners.recipes.arithmetic_run import ArithmeticDemoConfig, run_arithmetic_demo
+from m2flow.workflows.recipes.arithmetic_run import ArithmeticDemoConfig, run_arithmetic_demo
 
 torch.set_num_threads(1)
 

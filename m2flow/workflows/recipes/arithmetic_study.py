@@ -8,8 +8,8 @@ For each seed the warm start runs once; three arms then start from copies of the
 - ``random_reward``: the same GRPO phase with a reward that ignores the response (1.0 with
   probability `random_reward_rate`), i.e. the same compute and updates with no information.
 
-    python -m m2flow.runners.recipes.arithmetic_study --seeds 0,1,2 --out runs/arithmetic_study
-    python -m m2flow.runners.recipes.arithmetic_study --table runs/arithmetic_study
+    python -m m2flow.workflows.recipes.arithmetic_study --seeds 0,1,2 --out runs/arithmetic_study
+    python -m m2flow.workflows.recipes.arithmetic_study --table runs/arithmetic_study
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from m2flow.data.batch import Response
-from m2flow.runners.recipes.arithmetic_demo import (
+from m2flow.workflows.recipes.arithmetic_demo import (
     ArithmeticDemoRecipe,
     demonstrations,
     evaluate,

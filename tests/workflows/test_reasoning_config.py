@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from m2flow.config import ConfigError, from_dict, load_workflow_config, undocumented
-from m2flow.runners.evaluation import EvalConfig
-from m2flow.runners.reasoning_config import ReasoningConfig
+from m2flow.config import ConfigError, from_dict, undocumented
+from m2flow.workflows.registry import load_workflow_config
+from m2flow.workflows.evaluation import EvalConfig
+from m2flow.workflows.reasoning_config import ReasoningConfig
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples" / "reasoning").glob("*.yaml"))
 
@@ -63,8 +64,8 @@ def test_impossible_settings_fail_naming_the_key(data, key, message):
     ("rollout,reward,inference: 0, actor: 1", {}, False),
 ])
 def test_the_rollout_fuses_into_the_actor_only_where_it_can_share_the_policy(placement, overrides, fused):
-    from m2flow.runners.reasoning import rollout_fuses_with_actor
-    from m2flow.runners.reasoning_config import COMPONENTS
+    from m2flow.workflows.reasoning import rollout_fuses_with_actor
+    from m2flow.workflows.reasoning_config import COMPONENTS
     from m2flow.runtime.placement import NodeLayout, parse_placement
 
     cfg = from_dict(ReasoningConfig, {"placement": placement, **overrides})

@@ -14,7 +14,7 @@ from typing import Any
 from m2flow.data import ArithmeticTask, PromptDataset, read_records
 from m2flow.data.gsm8k import GSM8K_PROMPT_TEMPLATE, read_gsm8k, resolve_split
 from m2flow.data.prompts import format_prompt
-from m2flow.runners.reasoning_config import DataConfig, ModelConfig
+from m2flow.workflows.reasoning_config import DataConfig, ModelConfig
 
 log = logging.getLogger(__name__)
 
