@@ -34,7 +34,7 @@ from m2flow.config.loader import load_config, save_config
 from m2flow.envs import EnvConfig
 from m2flow.workflows.embodied_config import COMPONENTS, EmbodiedConfig
 from m2flow.runtime import Cluster, GroupHandle
-from m2flow.runtime.launch import launch_groups
+from m2flow.runtime.executors import Executor, GroupSpec, RayExecutor
 from m2flow.runtime.trace import ProcessInfo, configure_tracer, get_tracer, merge_traces, prepare_trace_dir
 from m2flow.workers.embodied.messages import InteractStats
 
@@ -114,14 +114,14 @@ def _spaces(env: EnvConfig) -> tuple[Any, Any]:
 class EmbodiedFlow:
     """The launched system of one run: env, rollout and actor groups, and the run's counters."""
 
-    def __init__(self, cfg: EmbodiedConfig, cluster: Cluster, trace_dir: Path | None = None) -> None:
+    def __init__(self, cfg: EmbodiedConfig, executor: Executor, trace_dir: Path | None = None) -> None:
         from m2flow.workers.embodied.actor import ActorWorker
         from m2flow.workers.embodied.env import EnvWorker
         from m2flow.workers.embodied.rollout import RolloutWorker
 
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir)
-        plan = cluster.placement(cfg.placement, components=COMPONENTS)
+        plan = executor.placement(cfg.placement, components=COMPONENTS)
         self.mode = plan.mode
         self.fused = cfg.rollout.fuse_with_env and plan["env"].same_devices(plan["rollout"])
         rid = uuid.uuid4().hex[:8]
@@ -143,23 +143,23 @@ class EmbodiedFlow:
             importlib.import_module(module)
         obs_space, act_space = _spaces(env_cfg)
         self.iterations = cfg.iterations(self.env_ranks)
-        specs: dict[str, tuple[type, tuple, dict, int]] = {
-            "env": (EnvWorker, (env_cfg, cfg.rollout_steps), env_kwargs, cfg.env_worker.num_threads),
-            "actor": (ActorWorker, (obs_space, act_space, cfg.policy, cfg.algorithm, cfg.actor),
+        specs: dict[str, GroupSpec] = {
+            "env": GroupSpec(EnvWorker, (env_cfg, cfg.rollout_steps), env_kwargs, cfg.env_worker.num_threads),
+            "actor": GroupSpec(ActorWorker, (obs_space, act_space, cfg.policy, cfg.algorithm, cfg.actor),
                       dict(env_group=self.names["env"], env_ranks=self.env_ranks, total_iterations=self.iterations,
                            seed=cfg.seed, shares_devices=bool(actor_devices & plan[policy_holder].devices),
                            batch_size=cfg.rollout_steps * cfg.env.num_envs * self.env_ranks),
                       cfg.actor.num_threads),
         }
         if not self.fused:
-            specs["rollout"] = (
+            specs["rollout"] = GroupSpec(
                 RolloutWorker, (obs_space, act_space, cfg.policy),
                 dict(env_group=self.names["env"], env_ranks=self.env_ranks, stages=cfg.pipeline_stages,
                      rollout_steps=cfg.rollout_steps, seed=cfg.seed, shares_devices=shares,
                      offload=cfg.rollout.offload),
                 cfg.rollout.num_threads)
         self.env = self.rollout = self.actor = None
-        groups = launch_groups(cluster, self.names, plan, specs, self.run_dir / "logs", trace_dir)
+        groups = executor.launch(self.names, plan, specs, self.run_dir / "logs", trace_dir)
         self.env, self.actor, self.rollout = groups["env"], groups["actor"], groups.get("rollout")
         holder = self.env if self.fused else self.rollout
         self.policy_holder = holder
@@ -307,12 +307,11 @@ def train(cfg: EmbodiedConfig, cluster: Cluster | None = None) -> TrainResult:
     trace_dir = prepare_trace_dir(run_dir) if cfg.trace else None
     if trace_dir is not None:
         configure_tracer(trace_dir, ProcessInfo())
-    own_cluster = cluster is None
-    cluster = cluster or Cluster(cfg.cluster)
+    executor: Executor = RayExecutor(cfg.cluster, cluster)
     flow = None
     result = TrainResult(run_dir)
     try:
-        flow = EmbodiedFlow(cfg, cluster, trace_dir)
+        flow = EmbodiedFlow(cfg, executor, trace_dir)
         result.mode, result.fused = flow.mode, flow.fused
         start = 0
         if resume is not None:
@@ -326,8 +325,7 @@ def train(cfg: EmbodiedConfig, cluster: Cluster | None = None) -> TrainResult:
     finally:
         if flow is not None:
             flow.shutdown()
-        if own_cluster:
-            cluster.shutdown()
+        executor.shutdown()
         if trace_dir is not None:
             get_tracer().close()
             merge_traces(run_dir)

@@ -23,7 +23,7 @@ from m2flow.data import PromptDataLoader, PromptDataset, PromptItem
 from m2flow.workflows.evaluation import score_responses
 from m2flow.workflows.reasoning_config import COMPONENTS, ReasoningConfig
 from m2flow.runtime import Cluster, GroupHandle, WorkerGroup
-from m2flow.runtime.launch import launch_groups
+from m2flow.runtime.executors import Executor, GroupSpec, RayExecutor
 from m2flow.runtime.trace import (
     ProcessInfo,
     configure_tracer,
@@ -117,7 +117,7 @@ def rollout_fuses_with_actor(cfg: ReasoningConfig, plan: Any) -> bool:
 class ReasoningFlow:
     """The launched system of one run: worker groups, the streams between them, and the data."""
 
-    def __init__(self, cfg: ReasoningConfig, cluster: Cluster, model_path: Path, train: PromptDataset,
+    def __init__(self, cfg: ReasoningConfig, executor: Executor, model_path: Path, train: PromptDataset,
                  test: PromptDataset | None, resume_dir: Path | None = None, trace_dir: Path | None = None) -> None:
         from m2flow.workers.actor import ActorWorker
         from m2flow.workers.inference import InferenceWorker
@@ -128,7 +128,7 @@ class ReasoningFlow:
         self.train_set = train
         self.test_set = test
         self.run_dir = Path(cfg.run_dir)
-        plan = cluster.placement(cfg.placement, components=COMPONENTS)
+        plan = executor.placement(cfg.placement, components=COMPONENTS)
         self.mode = plan.mode
         rid = uuid.uuid4().hex[:8]
         ranks = {c: plan[c].world_size for c in COMPONENTS}
@@ -154,27 +154,27 @@ class ReasoningFlow:
         path = str(model_path)
         scoring = {"max_new_tokens": cfg.rollout.sampling.max_new_tokens, "dynamic_sampling": algo.dynamic_sampling}
         fused_scorer = {"cfg": cfg.reward, **scoring} if self.reward_fused else None
-        specs: dict[str, tuple[type, tuple, dict, int]] = {
-            "rollout": (RolloutWorker, (path, cfg.rollout, self.prompts, responses),
-                        {"seed": cfg.seed, "shares_devices": shares["rollout"], "scorer": fused_scorer},
-                        cfg.rollout.num_threads),
-            "reward": (RewardWorker, (cfg.reward, responses, scored), scoring, cfg.reward.num_threads),
-            "inference": (InferenceWorker, (path, cfg.inference, cfg.algorithm, temperature, n, scored, ready),
-                          {"shares_devices": shares["inference"]}, cfg.inference.num_threads),
-            "actor": (ActorWorker, (path, cfg.actor, cfg.algorithm, temperature, n, ready),
-                      {"total_steps": cfg.steps, "seed": cfg.seed, "shares_devices": shares["actor"],
-                       "resume_dir": str(resume_dir) if resume_dir else None}, cfg.actor.num_threads),
+        specs: dict[str, GroupSpec] = {
+            "rollout": GroupSpec(RolloutWorker, (path, cfg.rollout, self.prompts, responses),
+                                 {"seed": cfg.seed, "shares_devices": shares["rollout"], "scorer": fused_scorer},
+                                 cfg.rollout.num_threads),
+            "reward": GroupSpec(RewardWorker, (cfg.reward, responses, scored), scoring, cfg.reward.num_threads),
+            "inference": GroupSpec(InferenceWorker, (path, cfg.inference, cfg.algorithm, temperature, n, scored, ready),
+                                   {"shares_devices": shares["inference"]}, cfg.inference.num_threads),
+            "actor": GroupSpec(ActorWorker, (path, cfg.actor, cfg.algorithm, temperature, n, ready),
+                               {"total_steps": cfg.steps, "seed": cfg.seed, "shares_devices": shares["actor"],
+                                "resume_dir": str(resume_dir) if resume_dir else None}, cfg.actor.num_threads),
         }
         if self.rollout_fused:
             del specs["rollout"]
-            specs["actor"][2]["generation"] = {"cfg": cfg.rollout, "prompts": self.prompts, "responses": responses,
+            specs["actor"].kwargs["generation"] = {"cfg": cfg.rollout, "prompts": self.prompts, "responses": responses,
                                                "seed": cfg.seed, "scorer": fused_scorer}
         if not self.infers:
             del specs["inference"]
         if self.reward_fused:
             del specs["reward"]
         self.names = {c: f"{c}-{rid}" for c in COMPONENTS}
-        groups = launch_groups(cluster, self.names, plan, specs, self.run_dir / "logs", trace_dir)
+        groups = executor.launch(self.names, plan, specs, self.run_dir / "logs", trace_dir)
         self.actor = groups["actor"]
         self.rollout = self.actor if self.rollout_fused else groups["rollout"]
         self.reward: WorkerGroup | None = groups.get("reward")
@@ -314,7 +314,6 @@ class ReasoningRun:
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir)
         self._cluster = cluster
-        self._own_cluster = cluster is None
         self.flow: ReasoningFlow | None = None
         self.start = 0
         self.trace_dir: Path | None = None
@@ -340,9 +339,9 @@ class ReasoningRun:
         if cfg.trace:
             self.trace_dir = prepare_trace_dir(self.run_dir)
             configure_tracer(self.trace_dir, ProcessInfo())
-        self.cluster = self._cluster or Cluster(cfg.cluster)
+        self.executor: Executor = RayExecutor(cfg.cluster, self._cluster)
         try:
-            self.flow = ReasoningFlow(cfg, self.cluster, model_path, train_set, test_set, resume, self.trace_dir)
+            self.flow = ReasoningFlow(cfg, self.executor, model_path, train_set, test_set, resume, self.trace_dir)
         except BaseException:
             self.__exit__()
             raise
@@ -367,8 +366,8 @@ class ReasoningRun:
         if self.flow is not None:
             self.flow.shutdown()
             self.flow = None
-        if self._own_cluster and getattr(self, "cluster", None) is not None:
-            self.cluster.shutdown()
+        if getattr(self, "executor", None) is not None:
+            self.executor.shutdown()
         if self.trace_dir is not None:
             get_tracer().close()
             set_tracer(None)

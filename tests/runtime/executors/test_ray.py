@@ -6,7 +6,7 @@ import pytest
 
 from m2flow.runtime import Worker
 from m2flow.runtime.errors import WorkerError
-from m2flow.runtime.launch import launch_groups
+from m2flow.runtime.executors import GroupSpec, launch_groups
 
 
 class Echo(Worker):
@@ -24,7 +24,7 @@ class Broken(Worker):
 
 def test_groups_start_side_by_side(cluster, tmp_path) -> None:
     groups = launch_groups(cluster, {"a": "launch-a", "b": "launch-b"}, {"a": "0-1", "b": "2"},
-                           {"a": (Echo, ("a",), {}, 1), "b": (Echo, ("b",), {}, 1)}, tmp_path)
+                           {"a": GroupSpec(Echo, ("a",)), "b": GroupSpec(Echo, ("b",))}, tmp_path)
     try:
         assert groups["a"].who().wait() == ["a0", "a1"]
         assert groups["b"].who().wait() == ["b0"]
@@ -34,7 +34,7 @@ def test_groups_start_side_by_side(cluster, tmp_path) -> None:
 
 
 def test_a_failing_group_shuts_the_others_down(cluster, tmp_path, monkeypatch) -> None:
-    from m2flow.runtime import launch as launch_mod
+    from m2flow.runtime.executors import ray as launch_mod
 
     started, shut = [], []
     real = launch_mod.WorkerGroup
@@ -54,5 +54,5 @@ def test_a_failing_group_shuts_the_others_down(cluster, tmp_path, monkeypatch) -
     monkeypatch.setattr(launch_mod, "WorkerGroup", tracking)
     with pytest.raises((WorkerError, ValueError), match="cannot build"):
         launch_groups(cluster, {"ok": "launch-ok", "bad": "launch-bad"}, {"ok": "0", "bad": "1"},
-                      {"ok": (Echo, ("x",), {}, 1), "bad": (Broken, (), {}, 1)}, tmp_path)
+                      {"ok": GroupSpec(Echo, ("x",)), "bad": GroupSpec(Broken)}, tmp_path)
     assert len(started) == 1 and shut == started  # the group that started was shut down
