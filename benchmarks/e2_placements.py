@@ -64,7 +64,7 @@ def run_plan(name: str, iterations: int, env_id: str, seed: int, trace_dir: str 
     setup_logging(console=False)
     placement, stages, fused = PLANS[name]
     cfg = from_dict(EmbodiedConfig, {"placement": placement})
-    env_ranks = cfg.plan()["env"].world_size
+    env_ranks = cfg.placed()["env"].world_size
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="e2-") as tmp:
         run_dir = tmp if trace_dir is None else str(Path(trace_dir) / name)

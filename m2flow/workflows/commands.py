@@ -1,7 +1,9 @@
-"""``m2flow eval CHECKPOINT``: evaluate a saved checkpoint, whichever workflow wrote it.
+"""The workflows' commands: ``m2flow eval CHECKPOINT`` (below) and ``m2flow plan show`` (``plan_command.py``).
+
+``eval`` evaluates a saved checkpoint, whichever workflow wrote it.
 
 A reasoning checkpoint (or model directory): greedy accuracy and mean response length on a dataset.
-An embodied checkpoint (``runs/.../checkpoints/iter_N``): mean raw return of the policy over whole
+An embodied checkpoint (``runs/.../checkpoints/step_N``): mean raw return of the policy over whole
 episodes with deterministic actions, under the run's own env config and normalisation statistics.
 """
 
@@ -17,7 +19,7 @@ from m2flow.cli import CommandError, register_command, say
 
 def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", type=Path,
-                        help="a model directory, or a training checkpoint (runs/.../checkpoints/step_N or iter_N)")
+                        help="a model directory, or a training checkpoint (runs/.../checkpoints/step_N)")
     parser.add_argument("--config", type=Path, default=None,
                         help="a reasoning training YAML: its data, reward and sampling lengths are the defaults")
     parser.add_argument("--episodes", type=int, default=10, help="embodied checkpoints: episodes to average over")
@@ -60,9 +62,9 @@ def _write(results: dict[str, float], output: Path | None) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from m2flow.workflows.embodied import TRAINER_STATE as EMBODIED_STATE
+    from m2flow.workflows.run import TRAINER_STATE, read_state
 
-    if (args.checkpoint / EMBODIED_STATE).is_file():
+    if (args.checkpoint / TRAINER_STATE).is_file() and read_state(args.checkpoint).get("workflow") == "embodied":
         return _run_embodied(args)
     return _run_reasoning(args)
 
@@ -103,3 +105,12 @@ def _run_reasoning(args: argparse.Namespace) -> int:
 
 register_command("eval", "evaluate a checkpoint: accuracy on a dataset (reasoning) or mean return (embodied)",
                  _configure, _run)
+
+def _register_plan() -> None:
+    from m2flow.workflows import plan_command
+
+    register_command("plan", "show the workflow graph and the execution plan of a config (starts nothing)",
+                     plan_command.configure, plan_command.run)
+
+
+_register_plan()

@@ -20,7 +20,6 @@ import importlib
 import json
 import logging
 import math
-import pickle
 import time
 import uuid
 from collections import deque
@@ -34,14 +33,15 @@ from m2flow.config.loader import load_config, save_config
 from m2flow.envs import EnvConfig
 from m2flow.workflows.embodied_config import COMPONENTS, EmbodiedConfig
 from m2flow.runtime import Cluster, GroupHandle
-from m2flow.runtime.executors import Executor, GroupSpec, RayExecutor
-from m2flow.runtime.trace import ProcessInfo, configure_tracer, get_tracer, merge_traces, prepare_trace_dir
+from m2flow.planner import Plan
+from m2flow.runtime.executors import Executor, GroupSpec
+from m2flow.runtime.trace import get_tracer
 from m2flow.workers.embodied.messages import InteractStats
+from m2flow.workflows.embodied_plan import GRAPH, plan_embodied
+from m2flow.workflows.run import CheckpointError, RunScaffold, checkpoint_path, find_checkpoint, read_state, write_state
 
 log = logging.getLogger(__name__)
 
-CHECKPOINTS = "checkpoints"
-TRAINER_STATE = "trainer_state.pkl"
 CONFIG_FILE = "config.yaml"
 
 
@@ -114,28 +114,26 @@ def _spaces(env: EnvConfig) -> tuple[Any, Any]:
 class EmbodiedFlow:
     """The launched system of one run: env, rollout and actor groups, and the run's counters."""
 
-    def __init__(self, cfg: EmbodiedConfig, executor: Executor, trace_dir: Path | None = None) -> None:
+    def __init__(self, cfg: EmbodiedConfig, plan: Plan, executor: Executor, trace_dir: Path | None = None) -> None:
         from m2flow.workers.embodied.actor import ActorWorker
         from m2flow.workers.embodied.env import EnvWorker
         from m2flow.workers.embodied.rollout import RolloutWorker
 
         self.cfg = cfg
+        self.plan = plan
         self.run_dir = Path(cfg.run_dir)
-        plan = executor.placement(cfg.placement, components=COMPONENTS)
         self.mode = plan.mode
-        self.fused = cfg.rollout.fuse_with_env and plan["env"].same_devices(plan["rollout"])
+        self.fused = plan.fused("rollout")
         rid = uuid.uuid4().hex[:8]
         self.names = {c: f"{c}-{rid}" for c in COMPONENTS}
         ranks = {c: plan[c].world_size for c in COMPONENTS}
         self.env_ranks = ranks["env"]
-        actor_devices = plan["actor"].devices
-        policy_holder = "env" if self.fused else "rollout"
-        shares = bool(plan[policy_holder].devices & actor_devices)
+        policy_holder = plan["rollout"].host
         env_kwargs: dict[str, Any] = dict(actor_group=self.names["actor"], actor_ranks=ranks["actor"],
                                           imports=list(cfg.env_worker.imports))
         if self.fused:
-            env_kwargs.update(fused_policy=cfg.policy, policy_seed=cfg.seed, shares_devices=shares,
-                              offload=cfg.rollout.offload)
+            env_kwargs.update(fused_policy=cfg.policy, policy_seed=cfg.seed, shares_devices=plan["env"].shares_devices,
+                              offload=plan["env"].offload)
         else:
             env_kwargs.update(rollout_group=self.names["rollout"], rollout_ranks=ranks["rollout"])
         env_cfg = replace(cfg.env, num_groups=cfg.pipeline_stages, seed=cfg.seed)
@@ -144,22 +142,23 @@ class EmbodiedFlow:
         obs_space, act_space = _spaces(env_cfg)
         self.iterations = cfg.iterations(self.env_ranks)
         specs: dict[str, GroupSpec] = {
-            "env": GroupSpec(EnvWorker, (env_cfg, cfg.rollout_steps), env_kwargs, cfg.env_worker.num_threads),
+            "env": GroupSpec(EnvWorker, (env_cfg, cfg.rollout_steps), env_kwargs, plan["env"].threads),
             "actor": GroupSpec(ActorWorker, (obs_space, act_space, cfg.policy, cfg.algorithm, cfg.actor),
-                      dict(env_group=self.names["env"], env_ranks=self.env_ranks, total_iterations=self.iterations,
-                           seed=cfg.seed, shares_devices=bool(actor_devices & plan[policy_holder].devices),
-                           batch_size=cfg.rollout_steps * cfg.env.num_envs * self.env_ranks),
-                      cfg.actor.num_threads),
+                               dict(env_group=self.names["env"], env_ranks=self.env_ranks,
+                                    total_iterations=self.iterations, seed=cfg.seed,
+                                    shares_devices=plan["actor"].shares_devices,
+                                    batch_size=cfg.rollout_steps * cfg.env.num_envs * self.env_ranks),
+                               plan["actor"].threads),
         }
-        if not self.fused:
+        if plan["rollout"].launched:
             specs["rollout"] = GroupSpec(
                 RolloutWorker, (obs_space, act_space, cfg.policy),
                 dict(env_group=self.names["env"], env_ranks=self.env_ranks, stages=cfg.pipeline_stages,
-                     rollout_steps=cfg.rollout_steps, seed=cfg.seed, shares_devices=shares,
-                     offload=cfg.rollout.offload),
-                cfg.rollout.num_threads)
+                     rollout_steps=cfg.rollout_steps, seed=cfg.seed, shares_devices=plan["rollout"].shares_devices,
+                     offload=plan["rollout"].offload),
+                plan["rollout"].threads)
         self.env = self.rollout = self.actor = None
-        groups = executor.launch(self.names, plan, specs, self.run_dir / "logs", trace_dir)
+        groups = executor.launch(self.names, plan.placements(), specs, self.run_dir / "logs", trace_dir)
         self.env, self.actor, self.rollout = groups["env"], groups["actor"], groups.get("rollout")
         holder = self.env if self.fused else self.rollout
         self.policy_holder = holder
@@ -241,22 +240,21 @@ class EmbodiedFlow:
     # -- checkpoints --------------------------------------------------------------------------
     def save_checkpoint(self, next_iteration: int) -> Path:
         """Actor (weights, optimizer, shuffling), env ranks (envs, statistics), noise generators, counters."""
-        path = self.run_dir / CHECKPOINTS / f"iter_{next_iteration:06d}"
+        path = checkpoint_path(self.run_dir, next_iteration)
         handles = {"actor": self.actor.save_checkpoint(str(path)), "env": self.env.save_checkpoint(str(path))}
         if not self.fused:
             handles["rollout"] = self.rollout.save_checkpoint(str(path))
         _gather(handles)
         save_config(self.cfg, path / CONFIG_FILE, workflow="embodied")  # what evaluation needs
-        state = {"next_iteration": next_iteration, "env_steps": self.env_steps, "episodes": self.episodes,
-                 "recent": list(self.recent), "norm_deltas": self._deltas, "seed": self.cfg.seed,
-                 "env_ranks": self.env_ranks, "fused": self.fused}
-        (path / TRAINER_STATE).write_bytes(pickle.dumps(state))  # written last: marks the checkpoint complete
+        write_state(path, {"workflow": "embodied", "next_step": next_iteration, "env_steps": self.env_steps, "episodes": self.episodes,
+                           "recent": list(self.recent), "norm_deltas": self._deltas, "seed": self.cfg.seed,
+                           "env_ranks": self.env_ranks, "fused": self.fused})
         log.info("checkpoint %s", path)
         return path
 
     def load_checkpoint(self, path: Path) -> int:
         """Restore every worker and the counters; returns the iteration to continue from."""
-        state = pickle.loads((path / TRAINER_STATE).read_bytes())
+        state = read_state(path)
         if state["env_ranks"] != self.env_ranks:
             raise ValueError(f"resume: {path} was written by {state['env_ranks']} env ranks, "
                              f"this placement has {self.env_ranks}")
@@ -267,10 +265,10 @@ class EmbodiedFlow:
             handles["rollout"] = self.rollout.load_checkpoint(str(path))
         _gather(handles)
         self.env_steps = state["env_steps"]
-        self.episodes = list(state["episodes"])
+        self.episodes = [(int(n), float(r)) for n, r in state["episodes"]]
         self.recent.extend(state["recent"])
         self._deltas = state["norm_deltas"]
-        return int(state["next_iteration"])
+        return int(state["next_step"])
 
     def shutdown(self) -> None:
         for group in (self.actor, self.rollout, self.env):
@@ -281,55 +279,33 @@ class EmbodiedFlow:
 # ----------------------------------------------------------------------------- entry points
 
 
-def find_checkpoint(cfg: EmbodiedConfig) -> Path | None:
-    """The checkpoint to resume from: ``resume`` itself, or the latest complete one in run_dir."""
-    if cfg.resume is None:
-        return None
-    if cfg.resume != "auto":
-        path = Path(cfg.resume)
-        if not (path / TRAINER_STATE).is_file():
-            raise FileNotFoundError(f"resume: {path} is not a checkpoint (no {TRAINER_STATE})")
-        return path
-    done = sorted(p for p in (Path(cfg.run_dir) / CHECKPOINTS).glob("iter_*") if (p / TRAINER_STATE).is_file())
-    return done[-1] if done else None
-
-
 def train(cfg: EmbodiedConfig, cluster: Cluster | None = None) -> TrainResult:
     """Run (or resume) the workflow; ``cluster`` reuses a running one (else Ray starts here)."""
     from m2flow.metrics import MetricsLogger
-    from m2flow.runtime.logs import setup_logging
 
     started = time.perf_counter()
-    run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    setup_logging(log_file=run_dir / "driver.log", console=False)
-    resume = find_checkpoint(cfg)
-    trace_dir = prepare_trace_dir(run_dir) if cfg.trace else None
-    if trace_dir is not None:
-        configure_tracer(trace_dir, ProcessInfo())
-    executor: Executor = RayExecutor(cfg.cluster, cluster)
-    flow = None
-    result = TrainResult(run_dir)
-    try:
-        flow = EmbodiedFlow(cfg, executor, trace_dir)
-        result.mode, result.fused = flow.mode, flow.fused
-        start = 0
-        if resume is not None:
-            start = flow.load_checkpoint(resume)
-            log.info("resuming from %s at iteration %d", resume, start)
-        result.startup_s = time.perf_counter() - started
-        description = f"embodied {cfg.env.env_id} ({flow.mode}{', fused' if flow.fused else ''})"
-        with MetricsLogger(run_dir, cfg.metrics, total_steps=flow.iterations * cfg.batch_size(flow.env_ranks),
-                           description=description, run_config=to_dict(cfg)) as logger:
-            train_loop(flow, start, flow.iterations, logger, result, cfg.eval_every, cfg.checkpoint_every)
-    finally:
-        if flow is not None:
+    result = TrainResult(Path(cfg.run_dir))
+    with RunScaffold(cfg.run_dir, placement=cfg.placement, cluster_config=cfg.cluster, cluster=cluster,
+                     trace=cfg.trace) as run:
+        resume = find_checkpoint(cfg.resume, cfg.run_dir)
+        executor = run.executor()
+        plan = run.adopt(plan_embodied(cfg, executor.layout))
+        flow = EmbodiedFlow(cfg, plan, executor, run.trace_dir)
+        try:
+            result.mode, result.fused = flow.mode, flow.fused
+            start = 0
+            if resume is not None:
+                start = flow.load_checkpoint(resume)
+                log.info("resuming from %s at iteration %d", resume, start)
+            result.startup_s = time.perf_counter() - started
+            description = f"embodied {cfg.env.env_id} ({flow.mode}{', fused' if flow.fused else ''})"
+            with MetricsLogger(result.run_dir, cfg.metrics,
+                               total_steps=flow.iterations * cfg.batch_size(flow.env_ranks),
+                               description=description, run_config=to_dict(cfg)) as logger:
+                train_loop(flow, start, flow.iterations, logger, result, cfg.eval_every, cfg.checkpoint_every)
+        finally:
             flow.shutdown()
-        executor.shutdown()
-        if trace_dir is not None:
-            get_tracer().close()
-            merge_traces(run_dir)
-    (run_dir / "episodes.json").write_text(json.dumps(result.episodes))
+    (result.run_dir / "episodes.json").write_text(json.dumps(result.episodes))
     return result
 
 
@@ -343,8 +319,8 @@ def evaluate_checkpoint(path: str | Path, episodes: int = 10, overrides: Sequenc
     from m2flow.workers.embodied.evaluate import evaluate_policy, load_checkpoint_parts
 
     path = Path(path)
-    if not (path / TRAINER_STATE).is_file():
-        raise FileNotFoundError(f"{path} is not an embodied checkpoint (no {TRAINER_STATE})")
+    if read_state(path).get("workflow") != "embodied":
+        raise CheckpointError(f"{path} is not an embodied checkpoint")
     cfg = load_config(EmbodiedConfig, path / CONFIG_FILE, overrides)
     weights, norm = load_checkpoint_parts(path)
     return evaluate_policy(cfg.env, cfg.policy, weights, norm, episodes, seed=cfg.seed,
@@ -365,7 +341,7 @@ def run_embodied(cfg: EmbodiedConfig) -> int:
 def _register() -> None:
     from m2flow.workflows.registry import register_workflow
 
-    register_workflow("embodied", EmbodiedConfig, run_embodied)
+    register_workflow("embodied", EmbodiedConfig, run_embodied, plan=plan_embodied, graph=GRAPH)
 
 
 _register()

@@ -10,7 +10,8 @@ from m2flow.envs import EnvConfig
 from m2flow.metrics import MetricsConfig
 from m2flow.models.policies import PolicyConfig
 from m2flow.runtime.cluster import ClusterConfig, expected_layout
-from m2flow.runtime.placement import SYNTAX_LAYOUT_DEVICES, NodeLayout, PlacementError, PlacementPlan, parse_placement
+from m2flow.planner.placing import resolve_placement
+from m2flow.runtime.placement import SYNTAX_LAYOUT_DEVICES, NodeLayout, PlacementError, PlacementPlan
 from m2flow.workers.embodied.config import ActorConfig, EnvWorkerConfig, PPOConfig, RolloutConfig
 
 COMPONENTS = ("env", "rollout", "actor")
@@ -23,7 +24,8 @@ class EmbodiedConfig:
     cluster: ClusterConfig = option(ClusterConfig(), "where the workers run")
     placement: str = option(
         "env,rollout,actor: 0",
-        "devices of each component (env, rollout, actor); components on shared devices take turns")
+        "devices of each component (env, rollout, actor); components on shared devices take turns; "
+        "'local': one rank each, all in this process (no Ray)")
     env: EnvConfig = option(EnvConfig(), "the environments of each env rank and their normalisation")
     pipeline_stages: int = option(
         1, "K: each env rank's envs form K stages; one simulates while another's actions are inferred")
@@ -68,7 +70,7 @@ class EmbodiedConfig:
             from m2flow.envs.factory import check_env_id
 
             check_env_id(self.env.env_id)  # fail before any worker starts
-        plan = self.plan()
+        plan = self.placed()
         env_ranks, rollout_ranks = plan["env"].world_size, plan["rollout"].world_size
         if rollout_ranks > env_ranks:
             raise ValueError(
@@ -85,11 +87,11 @@ class EmbodiedConfig:
                 f"algorithm.minibatch_size ({self.algorithm.minibatch_size}) exceeds the batch of "
                 f"{batch} samples (rollout_steps x env.num_envs x env ranks)")
 
-    def plan(self) -> PlacementPlan:
+    def placed(self) -> PlacementPlan:
         """The placement resolved against the cluster this config will start (names checked)."""
         layout = expected_layout(self.cluster)
         try:
-            return parse_placement(self.placement, layout or NodeLayout((SYNTAX_LAYOUT_DEVICES,)), COMPONENTS)
+            return resolve_placement(self.placement, layout or NodeLayout((SYNTAX_LAYOUT_DEVICES,)), COMPONENTS)
         except PlacementError as e:
             raise ValueError(f"placement: {e}") from None
 

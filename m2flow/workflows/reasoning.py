@@ -9,12 +9,11 @@ as they are ready. Which of those happens is decided by the placement alone.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,23 +22,24 @@ from m2flow.data import PromptDataLoader, PromptDataset, PromptItem
 from m2flow.workflows.evaluation import score_responses
 from m2flow.workflows.reasoning_config import COMPONENTS, ReasoningConfig
 from m2flow.runtime import Cluster, GroupHandle, WorkerGroup
-from m2flow.runtime.executors import Executor, GroupSpec, RayExecutor
-from m2flow.runtime.trace import (
-    ProcessInfo,
-    configure_tracer,
-    get_tracer,
-    merge_traces,
-    prepare_trace_dir,
-    set_tracer,
+from m2flow.planner import Plan
+from m2flow.workflows.reasoning_plan import GRAPH, plan_reasoning
+from m2flow.workflows.run import (
+    CHECKPOINTS,
+    RunScaffold,
+    checkpoint_path,
+    find_checkpoint,
+    read_state,
+    write_state,
 )
+from m2flow.runtime.executors import Executor, GroupSpec
+from m2flow.runtime.trace import get_tracer
 from m2flow.workers.messages import PromptTask
 from m2flow.workers.stats import WEIGHT_KEY, merge_rank_metrics
 from m2flow.workers.streams import GroupStream
 
 log = logging.getLogger(__name__)
 
-CHECKPOINTS = "checkpoints"
-TRAINER_STATE = "trainer_state.json"
 
 
 @dataclass
@@ -98,26 +98,10 @@ def _gather(handles: Sequence[GroupHandle]) -> list[list[Any]]:
     return asyncio.run(all_of())
 
 
-def _shares_devices(plan: Any, component: str, holders: Sequence[str]) -> bool:
-    """True when another of the device-holding components ``holders`` runs on some of ``component``'s devices."""
-    mine = plan[component].devices
-    return any(mine & plan[c].devices for c in holders if c != component)
-
-
-def rollout_fuses_with_actor(cfg: ReasoningConfig, plan: Any) -> bool:
-    """Whether the rollout generates inside the actor processes (``rollout.fuse_with_actor``): same devices
-    rank for rank, full weights on every actor rank (ddp), an in-process backend and the same dtype."""
-    from m2flow.backends.generation import IN_PROCESS_BACKENDS
-
-    return (cfg.rollout.fuse_with_actor and plan["rollout"].same_devices(plan["actor"])
-            and cfg.actor.strategy == "ddp" and cfg.rollout.backend in IN_PROCESS_BACKENDS
-            and cfg.rollout.dtype == cfg.actor.dtype)
-
-
 class ReasoningFlow:
     """The launched system of one run: worker groups, the streams between them, and the data."""
 
-    def __init__(self, cfg: ReasoningConfig, executor: Executor, model_path: Path, train: PromptDataset,
+    def __init__(self, cfg: ReasoningConfig, plan: Plan, executor: Executor, model_path: Path, train: PromptDataset,
                  test: PromptDataset | None, resume_dir: Path | None = None, trace_dir: Path | None = None) -> None:
         from m2flow.workers.actor import ActorWorker
         from m2flow.workers.inference import InferenceWorker
@@ -125,68 +109,59 @@ class ReasoningFlow:
         from m2flow.workers.rollout import RolloutWorker
 
         self.cfg = cfg
+        self.plan = plan
         self.train_set = train
         self.test_set = test
         self.run_dir = Path(cfg.run_dir)
-        plan = executor.placement(cfg.placement, components=COMPONENTS)
         self.mode = plan.mode
         rid = uuid.uuid4().hex[:8]
-        ranks = {c: plan[c].world_size for c in COMPONENTS}
-        # One stream per edge of the workflow; each routes a group to rank slot % (consumer ranks).
-        self.prompts = GroupStream.create(f"prompts-{rid}", ranks["rollout"])
-        ready = GroupStream.create(f"ready-{rid}", ranks["actor"])
-        # Inference runs only when it has log-probs to compute; otherwise scored groups go straight
-        # to the actor, one hop (a serialisation and a wake-up per group) fewer.
-        algo = cfg.algorithm
-        self.infers = algo.old_logprobs == "inference" or algo.needs_reference
-        scored = GroupStream.create(f"scored-{rid}", ranks["inference"]) if self.infers else ready
-        # Reward on the rollout's own devices scores inside the rollout process: one hop fewer again.
-        self.reward_fused = cfg.reward.fuse_with_rollout and plan["reward"].same_devices(plan["rollout"])
-        # Rollout on the actor's own devices, rank for rank, generates inside the actor processes from
-        # the policy being trained: no weight sync to it and no second copy of the model.
-        self.rollout_fused = rollout_fuses_with_actor(cfg, plan)
-        responses = scored if self.reward_fused else GroupStream.create(f"responses-{rid}", ranks["reward"])
-        self.streams = list({id(s): s for s in (self.prompts, responses, scored, ready)}.values())
+        # One stream per data edge the plan uses; a fused reward scores inside the rollout, so the
+        # rollout emits scored groups and "responses" needs none. (A stream whose producer and
+        # consumer share a process keeps its items there: ``GroupStream.keep_local``.)
+        streams = {e.name: GroupStream.create(f"{e.name}-{rid}", e.consumers) for e in plan.edges
+                   if GRAPH.edge(e.name).kind == "stream" and e.transport != "unused"
+                   and not (e.name == "responses" and e.transport == "in-process")}
+        self.prompts = streams["prompts"]
+        scored = streams["scored"]
+        ready = streams.get("ready", scored)  # without inference, scored groups go straight to the actor
+        responses = streams.get("responses", scored)  # reward fused: the rollout scores and emits scored groups
+        self.streams = list(streams.values())
+        self.infers = plan.runs("inference")
+        self.reward_fused = plan.fused("reward")
+        self.rollout_fused = plan.fused("rollout")
         n = cfg.rollout.sampling.n
         temperature = cfg.rollout.sampling.temperature
-        holders = (["actor"] if self.rollout_fused else ["rollout", "actor"]) + (["inference"] if self.infers else [])
-        shares = {c: _shares_devices(plan, c, holders) for c in COMPONENTS}
         path = str(model_path)
+        algo = cfg.algorithm
         scoring = {"max_new_tokens": cfg.rollout.sampling.max_new_tokens, "dynamic_sampling": algo.dynamic_sampling}
         fused_scorer = {"cfg": cfg.reward, **scoring} if self.reward_fused else None
+        turns = {c.name: c.shares_devices for c in plan.components}
         specs: dict[str, GroupSpec] = {
             "rollout": GroupSpec(RolloutWorker, (path, cfg.rollout, self.prompts, responses),
-                                 {"seed": cfg.seed, "shares_devices": shares["rollout"], "scorer": fused_scorer},
-                                 cfg.rollout.num_threads),
-            "reward": GroupSpec(RewardWorker, (cfg.reward, responses, scored), scoring, cfg.reward.num_threads),
+                                 {"seed": cfg.seed, "shares_devices": turns["rollout"], "scorer": fused_scorer}),
+            "reward": GroupSpec(RewardWorker, (cfg.reward, responses, scored), scoring),
             "inference": GroupSpec(InferenceWorker, (path, cfg.inference, cfg.algorithm, temperature, n, scored, ready),
-                                   {"shares_devices": shares["inference"]}, cfg.inference.num_threads),
+                                   {"shares_devices": turns["inference"]}),
             "actor": GroupSpec(ActorWorker, (path, cfg.actor, cfg.algorithm, temperature, n, ready),
-                               {"total_steps": cfg.steps, "seed": cfg.seed, "shares_devices": shares["actor"],
-                                "resume_dir": str(resume_dir) if resume_dir else None}, cfg.actor.num_threads),
+                               {"total_steps": cfg.steps, "seed": cfg.seed, "shares_devices": turns["actor"],
+                                "resume_dir": str(resume_dir) if resume_dir else None}),
         }
         if self.rollout_fused:
-            del specs["rollout"]
             specs["actor"].kwargs["generation"] = {"cfg": cfg.rollout, "prompts": self.prompts, "responses": responses,
-                                               "seed": cfg.seed, "scorer": fused_scorer}
-        if not self.infers:
-            del specs["inference"]
-        if self.reward_fused:
-            del specs["reward"]
+                                                   "seed": cfg.seed, "scorer": fused_scorer}
+        specs = {c: replace(specs[c], threads=plan[c].threads) for c in plan.launched}
         self.names = {c: f"{c}-{rid}" for c in COMPONENTS}
-        groups = executor.launch(self.names, plan, specs, self.run_dir / "logs", trace_dir)
+        groups = executor.launch(self.names, plan.placements(), specs, self.run_dir / "logs", trace_dir)
         self.actor = groups["actor"]
         self.rollout = self.actor if self.rollout_fused else groups["rollout"]
         self.reward: WorkerGroup | None = groups.get("reward")
         self.inference: WorkerGroup | None = groups.get("inference")
+        ranks = {c: plan[c].world_size for c in COMPONENTS}
         self.weight_targets = [] if self.rollout_fused else [(self.names["rollout"], list(range(ranks["rollout"])))]
         self.syncs_inference = self.inference is not None and self.inference.wants_weights(ranks=[0]).wait()[0]
         if self.syncs_inference:
             self.weight_targets.append((self.names["inference"], list(range(ranks["inference"]))))
-        notes = (["rollout generating in the actor processes"] if self.rollout_fused else []) + \
-            (["reward scored in the rollout processes"] if self.reward_fused else [])
-        log.info("launched %s: %s%s", self.mode, ", ".join(f"{c} x{ranks[c]}" for c in groups),
-                 f" ({'; '.join(notes)})" if notes else "")
+        log.info("launched %s: %s", self.mode, ", ".join(f"{c} x{ranks[c]}" for c in groups))
 
     # -- the named steps of the loop ---------------------------------------------------------
     def sync_weights(self) -> list[GroupHandle]:
@@ -265,10 +240,9 @@ class ReasoningFlow:
 
     def save_checkpoint(self, next_step: int, loader: PromptDataLoader) -> Path:
         """Actor weights + optimizer + RNG (by the actor), data position and step (here)."""
-        path = self.run_dir / CHECKPOINTS / f"step_{next_step:06d}"
+        path = checkpoint_path(self.run_dir, next_step)
         self.actor.save_checkpoint(str(path)).wait()
-        state = {"next_step": next_step, "loader": loader.state_dict(), "seed": self.cfg.seed}
-        (path / TRAINER_STATE).write_text(json.dumps(state, indent=1))
+        write_state(path, {"workflow": "reasoning", "next_step": next_step, "loader": loader.state_dict(), "seed": self.cfg.seed})
         log.info("checkpoint %s", path)
         return path
 
@@ -290,60 +264,45 @@ class ReasoningFlow:
 # ----------------------------------------------------------------------------- entry points
 
 
-def find_checkpoint(cfg: ReasoningConfig) -> Path | None:
-    """The checkpoint to resume from: ``resume`` itself, or the latest complete one in run_dir."""
-    if cfg.resume is None:
-        return None
-    if cfg.resume != "auto":
-        path = Path(cfg.resume)
-        if not (path / TRAINER_STATE).is_file():
-            raise FileNotFoundError(f"resume: {path} is not a checkpoint (no {TRAINER_STATE})")
-        return path
-    done = sorted(p for p in (Path(cfg.run_dir) / CHECKPOINTS).glob("step_*") if (p / TRAINER_STATE).is_file())
-    return done[-1] if done else None
-
-
 class ReasoningRun:
-    """One run, as a context manager: prepares model and data, launches the flow, shuts it down.
+    """One run, as a context manager: prepares model and data, plans, launches the flow, shuts it down.
 
     ``with ReasoningRun(cfg) as run: run.train()``; inside the block ``run.flow`` is the live system
-    (tests inspect its workers between iterations).
+    (tests inspect its workers between iterations) and ``run.plan`` the plan it applies.
     """
 
     def __init__(self, cfg: ReasoningConfig, cluster: Cluster | None = None) -> None:
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir)
-        self._cluster = cluster
+        self.scaffold = RunScaffold(cfg.run_dir, placement=cfg.placement, cluster_config=cfg.cluster,
+                                    cluster=cluster, trace=cfg.trace)
         self.flow: ReasoningFlow | None = None
+        self.plan: Plan | None = None
         self.start = 0
-        self.trace_dir: Path | None = None
 
     def __enter__(self) -> ReasoningRun:
         from m2flow.models.tokenizer import load_tokenizer
         from m2flow.workflows.reasoning_data import load_datasets, prepare_model
-        from m2flow.runtime.logs import setup_logging
 
         cfg = self.cfg
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        setup_logging(log_file=self.run_dir / "driver.log", console=False)
-        model_path = prepare_model(cfg.model, cfg.data)
-        train_set, test_set = load_datasets(cfg.data, load_tokenizer(model_path))
-        self.loader: PromptDataLoader = PromptDataLoader(train_set, cfg.data.prompts_per_step, seed=cfg.seed,
-                                                         shuffle=cfg.data.shuffle)
-        resume = find_checkpoint(cfg)
-        if resume is not None:
-            state = json.loads((resume / TRAINER_STATE).read_text())
-            self.start = int(state["next_step"])
-            self.loader.load_state_dict(state["loader"])
-            log.info("resuming from %s at iteration %d", resume, self.start)
-        if cfg.trace:
-            self.trace_dir = prepare_trace_dir(self.run_dir)
-            configure_tracer(self.trace_dir, ProcessInfo())
-        self.executor: Executor = RayExecutor(cfg.cluster, self._cluster)
+        self.scaffold.__enter__()
         try:
-            self.flow = ReasoningFlow(cfg, self.executor, model_path, train_set, test_set, resume, self.trace_dir)
-        except BaseException:
-            self.__exit__()
+            model_path = prepare_model(cfg.model, cfg.data)
+            train_set, test_set = load_datasets(cfg.data, load_tokenizer(model_path))
+            self.loader: PromptDataLoader = PromptDataLoader(train_set, cfg.data.prompts_per_step, seed=cfg.seed,
+                                                             shuffle=cfg.data.shuffle)
+            resume = find_checkpoint(cfg.resume, cfg.run_dir)
+            if resume is not None:
+                state = read_state(resume)
+                self.start = int(state["next_step"])
+                self.loader.load_state_dict(state["loader"])
+                log.info("resuming from %s at iteration %d", resume, self.start)
+            executor = self.scaffold.executor()
+            self.plan = self.scaffold.adopt(plan_reasoning(cfg, executor.layout))
+            self.flow = ReasoningFlow(cfg, self.plan, executor, model_path, train_set, test_set, resume,
+                                      self.scaffold.trace_dir)
+        except BaseException as e:
+            self.__exit__(type(e), e, None)
             raise
         return self
 
@@ -362,17 +321,13 @@ class ReasoningRun:
         done = sorted((self.run_dir / CHECKPOINTS).glob("step_*"))
         return TrainResult(self.run_dir, self.flow.mode, history, done[-1] if done else None)
 
-    def __exit__(self, *exc: object) -> None:
-        if self.flow is not None:
-            self.flow.shutdown()
-            self.flow = None
-        if getattr(self, "executor", None) is not None:
-            self.executor.shutdown()
-        if self.trace_dir is not None:
-            get_tracer().close()
-            set_tracer(None)
-            merge_traces(self.run_dir)
-            self.trace_dir = None
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            if self.flow is not None:
+                self.flow.shutdown()
+                self.flow = None
+        finally:
+            self.scaffold.__exit__(*exc)
 
 
 def train(cfg: ReasoningConfig, cluster: Cluster | None = None) -> TrainResult:
@@ -400,7 +355,7 @@ def run_reasoning(cfg: ReasoningConfig) -> int:
 def _register() -> None:
     from m2flow.workflows.registry import register_workflow
 
-    register_workflow("reasoning", ReasoningConfig, run_reasoning)
+    register_workflow("reasoning", ReasoningConfig, run_reasoning, plan=plan_reasoning, graph=GRAPH)
 
 
 _register()

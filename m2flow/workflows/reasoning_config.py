@@ -8,7 +8,8 @@ from typing import Literal
 from m2flow.config.schema import option
 from m2flow.metrics import MetricsConfig
 from m2flow.runtime.cluster import ClusterConfig, expected_layout
-from m2flow.runtime.placement import SYNTAX_LAYOUT_DEVICES, NodeLayout, PlacementError, parse_placement
+from m2flow.planner.placing import resolve_placement
+from m2flow.runtime.placement import SYNTAX_LAYOUT_DEVICES, NodeLayout, PlacementError
 from m2flow.workers.config import (
     ActorConfig,
     AlgorithmConfig,
@@ -102,7 +103,8 @@ class ReasoningConfig:
     cluster: ClusterConfig = option(ClusterConfig(), "where the workers run")
     placement: str = option(
         "actor,rollout,inference,reward: 0",
-        "devices of each component (rollout, reward, inference, actor); shared devices are taken in turn")
+        "devices of each component (rollout, reward, inference, actor); shared devices are taken in turn; "
+        "'local': one rank each, all in this process (no Ray)")
     model: ModelConfig = option(ModelConfig(), "the policy model")
     data: DataConfig = option(DataConfig(), "prompts and answers")
     rollout: RolloutConfig = option(RolloutConfig(), "generation")
@@ -134,7 +136,7 @@ class ReasoningConfig:
         # Attaching to a cluster, its devices are unknown until connected: check the syntax only.
         layout = expected_layout(self.cluster) or NodeLayout((SYNTAX_LAYOUT_DEVICES,))
         try:
-            plan = parse_placement(self.placement, layout, COMPONENTS)
+            plan = resolve_placement(self.placement, layout, COMPONENTS)
         except PlacementError as e:
             raise ValueError(f"placement: {e}") from None
         actor_ranks = plan["actor"].world_size

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from m2flow.config import from_dict
+from m2flow.planner import Plan
+from m2flow.planner.plan import PLAN_FILE
 from m2flow.config.errors import ConfigError
 from m2flow.workflows.registry import load_workflow_config
 from m2flow.workflows.embodied import train
@@ -112,11 +114,13 @@ def test_metrics_and_trace_are_written(runs):
                    and t["ts"] <= w["ts"] and w["ts"] + w["dur"] <= t["ts"] + t["dur"] + 1 for t in spans)
     episodes = json.loads((run_dir / "episodes.json").read_text())
     assert len(episodes) == sum(h["env/episodes"] for h in result.history)
+    plan = Plan.load(run_dir / PLAN_FILE)  # the plan the run applied, saved beside its metrics
+    assert plan.workflow == "embodied" and plan.mode == result.mode and plan.placement == cfg.placement
 
 
 def test_resume_continues_exactly(runs, cluster, tmp_path):
     cfg, full = runs["collocated"]
-    checkpoint = Path(cfg.run_dir) / "checkpoints" / "iter_000004"
+    checkpoint = Path(cfg.run_dir) / "checkpoints" / "step_000004"
     resumed = train(toy_config(tmp_path, resume=str(checkpoint)), cluster=cluster)
     assert len(resumed.history) == 2
     for a, b in zip(full.history[4:], resumed.history):
@@ -169,4 +173,4 @@ def test_bad_config_fails_before_anything_starts(tmp_path, override, key, words)
 def test_examples_load(name):
     spec, cfg = load_workflow_config(EXAMPLES / name)
     assert spec.name == "embodied"
-    assert cfg.plan().mode in ("collocated", "hybrid")
+    assert cfg.placed().mode in ("collocated", "hybrid")

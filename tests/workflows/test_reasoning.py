@@ -8,7 +8,10 @@ import time
 import pytest
 
 from m2flow.cli import main
-from m2flow.workflows.reasoning import CHECKPOINTS, TRAINER_STATE, ReasoningRun, _gather, train
+from m2flow.planner import Plan
+from m2flow.planner.plan import PLAN_FILE
+from m2flow.workflows.reasoning import ReasoningRun, _gather, train
+from m2flow.workflows.run import CHECKPOINTS, TRAINER_STATE
 from m2flow.runtime import Worker, WorkerError, WorkerGroup
 from m2flow.runtime.trace import iter_spans, load_trace
 from tests.ray_session import shared_cluster
@@ -31,6 +34,8 @@ def collocated(tmp_path_factory):
 def test_collocated_grpo_improves_the_reward(collocated):
     _, _, result, _ = collocated
     assert result.mode == "collocated"
+    plan = Plan.load(result.run_dir / PLAN_FILE)
+    assert plan.launched == ("actor",) and plan.fused("rollout") and plan.fused("reward")
     rewards = [h["reward/mean"] for h in result.history]
     assert len(rewards) == 6 and improved(result.history), rewards
     assert all(h["rollout/responses_count"] == 64 for h in result.history)

@@ -64,10 +64,10 @@ def test_impossible_settings_fail_naming_the_key(data, key, message):
     ("rollout,reward,inference: 0, actor: 1", {}, False),
 ])
 def test_the_rollout_fuses_into_the_actor_only_where_it_can_share_the_policy(placement, overrides, fused):
-    from m2flow.workflows.reasoning import rollout_fuses_with_actor
-    from m2flow.workflows.reasoning_config import COMPONENTS
-    from m2flow.runtime.placement import NodeLayout, parse_placement
+    from m2flow.runtime.placement import NodeLayout
+    from m2flow.workflows.reasoning_plan import plan_reasoning
 
     cfg = from_dict(ReasoningConfig, {"placement": placement, **overrides})
-    plan = parse_placement(cfg.placement, NodeLayout((2,)), COMPONENTS)
-    assert rollout_fuses_with_actor(cfg, plan) == fused
+    plan = plan_reasoning(cfg, NodeLayout((2,)))
+    assert plan.fused("rollout") == fused
+    assert plan["rollout"].launched != fused and plan.launched.count("rollout") == (not fused)

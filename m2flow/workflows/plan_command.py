@@ -1,0 +1,49 @@
+"""``m2flow plan show CONFIG [KEY=VALUE ...]``: the workflow graph and the plan a config runs, without starting anything."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from m2flow.cli import CommandError, say
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="plan_command", required=True, metavar="ACTION")
+    show = sub.add_parser("show", help="print the workflow graph and the plan of a config")
+    show.add_argument("config", type=Path, help="YAML file with a top-level 'workflow:' key")
+    show.add_argument("--json", action="store_true", help="print the plan as JSON (as saved in run_dir/plan.json)")
+    show.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. placement=local")
+
+
+def layout_of(cfg: Any) -> Any:
+    """The device layout the config's cluster will have; attaching to a running cluster is refused."""
+    from m2flow.runtime.cluster import expected_layout
+
+    layout = expected_layout(cfg.cluster)
+    if layout is None:
+        raise CommandError("plan show: cluster.address attaches to a running cluster whose devices are known only "
+                           "once connected; plan without it (cluster.cpu_devices_per_node sets the devices per node)")
+    return layout
+
+
+def run(args: argparse.Namespace) -> int:
+    from m2flow.runtime.placement import PlacementError
+    from m2flow.workflows.registry import load_workflow_config
+
+    spec, cfg = load_workflow_config(args.config, args.overrides)
+    if spec.plan is None:
+        raise CommandError(f"workflow {spec.name!r} declares no plan")
+    try:
+        plan = spec.plan(cfg, layout_of(cfg))
+    except (PlacementError, ValueError) as e:
+        raise CommandError(f"plan: {e}") from None
+    if args.json:
+        say(plan.to_json())
+        return 0
+    if spec.graph is not None:
+        say(spec.graph.table())
+        say("")
+    say(plan.table())
+    return 0

@@ -1,0 +1,105 @@
+"""The reasoning workflow's graph, and the one function that decides how a config runs (its Plan).
+
+Decisions made here and nowhere else: the devices of every rank, whether inference runs at all,
+whether reward scores inside the rollout processes and the rollout generates inside the actor
+processes, what each edge becomes, who takes turns on shared devices and offloads, and the
+generation chunk size.
+"""
+
+from __future__ import annotations
+
+from m2flow.planner import Component, ComponentPlan, Edge, EdgePlan, Fusion, Plan, WorkflowGraph
+from m2flow.planner.graph import DRIVER
+from m2flow.planner.placing import executor_kind, resolve_placement
+from m2flow.runtime.placement import NodeLayout
+from m2flow.workflows.reasoning_config import COMPONENTS, ReasoningConfig
+
+GRAPH = WorkflowGraph(
+    name="reasoning",
+    components=(
+        Component("rollout", "samples a group of responses for every prompt", holds_model=True),
+        Component("reward", "scores each response against the prompt's reference answer"),
+        Component("inference", "old-policy and reference log-probs of each response", holds_model=True,
+                  optional=True),
+        Component("actor", "advantages per group, then policy-gradient updates", holds_model=True),
+    ),
+    edges=(
+        Edge("prompts", DRIVER, "rollout", "PromptTask"),
+        Edge("responses", "rollout", "reward", "GroupSample"),
+        Edge("scored", "reward", "inference", "GroupSample"),
+        Edge("ready", "inference", "actor", "GroupSample"),
+        Edge("weights", "actor", "rollout", "state dict", kind="weights"),
+        Edge("policy_weights", "actor", "inference", "state dict", kind="weights"),
+    ),
+    fusions=(
+        Fusion("reward", "rollout", "reward.fuse_with_rollout, on the rollout's devices rank for rank"),
+        Fusion("rollout", "actor", "rollout.fuse_with_actor, on the actor's devices rank for rank, actor.strategy "
+                                   "ddp, an in-process generation backend, the same dtype"),
+    ),
+)
+assert GRAPH.component_names == COMPONENTS
+
+
+def plan_reasoning(cfg: ReasoningConfig, layout: NodeLayout) -> Plan:
+    """The plan of ``cfg`` on a cluster of ``layout``; a placement that cannot be met raises PlacementError."""
+    from m2flow.backends.generation import IN_PROCESS_BACKENDS
+
+    placed = resolve_placement(cfg.placement, layout, COMPONENTS)
+    algo = cfg.algorithm
+    notes = []
+    infers = algo.old_logprobs == "inference" or algo.needs_reference
+    if not infers:
+        notes.append("inference does not run: no old-policy log-probs to compute (old_logprobs: "
+                     f"{algo.old_logprobs}) and no reference model")
+    reward_fused = cfg.reward.fuse_with_rollout and placed["reward"].same_devices(placed["rollout"])
+    if cfg.reward.fuse_with_rollout and not reward_fused:
+        notes.append("reward runs as its own group: it is not on the rollout's devices rank for rank")
+    wants = cfg.rollout.fuse_with_actor
+    same = placed["rollout"].same_devices(placed["actor"])
+    rollout_fused = (wants and same and cfg.actor.strategy == "ddp" and cfg.rollout.backend in IN_PROCESS_BACKENDS
+                     and cfg.rollout.dtype == cfg.actor.dtype)
+    if wants and same and not rollout_fused:
+        notes.append("rollout runs as its own group: fusing into the actor needs actor.strategy ddp, an in-process "
+                     "backend and the actor's dtype")
+    rollout_host = "actor" if rollout_fused else "rollout"
+    reward_host = rollout_host if reward_fused else "reward"
+    hosts = {"rollout": rollout_host, "reward": reward_host, "inference": "inference", "actor": "actor"}
+    # Model holders on shared devices take turns and give their memory back after their last turn.
+    holders = [c for c in ("rollout", "inference", "actor") if (c != "inference" or infers) and hosts[c] == c]
+
+    def shares(c: str) -> bool:
+        return any(placed[c].devices & placed[o].devices for o in holders if o != c)
+
+    threads = {"rollout": cfg.rollout.num_threads, "reward": cfg.reward.num_threads,
+               "inference": cfg.inference.num_threads, "actor": cfg.actor.num_threads}
+    components = tuple(
+        ComponentPlan(c, placed[c], hosts[c], active=(c != "inference" or infers),
+                      shares_devices=c in holders and shares(c), offload=c in holders and shares(c),
+                      threads=threads[c])
+        for c in COMPONENTS)
+    ranks = {c: placed[c].world_size for c in COMPONENTS}
+
+    def edge(name: str, source: str, target: str, transport: str | None = None) -> EdgePlan:
+        src, dst = (DRIVER if source == DRIVER else hosts[source]), hosts[target]
+        kind = transport or ("in-process" if src == dst else "channel")
+        return EdgePlan(name, src, dst, kind, ranks[dst] if dst != DRIVER else 1)
+
+    scored_target = "inference" if infers else "actor"
+    edges = (
+        edge("prompts", DRIVER, "rollout"),
+        edge("responses", "rollout", "reward", "in-process" if reward_fused else "channel"),
+        edge("scored", "reward", scored_target),
+        edge("ready", "inference", "actor") if infers else EdgePlan("ready", "inference", "actor", "unused", 0),
+        EdgePlan("weights", "actor", "rollout", "unused", 0) if rollout_fused
+        else EdgePlan("weights", "actor", "rollout", "p2p", ranks["rollout"]),
+        EdgePlan("policy_weights", "actor", "inference", "p2p", ranks["inference"]) if infers
+        else EdgePlan("policy_weights", "actor", "inference", "unused", 0),
+    )
+    # Granularity: a chunk's groups go downstream when it ends; consumers take micro-batches as they come.
+    settings = {"prompts_per_step": cfg.data.prompts_per_step, "group_size": cfg.rollout.sampling.n,
+                "prompts_per_chunk": cfg.rollout.prompts_per_chunk or cfg.data.prompts_per_step,
+                "actor_micro_batch": cfg.actor.micro_batch_size}
+    if infers:
+        settings["inference_micro_batch"] = cfg.inference.micro_batch_size
+    plan = Plan("reasoning", executor_kind(cfg.placement), cfg.placement, components, edges, settings, tuple(notes))
+    return plan.validate(GRAPH)

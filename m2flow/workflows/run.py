@@ -1,0 +1,178 @@
+"""Run scaffolding written once for every workflow: run directory, driver log, trace, executor, plan,
+and checkpoints (save, find, resume) in one format.
+
+A checkpoint is a directory ``run_dir/checkpoints/step_NNNNNN`` (N: the iteration the run goes on
+from) holding what the workers saved and, written last, ``trainer_state.json``: the driver's own
+state as JSON. Its presence marks the checkpoint complete; it is written to a temporary name, synced
+and renamed, so a crash leaves either a complete marker or none. Nothing in it is unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from m2flow.planner import Plan
+from m2flow.planner.placing import executor_kind
+from m2flow.runtime.cluster import Cluster, ClusterConfig
+from m2flow.runtime.executors import Executor, RayExecutor
+from m2flow.runtime.trace import ProcessInfo, configure_tracer, get_tracer, merge_traces, prepare_trace_dir, set_tracer
+
+log = logging.getLogger(__name__)
+
+CHECKPOINTS = "checkpoints"
+TRAINER_STATE = "trainer_state.json"
+_ARRAY = "__ndarray__"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read; the message names the file."""
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def checkpoint_path(run_dir: str | Path, next_step: int) -> Path:
+    """Where the checkpoint taken before iteration ``next_step`` goes."""
+    return Path(run_dir) / CHECKPOINTS / f"step_{next_step:06d}"
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return {_ARRAY: value.tolist(), "dtype": str(value.dtype), "shape": list(value.shape)}
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"cannot store {type(value).__name__} in a trainer state")
+
+
+def _decode(obj: dict[str, Any]) -> Any:
+    if _ARRAY in obj:
+        return np.asarray(obj[_ARRAY], dtype=np.dtype(obj["dtype"])).reshape(obj["shape"])
+    return obj
+
+
+def write_state(checkpoint: Path, state: dict[str, Any]) -> Path:
+    """Write the driver's state into ``checkpoint`` atomically; call it after the workers saved theirs."""
+    path = Path(checkpoint) / TRAINER_STATE
+    tmp = path.with_suffix(".json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(state, f, default=_encode, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself survives a crash
+    finally:
+        os.close(dir_fd)
+    return path
+
+
+def read_state(checkpoint: Path) -> dict[str, Any]:
+    """The driver's state saved in ``checkpoint``; a missing or unreadable marker raises CheckpointError."""
+    path = Path(checkpoint) / TRAINER_STATE
+    try:
+        state = json.loads(path.read_text(), object_hook=_decode)
+    except FileNotFoundError:
+        raise CheckpointError(f"{checkpoint} is not a checkpoint (no {TRAINER_STATE})") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: unreadable trainer state ({e})") from None
+    if not isinstance(state, dict) or "next_step" not in state:
+        raise CheckpointError(f"{path}: not a trainer state (no 'next_step')")
+    return state
+
+
+def find_checkpoint(resume: str | None, run_dir: str | Path) -> Path | None:
+    """The checkpoint to resume from: ``resume`` itself, or with ``auto`` the newest valid one in run_dir.
+
+    ``auto`` skips incomplete or unreadable checkpoints, saying which and why.
+    """
+    if resume is None:
+        return None
+    if resume != "auto":
+        read_state(Path(resume))  # raises naming what is wrong
+        return Path(resume)
+    for path in sorted((Path(run_dir) / CHECKPOINTS).glob("step_*"), reverse=True):
+        try:
+            read_state(path)
+        except CheckpointError as e:
+            log.warning("resume: skipping %s", e)
+            continue
+        return path
+    return None
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+def make_executor(placement: str, config: ClusterConfig, cluster: Cluster | None = None) -> Executor:
+    """The executor a placement asks for: ``local`` runs in this process, anything else on Ray."""
+    if executor_kind(placement) == "local":
+        from m2flow.runtime.executors.local import LocalExecutor
+
+        return LocalExecutor(config)
+    return RayExecutor(config, cluster)
+
+
+class RunScaffold:
+    """The parts of a run every workflow shares, as a context manager.
+
+    On entry: the run directory, the driver's log file, the tracer when ``trace``. ``executor()``
+    starts the executor the placement asks for; ``adopt(plan)`` logs the plan and saves it as
+    ``plan.json``. On exit: the executor is shut down and the trace merged; a failure while merging
+    never replaces the run's own error.
+    """
+
+    def __init__(self, run_dir: str | Path, *, placement: str, cluster_config: ClusterConfig,
+                 cluster: Cluster | None = None, trace: bool = False) -> None:
+        self.run_dir = Path(run_dir)
+        self.placement = placement
+        self.cluster_config = cluster_config
+        self.cluster = cluster
+        self.trace = trace
+        self.trace_dir: Path | None = None
+        self._executor: Executor | None = None
+
+    def __enter__(self) -> RunScaffold:
+        from m2flow.runtime.logs import setup_logging
+
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        setup_logging(log_file=self.run_dir / "driver.log", console=False)
+        if self.trace:
+            self.trace_dir = prepare_trace_dir(self.run_dir)
+            configure_tracer(self.trace_dir, ProcessInfo())
+        return self
+
+    def executor(self) -> Executor:
+        """The run's executor, started on first use."""
+        if self._executor is None:
+            self._executor = make_executor(self.placement, self.cluster_config, self.cluster)
+        return self._executor
+
+    def adopt(self, plan: Plan) -> Plan:
+        """Log ``plan`` as a table and save it into the run directory."""
+        log.info("%s", plan.table())
+        plan.save(self.run_dir)
+        return plan
+
+    def __exit__(self, exc_type: type | None = None, exc: BaseException | None = None, tb: Any = None) -> None:
+        try:
+            if self._executor is not None:
+                self._executor.shutdown()
+                self._executor = None
+        finally:
+            if self.trace_dir is not None:
+                self.trace_dir = None
+                get_tracer().close()
+                set_tracer(None)
+                try:
+                    merge_traces(self.run_dir)
+                except Exception as e:  # noqa: BLE001 - the run's own error, if any, is the one to see
+                    if exc is None:
+                        raise
+                    log.warning("trace not merged: %s", e)
