@@ -17,7 +17,16 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def _uses_ray(item) -> bool:
+    """A test that starts Ray worker processes: it takes the shared cluster, or its module does."""
+    module = getattr(item, "module", None)
+    return "cluster" in getattr(item, "fixturenames", ()) or getattr(module, "shared_cluster", None) is not None
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:  # so that `-m "not ray"` is the quick in-process subset
+        if _uses_ray(item):
+            item.add_marker(pytest.mark.ray)
     if _cuda_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")

@@ -38,7 +38,15 @@ from m2flow.runtime.executors import Executor, GroupSpec
 from m2flow.runtime.trace import get_tracer
 from m2flow.workers.embodied.messages import InteractStats
 from m2flow.workflows.embodied_plan import GRAPH, plan_embodied
-from m2flow.workflows.run import CheckpointError, RunScaffold, checkpoint_path, find_checkpoint, read_state, write_state
+from m2flow.workflows.run import (
+    CheckpointError,
+    RunScaffold,
+    checkpoint_path,
+    find_checkpoint,
+    read_state,
+    truncate_metrics,
+    write_state,
+)
 
 log = logging.getLogger(__name__)
 
@@ -296,6 +304,7 @@ def train(cfg: EmbodiedConfig, cluster: Cluster | None = None) -> TrainResult:
             start = 0
             if resume is not None:
                 start = flow.load_checkpoint(resume)
+                truncate_metrics(cfg.run_dir, flow.env_steps)  # rows are logged at step = env steps so far
                 log.info("resuming from %s at iteration %d", resume, start)
             result.startup_s = time.perf_counter() - started
             description = f"embodied {cfg.env.env_id} ({flow.mode}{', fused' if flow.fused else ''})"

@@ -30,6 +30,7 @@ from m2flow.workflows.run import (
     checkpoint_path,
     find_checkpoint,
     read_state,
+    truncate_metrics,
     write_state,
 )
 from m2flow.runtime.executors import Executor, GroupSpec
@@ -296,6 +297,7 @@ class ReasoningRun:
                 state = read_state(resume)
                 self.start = int(state["next_step"])
                 self.loader.load_state_dict(state["loader"])
+                truncate_metrics(cfg.run_dir, self.start)  # rows are logged at step = iteration + 1
                 log.info("resuming from %s at iteration %d", resume, self.start)
             executor = self.scaffold.executor()
             self.plan = self.scaffold.adopt(plan_reasoning(cfg, executor.layout))

@@ -107,6 +107,32 @@ def find_checkpoint(resume: str | None, run_dir: str | Path) -> Path | None:
     return None
 
 
+def truncate_metrics(run_dir: str | Path, last_step: int) -> int:
+    """Drop the rows of ``run_dir/metrics.jsonl`` logged after ``last_step`` (a resumed run logs them
+    again); returns how many were dropped. A row that cannot be read is dropped too."""
+    from m2flow.metrics.sinks import METRICS_FILE
+
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text().splitlines():
+        try:
+            keep = json.loads(line)["step"] <= last_step
+        except (ValueError, KeyError, TypeError):
+            keep = False  # a line torn by a crash mid-write
+        if keep:
+            kept.append(line)
+        else:
+            dropped += 1
+    if dropped:
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(f"{line}\n" for line in kept))
+        os.replace(tmp, path)
+        log.info("resume: dropped %d metric row(s) logged after step %d", dropped, last_step)
+    return dropped
+
+
 # ----------------------------------------------------------------------------- the run
 
 

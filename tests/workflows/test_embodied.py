@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -127,6 +128,21 @@ def test_resume_continues_exactly(runs, cluster, tmp_path):
         for key in LEARNING:
             assert a.get(key) == b.get(key), key
     assert resumed.episodes == full.episodes
+
+
+def test_resume_in_place_after_a_crash_logs_no_step_twice(runs, cluster, tmp_path):
+    """A run that died after its last iteration but before its last checkpoint, resumed with resume=auto."""
+    cfg, full = runs["collocated"]
+    crashed = toy_config(tmp_path, resume="auto", checkpoint_every=4)
+    shutil.copytree(cfg.run_dir, crashed.run_dir)
+    shutil.rmtree(Path(crashed.run_dir) / "checkpoints" / "step_000006")  # the final checkpoint never landed
+    resumed = train(crashed, cluster=cluster)
+    assert len(resumed.history) == 2
+    rows = [json.loads(x) for x in (Path(crashed.run_dir) / "metrics.jsonl").read_text().splitlines()]
+    original = [json.loads(x) for x in (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [r["step"] for r in original]  # every step once, in order
+    for got, want in zip(rows, original):
+        assert {k: got.get(k) for k in LEARNING} == {k: want.get(k) for k in LEARNING}
 
 
 def test_a_checkpoint_is_evaluated_on_its_own(runs):
