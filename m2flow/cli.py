@@ -231,9 +231,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     # Imported here, not at the top, so the parser is built without loading the config stack.
     from m2flow.config.errors import ConfigError
+    from m2flow.workflows.stop import EXIT_TERMINATED, Terminated
 
     try:
         return _COMMANDS[args.command].run(args)
+    except Terminated as error:
+        print(f"stopped: {error}", file=sys.stderr)
+        return EXIT_TERMINATED
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -23,7 +23,7 @@ import math
 import time
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from m2flow.runtime.executors import Executor, GroupSpec
 from m2flow.runtime.trace import get_tracer
 from m2flow.workers.embodied.messages import InteractStats
 from m2flow.workflows.embodied_plan import GRAPH, plan_embodied
+from m2flow.workflows.stop import EXIT_TERMINATED
 from m2flow.workflows.run import (
     CheckpointError,
     RunScaffold,
@@ -68,14 +69,18 @@ class TrainResult:
     """seconds from the start until the workers were ready (Ray, processes, models)."""
     loop_s: float = 0.0
     """seconds spent in the training loop itself."""
+    stopped: bool = False
+    """ended early by SIGTERM (after a whole iteration, checkpointed when checkpoints are on)"""
 
 
 # ----------------------------------------------------------------------------- the macro loop
 
 
 def train_loop(flow: EmbodiedFlow, start: int, iterations: int, logger: Any, result: TrainResult,
-               eval_every: int = 0, checkpoint_every: int = 0) -> None:
-    """Iterations ``start .. iterations - 1`` of: sync weights, interact <-> act, train, log, checkpoint."""
+               eval_every: int = 0, checkpoint_every: int = 0, stop: Callable[[], bool] = lambda: False) -> None:
+    """Iterations ``start .. iterations - 1`` of: sync weights, interact <-> act, train, log, checkpoint.
+
+    ``stop()`` true after an iteration (SIGTERM) ends the loop there, with a checkpoint when configured."""
     loop_start = time.perf_counter()
     for it in range(start, iterations):
         t0 = time.perf_counter()
@@ -91,8 +96,11 @@ def train_loop(flow: EmbodiedFlow, start: int, iterations: int, logger: Any, res
             metrics.update(flow.evaluate())
         logger.log(metrics, step=flow.env_steps)
         result.history.append(metrics)
-        if checkpoint_every and ((it + 1) % checkpoint_every == 0 or it + 1 == iterations):
+        result.stopped = stop()
+        if checkpoint_every and ((it + 1) % checkpoint_every == 0 or it + 1 == iterations or result.stopped):
             result.last_checkpoint = flow.save_checkpoint(it + 1)
+        if result.stopped:
+            break
     result.loop_s = time.perf_counter() - loop_start
     result.episodes = list(flow.episodes)
 
@@ -311,7 +319,8 @@ def train(cfg: EmbodiedConfig, cluster: Cluster | None = None) -> TrainResult:
             with MetricsLogger(result.run_dir, cfg.metrics,
                                total_steps=flow.iterations * cfg.batch_size(flow.env_ranks),
                                description=description, run_config=to_dict(cfg)) as logger:
-                train_loop(flow, start, flow.iterations, logger, result, cfg.eval_every, cfg.checkpoint_every)
+                train_loop(flow, start, flow.iterations, logger, result, cfg.eval_every, cfg.checkpoint_every,
+                           run.stop)
         finally:
             flow.shutdown()
     (result.run_dir / "episodes.json").write_text(json.dumps(result.episodes))
@@ -342,9 +351,9 @@ def run_embodied(cfg: EmbodiedConfig) -> int:
     last = result.history[-1] if result.history else {}
     summary = ", ".join(f"{k}={last[k]:.4g}" for k in ("env/episode_return_recent", "time/env_steps_per_s",
                                                        "eval/return") if k in last)
-    logging.getLogger("m2flow").info("done (%s): %s; run directory %s", result.mode,
-                                     summary or "no iterations run", result.run_dir)
-    return 0
+    logging.getLogger("m2flow").info("%s (%s): %s; run directory %s", "stopped" if result.stopped else "done",
+                                     result.mode, summary or "no iterations run", result.run_dir)
+    return EXIT_TERMINATED if result.stopped else 0
 
 
 def _register() -> None:

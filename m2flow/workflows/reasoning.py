@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from m2flow.workflows.reasoning_config import COMPONENTS, ReasoningConfig
 from m2flow.runtime import Cluster, GroupHandle, WorkerGroup
 from m2flow.planner import Plan
 from m2flow.workflows.reasoning_plan import GRAPH, plan_reasoning
+from m2flow.workflows.stop import EXIT_TERMINATED
 from m2flow.workflows.run import (
     CHECKPOINTS,
     RunScaffold,
@@ -51,14 +52,19 @@ class TrainResult:
     mode: str
     history: list[dict[str, float]] = field(default_factory=list)
     last_checkpoint: Path | None = None
+    stopped: bool = False
+    """ended early by SIGTERM (after a whole iteration, checkpointed when checkpoints are on)"""
 
 
 # ----------------------------------------------------------------------------- the macro loop
 
 
 def train_loop(flow: ReasoningFlow, loader: PromptDataLoader, start: int, steps: int, logger: Any,
-               eval_every: int = 0, checkpoint_every: int = 0) -> list[dict[str, float]]:
-    """Iterations ``start .. steps - 1`` of: sync, generate, score, log-probs, train, log, checkpoint."""
+               eval_every: int = 0, checkpoint_every: int = 0,
+               stop: Callable[[], bool] = lambda: False) -> list[dict[str, float]]:
+    """Iterations ``start .. steps - 1`` of: sync, generate, score, log-probs, train, log, checkpoint.
+
+    ``stop()`` true after an iteration (SIGTERM) ends the loop there, with a checkpoint when configured."""
     history = []
     for step in range(start, steps):
         t0 = time.perf_counter()
@@ -78,8 +84,11 @@ def train_loop(flow: ReasoningFlow, loader: PromptDataLoader, start: int, steps:
         metrics.update(evaluated, **flow.rates(metrics, seconds))
         logger.log(metrics, step=step + 1)
         history.append(metrics)
-        if checkpoint_every and ((step + 1) % checkpoint_every == 0 or step + 1 == steps):
+        stopping = stop()
+        if checkpoint_every and ((step + 1) % checkpoint_every == 0 or step + 1 == steps or stopping):
             flow.save_checkpoint(step + 1, loader)
+        if stopping:
+            return history
     if eval_every:
         final = flow.evaluate(flow.sync_weights())
         logger.log(final, step=steps)
@@ -318,10 +327,11 @@ class ReasoningRun:
                            description=f"reasoning ({self.flow.mode})", run_config=to_dict(cfg)) as logger:
             start = time.perf_counter()
             history = train_loop(self.flow, self.loader, self.start, cfg.steps, logger, cfg.eval_every,
-                                 cfg.checkpoint_every)
+                                 cfg.checkpoint_every, self.scaffold.stop)
             logger.print(summarize(history, self.flow.mode, time.perf_counter() - start, self.run_dir))
         done = sorted((self.run_dir / CHECKPOINTS).glob("step_*"))
-        return TrainResult(self.run_dir, self.flow.mode, history, done[-1] if done else None)
+        return TrainResult(self.run_dir, self.flow.mode, history, done[-1] if done else None,
+                           stopped=self.scaffold.stop.requested)
 
     def __exit__(self, *exc: Any) -> None:
         try:
@@ -350,8 +360,7 @@ def summarize(history: Sequence[dict[str, float]], mode: str, seconds: float, ru
 
 def run_reasoning(cfg: ReasoningConfig) -> int:
     """Entry point of ``m2flow train`` for ``workflow: reasoning``."""
-    train(cfg)
-    return 0
+    return EXIT_TERMINATED if train(cfg).stopped else 0
 
 
 def _register() -> None:

@@ -21,6 +21,7 @@ from m2flow.planner import Plan
 from m2flow.planner.placing import executor_kind
 from m2flow.runtime.cluster import Cluster, ClusterConfig
 from m2flow.runtime.executors import Executor, RayExecutor
+from m2flow.workflows.stop import StopSignal
 from m2flow.runtime.trace import ProcessInfo, configure_tracer, get_tracer, merge_traces, prepare_trace_dir, set_tracer
 
 log = logging.getLogger(__name__)
@@ -163,6 +164,7 @@ class RunScaffold:
         self.trace = trace
         self.trace_dir: Path | None = None
         self._executor: Executor | None = None
+        self.stop = StopSignal()
 
     def __enter__(self) -> RunScaffold:
         from m2flow.runtime.logs import setup_logging
@@ -178,6 +180,7 @@ class RunScaffold:
         """The run's executor, started on first use."""
         if self._executor is None:
             self._executor = make_executor(self.placement, self.cluster_config, self.cluster)
+            self.stop.install()
         return self._executor
 
     def adopt(self, plan: Plan) -> Plan:
@@ -192,6 +195,7 @@ class RunScaffold:
                 self._executor.shutdown()
                 self._executor = None
         finally:
+            self.stop.restore()
             if self.trace_dir is not None:
                 self.trace_dir = None
                 get_tracer().close()
