@@ -44,3 +44,22 @@ class WorkerDiedError(WorkerError):
 
     def _what(self) -> str:
         return f"died: {self.message}"
+
+
+class WorkerHungError(WorkerDiedError):
+    """A worker gave no result within its deadline; it is treated as dead (its group is restarted)."""
+
+    def _what(self) -> str:
+        return f"hung: {self.message}"
+
+
+_DEATHS = {"WorkerDiedError", "WorkerHungError", "PeerDiedError"}
+
+
+def worker_died(error: BaseException) -> bool:
+    """Whether ``error`` means a worker process is gone or stuck, whichever side noticed it: the
+    caller waiting on the dead worker (``WorkerDiedError``), or a worker whose peer died mid-message
+    (a ``WorkerError`` raised from ``PeerDiedError``)."""
+    if isinstance(error, WorkerDiedError):
+        return True
+    return isinstance(error, WorkerError) and error.exc_type in _DEATHS

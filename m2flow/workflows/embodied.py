@@ -15,7 +15,6 @@ placement; the plan decides how it runs:
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import json
 import logging
@@ -44,7 +43,9 @@ from m2flow.workflows.run import (
     RunScaffold,
     checkpoint_path,
     find_checkpoint,
+    gather,
     read_state,
+    run_with_restarts,
     truncate_metrics,
     write_state,
 )
@@ -71,6 +72,8 @@ class TrainResult:
     """seconds spent in the training loop itself."""
     stopped: bool = False
     """ended early by SIGTERM (after a whole iteration, checkpointed when checkpoints are on)"""
+    restarts: int = 0
+    """times the flow was restarted after a worker died or hung"""
 
 
 # ----------------------------------------------------------------------------- the macro loop
@@ -108,12 +111,9 @@ def train_loop(flow: EmbodiedFlow, start: int, iterations: int, logger: Any, res
 # ----------------------------------------------------------------------------- the running system
 
 
-def _gather(handles: dict[str, GroupHandle]) -> dict[str, list[Any]]:
-    """Results of every handle; the first failure anywhere raises at once (others would wait forever)."""
-    async def all_of() -> list[list[Any]]:
-        return list(await asyncio.gather(*handles.values()))
-
-    return dict(zip(handles, asyncio.run(all_of())))
+def _gather(handles: dict[str, GroupHandle], timeout: float | None) -> dict[str, list[Any]]:
+    """Results of every handle by name; the first failure anywhere raises at once."""
+    return dict(zip(handles, gather(list(handles.values()), timeout)))
 
 
 def _spaces(env: EnvConfig) -> tuple[Any, Any]:
@@ -137,6 +137,8 @@ class EmbodiedFlow:
 
         self.cfg = cfg
         self.plan = plan
+        self.timeout = cfg.fault_tolerance.iteration_timeout_s
+        self.restarts = 0
         self.run_dir = Path(cfg.run_dir)
         self.mode = plan.mode
         self.fused = plan.fused("rollout")
@@ -191,7 +193,7 @@ class EmbodiedFlow:
         """Stream the actor's weights to every policy copy (rollout ranks, or fused env ranks)."""
         t0 = time.perf_counter()
         _gather({"actor": self.actor.send_weights(self.weight_targets),
-                 "holder": self.policy_holder.receive_weights(self.names["actor"], 0)})
+                 "holder": self.policy_holder.receive_weights(self.names["actor"], 0)}, self.timeout)
         return time.perf_counter() - t0
 
     def act(self, iteration: int) -> GroupHandle | None:
@@ -205,7 +207,7 @@ class EmbodiedFlow:
 
     def finish(self, **handles: GroupHandle | None) -> dict[str, list[Any]]:
         """Wait for the iteration's calls; per component, the results of its ranks."""
-        return _gather({k: h for k, h in handles.items() if h is not None})
+        return _gather({k: h for k, h in handles.items() if h is not None}, self.timeout)
 
     def iteration_metrics(self, outcome: dict[str, list[Any]], seconds: float, sync_s: float) -> dict[str, float]:
         """One dict of metrics for the iteration (env episodes, actor losses, stage times, rates)."""
@@ -220,6 +222,7 @@ class EmbodiedFlow:
         self.recent.extend(returns)
         metrics: dict[str, float] = dict(outcome["actor"][0])
         metrics.update({
+            "faults/restarts": float(self.restarts),
             "env/total_steps": float(self.env_steps),
             "env/episodes": float(len(returns)),
             "time/iteration_s": seconds,
@@ -260,7 +263,7 @@ class EmbodiedFlow:
         handles = {"actor": self.actor.save_checkpoint(str(path)), "env": self.env.save_checkpoint(str(path))}
         if not self.fused:
             handles["rollout"] = self.rollout.save_checkpoint(str(path))
-        _gather(handles)
+        _gather(handles, self.timeout)
         save_config(self.cfg, path / CONFIG_FILE, workflow="embodied")  # what evaluation needs
         write_state(path, {"workflow": "embodied", "next_step": next_iteration, "env_steps": self.env_steps, "episodes": self.episodes,
                            "recent": list(self.recent), "norm_deltas": self._deltas, "seed": self.cfg.seed,
@@ -279,7 +282,7 @@ class EmbodiedFlow:
             if state["fused"]:
                 raise ValueError(f"resume: {path} holds no rollout ranks' generators (written by a fused plan)")
             handles["rollout"] = self.rollout.load_checkpoint(str(path))
-        _gather(handles)
+        _gather(handles, self.timeout)
         self.env_steps = state["env_steps"]
         self.episodes = [(int(n), float(r)) for n, r in state["episodes"]]
         self.recent.extend(state["recent"])
@@ -296,17 +299,26 @@ class EmbodiedFlow:
 
 
 def train(cfg: EmbodiedConfig, cluster: Cluster | None = None) -> TrainResult:
-    """Run (or resume) the workflow; ``cluster`` reuses a running one (else Ray starts here)."""
+    """Run (or resume) the workflow; ``cluster`` reuses a running one (else Ray starts here). A worker
+    that dies or hangs restarts the flow from the newest checkpoint (``fault_tolerance``)."""
+    def attempt(resume: str | None, restarts: int) -> TrainResult:
+        return _train_once(replace(cfg, resume=resume), cluster, restarts)
+
+    return run_with_restarts(attempt, cfg.resume, cfg.run_dir, cfg.fault_tolerance)
+
+
+def _train_once(cfg: EmbodiedConfig, cluster: Cluster | None, restarts: int) -> TrainResult:
     from m2flow.metrics import MetricsLogger
 
     started = time.perf_counter()
-    result = TrainResult(Path(cfg.run_dir))
+    result = TrainResult(Path(cfg.run_dir), restarts=restarts)
     with RunScaffold(cfg.run_dir, placement=cfg.placement, cluster_config=cfg.cluster, cluster=cluster,
                      trace=cfg.trace) as run:
         resume = find_checkpoint(cfg.resume, cfg.run_dir)
         executor = run.executor()
         plan = run.adopt(plan_embodied(cfg, executor.layout))
         flow = EmbodiedFlow(cfg, plan, executor, run.trace_dir)
+        flow.restarts = restarts
         try:
             result.mode, result.fused = flow.mode, flow.fused
             start = 0
@@ -351,8 +363,9 @@ def run_embodied(cfg: EmbodiedConfig) -> int:
     last = result.history[-1] if result.history else {}
     summary = ", ".join(f"{k}={last[k]:.4g}" for k in ("env/episode_return_recent", "time/env_steps_per_s",
                                                        "eval/return") if k in last)
-    logging.getLogger("m2flow").info("%s (%s): %s; run directory %s", "stopped" if result.stopped else "done",
-                                     result.mode, summary or "no iterations run", result.run_dir)
+    restarts = f"; {result.restarts} restart(s) after a worker died or hung" if result.restarts else ""
+    logging.getLogger("m2flow").info("%s (%s): %s%s; run directory %s", "stopped" if result.stopped else "done",
+                                     result.mode, summary or "no iterations run", restarts, result.run_dir)
     return EXIT_TERMINATED if result.stopped else 0
 
 

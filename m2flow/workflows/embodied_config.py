@@ -11,6 +11,7 @@ from m2flow.metrics import MetricsConfig
 from m2flow.models.policies import PolicyConfig
 from m2flow.runtime.cluster import ClusterConfig, expected_layout
 from m2flow.planner.placing import resolve_placement
+from m2flow.workflows.run import FaultToleranceConfig
 from m2flow.runtime.placement import SYNTAX_LAYOUT_DEVICES, NodeLayout, PlacementError, PlacementPlan
 from m2flow.workers.embodied.config import ActorConfig, EnvWorkerConfig, PPOConfig, RolloutConfig
 
@@ -46,6 +47,7 @@ class EmbodiedConfig:
     metrics: MetricsConfig = option(
         MetricsConfig(key_metrics=["env/episode_return_recent", "time/env_steps_per_s"]), "metric sinks")
     trace: bool = option(False, "record a timeline of every worker to run_dir/trace.json")
+    fault_tolerance: FaultToleranceConfig = option(FaultToleranceConfig(), "restarts after a worker dies or hangs")
 
     def validate(self) -> None:
         if self.env.seed != 0:

@@ -8,7 +8,6 @@ as they are ready. Which of those happens is decided by the placement alone.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
@@ -30,7 +29,9 @@ from m2flow.workflows.run import (
     RunScaffold,
     checkpoint_path,
     find_checkpoint,
+    gather,
     read_state,
+    run_with_restarts,
     truncate_metrics,
     write_state,
 )
@@ -54,6 +55,8 @@ class TrainResult:
     last_checkpoint: Path | None = None
     stopped: bool = False
     """ended early by SIGTERM (after a whole iteration, checkpointed when checkpoints are on)"""
+    restarts: int = 0
+    """times the flow was restarted after a worker died or hung"""
 
 
 # ----------------------------------------------------------------------------- the macro loop
@@ -100,14 +103,6 @@ def train_loop(flow: ReasoningFlow, loader: PromptDataLoader, start: int, steps:
 # ----------------------------------------------------------------------------- the running system
 
 
-def _gather(handles: Sequence[GroupHandle]) -> list[list[Any]]:
-    """Results of every handle; the first failure anywhere raises at once (others would wait forever)."""
-    async def all_of() -> list[list[Any]]:
-        return list(await asyncio.gather(*handles))
-
-    return asyncio.run(all_of())
-
-
 class ReasoningFlow:
     """The launched system of one run: worker groups, the streams between them, and the data."""
 
@@ -120,6 +115,8 @@ class ReasoningFlow:
 
         self.cfg = cfg
         self.plan = plan
+        self.timeout = cfg.fault_tolerance.iteration_timeout_s
+        self.restarts = 0
         self.train_set = train
         self.test_set = test
         self.run_dir = Path(cfg.run_dir)
@@ -207,7 +204,7 @@ class ReasoningFlow:
         """Wait for the weight sync and the iteration's calls; one dict of metrics (actor: rank 0's,
         already global)."""
         named = {k: h for k, h in handles.items() if h is not None}
-        results = dict(zip(named, _gather([*named.values(), *syncing])))
+        results = dict(zip(named, gather([*named.values(), *syncing], self.timeout)))
         metrics: dict[str, float] = {}
         for component, per_rank in results.items():
             merged = per_rank[0] if component == "actor" else merge_rank_metrics(per_rank)
@@ -217,6 +214,7 @@ class ReasoningFlow:
     def rates(self, metrics: dict[str, float], seconds: float) -> dict[str, float]:
         """Throughput of the iteration from its counts and wall time."""
         return {
+            "faults/restarts": float(self.restarts),  # the run's restarts so far (a counter, not a rate)
             "time/step": seconds,
             "perf/completions_per_s": metrics.get("rollout/responses_count", 0.0) / seconds,
             "perf/tokens_per_s": metrics.get("rollout/tokens_count", 0.0) / seconds,
@@ -224,7 +222,7 @@ class ReasoningFlow:
 
     def evaluate(self, syncing: Sequence[GroupHandle] = ()) -> dict[str, float]:
         """Greedy held-out accuracy of the rollout's weights after ``syncing`` (empty without a held-out set)."""
-        _gather(list(syncing))  # the weights are in place before the clock starts
+        gather(list(syncing), self.timeout)  # the weights are in place before the clock starts
         if self.test_set is None:
             return {}
         start = time.perf_counter()
@@ -281,8 +279,9 @@ class ReasoningRun:
     (tests inspect its workers between iterations) and ``run.plan`` the plan it applies.
     """
 
-    def __init__(self, cfg: ReasoningConfig, cluster: Cluster | None = None) -> None:
+    def __init__(self, cfg: ReasoningConfig, cluster: Cluster | None = None, restarts: int = 0) -> None:
         self.cfg = cfg
+        self.restarts = restarts
         self.run_dir = Path(cfg.run_dir)
         self.scaffold = RunScaffold(cfg.run_dir, placement=cfg.placement, cluster_config=cfg.cluster,
                                     cluster=cluster, trace=cfg.trace)
@@ -312,6 +311,7 @@ class ReasoningRun:
             self.plan = self.scaffold.adopt(plan_reasoning(cfg, executor.layout))
             self.flow = ReasoningFlow(cfg, self.plan, executor, model_path, train_set, test_set, resume,
                                       self.scaffold.trace_dir)
+            self.flow.restarts = self.restarts
         except BaseException as e:
             self.__exit__(type(e), e, None)
             raise
@@ -328,10 +328,10 @@ class ReasoningRun:
             start = time.perf_counter()
             history = train_loop(self.flow, self.loader, self.start, cfg.steps, logger, cfg.eval_every,
                                  cfg.checkpoint_every, self.scaffold.stop)
-            logger.print(summarize(history, self.flow.mode, time.perf_counter() - start, self.run_dir))
+            logger.print(summarize(history, self.flow.mode, time.perf_counter() - start, self.run_dir, self.restarts))
         done = sorted((self.run_dir / CHECKPOINTS).glob("step_*"))
         return TrainResult(self.run_dir, self.flow.mode, history, done[-1] if done else None,
-                           stopped=self.scaffold.stop.requested)
+                           stopped=self.scaffold.stop.requested, restarts=self.restarts)
 
     def __exit__(self, *exc: Any) -> None:
         try:
@@ -343,14 +343,20 @@ class ReasoningRun:
 
 
 def train(cfg: ReasoningConfig, cluster: Cluster | None = None) -> TrainResult:
-    """Run (or resume) the workflow; ``cluster`` reuses a running one (else Ray starts here)."""
-    with ReasoningRun(cfg, cluster) as run:
-        return run.train()
+    """Run (or resume) the workflow; ``cluster`` reuses a running one (else Ray starts here). A worker
+    that dies or hangs restarts the flow from the newest checkpoint (``fault_tolerance``)."""
+    def attempt(resume: str | None, restarts: int) -> TrainResult:
+        with ReasoningRun(replace(cfg, resume=resume), cluster, restarts) as run:
+            return run.train()
+
+    return run_with_restarts(attempt, cfg.resume, cfg.run_dir, cfg.fault_tolerance)
 
 
-def summarize(history: Sequence[dict[str, float]], mode: str, seconds: float, run_dir: Path) -> str:
-    """One line: iterations, time, and where reward and held-out accuracy started and ended."""
+def summarize(history: Sequence[dict[str, float]], mode: str, seconds: float, run_dir: Path, restarts: int = 0) -> str:
+    """One line: iterations, time, restarts, and where reward and held-out accuracy started and ended."""
     parts = [f"reasoning ({mode}): {len(history)} iteration(s) in {seconds:.1f}s"]
+    if restarts:
+        parts.append(f"{restarts} restart(s) after a worker died or hung")
     for key in ("reward/mean", "eval/accuracy"):
         seen = [h[key] for h in history if key in h]
         if seen:

@@ -9,6 +9,7 @@ from m2flow.config.schema import option
 from m2flow.metrics import MetricsConfig
 from m2flow.runtime.cluster import ClusterConfig, expected_layout
 from m2flow.planner.placing import resolve_placement
+from m2flow.workflows.run import FaultToleranceConfig
 from m2flow.runtime.placement import SYNTAX_LAYOUT_DEVICES, NodeLayout, PlacementError
 from m2flow.workers.config import (
     ActorConfig,
@@ -121,6 +122,7 @@ class ReasoningConfig:
     eval_size: int | None = option(None, "held-out prompts evaluated (None: all)")
     metrics: MetricsConfig = option(MetricsConfig(), "metric sinks")
     trace: bool = option(False, "record a timeline of every worker to run_dir/trace.json")
+    fault_tolerance: FaultToleranceConfig = option(FaultToleranceConfig(), "restarts after a worker dies or hangs")
 
     def validate(self) -> None:
         for key in ("steps",):

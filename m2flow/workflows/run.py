@@ -9,17 +9,22 @@ and renamed, so a crash leaves either a complete marker or none. Nothing in it i
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
+from m2flow.config.schema import option
 from m2flow.planner import Plan
 from m2flow.planner.placing import executor_kind
 from m2flow.runtime.cluster import Cluster, ClusterConfig
+from m2flow.runtime.errors import WorkerHungError, worker_died
 from m2flow.runtime.executors import Executor, RayExecutor
 from m2flow.workflows.stop import StopSignal
 from m2flow.runtime.trace import ProcessInfo, configure_tracer, get_tracer, merge_traces, prepare_trace_dir, set_tracer
@@ -132,6 +137,81 @@ def truncate_metrics(run_dir: str | Path, last_step: int) -> int:
         os.replace(tmp, path)
         log.info("resume: dropped %d metric row(s) logged after step %d", dropped, last_step)
     return dropped
+
+
+# ----------------------------------------------------------------------------- waiting and restarting
+
+
+def gather(handles: Sequence[Any], timeout: float | None = None) -> list[list[Any]]:
+    """Results of every handle, in order; the first failure anywhere raises at once (the others would
+    wait forever). Past ``timeout`` seconds the handles still running raise ``WorkerHungError``."""
+    async def all_of() -> list[list[Any]]:
+        return list(await asyncio.gather(*handles))
+
+    async def bounded() -> list[list[Any]]:
+        try:
+            return await asyncio.wait_for(all_of(), timeout)
+        except asyncio.TimeoutError:
+            late = next(h for h in handles if not h.done())
+            describe = getattr(late, "_describe", None)
+            group, rank, node = describe(late.ranks[0]) if describe else ("?", late.ranks[0], "?")
+            raise WorkerHungError(group, rank, node, f"{late.method}() gave no result within {timeout:g}s "
+                                  "(fault_tolerance.iteration_timeout_s)") from None
+
+    return asyncio.run(all_of() if timeout is None else bounded())
+
+
+@dataclass
+class FaultToleranceConfig:
+    """What a run does when a worker dies or hangs."""
+
+    max_restarts: int = option(2, "restarts of the whole flow after a worker dies or hangs, each from the newest "
+                                  "valid checkpoint in run_dir (0: the run fails at once)")
+    iteration_timeout_s: float | None = option(
+        None, "a component that gives no result for this long within one iteration counts as hung (None: no limit)")
+
+    def validate(self) -> None:
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
+        if self.iteration_timeout_s is not None and self.iteration_timeout_s <= 0:
+            raise ValueError(f"iteration_timeout_s must be > 0 or None, got {self.iteration_timeout_s}")
+
+
+R = TypeVar("R")
+
+
+def run_with_restarts(attempt: Callable[[str | None, int], R], resume: str | None, run_dir: str | Path,
+                      config: FaultToleranceConfig) -> R:
+    """``attempt(resume, restarts)`` until it returns; after a worker died or hung, again from the newest
+    valid checkpoint in ``run_dir`` (or from ``resume`` / the start when there is none), at most
+    ``config.max_restarts`` times. Any other error, or one death too many, propagates."""
+    restarts = 0
+    while True:
+        try:
+            return attempt(resume, restarts)
+        except Exception as error:  # noqa: BLE001 - only deaths are retried, everything else re-raised
+            if not worker_died(error) or restarts >= config.max_restarts:
+                raise
+            restarts += 1
+            first = str(error).splitlines()[0]
+            if find_checkpoint("auto", run_dir) is not None:
+                resume = "auto"
+            elif resume is None:
+                truncate_metrics(run_dir, 0)  # starting over: the rows logged so far come again
+            log.warning("restart %d of %d from %s after: %s%s", restarts, config.max_restarts,
+                        "the newest checkpoint" if resume == "auto" else resume or "the start", first,
+                        _last_log_lines(run_dir, error))
+
+
+def _last_log_lines(run_dir: str | Path, error: BaseException, lines: int = 8) -> str:
+    """The end of the failed worker's own log file (``run_dir/logs/GROUP.RANK.log``), indented, if any."""
+    group, rank = getattr(error, "group", None), getattr(error, "rank", None)
+    path = Path(run_dir) / "logs" / f"{group}.{rank}.log"
+    try:
+        tail = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ""
+    return f"\n  last lines of {path}:\n" + "\n".join(f"    {line}" for line in tail) if tail else ""
 
 
 # ----------------------------------------------------------------------------- the run

@@ -10,8 +10,8 @@ import pytest
 from m2flow.cli import main
 from m2flow.planner import Plan
 from m2flow.planner.plan import PLAN_FILE
-from m2flow.workflows.reasoning import ReasoningRun, _gather, train
-from m2flow.workflows.run import CHECKPOINTS, TRAINER_STATE
+from m2flow.workflows.reasoning import ReasoningRun, train
+from m2flow.workflows.run import CHECKPOINTS, TRAINER_STATE, gather
 from m2flow.runtime import Worker, WorkerError, WorkerGroup
 from m2flow.runtime.trace import iter_spans, load_trace
 from tests.ray_session import shared_cluster
@@ -147,7 +147,7 @@ def test_the_first_failing_stage_ends_the_iteration_while_others_still_wait():
     try:
         start = time.monotonic()
         with pytest.raises(WorkerError) as info:
-            _gather([waiting.wait_forever(), failing.fail()])
+            gather([waiting.wait_forever(), failing.fail()])
         assert time.monotonic() - start < 60
         assert info.value.group == "stage-failing" and "cannot score this" in str(info.value)
     finally:
