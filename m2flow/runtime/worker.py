@@ -40,6 +40,7 @@ class WorkerContext:
     trace_dir: str | None = None  # where this rank writes its trace shard; None: not traced
     master_addr: str = ""
     master_port: int = 0
+    in_process: bool = False  # True: a thread of the driver process hosts this rank (local executor)
 
     def with_master(self, addr: str, port: int) -> WorkerContext:
         return replace(self, master_addr=addr, master_port=port)
@@ -120,6 +121,10 @@ class Worker:
         """Initialise ``torch.distributed`` over this group's ranks (gloo on CPU, NCCL on GPU)."""
         import torch.distributed as dist
 
+        if self.context.in_process:
+            raise RuntimeError(
+                f"{self.group_name}[{self.rank}]: torch.distributed needs a process per rank, and the local "
+                "executor hosts every rank in the driver process; use a Ray placement for this component")
         if dist.is_initialized():
             return
         backend = backend or ("nccl" if self.context.device_type == "cuda" else "gloo")

@@ -34,7 +34,7 @@ from m2flow.config.loader import load_config, save_config
 from m2flow.envs import EnvConfig
 from m2flow.workflows.embodied_config import COMPONENTS, EmbodiedConfig
 from m2flow.runtime import Cluster, GroupHandle
-from m2flow.runtime.executors import Executor, GroupSpec, RayExecutor
+from m2flow.runtime.executors import Executor, GroupSpec, make_executor
 from m2flow.runtime.trace import ProcessInfo, configure_tracer, get_tracer, merge_traces, prepare_trace_dir
 from m2flow.workers.embodied.messages import InteractStats
 
@@ -307,7 +307,7 @@ def train(cfg: EmbodiedConfig, cluster: Cluster | None = None) -> TrainResult:
     trace_dir = prepare_trace_dir(run_dir) if cfg.trace else None
     if trace_dir is not None:
         configure_tracer(trace_dir, ProcessInfo())
-    executor: Executor = RayExecutor(cfg.cluster, cluster)
+    executor: Executor = make_executor(cfg.placement, cfg.cluster, cluster)
     flow = None
     result = TrainResult(run_dir)
     try:

@@ -23,7 +23,7 @@ from m2flow.data import PromptDataLoader, PromptDataset, PromptItem
 from m2flow.workflows.evaluation import score_responses
 from m2flow.workflows.reasoning_config import COMPONENTS, ReasoningConfig
 from m2flow.runtime import Cluster, GroupHandle, WorkerGroup
-from m2flow.runtime.executors import Executor, GroupSpec, RayExecutor
+from m2flow.runtime.executors import Executor, GroupSpec, make_executor
 from m2flow.runtime.trace import (
     ProcessInfo,
     configure_tracer,
@@ -339,7 +339,7 @@ class ReasoningRun:
         if cfg.trace:
             self.trace_dir = prepare_trace_dir(self.run_dir)
             configure_tracer(self.trace_dir, ProcessInfo())
-        self.executor: Executor = RayExecutor(cfg.cluster, self._cluster)
+        self.executor: Executor = make_executor(cfg.placement, cfg.cluster, self._cluster)
         try:
             self.flow = ReasoningFlow(cfg, self.executor, model_path, train_set, test_set, resume, self.trace_dir)
         except BaseException:
