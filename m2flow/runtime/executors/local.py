@@ -6,8 +6,8 @@ While the executor is open, channels get in-process hosts and the rendezvous is 
 memory (``runtime.inprocess``), so comm between two ranks hands over the object itself.
 
 What is per process, and the rule here:
-- torch's intra-op thread count: set once for all ranks, to the largest ``GroupSpec.threads`` of a
-  launch (never lowered), and restored at shutdown; ``OMP_NUM_THREADS`` is left as it is.
+- torch's intra-op thread count: one for all ranks, set at each launch to the largest
+  ``GroupSpec.threads`` of its groups, and restored at shutdown; ``OMP_NUM_THREADS`` is left as it is.
 - logging handlers: each rank gets its log file (``<group>.<rank>.log`` under the log directory)
   holding the records logged on its own thread; the console is the driver's.
 - the tracer: the driver's, when it has one, else one opened here for ``trace_dir`` (closed at
@@ -290,7 +290,9 @@ class LocalExecutor:
 
         if self._threads_before is None:
             self._threads_before = torch.get_num_threads()
-        if threads > torch.get_num_threads():
+        # Exactly the ranks' count, as each Ray rank process sets its own: a reduction split over
+        # another number of threads can round differently.
+        if threads != torch.get_num_threads():
             torch.set_num_threads(threads)
 
     def shutdown(self) -> None:
