@@ -18,7 +18,7 @@ What is per process, and the rule here:
   on any other GPU is refused at launch.
 - the global RNGs: construction runs one rank at a time, in launch order, so seeded initialisation
   through torch's global generator is reproducible; later draws belong in a worker's own generator
-  or under ``runtime.rng.seeded``.
+  or under ``m2flow.models.rng.seeded``.
 """
 
 from __future__ import annotations
