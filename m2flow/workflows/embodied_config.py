@@ -23,7 +23,8 @@ class EmbodiedConfig:
     cluster: ClusterConfig = option(ClusterConfig(), "where the workers run")
     placement: str = option(
         "env,rollout,actor: 0",
-        "devices of each component (env, rollout, actor); components on shared devices take turns")
+        "devices of each component (env, rollout, actor); components on shared devices take turns; "
+        "'local': every component on device 0 in this process, without Ray")
     env: EnvConfig = option(EnvConfig(), "the environments of each env rank and their normalisation")
     pipeline_stages: int = option(
         1, "K: each env rank's envs form K stages; one simulates while another's actions are inferred")

@@ -102,7 +102,8 @@ class ReasoningConfig:
     cluster: ClusterConfig = option(ClusterConfig(), "where the workers run")
     placement: str = option(
         "actor,rollout,inference,reward: 0",
-        "devices of each component (rollout, reward, inference, actor); shared devices are taken in turn")
+        "devices of each component (rollout, reward, inference, actor); shared devices are taken in turn; "
+        "'local': every component on device 0 in this process, without Ray")
     model: ModelConfig = option(ModelConfig(), "the policy model")
     data: DataConfig = option(DataConfig(), "prompts and answers")
     rollout: RolloutConfig = option(RolloutConfig(), "generation")
