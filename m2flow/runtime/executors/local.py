@@ -16,6 +16,8 @@ What is per process, and the rule here:
   fails naming the rank, so a placement that needs it fails at launch.
 - CUDA: the ranks see the GPUs the driver sees; ``cuda:0`` is every rank's device, so a placement
   on any other GPU is refused at launch.
+- constructor arguments: copied per rank (a cloudpickle round trip, as Ray does); method arguments and
+  results are handed over as they are, so a caller must not change them while a call runs.
 - the global RNGs: construction runs one rank at a time, in launch order, so seeded initialisation
   through torch's global generator is reproducible; later draws belong in a worker's own generator
   or under ``m2flow.models.rng.seeded``.
@@ -135,8 +137,11 @@ class LocalGroup:
             for ctx in self._contexts_by_rank:
                 rank = _LocalRank(ctx)
                 self._ranks.append(rank)
+                # Each rank its own copy of the arguments, as a Ray actor unpickles its own: no two ranks
+                # share a config, a stream's held items or a channel client.
+                own_args, own_kwargs = _copied((tuple(args), dict(kwargs or {})))
                 # One rank at a time: a constructor may seed and draw from torch's global generator.
-                fut = rank.thread.submit(rank.construct, worker_cls, tuple(args), dict(kwargs or {}))
+                fut = rank.thread.submit(rank.construct, worker_cls, own_args, own_kwargs)
                 LocalHandle([fut], [ctx.rank], self._describe, "__init__").wait()
         except BaseException:
             self.shutdown()
@@ -215,6 +220,13 @@ class LocalGroup:
 
     def __repr__(self) -> str:
         return f"LocalGroup({self.name!r}, world_size={self.world_size})"
+
+
+def _copied(value: Any) -> Any:
+    """A cloudpickle round trip of ``value``: what a Ray actor receives as its constructor arguments."""
+    from ray import cloudpickle
+
+    return cloudpickle.loads(cloudpickle.dumps(value))
 
 
 def local_layout(config: ClusterConfig) -> NodeLayout:

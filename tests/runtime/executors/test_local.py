@@ -21,14 +21,18 @@ from m2flow.runtime.placement import PlacementError
 from tests.runtime.test_device_lock import Stateful
 
 
+GATES: dict[str, threading.Barrier] = {}  # by name: constructor arguments are copied per rank
+
+
 class Recorder(Worker):
     """Records what ran when, on which thread; its identity is known in ``__init__``."""
 
-    def __init__(self, tag: str = "", gate: threading.Barrier | None = None) -> None:
+    def __init__(self, tag: str = "", gate: str | None = None, shared: list | None = None) -> None:
         self.rank_at_init = self.rank
         self.world_at_init = self.world_size
         self.tag = tag
-        self.gate = gate
+        self.gate = GATES[gate] if gate else None
+        self.shared = shared
         self.calls: list[tuple[int, float, float]] = []
 
     def step(self, i: int, hold_s: float = 0.0) -> int:
@@ -52,6 +56,13 @@ class Recorder(Worker):
             raise ValueError(f"rank {rank} refuses")
         time.sleep(hold_s)
         return self.rank
+
+    def append_rank(self) -> None:
+        assert self.shared is not None
+        self.shared.append(self.rank)
+
+    def seen(self) -> list:
+        return list(self.shared or [])
 
     def say(self, text: str) -> None:
         self.log.info("%s from rank %d", text, self.rank)
@@ -105,9 +116,16 @@ def test_calls_of_one_rank_run_in_submission_order(executor, tmp_path) -> None:
 
 
 def test_ranks_run_concurrently(executor, tmp_path) -> None:
-    gate = threading.Barrier(3)
-    g = _launch(executor, tmp_path, {"a": GroupSpec(Recorder, (), {"gate": gate})}, "a: 0-2")["a"]
+    GATES["three"] = threading.Barrier(3)
+    g = _launch(executor, tmp_path, {"a": GroupSpec(Recorder, (), {"gate": "three"})}, "a: 0-2")["a"]
     assert sorted(g.meet().wait(timeout=20)) == [0, 1, 2]
+
+
+def test_each_rank_gets_its_own_copy_of_the_constructor_arguments(executor, tmp_path) -> None:
+    shared: list[int] = []
+    g = _launch(executor, tmp_path, {"a": GroupSpec(Recorder, (), {"shared": shared})}, "a: 0-1")["a"]
+    g.append_rank().wait(timeout=10)
+    assert g.seen().wait(timeout=10) == [[0], [1]] and shared == []
 
 
 def test_handles_offer_ranks_scatter_await_done_and_timeout(executor, tmp_path) -> None:
