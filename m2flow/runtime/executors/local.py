@@ -10,8 +10,9 @@ What is per process, and the rule here:
   ``GroupSpec.threads`` of its groups, and restored at shutdown; ``OMP_NUM_THREADS`` is left as it is.
 - logging handlers: each rank gets its log file (``<group>.<rank>.log`` under the log directory)
   holding the records logged on its own thread; the console is the driver's.
-- the tracer: the driver's, when it has one, else one opened here for ``trace_dir`` (closed at
-  shutdown); every rank's spans land on its thread's row.
+- the tracer: each rank's thread has a tracer of its own (``trace.set_thread_tracer``) writing the
+  rank's shard, so the merged trace and the report show one row per rank as with Ray; other threads
+  (the driver's, comm and channel threads) use the process's tracer.
 - torch.distributed: not available (it needs a process per rank); ``Worker.init_process_group``
   fails naming the rank, so a placement that needs it fails at launch.
 - CUDA: the ranks see the GPUs the driver sees; ``cuda:0`` is every rank's device, so a placement
@@ -41,7 +42,7 @@ from m2flow.runtime.executors.base import GroupSpec
 from m2flow.runtime.executors.threads import LocalHandle, RankThread
 from m2flow.runtime.handle import CallFailure
 from m2flow.runtime.placement import ComponentPlacement, NodeLayout, PlacementError, PlacementPlan, parse_placement
-from m2flow.runtime.trace import ProcessInfo, Tracer, category_of, configure_tracer, get_tracer, set_tracer
+from m2flow.runtime.trace import ProcessInfo, Tracer, category_of, get_tracer, set_thread_tracer
 from m2flow.runtime.worker import Worker, WorkerContext
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ class _LocalRank:
         self.worker: Worker | None = None
         self.thread = RankThread(f"m2flow-{ctx.group_name}:{ctx.rank}")
         self._handler: logging.Handler | None = None
+        self.tracer: Tracer | None = None
         if ctx.log_dir:
             path = Path(ctx.log_dir) / f"{ctx.group_name}.{ctx.rank}.log"
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -87,6 +89,10 @@ class _LocalRank:
 
     def construct(self, cls: type[Worker], args: tuple, kwargs: dict) -> CallFailure | None:
         """Build the worker on this rank's thread, its context set before the subclass ``__init__``."""
+        c = self.ctx
+        if c.trace_dir:
+            self.tracer = Tracer(c.trace_dir, ProcessInfo(c.group_name, c.rank, c.node_rank, c.devices, c.device_type))
+            set_thread_tracer(self.tracer)
         try:
             worker = cls.__new__(cls)
             worker._m2flow_ctx = self.ctx
@@ -115,6 +121,8 @@ class _LocalRank:
         comm = getattr(self.worker, "_m2flow_comm", None)
         if comm is not None:
             comm.close()
+        if self.tracer is not None:
+            self.tracer.close()
         if self._handler is not None:
             logging.getLogger("m2flow").removeHandler(self._handler)
             self._handler.close()
@@ -206,10 +214,10 @@ class LocalGroup:
         return [os.getpid()] * self.world_size
 
     def flush_trace(self, timeout: float = 30.0) -> None:
-        """Write the buffered trace events (the process's tracer is shared by every rank)."""
-        tracer = get_tracer()
-        if tracer.enabled:
-            tracer.flush()
+        """Write every rank's buffered trace events to its shard (a no-op when not traced)."""
+        for rank in self._ranks:
+            if rank.tracer is not None:
+                rank.tracer.flush()
 
     def shutdown(self) -> None:
         """Stop every rank's thread and close its comm and log file (idempotent)."""
@@ -249,7 +257,6 @@ class LocalExecutor:
         self._device_type = "cuda" if _cuda_devices() else "cpu"
         self._groups: list[LocalGroup] = []
         self._threads_before: int | None = None
-        self._own_tracer: Tracer | None = None
         self._open = True
         inprocess.enter()
 
@@ -284,8 +291,6 @@ class LocalExecutor:
         contexts = {c: self._contexts(names[c], placements[c], spec.threads, log_dir, trace_dir)
                     for c, spec in specs.items()}
         self._use_threads(max((s.threads for s in specs.values()), default=1))
-        if trace_dir is not None and not get_tracer().enabled:
-            self._own_tracer = configure_tracer(trace_dir, ProcessInfo("local"))
         groups: dict[str, LocalGroup] = {}
         try:
             for c, spec in specs.items():
@@ -308,7 +313,7 @@ class LocalExecutor:
             torch.set_num_threads(threads)
 
     def shutdown(self) -> None:
-        """Stop every group still running, restore the thread count and close a tracer opened here."""
+        """Stop every group still running and restore the thread count."""
         if not self._open:
             return
         self._open = False
@@ -319,11 +324,6 @@ class LocalExecutor:
             import torch
 
             torch.set_num_threads(self._threads_before)
-        if self._own_tracer is not None:
-            self._own_tracer.close()
-            if get_tracer() is self._own_tracer:
-                set_tracer(None)
-            self._own_tracer = None
         inprocess.leave()
 
 

@@ -316,22 +316,20 @@ def test_make_executor_and_the_local_placement(tmp_path) -> None:
     assert RayExecutor.kind == "ray"
 
 
-def test_traced_ranks_record_spans_on_their_threads(tmp_path) -> None:
-    from m2flow.runtime.trace import get_tracer, merge_traces, prepare_trace_dir
+def test_traced_ranks_write_a_shard_each_like_processes(tmp_path) -> None:
+    from m2flow.runtime.trace import get_tracer, iter_spans, load_trace, merge_traces, prepare_trace_dir
 
     trace_dir = prepare_trace_dir(tmp_path)
     ex = LocalExecutor()
     try:
         plan = ex.placement("a: 0-1", components=["a"])
         g = ex.launch({"a": "traced"}, plan, {"a": GroupSpec(Recorder)}, tmp_path / "logs", trace_dir)["a"]
-        assert get_tracer().enabled
         g.step(1).wait(timeout=10)
+        assert not get_tracer().enabled  # the driver's thread keeps the process's (disabled) tracer
     finally:
         ex.shutdown()
-    assert not get_tracer().enabled  # the tracer opened for the launch is closed with the executor
-    from m2flow.runtime.trace import iter_spans, load_trace
-
     trace = load_trace(merge_traces(tmp_path))
-    threads = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
-    assert {"m2flow-traced:0", "m2flow-traced:1"} <= threads
-    assert len([s for s in iter_spans(trace) if s["name"] == "step"]) == 2
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
+    assert {"traced[0] @node0", "traced[1] @node0"} <= names
+    steps = [s for s in iter_spans(trace) if s["name"] == "step"]
+    assert len(steps) == 2 and len({s["pid"] for s in steps}) == 2  # one span on each rank's row
