@@ -1,8 +1,9 @@
 """The ``Worker`` base class: what every component process knows about itself and can do.
 
-A subclass is an ordinary class. ``WorkerGroup`` launches one Ray actor per rank, fills in the
-``WorkerContext`` *before* the subclass's ``__init__`` runs (so ``__init__`` may use ``self.rank``), and
-calls its methods. Workers that hold device state override ``offload``/``onload``.
+A subclass is an ordinary class. ``WorkerGroup`` launches one Ray actor per rank (the local executor:
+one thread of the driver process per rank), fills in the ``WorkerContext`` *before* the subclass's
+``__init__`` runs (so ``__init__`` may use ``self.rank``), and calls its methods. Workers that hold
+device state override ``offload``/``onload``.
 """
 
 from __future__ import annotations
