@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
