@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
@@ -16,6 +15,8 @@ from transformers import (
     Qwen2Config,
     Qwen2ForCausalLM,
 )
+
+from m2flow.models.rng import seeded
 
 logger = logging.getLogger(__name__)
 
@@ -78,9 +79,9 @@ def build_tiny_model(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerBase | 
         tie_word_embeddings=cfg.tie_word_embeddings,
         **special,
     )
-    # Seed locally so building a model does not disturb the caller's random stream.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)
+    # Seed locally so building a model does not disturb the caller's random stream (nor another
+    # thread's: ``seeded`` holds the process's global generator for the block).
+    with seeded(cfg.seed):
         model = model_cls(config)
     if tokenizer is not None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id

@@ -5,6 +5,8 @@ users of RLinf know::
 
     "actor,rollout: 0-3, env: 4-7"     # actor and rollout share devices 0-3; env on 4-7
     "all"                              # every component on every device (collocated)
+    "local"                            # every component on device 0, one rank each (selects the
+                                       # local executor: see ``executors.make_executor``)
     "env: 0-1:0-3"                     # devices 0-1 hosting env ranks 0-3 (two processes per device)
     "actor: 0-3:0-1"                   # ranks 0-1 hold two devices each
     "env: 0-3@sim"                     # devices 0-3 of the node group named "sim"
@@ -23,6 +25,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 ExecutionMode = Literal["collocated", "disaggregated", "hybrid"]
+
+LOCAL = "local"
+"""The placement that runs every component, one rank each, on device 0 in the driver process."""
 
 _NAMES_RE = re.compile(r"(?:^|,)\s*([A-Za-z_][\w-]*(?:\s*,\s*[A-Za-z_][\w-]*)*)\s*:")
 _RANGE_RE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+))?\s*$")
@@ -142,12 +147,15 @@ def _parse_range(text: str, what: str) -> list[int]:
 
 
 def split_spec(spec: str) -> dict[str, str]:
-    """Split ``"a,b: 0-3, c: 4-7"`` into ``{"a,b": "0-3", "c": "4-7"}`` (``"all"`` alone is kept)."""
+    """Split ``"a,b: 0-3, c: 4-7"`` into ``{"a,b": "0-3", "c": "4-7"}`` (``"all"`` alone is kept;
+    ``"local"`` is every component on device 0)."""
     text = spec.strip()
     if not text:
         raise PlacementError("empty placement string")
     if text == "all" or text.startswith("all@"):
         return {"*": text}
+    if text == LOCAL:
+        return {"*": "0"}
     matches = list(_NAMES_RE.finditer(text))
     if not matches or matches[0].start() != 0:
         raise PlacementError(
@@ -286,7 +294,7 @@ def parse_placement(
     for names, body in entries.items():
         if names == "*":
             if not components:
-                raise PlacementError("placement 'all' needs the list of components to place")
+                raise PlacementError(f"placement {spec!r} needs the list of components to place")
             group_names = list(components)
         else:
             group_names = [n for n in names.split(",") if n]

@@ -228,9 +228,19 @@ _DISABLED = Tracer(enabled=False)
 _current: Tracer = _DISABLED
 
 
+_thread = threading.local()  # .tracer: the calling thread's own tracer (an in-process rank's), if any
+
+
 def get_tracer() -> Tracer:
-    """This process's tracer (a disabled one unless ``configure_tracer`` or ``set_tracer`` ran)."""
-    return _current
+    """The calling thread's tracer when it has one (``set_thread_tracer``), else this process's (a
+    disabled one unless ``configure_tracer`` or ``set_tracer`` ran)."""
+    return getattr(_thread, "tracer", None) or _current
+
+
+def set_thread_tracer(tracer: Tracer | None) -> None:
+    """Give the calling thread a tracer of its own (None: back to the process's). A rank that lives in
+    a thread of a shared process (the local executor) traces into its own shard, as a process would."""
+    _thread.tracer = tracer
 
 
 def set_tracer(tracer: Tracer | None) -> Tracer:

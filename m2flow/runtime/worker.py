@@ -1,8 +1,9 @@
 """The ``Worker`` base class: what every component process knows about itself and can do.
 
-A subclass is an ordinary class. ``WorkerGroup`` launches one Ray actor per rank, fills in the
-``WorkerContext`` *before* the subclass's ``__init__`` runs (so ``__init__`` may use ``self.rank``), and
-calls its methods. Workers that hold device state override ``offload``/``onload``.
+A subclass is an ordinary class. ``WorkerGroup`` launches one Ray actor per rank (the local executor:
+one thread of the driver process per rank), fills in the ``WorkerContext`` *before* the subclass's
+``__init__`` runs (so ``__init__`` may use ``self.rank``), and calls its methods. Workers that hold
+device state override ``offload``/``onload``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class WorkerContext:
     trace_dir: str | None = None  # where this rank writes its trace shard; None: not traced
     master_addr: str = ""
     master_port: int = 0
+    in_process: bool = False  # True: a thread of the driver process hosts this rank (local executor)
 
     def with_master(self, addr: str, port: int) -> WorkerContext:
         return replace(self, master_addr=addr, master_port=port)
@@ -120,6 +122,10 @@ class Worker:
         """Initialise ``torch.distributed`` over this group's ranks (gloo on CPU, NCCL on GPU)."""
         import torch.distributed as dist
 
+        if self.context.in_process:
+            raise RuntimeError(
+                f"{self.group_name}[{self.rank}]: torch.distributed needs a process per rank, and the local "
+                "executor hosts every rank in the driver process; use a Ray placement for this component")
         if dist.is_initialized():
             return
         backend = backend or ("nccl" if self.context.device_type == "cuda" else "gloo")

@@ -22,10 +22,9 @@ import numpy as np
 
 from m2flow.config.schema import option
 from m2flow.planner import Plan
-from m2flow.planner.placing import executor_kind
 from m2flow.runtime.cluster import Cluster, ClusterConfig
 from m2flow.runtime.errors import WorkerHungError, worker_died
-from m2flow.runtime.executors import Executor, RayExecutor
+from m2flow.runtime.executors import Executor, make_executor
 from m2flow.workflows.stop import StopSignal
 from m2flow.runtime.trace import ProcessInfo, configure_tracer, get_tracer, merge_traces, prepare_trace_dir, set_tracer
 
@@ -215,15 +214,6 @@ def _last_log_lines(run_dir: str | Path, error: BaseException, lines: int = 8) -
 
 
 # ----------------------------------------------------------------------------- the run
-
-
-def make_executor(placement: str, config: ClusterConfig, cluster: Cluster | None = None) -> Executor:
-    """The executor a placement asks for: ``local`` runs in this process, anything else on Ray."""
-    if executor_kind(placement) == "local":
-        from m2flow.runtime.executors.local import LocalExecutor
-
-        return LocalExecutor(config)
-    return RayExecutor(config, cluster)
 
 
 class RunScaffold:

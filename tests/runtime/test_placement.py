@@ -143,3 +143,12 @@ def test_device_table_maps_across_nodes() -> None:
     assert [table[i] for i in range(5)] == [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2)]
     with pytest.raises(IndexError):
         table[5]
+
+
+def test_local_is_every_component_once_on_device_zero() -> None:
+    plan = parse_placement(" local ", NodeLayout((4,)), ["actor", "rollout"])
+    assert plan.mode == "collocated"
+    assert {c: [(r.rank, r.node_rank, r.local_devices) for r in plan[c].ranks] for c in plan.components} == {
+        "actor": [(0, 0, (0,))], "rollout": [(0, 0, (0,))]}
+    with pytest.raises(PlacementError, match="needs the list of components"):
+        parse_placement("local", NodeLayout((4,)))

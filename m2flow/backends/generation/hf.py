@@ -19,6 +19,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel, 
 
 from m2flow.backends.generation.base import SamplingParams, register_generation_backend
 from m2flow.data.batch import FinishReason, Response, ResponseGroup, left_pad
+from m2flow.models.rng import seeded
 
 logger = logging.getLogger(__name__)
 
@@ -183,9 +184,8 @@ class HFGenerationBackend:
             stopping_criteria=criteria,
             use_cache=True,
         )
-        with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
-            if seed is not None:
-                torch.manual_seed(seed)
+        # generate draws from torch's global generator: alone on it, for ranks sharing a process.
+        with seeded(seed, [] if self.device.type == "cpu" else [self.device]):
             sequences = self.model.generate(**kwargs)
         generated = sequences[:, prompt_len:].cpu()
         logprobs = recorder.finish(sequences).cpu()

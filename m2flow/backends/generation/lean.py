@@ -74,14 +74,17 @@ class LeanGenerationBackend(HFGenerationBackend):
     ) -> list[ResponseGroup]:
         ids, mask = left_pad(prompts, self.pad_id)
         ids, mask = ids.to(self.device), mask.to(self.device)
-        with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
-            if seed is not None:
-                torch.manual_seed(seed)
-            generated, logprobs, stopped_at = self._decode(ids, mask, params)
+        # A generator of the chunk's own, not torch's global one: ranks that share a process (the local
+        # executor) must not draw from each other's stream. Seeded alike, it draws the same numbers.
+        generator = None
+        if seed is not None:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(seed)
+        generated, logprobs, stopped_at = self._decode(ids, mask, params, generator)
         return self._groups(prompts, first_index, params, generated.cpu(), logprobs.cpu(), stopped_at)
 
     def _decode(
-        self, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams
+        self, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, list[int] | None]:
         """For left-padded prompts (P, Lp): generated ids (B, T) (pad after a row ends), their log-probs
         (B, T) and stop-string lengths per row, B = P * n rows, prompt-major (row p * n + j: sample j of p)."""
@@ -107,7 +110,8 @@ class LeanGenerationBackend(HFGenerationBackend):
             if greedy:
                 token = scores.argmax(-1)
             else:
-                token = torch.multinomial(torch.softmax(warp_logits(scores, params), dim=-1), 1).squeeze(1)
+                token = torch.multinomial(torch.softmax(warp_logits(scores, params), dim=-1), 1,
+                                          generator=generator).squeeze(1)
             # As HF: a row that has ended gets the padding id.
             token = torch.where(running, token, pad)
             generated[:, t] = token

@@ -144,7 +144,8 @@ class Channel:
         rendezvous: Rendezvous | None = None,
     ) -> Channel:
         """Start the channel's host: a Ray actor on this node when Ray is up, else (or with
-        ``local``) threads in this process, which must then outlive the channel's users."""
+        ``local``, or while this process hosts its workers, see ``runtime.inprocess``) threads in
+        this process, which must then outlive the channel's users."""
         rdv = rendezvous or default_rendezvous(_namespace(namespace))
         address = _start_host(name, maxsize, local)
         rdv.publish(f"channel/{name}", pickle.dumps(address))
@@ -289,7 +290,9 @@ def _namespace(namespace: str | None) -> str:
 def _start_host(name: str, maxsize: int, local: bool) -> ChannelAddress:
     import ray
 
-    if not local and ray.is_initialized():
+    from m2flow.runtime import inprocess
+
+    if not local and not inprocess.hosting() and ray.is_initialized():
         from m2flow.runtime.channel.actor import start_host_actor
 
         return start_host_actor(name, maxsize)

@@ -117,7 +117,12 @@ class MemoryRendezvous:
 
 
 def default_rendezvous(namespace: str) -> Rendezvous:
-    """Ray's KV when Ray is up; else ``$M2FLOW_RENDEZVOUS_DIR``; else this process only."""
+    """This process only while it hosts its workers (``runtime.inprocess``); else Ray's KV when Ray
+    is up; else ``$M2FLOW_RENDEZVOUS_DIR``; else this process only."""
+    from m2flow.runtime import inprocess
+
+    if inprocess.hosting():
+        return MemoryRendezvous(namespace)
     try:
         import ray
 

@@ -37,10 +37,15 @@ def send_weights(
 ) -> int:
     """Broadcast named tensors (a module's state dict, a dict, or pairs) in buckets; returns their count."""
     count, bucket, size = 0, {}, 0
+    # A receiver in this process would get the live tensors themselves and copy them whenever it
+    # gets to it: it gets a copy taken now instead, as a receiver elsewhere does.
+    dst_ranks = list(dst_ranks) if dst_ranks is not None else None
+    in_process = any(comm.transport_to(dst_group, r) == "local" for r in (dst_ranks if dst_ranks is not None else [0]))
 
     def flush(kind: str = "weights") -> None:
         nonlocal count, bucket, size
-        comm.broadcast((kind, count, bucket), dst_group, dst_ranks)
+        payload = {k: v.clone() for k, v in bucket.items()} if in_process else bucket
+        comm.broadcast((kind, count, payload), dst_group, dst_ranks)
         count, bucket, size = count + 1, {}, 0
         comm.wait_shm_below(max_inflight * bucket_bytes)
 

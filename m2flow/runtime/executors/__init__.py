@@ -1,6 +1,19 @@
 """Executors apply resolved placements: Ray (a process per rank) or local (objects in this process)."""
 
-from m2flow.runtime.executors.base import Executor, GroupSpec
-from m2flow.runtime.executors.ray import RayExecutor, launch_groups
+from __future__ import annotations
 
-__all__ = ["Executor", "GroupSpec", "RayExecutor", "launch_groups"]
+from m2flow.runtime.cluster import Cluster, ClusterConfig
+from m2flow.runtime.executors.base import Executor, GroupSpec
+from m2flow.runtime.executors.local import LocalExecutor, LocalGroup
+from m2flow.runtime.executors.ray import RayExecutor, launch_groups
+from m2flow.runtime.placement import LOCAL
+
+__all__ = ["Executor", "GroupSpec", "LocalExecutor", "LocalGroup", "RayExecutor", "launch_groups", "make_executor"]
+
+
+def make_executor(placement: str, config: ClusterConfig | None = None, cluster: Cluster | None = None) -> Executor:
+    """The executor a placement string asks for: ``"local"`` runs every component, one rank each, on
+    device 0 in this process (no Ray); any other placement runs on Ray (``cluster``, or one started)."""
+    if placement.strip() == LOCAL:
+        return LocalExecutor(config)
+    return RayExecutor(config, cluster)

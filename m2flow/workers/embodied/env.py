@@ -119,9 +119,21 @@ class EnvWorker(Worker):
             final_index=self._final_index, final_obs=self._final_obs, last_obs=self.obs[self.T],
         )
         self.comm.broadcast(traj, self.actor_group, list(range(self.actor_ranks)))
-        # Sent: the next iteration may overwrite the buffers (receivers got their own copies).
-        self.obs[0] = self.obs[self.T]
+        # Sent: the next iteration may overwrite the buffers, since receivers in other processes got
+        # their own copies; one in this process holds these very arrays, so new ones are taken.
+        last = self.obs[self.T]
+        if self._actors_in_process():
+            self.obs, self.actions, self.rewards, self.terminated, self.truncated = (
+                np.empty_like(a) for a in (self.obs, self.actions, self.rewards, self.terminated, self.truncated))
+        self.obs[0] = last
         return stats
+
+    def _actors_in_process(self) -> bool:
+        shared = getattr(self, "_actors_share_process", None)
+        if shared is None:
+            shared = self._actors_share_process = any(
+                self.comm.transport_to(self.actor_group, r) == "local" for r in range(self.actor_ranks))
+        return shared
 
     def _run(self, iteration: int) -> InteractStats:
         vec, link, obs, T = self.vec, self.link, self.obs, self.T
