@@ -11,8 +11,9 @@ equations, symbolic equality through sympy. On top of it m2flow reads:
   (the library knows no such anchor and would read a GSM8K solution at its last number);
 - a reference without math delimiters (``\\frac13``, ``(1, 2]``, ``x = 3``) as LaTeX, as if it were
   written inside ``$...$``;
-- ``quick_verify``: when both answers are plain integers, their values decide without sympy. It is
-  tested to agree with the library on every GSM8K answer and on a set of LaTeX forms.
+- ``quick_verify``: when both answers are plain integers (``18``, ``#### 1,080``, a lone
+  ``\\boxed{18}``), their values decide without parsing. It is tested to agree with the library on
+  every GSM8K answer and on a set of LaTeX forms.
 
 The library's own time limits are turned off. They use ``signal.alarm``, which raises outside the
 main thread, counts whole seconds and cannot stop a long computation inside C code (a huge integer
@@ -34,6 +35,8 @@ _EXTRACTION = (LatexExtractionConfig(), ExprExtractionConfig())
 # An integer as GSM8K writes it: optional minus, digits or comma-grouped thousands. At most 15 digits,
 # which is what the library's comparison resolves without rounding (numeric_precision=15).
 _PLAIN_INTEGER = re.compile(r"-?(?:\d{1,15}|\d{1,3}(?:,\d{3}){1,4})")
+# A \boxed{} with no braces inside it.
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 # A "$" not written as "\$" (a dollar amount) opens LaTeX; so do these.
 _MATH_DELIMITER = re.compile(r"(?<!\\)\$|\\boxed|\\fbox|\\\(|\\\[")
 
@@ -63,6 +66,30 @@ def plain_integer(text: str) -> int | None:
     return int(text.replace(",", ""))
 
 
+def stated_integer(response: str) -> int | None:
+    """The response's answer when the library would read it as a plain integer without parsing LaTeX.
+
+    That is the answer text itself (``18``, ``#### 1,080``), or the content of its only ``\\boxed{}``
+    when nothing else could take precedence: the library reads a box first unless the text says
+    "final answer", and the box is the whole answer when no math delimiter, bracket or later brace
+    surrounds it.
+    """
+    text = answer_text(response)
+    value = plain_integer(text)
+    if value is not None or "\\boxed" not in text:
+        return value
+    box = _BOXED.search(text)
+    if (
+        box is None
+        or text.count("\\boxed") != 1
+        or "}" in text[box.end() :]
+        or any(mark in text for mark in ("$", "\\(", "\\[", "["))
+        or "final answer" in text.lower()
+    ):
+        return None
+    return plain_integer(box.group(1))
+
+
 def _parse(text: str) -> list[Any]:
     """The library's reading of a text: [value, extracted string] or [] (timeouts off, see module doc)."""
     return parse(text, extraction_config=_EXTRACTION, parsing_timeout=None)
@@ -87,11 +114,11 @@ def parse_response(response: str) -> list[Any]:
 
 
 def quick_verify(response: str, reference: str) -> bool | None:
-    """The verdict when both answers are plain integers (bounded, no sympy); None otherwise."""
+    """The verdict when both answers are plain integers (bounded regular expressions); None otherwise."""
     ref = plain_integer(answer_text(reference))
     if ref is None:
         return None
-    pred = plain_integer(answer_text(response))
+    pred = stated_integer(response)
     if pred is None:
         return None
     return pred == ref

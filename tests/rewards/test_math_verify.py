@@ -15,6 +15,7 @@ from m2flow.rewards.math_verify import (
     parse_reference,
     plain_integer,
     quick_verify,
+    stated_integer,
 )
 from tests.rewards.latex_forms import CASES, Case
 
@@ -94,6 +95,17 @@ def test_plain_integer(text: str, value: int | None):
     assert plain_integer(text) == value
 
 
+@pytest.mark.parametrize(
+    ("response", "value"),
+    [("#### 1,080", 1080), (r"so the total is \boxed{18} dollars.", 18), (r"\boxed{-1,234}", -1234),
+     (r"Final answer: \boxed{18}", None),  # the library's "final answer" patterns come before the box
+     (r"$\boxed{18}$", None), (r"\boxed{18} and \boxed{19}", None), (r"\boxed{18} for {x}", None),
+     (r"\boxed{18.5}", None), (r"\boxed{{18}}", None), (r"see [1]: \boxed{18}", None), ("The answer is 18.", None)],
+)
+def test_stated_integer(response: str, value: int | None):
+    assert stated_integer(response) == value
+
+
 def _fast_path_agrees(response: str, reference: str) -> bool:
     decided = quick_verify(response, reference)
     return decided is None or decided == library_verify(response, reference)
@@ -101,7 +113,9 @@ def _fast_path_agrees(response: str, reference: str) -> bool:
 
 def test_fast_path_agrees_with_the_library_on_integer_edge_cases():
     pairs = [("007", "7"), ("-0", "0"), ("1,080", "#### 1080"), ("#### 1080", "1,080"), ("10", "1,0"),
-             ("123456789012345", "123456789012344"), ("999,999,999,999,999", "999999999999999"), ("-5", "5")]
+             ("123456789012345", "123456789012344"), ("999,999,999,999,999", "999999999999999"), ("-5", "5"),
+             (r"so \boxed{18} dollars.", "18"), (r"\boxed{-1,234}", "-1234"), (r"it is \boxed{18}%", "18"),
+             (r"(a) 3 apples (b) \boxed{18}", "18"), (r"\boxed{17} since 17 = 18 - 1", "18")]
     assert all(_fast_path_agrees(r, ref) for r, ref in pairs)
     assert quick_verify("123456789012345", "123456789012344") is False
 
@@ -128,12 +142,14 @@ def test_fast_path_agrees_with_the_library_on_every_gsm8k_answer():
     decided = 0
     for solution in solutions:
         n = int(answer_text(solution).replace(",", ""))
-        for response, right in ((solution, True), (f"#### {n:,}", True), (str(n), True), (f"#### {n + 1}", False)):
+        for response, right in ((solution, True), (f"#### {n:,}", True), (str(n), True), (f"#### {n + 1}", False),
+                                (rf"so the total is \boxed{{{n}}}", True), (rf"\boxed{{{n:,}}}", True),
+                                (rf"\boxed{{{n - 7}}} in all", False)):
             verdict = quick_verify(response, solution)
             assert verdict is right, (response, solution)
             assert library_verify(response, solution) is right, (response, solution)
             decided += 1
-    assert decided == 4 * len(solutions)
+    assert decided == 7 * len(solutions)
 
 
 def test_math_score_runs_outside_the_main_thread():
