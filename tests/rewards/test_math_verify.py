@@ -62,6 +62,8 @@ def test_reference_forms_that_are_read(reference: str):
         (r"50\%", "50%", "5"),
         ("#### 1,080", r"\boxed{1080}", r"\boxed{108}"),
         (r"\$18.50", "$18.50", "$18.05"),
+        (r"\(\sqrt{2}\)", r"so $\sqrt{2}$", r"$\sqrt{3}$"),
+        (r"\[x = 3\]", "$x=3$", "$x=4$"),
     ],
 )
 def test_latex_references_with_and_without_delimiters(reference: str, right: str, wrong: str):
