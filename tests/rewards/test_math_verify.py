@@ -161,3 +161,21 @@ def test_math_score_runs_outside_the_main_thread():
     thread.start()
     thread.join(timeout=60)
     assert scores == [1.0]
+
+
+def test_the_library_time_limit_fails_outside_the_main_thread():
+    # Why ours are off: with a limit set, the library's signal.alarm refuses to run in a worker thread.
+    import math_verify
+
+    errors: list[BaseException] = []
+
+    def parse_with_limit() -> None:
+        try:
+            math_verify.parse("$1$", parsing_timeout=1)
+        except BaseException as exc:  # noqa: BLE001 - recorded and checked below
+            errors.append(exc)
+
+    thread = threading.Thread(target=parse_with_limit)
+    thread.start()
+    thread.join(timeout=60)
+    assert len(errors) == 1 and isinstance(errors[0], ValueError) and "thread" in str(errors[0])
