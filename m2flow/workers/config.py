@@ -88,7 +88,7 @@ class RolloutConfig:
 class RewardConfig:
     """The reward workers: score each response against its reference answer."""
 
-    fn: str = option("math", "reward: a registered name (math, format, exact_match) or 'module:function'")
+    fn: str = option("math", "reward: a registered name (math, format) or 'module:function'")
     timeout_s: float = option(5.0, "time limit of one sandboxed check (math); a timeout scores 0 and is counted")
     overlong_buffer: int | None = option(
         None, "DAPO overlong shaping: the penalty ramps up over the last this-many tokens before max_new_tokens")
