@@ -103,6 +103,13 @@ class RewardConfig:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
         if self.overlong_buffer is not None and self.overlong_buffer < 1:
             raise ValueError(f"overlong_buffer must be >= 1 or None, got {self.overlong_buffer}")
+        from m2flow.algorithms.registry import UnknownNameError
+        from m2flow.rewards.registry import RewardLoadError, load_reward_fn
+
+        try:  # with the rest of the config, before any model is built or worker started
+            load_reward_fn(self.fn)
+        except (UnknownNameError, RewardLoadError) as e:
+            raise ValueError(f"fn: {e}") from None
 
 
 @dataclass

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from m2flow.config.errors import InputError
 from m2flow.config.schema import option
 from m2flow.planner import Plan
 from m2flow.runtime.cluster import Cluster, ClusterConfig
@@ -35,7 +36,7 @@ TRAINER_STATE = "trainer_state.json"
 _ARRAY = "__ndarray__"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """A checkpoint that cannot be read; the message names the file."""
 
 
