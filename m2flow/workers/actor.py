@@ -32,6 +32,7 @@ import torch
 from m2flow.backends.training.collectives import all_reduce_max, all_reduce_sum, barrier, use_host_sum
 from m2flow.data.batch import RolloutBatch
 from m2flow.models.causal_lm import CausalLMWithValueHead, load_causal_lm, response_logprobs
+from m2flow.models.response_forward import create_response_forward
 from m2flow.models.tokenizer import load_tokenizer
 from m2flow.runtime.comm import send_weights
 from m2flow.runtime.comm.collectives import ExchangeSum
@@ -79,10 +80,9 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         updates = total_steps * cfg.mini_batches * cfg.update_epochs
         self.tokenizer = load_tokenizer(model_path)
         model = load_causal_lm(source, dtype=dtype, device=device)
-        if cfg.forward == "lean":  # an unsupported model fails here, not in the first iteration
-            from m2flow.models.lean_lm import check_supported
-
-            check_supported(model.config)
+        self.forward = create_response_forward(cfg.forward)
+        """The forward the policy's log-probs are computed with (``actor.forward``)."""
+        self.forward.check(model)  # an unsupported model fails here, not in the first iteration
         self.policy = TrainedModel(model, cfg.strategy, device, cfg.optim, updates, cpu_offload=cfg.fsdp_cpu_offload)
         self.critic: TrainedModel | None = None
         if algo.uses_critic:
@@ -235,7 +235,7 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
             logp, entropy = response_logprobs(
                 self.policy.module, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
                 batch.response_mask, temperature=self.temperature, return_entropy=need_entropy,
-                lean=self.cfg.forward == "lean")
+                forward=self.forward)
             obj = policy_objective(logp, entropy, batch, self.algo)
             (obj.loss * weight).backward()
         if weight:

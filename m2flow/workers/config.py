@@ -112,9 +112,10 @@ class InferenceConfig:
     micro_batch_size: int = option(32, "most responses per forward pass; fewer when fewer are ready")
     dtype: DType = option("float32", "weight dtype of the policy and reference copies")
     num_threads: int = option(1, "torch threads of each inference rank")
-    forward: Literal["hf", "lean"] = option(
-        "hf", "the forward of the policy and reference copies: the HF model's ('hf'), or the lean packed one "
-              "('lean': Qwen2/Llama; each prompt run once per micro-batch, no padding inside a group)")
+    forward: Literal["hf", "packed"] = option(
+        "hf", "the forward of the policy and reference copies: the HF model's ('hf'), or the packed functional "
+              "one ('packed', formerly 'lean': Qwen2/Llama; each prompt run once per micro-batch, no padding "
+              "inside a group)")
 
     def validate(self) -> None:
         if self.micro_batch_size < 1:
@@ -206,10 +207,10 @@ class ActorConfig:
     critic: CriticConfig = option(CriticConfig(), "the value model (used by the gae estimator)")
     num_threads: int = option(1, "torch threads of each actor rank")
     host_sum: Literal["auto", "comm", "gloo"] = option("auto", HOST_SUM_HELP)
-    forward: Literal["hf", "lean"] = option(
-        "hf", "the policy's training forward: the HF model's ('hf'), or the lean functional one over the same "
-              "parameters ('lean': Qwen2/Llama with strategy ddp; each prompt run once per micro-batch, no padding "
-              "inside a group, less per-pass overhead for small models)")
+    forward: Literal["hf", "packed"] = option(
+        "hf", "the policy's training forward: the HF model's ('hf'), or the packed functional one over the same "
+              "parameters ('packed', formerly 'lean': Qwen2/Llama with strategy ddp; each prompt run once per "
+              "micro-batch, no padding inside a group, less per-pass overhead for small models)")
 
     @property
     def updates_once(self) -> bool:
@@ -220,9 +221,9 @@ class ActorConfig:
         for key in ("micro_batch_size", "mini_batches", "update_epochs", "weight_sync_bucket_mb", "num_threads"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
-        if self.forward == "lean" and self.strategy != "ddp":
-            # FSDP2 gathers the shards in the module's forward hooks, which the lean forward skips.
-            raise ValueError(f"forward 'lean' needs strategy 'ddp', got {self.strategy!r}")
+        if self.forward == "packed" and self.strategy != "ddp":
+            # FSDP2 gathers the shards in the module's forward hooks, which the packed forward skips.
+            raise ValueError(f"forward 'packed' needs strategy 'ddp', got {self.strategy!r}")
 
 
 def torch_dtype(name: DType):  # -> torch.dtype; torch is imported lazily to keep this module light

@@ -1,17 +1,17 @@
-"""Generation with the lean Qwen2/Llama forward (`m2flow.models.lean_lm`): HF's results at less cost per token.
+"""Generation with the lean Qwen2/Llama forward (`m2flow.models.functional_lm`): HF's results at less cost per token.
 
 For models of a few layers and ~100 wide on a CPU, HF `generate` spends most of each step in Python
 (module calls, cache objects, logits processors) rather than in arithmetic. This backend keeps all of
 `HFGenerationBackend` that defines the results (chunking and per-chunk seeds, prompt-major rows,
 sampling knobs, log-probs, stop strings, cutting, weight loading) and replaces only the decoding loop:
-one prefill, then one `LeanLM.decode` per token over fused weights and a preallocated KV cache.
+one prefill, then one `FunctionalLM.decode` per token over fused weights and a preallocated KV cache.
 
 It decides tokens as HF does: greedy takes the argmax of the raw logits; sampling applies temperature,
 then top-k, then top-p, and draws with one `torch.multinomial` over the whole batch per step. Rows
 that ended leave the forward but still take part in that draw, so the random stream is consumed as
 by HF and the same seed gives HF's samples whenever the logits agree (they match to float rounding).
 
-Limits: only what `LeanLM` supports (Qwen2/Llama, default RoPE, full attention, SiLU); one process and
+Limits: only what `FunctionalLM` supports (Qwen2/Llama, default RoPE, full attention, SiLU); one process and
 one device; no speculative or beam decoding. The fused copies of the q/k/v and gate/up weights take
 about two thirds of the layers' memory again; they are rebuilt after `load_weights`, and after any
 in-place update of `model`'s parameters, which the next `generate` notices.
@@ -28,7 +28,7 @@ from transformers import PreTrainedModel
 from m2flow.backends.generation.base import SamplingParams, register_generation_backend
 from m2flow.backends.generation.hf import HFGenerationBackend, _StopStrings
 from m2flow.data.batch import ResponseGroup, left_pad
-from m2flow.models.lean_lm import LeanLM, check_supported
+from m2flow.models.functional_lm import FunctionalLM, check_supported
 
 
 def warp_logits(scores: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -49,7 +49,7 @@ def warp_logits(scores: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 @register_generation_backend("lean")
 class LeanGenerationBackend(HFGenerationBackend):
-    """A `GenerationBackend` over a Qwen2/Llama HF model, decoding with `LeanLM` (ValueError for others)."""
+    """A `GenerationBackend` over a Qwen2/Llama HF model, decoding with `FunctionalLM` (ValueError for others)."""
 
     drop_finished: bool = True
     """Take rows that ended (end-of-sequence token or stop string) out of the decoding batch. It copies the
@@ -65,8 +65,8 @@ class LeanGenerationBackend(HFGenerationBackend):
     ) -> None:
         check_supported(model.config)
         super().__init__(model, tokenizer, device=device, prompts_per_chunk=prompts_per_chunk)
-        self.lean = LeanLM.from_hf(self.model, compile=compile)
-        """The decoder; with `compile` its decoding steps run `torch.compile`d (`m2flow.models.lean_decode`)."""
+        self.lean = FunctionalLM.from_hf(self.model, compile=compile)
+        """The decoder; with `compile` its decoding steps run `torch.compile`d (`m2flow.models.functional_decode`)."""
 
     @torch.no_grad()
     def _generate_chunk(

@@ -35,7 +35,7 @@ from m2flow.workers.embodied.closed_form import ClosedFormPPO, supports
 from m2flow.workers.embodied.compiled_step import CompiledStep
 from m2flow.workers.embodied.config import PPOConfig
 from m2flow.workers.embodied.flat import FlatAdam, FlatParameters
-from m2flow.workers.embodied.lean import LeanPolicy
+from m2flow.workers.embodied.minibatch_forward import MinibatchForward
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ class PPOUpdater:
         self.world_size = world_size
         self.all_reduce = all_reduce
         self.flat = FlatParameters(policy)
-        self.lean = LeanPolicy(policy)
+        self.lean = MinibatchForward(policy)
         self.closed_form = (ClosedFormPPO(policy, cfg, self.flat.params) if closed_form and supports(policy, cfg)
                             else None)
         self._clip_coef = torch.zeros((), dtype=self.flat.param.dtype, device=self.flat.param.device)
