@@ -102,11 +102,11 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
     def _fuse_rollout(self, cfg: RolloutConfig, prompts: GroupStream, responses: GroupStream, *, seed: int,
                       scorer: dict[str, Any] | None = None) -> None:
         """Generate with a backend over the trained policy itself (the rollout fused into this process)."""
-        from m2flow.backends.generation import generation_backend_over
+        from m2flow.backends.generation import GenerationOptions, generation_backend_over
 
         module = self.policy.module
-        options = {"compile": cfg.compile} if cfg.backend == "lean" else {}
-        backend = generation_backend_over(cfg.backend, module, self.tokenizer, device=self.torch_device, **options)
+        options = GenerationOptions(device=self.torch_device, dtype=cfg.dtype, seed=seed, compile=cfg.compile)
+        backend = generation_backend_over(cfg.backend, module, self.tokenizer, options)
         module.train()  # backends put their model in eval mode; generation does so per call instead
         self.setup_generation(backend, cfg, prompts, responses, seed=seed, scorer=scorer, shared_model=module)
         if responses.name == self.inp.name and responses.consumers == prompts.consumers == self.world_size:

@@ -80,8 +80,13 @@ class RolloutConfig:
             raise ValueError(f"prompts_per_chunk must be >= 1 or None, got {self.prompts_per_chunk}")
         if self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
-        if self.compile and self.backend != "lean":
-            raise ValueError(f"compile is an option of the 'lean' backend, not of {self.backend!r}")
+        # What a backend accepts is the backend's to say (imported here: this module stays light to import).
+        from m2flow.backends.generation import backends_that_compile, generation_backend_class
+
+        backend = generation_backend_class(self.backend)  # an unknown name raises, listing the valid ones
+        if self.compile and not backend.compiles:
+            raise ValueError(f"compile is an option of the {', '.join(map(repr, backends_that_compile()))} "
+                             f"backend, not of {self.backend!r}")
 
 
 @dataclass

@@ -107,10 +107,10 @@ def _shares_devices(plan: Any, component: str, holders: Sequence[str]) -> bool:
 def rollout_fuses_with_actor(cfg: ReasoningConfig, plan: Any) -> bool:
     """Whether the rollout generates inside the actor processes (``rollout.fuse_with_actor``): same devices
     rank for rank, full weights on every actor rank (ddp), an in-process backend and the same dtype."""
-    from m2flow.backends.generation import IN_PROCESS_BACKENDS
+    from m2flow.backends.generation import generation_backend_class
 
     return (cfg.rollout.fuse_with_actor and plan["rollout"].same_devices(plan["actor"])
-            and cfg.actor.strategy == "ddp" and cfg.rollout.backend in IN_PROCESS_BACKENDS
+            and cfg.actor.strategy == "ddp" and generation_backend_class(cfg.rollout.backend).in_process
             and cfg.rollout.dtype == cfg.actor.dtype)
 
 

@@ -1,13 +1,15 @@
-"""Generation backends: `HFGenerationBackend` (CPU or GPU, HF generate), `LeanGenerationBackend` (small
-Qwen2/Llama models, a lean decoding loop) and `VLLMGenerationBackend` (CUDA, lazy)."""
+"""Generation backends: `HFGenerationBackend` (CPU or GPU, HF generate), `LeanGenerationBackend` (config name
+`lean`: small Qwen2/Llama models, decoding with the functional forward) and `VLLMGenerationBackend` (CUDA, lazy)."""
 
 from m2flow.backends.generation.base import (
     GenerationBackend,
+    GenerationOptions,
     Response,
     ResponseGroup,
     SamplingParams,
-    IN_PROCESS_BACKENDS,
+    backends_that_compile,
     create_generation_backend,
+    generation_backend_class,
     generation_backend_over,
     register_generation_backend,
 )
@@ -16,15 +18,17 @@ from m2flow.backends.generation.lean import LeanGenerationBackend
 from m2flow.backends.generation.vllm import VLLMGenerationBackend, vllm_available
 
 __all__ = [
-    "IN_PROCESS_BACKENDS",
     "GenerationBackend",
+    "GenerationOptions",
     "HFGenerationBackend",
     "LeanGenerationBackend",
     "Response",
     "ResponseGroup",
     "SamplingParams",
     "VLLMGenerationBackend",
+    "backends_that_compile",
     "create_generation_backend",
+    "generation_backend_class",
     "generation_backend_over",
     "register_generation_backend",
     "vllm_available",

@@ -1,21 +1,31 @@
-"""The generation-backend interface: sampling parameters and the `GenerationBackend` protocol."""
+"""The generation-backend interface: sampling parameters, the `GenerationBackend` protocol and its factory.
+
+A backend is chosen by its config name only here: `create_generation_backend` (a backend loading its
+own model), `generation_backend_over` (a backend over a model another component holds in this
+process) and `generation_backend_class` (what a backend can do, before one is built). Callers pass
+one `GenerationOptions`; each backend takes from it what it uses.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import torch
+from torch import nn
 
 from m2flow.data.batch import Response, ResponseGroup
 
 __all__ = [
     "GenerationBackend",
+    "GenerationOptions",
     "Response",
     "ResponseGroup",
     "SamplingParams",
     "create_generation_backend",
+    "generation_backend_class",
+    "generation_backend_over",
     "register_generation_backend",
 ]
 
@@ -57,9 +67,40 @@ class SamplingParams:
             raise ValueError("stop strings must be non-empty")
 
 
+@dataclass(frozen=True)
+class GenerationOptions:
+    """How a generation backend is built; each backend reads the fields it uses and ignores the others."""
+
+    device: str | torch.device = "cpu"
+    """Device of an in-process model (a vLLM engine places itself on the visible GPU)."""
+    dtype: str = "float32"
+    """Weight dtype by torch name: 'float32', 'bfloat16' or 'float16'."""
+    seed: int = 0
+    """Engine seed (vLLM); the in-process backends seed each chunk from `SamplingParams.seed`."""
+    compile: bool = False
+    """Run each decoding step `torch.compile`d (only backends with `compiles` set accept it)."""
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """`dtype` as a torch dtype."""
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.dtype]
+
+
 @runtime_checkable
 class GenerationBackend(Protocol):
     """Samples groups of responses for token-id prompts; knows nothing about datasets or rewards."""
+
+    in_process: ClassVar[bool]
+    """Whether it generates from a model object held in the calling process (`module`), so it can be
+    built over a model another component trains (`generation_backend_over`)."""
+    compiles: ClassVar[bool]
+    """Whether it accepts `GenerationOptions.compile`."""
+
+    @property
+    def module(self) -> nn.Module | None:
+        """The model generated from, when it lives in this process (weights can be loaded into it in
+        place); None for an engine of its own (vLLM)."""
+        ...
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> list[ResponseGroup]:
         """One group of `params.n` responses per prompt, in prompt order."""
@@ -104,26 +145,49 @@ def register_generation_backend(name: str) -> Callable[[_B], _B]:
     return deco
 
 
-def create_generation_backend(name: str, model_path: str, **kwargs: Any) -> GenerationBackend:
-    """Build the backend registered as `name` from a local model directory."""
+def generation_backend_class(name: str) -> type:
+    """The class registered as `name`, to ask what it can do (`in_process`, `compiles`); unknown names
+    raise ValueError listing the valid ones."""
     # Importing the package registers the built-in backends.
     import m2flow.backends.generation  # noqa: F401
 
     if name not in _BACKENDS:
         raise ValueError(f"unknown generation backend {name!r}; valid: {sorted(_BACKENDS)}")
-    return _BACKENDS[name].from_pretrained(model_path, **kwargs)
+    return _BACKENDS[name]
 
 
-IN_PROCESS_BACKENDS = ("hf", "lean")
-"""Backends that generate from a model object held in the calling process (`generation_backend_over`)."""
+def create_generation_backend(name: str, model_path: str, options: GenerationOptions | None = None,
+                              **kwargs: Any) -> GenerationBackend:
+    """Build the backend registered as `name` from a local model directory: from `options`
+    (`from_options`), else from keyword arguments of the backend's own `from_pretrained`."""
+    cls = generation_backend_class(name)
+    if options is not None:
+        _check_options(name, cls, options)
+        return cls.from_options(model_path, options)
+    return cls.from_pretrained(model_path, **kwargs)
 
 
-def generation_backend_over(name: str, model: torch.nn.Module, tokenizer: Any, **kwargs: Any) -> GenerationBackend:
+def generation_backend_over(name: str, model: nn.Module, tokenizer: Any,
+                            options: GenerationOptions) -> GenerationBackend:
     """The backend `name` generating from `model` itself (no copy): its in-place updates are what it samples
-    from next. Only the in-process backends (`IN_PROCESS_BACKENDS`) can; others raise ValueError."""
+    from next. Only backends with `in_process` set can; others raise ValueError."""
+    cls = generation_backend_class(name)
+    if not cls.in_process:
+        in_process = sorted(n for n, c in _BACKENDS.items() if c.in_process)
+        raise ValueError(f"generation backend {name!r} cannot generate from a model held by another component; "
+                         f"in-process backends: {in_process}")
+    _check_options(name, cls, options)
+    return cls.over_model(model, tokenizer, options)
+
+
+def _check_options(name: str, cls: type, options: GenerationOptions) -> None:
+    if options.compile and not cls.compiles:
+        raise ValueError(f"compile is an option of the {', '.join(map(repr, backends_that_compile()))} "
+                         f"backend, not of {name!r}")
+
+
+def backends_that_compile() -> list[str]:
+    """Names of the backends that accept `GenerationOptions.compile`."""
     import m2flow.backends.generation  # noqa: F401  (registers the built-in backends)
 
-    if name not in IN_PROCESS_BACKENDS:
-        raise ValueError(f"generation backend {name!r} cannot generate from a model held by another component; "
-                         f"in-process backends: {list(IN_PROCESS_BACKENDS)}")
-    return _BACKENDS[name](model, tokenizer, **kwargs)
+    return sorted(n for n, c in _BACKENDS.items() if c.compiles)
