@@ -6,8 +6,9 @@ autograd's forward + backward costs on CPU, where a minibatch step is bound by t
 tensor operations rather than by arithmetic. Gradients are written straight into the parameters'
 ``.grad`` tensors (views of the flat buffer), so nothing is accumulated afterwards.
 
-It computes the gradient of exactly the loss of ``PPOUpdater._step_loss``; the tests compare the
-two on every supported shape. Anything else (value clipping, a categorical entropy bonus, CNN
+It computes the gradient of exactly the loss of ``m2flow.algorithms.minibatch_ppo.ppo_minibatch_loss``
+(which ``PPOUpdater._step_loss`` minimises through autograd); the tests compare it with autograd of
+that definition on every supported shape. Anything else (value clipping, a categorical entropy bonus, CNN
 encoders, other activations) goes through autograd.
 
 Derivatives used, per sample (z = (a - mu) / sigma, r = exp(log-ratio), A' = -A * scale)::

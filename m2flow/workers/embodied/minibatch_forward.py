@@ -58,7 +58,7 @@ class MinibatchForward:
         self.gaussian = isinstance(policy.head, GaussianHead)
 
     def prepare_actions(self, actions: Tensor) -> Tensor:
-        """Actions in the form :meth:`forward` takes: (B, A) floats, or (B, 1) int64 indices."""
+        """Actions in the form :meth:`evaluate` takes: (B, A) floats, or (B, 1) int64 indices."""
         return actions if self.gaussian else actions.long().reshape(-1, 1)
 
     def offset(self, old_logprobs: Tensor) -> Tensor:
@@ -68,7 +68,7 @@ class MinibatchForward:
             return -(old_logprobs + dim * _LOG_SQRT_2PI)
         return -old_logprobs
 
-    def forward(self, obs: Tensor, actions: Tensor, offset: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+    def evaluate(self, obs: Tensor, actions: Tensor, offset: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """(B, *obs_shape), prepared actions, (B,) offset -> log-ratio (B,), values (B,), log-softmax or None."""
         policy = self.policy
         head = policy.head
