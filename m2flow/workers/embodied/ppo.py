@@ -135,7 +135,7 @@ class PPOUpdater:
         self.compiled: CompiledStep | None = None
         if compile and self.closed_form is None:
             log.warning("actor.compile: this policy or PPO config has no closed-form gradient (an MLP trunk with "
-                        "tanh or relu, no value_clip, no categorical entropy bonus); training eagerly")
+                        "tanh or relu, no value_clip); training eagerly")
         elif compile:
             fused = world_size == 1 and cfg.target_kl is None
             self.compiled = CompiledStep(self.closed_form.net, self.flat.layout, cfg.max_grad_norm,

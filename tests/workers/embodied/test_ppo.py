@@ -236,7 +236,7 @@ def test_closed_form_is_used_only_where_it_applies():
     assert supports(policy, PPOConfig())
     assert not supports(policy, PPOConfig(value_clip=0.2))
     categorical = _policy(gym.spaces.Discrete(4))
-    assert not supports(categorical, PPOConfig(ent_coef=0.01))
+    assert supports(categorical, PPOConfig(ent_coef=0.01))
     gelu = build_policy(BOX_OBS, BOX_ACT, PolicyConfig(hidden_sizes=[8], activation="gelu"))
     assert not supports(gelu, PPOConfig())
 
