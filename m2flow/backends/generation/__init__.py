@@ -7,11 +7,13 @@ from m2flow.backends.generation.base import (
     Response,
     ResponseGroup,
     SamplingParams,
+    register_generation_backend,
+)
+from m2flow.backends.generation.factory import (
     backends_that_compile,
     create_generation_backend,
     generation_backend_class,
     generation_backend_over,
-    register_generation_backend,
 )
 from m2flow.backends.generation.hf import HFGenerationBackend
 from m2flow.backends.generation.lean import LeanGenerationBackend

@@ -1,16 +1,11 @@
-"""The generation-backend interface: sampling parameters, the `GenerationBackend` protocol and its factory.
-
-A backend is chosen by its config name only here: `create_generation_backend` (a backend loading its
-own model), `generation_backend_over` (a backend over a model another component holds in this
-process) and `generation_backend_class` (what a backend can do, before one is built). Callers pass
-one `GenerationOptions`; each backend takes from it what it uses.
-"""
+"""The generation-backend interface: sampling parameters, build options, the `GenerationBackend` protocol
+and the registry the backends add themselves to (`factory.py` chooses among them by config name)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
+from typing import ClassVar, Protocol, TypeVar, runtime_checkable
 
 import torch
 from torch import nn
@@ -23,9 +18,6 @@ __all__ = [
     "Response",
     "ResponseGroup",
     "SamplingParams",
-    "create_generation_backend",
-    "generation_backend_class",
-    "generation_backend_over",
     "register_generation_backend",
 ]
 
@@ -128,7 +120,8 @@ class GenerationBackend(Protocol):
         ...
 
 
-_BACKENDS: dict[str, type] = {}
+GENERATION_BACKENDS: dict[str, type] = {}
+"""Config name -> backend class, filled by `register_generation_backend`."""
 
 _B = TypeVar("_B", bound=type)
 
@@ -137,57 +130,9 @@ def register_generation_backend(name: str) -> Callable[[_B], _B]:
     """Class decorator registering a backend (a class with `from_pretrained(path, **kw)`); duplicates raise."""
 
     def deco(cls: _B) -> _B:
-        if name in _BACKENDS:
+        if name in GENERATION_BACKENDS:
             raise ValueError(f"generation backend {name!r} is already registered")
-        _BACKENDS[name] = cls
+        GENERATION_BACKENDS[name] = cls
         return cls
 
     return deco
-
-
-def generation_backend_class(name: str) -> type:
-    """The class registered as `name`, to ask what it can do (`in_process`, `compiles`); unknown names
-    raise ValueError listing the valid ones."""
-    # Importing the package registers the built-in backends.
-    import m2flow.backends.generation  # noqa: F401
-
-    if name not in _BACKENDS:
-        raise ValueError(f"unknown generation backend {name!r}; valid: {sorted(_BACKENDS)}")
-    return _BACKENDS[name]
-
-
-def create_generation_backend(name: str, model_path: str, options: GenerationOptions | None = None,
-                              **kwargs: Any) -> GenerationBackend:
-    """Build the backend registered as `name` from a local model directory: from `options`
-    (`from_options`), else from keyword arguments of the backend's own `from_pretrained`."""
-    cls = generation_backend_class(name)
-    if options is not None:
-        _check_options(name, cls, options)
-        return cls.from_options(model_path, options)
-    return cls.from_pretrained(model_path, **kwargs)
-
-
-def generation_backend_over(name: str, model: nn.Module, tokenizer: Any,
-                            options: GenerationOptions) -> GenerationBackend:
-    """The backend `name` generating from `model` itself (no copy): its in-place updates are what it samples
-    from next. Only backends with `in_process` set can; others raise ValueError."""
-    cls = generation_backend_class(name)
-    if not cls.in_process:
-        in_process = sorted(n for n, c in _BACKENDS.items() if c.in_process)
-        raise ValueError(f"generation backend {name!r} cannot generate from a model held by another component; "
-                         f"in-process backends: {in_process}")
-    _check_options(name, cls, options)
-    return cls.over_model(model, tokenizer, options)
-
-
-def _check_options(name: str, cls: type, options: GenerationOptions) -> None:
-    if options.compile and not cls.compiles:
-        raise ValueError(f"compile is an option of the {', '.join(map(repr, backends_that_compile()))} "
-                         f"backend, not of {name!r}")
-
-
-def backends_that_compile() -> list[str]:
-    """Names of the backends that accept `GenerationOptions.compile`."""
-    import m2flow.backends.generation  # noqa: F401  (registers the built-in backends)
-
-    return sorted(n for n, c in _BACKENDS.items() if c.compiles)
