@@ -20,16 +20,16 @@ from common import g1_model
 from m2flow.models.functional_lm import DecodeState, FunctionalLM
 
 
-def _state(lean: FunctionalLM, rows: int, prompt_len: int, new_tokens: int, filled: int) -> DecodeState:
+def _state(decoder: FunctionalLM, rows: int, prompt_len: int, new_tokens: int, filled: int) -> DecodeState:
     ids = torch.randint(1, 19, (rows, prompt_len))
-    _, state = lean.prefill(ids, torch.ones_like(ids), new_tokens)
+    _, state = decoder.prefill(ids, torch.ones_like(ids), new_tokens)
     tokens = torch.randint(1, 19, (rows,))
     for _ in range(filled):
-        lean.decode(tokens, state)
+        decoder.decode(tokens, state)
     return state
 
 
-def _time(lean: FunctionalLM, state: DecodeState, reps: int) -> float:
+def _time(decoder: FunctionalLM, state: DecodeState, reps: int) -> float:
     """Median seconds of one decoding step, each from the same cache position (the slot is rewritten)."""
     tokens = torch.randint(1, 19, (state.keys.shape[1],))
     length, position = state.length, state.next_position
@@ -37,7 +37,7 @@ def _time(lean: FunctionalLM, state: DecodeState, reps: int) -> float:
     for _ in range(reps):
         state.length, state.next_position = length, position
         t0 = time.perf_counter()
-        lean.decode(tokens, state)
+        decoder.decode(tokens, state)
         times.append(time.perf_counter() - t0)
     state.key_bias[..., length:] = float("-inf")  # the slot is empty again for the next side
     return statistics.median(times)

@@ -1,7 +1,7 @@
-"""The lean training forward, padded rows against packed groups, on G1's model and per-rank batch.
+"""The functional training forward, padded rows against packed groups, on G1's model and per-rank batch.
 
 Times one forward and backward of the response log-probs of a GRPO batch (P prompts x n responses
-of up to 16 tokens, about 37% of them at the limit, as G1 draws them) through the padded lean
+of up to 16 tokens, about 37% of them at the limit, as G1 draws them) through the padded functional
 forward (`functional_logits` over prompt + response rows) and through the packed one
 (`packed_logits`: each prompt once, no padding inside a group), alternating, in one process.
 
