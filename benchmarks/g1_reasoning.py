@@ -231,7 +231,8 @@ def runner_config(w: dict, threads: int, plan: RunnerPlan, run_dir: str, trace: 
         "inference": {"num_threads": 1},
         # No KL (so no reference model) and the actor's own detached forward as the old policy (so no
         # extra pass): one forward/backward per response and one optimizer step per batch, as the others.
-        "actor": {"optim": {"lr": w["lr"]}, "num_threads": threads, "forward": TRAINING_FORWARD[backend.partition("+")[0]],
+        "actor": {"optim": {"lr": w["lr"]}, "num_threads": threads,
+                  "forward": TRAINING_FORWARD[backend.partition("+")[0]],
                   "micro_batch_size": (plan.micro_batch_prompts or p) * g},
         "algorithm": {"adv_estimator": "grpo", "old_logprobs": "actor", "kl_loss_coef": 0.0},
         "steps": w["warmup_steps"] + w["steps"],

@@ -94,6 +94,11 @@ class GenerationBackend(Protocol):
         place); None for an engine of its own (vLLM)."""
         ...
 
+    @property
+    def pad_id(self) -> int:
+        """The id that pads prompts and the responses' tails."""
+        ...
+
     def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> list[ResponseGroup]:
         """One group of `params.n` responses per prompt, in prompt order."""
         ...

@@ -52,6 +52,15 @@ class VLLMGenerationBackend:
         """None: the weights live in the engine, loaded through `load_weights`."""
         return None
 
+    @property
+    def pad_id(self) -> int:
+        """The tokenizer's padding id (its end-of-sequence id when it has none; 0 when it has neither)."""
+        tokenizer = self.llm.get_tokenizer()
+        for candidate in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+            if candidate is not None:
+                return int(candidate)
+        return 0
+
     @classmethod
     def from_pretrained(
         cls,
