@@ -54,3 +54,19 @@ def test_backends_say_whether_they_generate_in_this_process(ckpt, tok):
     assert over.module is model  # no copy: the caller's updates are what it samples from
     with pytest.raises(ValueError, match=r"'vllm' cannot generate from a model held by .*: \['hf', 'lean'\]"):
         generation_backend_over("vllm", model, tok, GenerationOptions())
+
+
+def test_a_vllm_engine_answers_the_protocol_without_a_model_in_this_process():
+    from m2flow.backends.generation import VLLMGenerationBackend
+
+    class _Tokenizer:
+        pad_token_id = None
+        eos_token_id = 7
+
+    class _Engine:  # stands in for vllm.LLM: only the tokenizer is asked for
+        def get_tokenizer(self) -> _Tokenizer:
+            return _Tokenizer()
+
+    backend = VLLMGenerationBackend(_Engine())
+    assert backend.module is None and not backend.in_process
+    assert backend.pad_id == 7  # no padding id: the end-of-sequence id
