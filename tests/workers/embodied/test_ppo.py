@@ -217,7 +217,7 @@ def test_closed_form_gradient_equals_autograd(case, cfg_kwargs, policy_kwargs, d
     policy = build_policy(BOX_OBS, act, PolicyConfig(hidden_sizes=[16, 8], **policy_kwargs))
     auto = PPOUpdater(policy, cfg, closed_form=False)
     b = _batch(n=40, discrete=discrete)
-    actions, offset = auto.lean.prepare_actions(b.actions), auto.lean.offset(b.logprobs)
+    actions, offset = auto.policy_forward.prepare_actions(b.actions), auto.policy_forward.offset(b.logprobs)
     neg_adv = -b.advantages / 40
     loss, parts = auto._step_loss(b.obs, actions, offset, neg_adv, b.returns, b.values, 1 / 40)
     auto.flat.zero_grad()
@@ -236,7 +236,7 @@ def test_closed_form_is_used_only_where_it_applies():
     assert supports(policy, PPOConfig())
     assert not supports(policy, PPOConfig(value_clip=0.2))
     categorical = _policy(gym.spaces.Discrete(4))
-    assert not supports(categorical, PPOConfig(ent_coef=0.01))
+    assert supports(categorical, PPOConfig(ent_coef=0.01))
     gelu = build_policy(BOX_OBS, BOX_ACT, PolicyConfig(hidden_sizes=[8], activation="gelu"))
     assert not supports(gelu, PPOConfig())
 
