@@ -19,6 +19,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from m2flow.runtime.cluster import Cluster
+from m2flow.runtime.comm.auth import adopt, secret_hex
 from m2flow.runtime.errors import WorkerError
 from m2flow.runtime.handle import CallFailure, GroupHandle
 from m2flow.runtime.logs import setup_logging
@@ -37,9 +38,10 @@ log = logging.getLogger(__name__)
 class _RankHost:
     """The Ray actor behind one rank: owns the worker object and reports failures with context."""
 
-    def __init__(self, ctx: WorkerContext) -> None:
+    def __init__(self, ctx: WorkerContext, secret: str | None = None) -> None:
         self.ctx = ctx
         self.worker: Worker | None = None
+        adopt(secret)  # before any listener starts: peers must prove they hold the run's secret
         # Set in-process rather than through a Ray runtime_env, which costs a slower worker start;
         # nothing has touched CUDA or built torch's thread pool yet at this point.
         os.environ.update(WorkerGroup._process_env(ctx))
@@ -61,8 +63,9 @@ class _RankHost:
         )
 
     def free_port(self) -> int:
+        """A free port on this rank's own address, where rank 0 will serve torch's store."""
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("", 0))
+            s.bind((self.ctx.node_ip, 0))
             return s.getsockname()[1]
 
     def construct(self, master_addr: str, master_port: int, cls: type[Worker],
@@ -149,7 +152,7 @@ class WorkerGroup:
             }
             if detached:
                 options["lifetime"] = "detached"
-            self._hosts.append(_RemoteHost.options(**options).remote(ctx))
+            self._hosts.append(_RemoteHost.options(**options).remote(ctx, secret_hex()))
         master_port = ray.get(self._hosts[0].free_port.remote())
         master_addr = cluster.nodes[contexts[0].node_rank].ip
         refs = [

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -117,15 +118,22 @@ class Worker:
 
     # -- collective set-up ------------------------------------------------------------------
     def init_process_group(self, backend: str | None = None, timeout_s: float = 300.0) -> None:
-        """Initialise ``torch.distributed`` over this group's ranks (gloo on CPU, NCCL on GPU)."""
+        """Initialise ``torch.distributed`` over this group's ranks (gloo on CPU, NCCL on GPU).
+
+        Rank 0 serves the store on its node's own address (``MASTER_ADDR``), not on every
+        interface as torch's ``env://`` store would: it binds the socket itself and hands it over.
+        """
         import torch.distributed as dist
 
         if dist.is_initialized():
             return
         backend = backend or ("nccl" if self.context.device_type == "cuda" else "gloo")
+        if backend == "gloo" and _is_loopback(self.context.master_addr):
+            # A one-machine run keeps gloo's pair sockets on loopback too.
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         dist.init_process_group(
             backend=backend,
-            init_method="env://",
+            store=_distributed_store(self.context, self.rank, self.world_size, timeout_s),
             rank=self.rank,
             world_size=self.world_size,
             timeout=timedelta(seconds=timeout_s),
@@ -181,6 +189,27 @@ class Worker:
     def broadcast(self, obj: Any, dst_group: str, dst_ranks: Any = None, **kwargs: Any) -> Any:
         """Send ``obj`` to several ranks of a group."""
         return self.comm.broadcast(obj, dst_group, dst_ranks, **kwargs)
+
+
+def _is_loopback(addr: str) -> bool:
+    return addr in ("localhost", "::1") or addr.startswith("127.")
+
+
+def _distributed_store(ctx: WorkerContext, rank: int, world_size: int, timeout_s: float) -> Any:
+    """torch's TCP store at ``ctx.master_addr:ctx.master_port``; rank 0 serves it on that address."""
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=timeout_s)
+    if rank != 0:
+        return dist.TCPStore(ctx.master_addr, ctx.master_port, world_size, False, timeout=timeout)
+    family = socket.AF_INET6 if ":" in ctx.master_addr else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((ctx.master_addr, ctx.master_port))
+    sock.listen(max(128, world_size))
+    # The store takes the descriptor over (and closes it when it is destroyed).
+    return dist.TCPStore(ctx.master_addr, ctx.master_port, world_size, True, timeout=timeout,
+                         master_listen_fd=sock.detach())
 
 
 def apply_thread_limits(num_threads: int) -> None:
