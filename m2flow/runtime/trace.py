@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from m2flow.runtime.trace_merge import (  # noqa: F401 - re-exported: the trace API lives here
+from m2flow.runtime.trace_merge import (
     TRACE_FILE,
     TRACE_SUBDIR,
     iter_spans,
@@ -38,6 +38,12 @@ from m2flow.runtime.trace_merge import (  # noqa: F401 - re-exported: the trace 
     prepare_trace_dir,
     process_row_name,
 )
+
+__all__ = [
+    "CATEGORIES", "STEP_CATEGORY", "TRACE_FILE", "TRACE_SUBDIR", "WAIT_CATEGORIES", "ProcessInfo", "Tracer",
+    "category_of", "configure_tracer", "get_tracer", "iter_spans", "load_trace", "merge_traces",
+    "prepare_trace_dir", "set_tracer", "trace_category", "traced",
+]
 
 log = logging.getLogger(__name__)
 

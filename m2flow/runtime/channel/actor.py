@@ -9,6 +9,7 @@ import uuid
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from m2flow.runtime.channel.connection import ChannelAddress
 from m2flow.runtime.channel.host import ChannelHost
 from m2flow.runtime.comm.auth import adopt, secret_hex
 from m2flow.runtime.trace import ProcessInfo, Tracer, configure_tracer, get_tracer
@@ -48,8 +49,6 @@ def start_host_actor(name: str, maxsize: int):
     When this process traces to a directory, the host traces there too: its depth becomes the
     ``channel/<name>`` counter track of the run's merged trace.
     """
-    from m2flow.runtime.channel.client import ChannelAddress
-
     ctx = ray.get_runtime_context()
     node_id = ctx.get_node_id()
     ip = ray.util.get_node_ip_address()
@@ -69,3 +68,12 @@ def start_host_actor(name: str, maxsize: int):
     _ACTORS[actor_name] = actor  # the handle keeps the host alive as long as this process
     node, unix, tcp = ray.get(actor.addresses.remote())
     return ChannelAddress(name, node, unix, tcp, maxsize, actor_name=actor_name)
+
+
+def stop_host_actor(actor_name: str) -> None:
+    """Kill a host actor started by ``start_host_actor`` (anywhere in the cluster); queued items are dropped."""
+    _ACTORS.pop(actor_name, None)
+    try:
+        ray.kill(ray.get_actor(actor_name))
+    except ValueError:  # already gone
+        pass

@@ -300,15 +300,9 @@ def _start_host(name: str, maxsize: int, local: bool) -> ChannelAddress:
 
 def destroy_host(address: ChannelAddress) -> None:
     if address.actor_name is not None:
-        import ray
+        from m2flow.runtime.channel.actor import stop_host_actor
 
-        from m2flow.runtime.channel.actor import _ACTORS
-
-        _ACTORS.pop(address.actor_name, None)
-        try:
-            ray.kill(ray.get_actor(address.actor_name))
-        except ValueError:
-            pass
+        stop_host_actor(address.actor_name)
         return
     host = _LOCAL_HOSTS.pop(address.name, None)
     if host is not None:
