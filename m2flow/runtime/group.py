@@ -111,6 +111,11 @@ def _actor_name(group: str, rank: int) -> str:
     return f"{group}:{rank}"
 
 
+def _task_name(group: str, rank: int, method: str) -> str:
+    """What ``ps`` shows for a rank while it runs ``method``: ``ray::group[rank].method``."""
+    return f"{group}[{rank}].{method}"
+
+
 class WorkerGroup:
     """N ranks of one worker class; calling a method runs it on all (or chosen) ranks."""
 
@@ -156,8 +161,9 @@ class WorkerGroup:
         master_port = ray.get(self._hosts[0].free_port.remote())
         master_addr = cluster.nodes[contexts[0].node_rank].ip
         refs = [
-            h.construct.remote(master_addr, master_port, worker_cls, tuple(args), dict(kwargs or {}))
-            for h in self._hosts
+            h.construct.options(name=_task_name(name, r, "__init__")).remote(
+                master_addr, master_port, worker_cls, tuple(args), dict(kwargs or {}))
+            for r, h in enumerate(self._hosts)
         ]
         try:
             GroupHandle(refs, range(len(refs)), self._describe, "__init__").wait()
@@ -274,7 +280,7 @@ class WorkerGroup:
                 **kwargs: Any) -> GroupHandle:
         """Call ``method(*args, **kwargs)`` on all ranks (or ``ranks``); returns a handle at once."""
         chosen = self._check_ranks(ranks)
-        refs = [self._hosts[r].call.remote(method, args, kwargs) for r in chosen]
+        refs = [self._call(r, method).remote(method, args, kwargs) for r in chosen]
         return GroupHandle(refs, chosen, self._describe, method)
 
     def execute_each(self, method: str, per_rank_args: Sequence[Sequence[Any]],
@@ -285,9 +291,13 @@ class WorkerGroup:
             raise ValueError(
                 f"{len(per_rank_args)} argument tuples for {len(chosen)} rank(s) of {self.name!r}"
             )
-        refs = [self._hosts[r].call.remote(method, tuple(a), {})
+        refs = [self._call(r, method).remote(method, tuple(a), {})
                 for r, a in zip(chosen, per_rank_args)]
         return GroupHandle(refs, chosen, self._describe, method)
+
+    def _call(self, rank: int, method: str) -> Any:
+        # Named per call: Ray titles the process after the task, so ``ps`` shows the group and rank.
+        return self._hosts[rank].call.options(name=_task_name(self.name, rank, method))
 
     def __getattr__(self, method: str) -> Any:
         if method.startswith("_"):

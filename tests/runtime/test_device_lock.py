@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import stat
 import time
 import uuid
 
 import pytest
 
-from m2flow.runtime import DeviceLock, WorkerGroup, device_turn
+from m2flow.runtime import Cluster, DeviceLock, WorkerGroup, device_turn
+from m2flow.runtime.device_lock import lock_dir, remove_lock_dir
 from m2flow.runtime.worker import Worker
 
 
@@ -139,3 +141,21 @@ def test_lock_misuse():
         DeviceLock("x", [])
     with pytest.raises(RuntimeError, match="not held"):
         DeviceLock(uuid.uuid4().hex, [0]).release()
+
+
+def test_a_runs_lock_directory_is_private_and_removed_at_shutdown(cluster):
+    run = Cluster(cluster.config)  # attaches to the running Ray: its own cluster id, its own locks
+    group = WorkerGroup(Stateful, run, "lock_cleanup", num_ranks=1)
+    try:
+        group.work(1, 0.0).wait(timeout=60)
+        directory = lock_dir(run.cluster_id)
+        assert directory.is_dir()
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+        assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in directory.iterdir())
+        held = DeviceLock(run.cluster_id, [0])
+        with held:  # a worker still holding a lock keeps the directory
+            assert not remove_lock_dir(run.cluster_id) and directory.is_dir()
+    finally:
+        group.shutdown()
+    run.shutdown()
+    assert not directory.exists()
