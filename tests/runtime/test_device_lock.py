@@ -15,6 +15,14 @@ from m2flow.runtime.device_lock import lock_dir, remove_lock_dir
 from m2flow.runtime.worker import Worker
 
 
+@pytest.fixture
+def lock_id():
+    """A fresh cluster id for locks taken outside a Cluster; its directory goes afterwards."""
+    cid = uuid.uuid4().hex
+    yield cid
+    remove_lock_dir(cid)
+
+
 class Stateful(Worker):
     """Holds 'device state' and records every turn and every offload/onload."""
 
@@ -76,8 +84,8 @@ def _hold(cluster_id: str, devices: list[int], hold_s: float, out: mp.Queue) -> 
         out.put((start, time.time()))
 
 
-def test_lock_excludes_processes_and_dies_with_its_holder():
-    cid = uuid.uuid4().hex
+def test_lock_excludes_processes_and_dies_with_its_holder(lock_id):
+    cid = lock_id
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=_hold, args=(cid, [0, 1], 0.3, q)) for _ in range(2)]
@@ -123,8 +131,8 @@ class _State:
         self.calls.append("onload")
 
 
-def test_device_turn_offloads_even_when_the_block_raises():
-    lock = DeviceLock(uuid.uuid4().hex, [0])
+def test_device_turn_offloads_even_when_the_block_raises(lock_id):
+    lock = DeviceLock(lock_id, [0])
     state = _State()
     with pytest.raises(RuntimeError, match="inside"):
         with device_turn(lock, state, offload_after=True):
@@ -136,11 +144,11 @@ def test_device_turn_offloads_even_when_the_block_raises():
     assert state.calls == ["onload", "offload", "onload"]
 
 
-def test_lock_misuse():
+def test_lock_misuse(lock_id):
     with pytest.raises(ValueError, match="at least one device"):
         DeviceLock("x", [])
     with pytest.raises(RuntimeError, match="not held"):
-        DeviceLock(uuid.uuid4().hex, [0]).release()
+        DeviceLock(lock_id, [0]).release()
 
 
 def test_a_runs_lock_directory_is_private_and_removed_at_shutdown(cluster):
