@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
+from m2flow.runtime.comm.store import tcp_store
 from m2flow.runtime.device_lock import DeviceLock, device_turn
 from m2flow.runtime.trace import Tracer, get_tracer
 
@@ -133,7 +133,8 @@ class Worker:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         dist.init_process_group(
             backend=backend,
-            store=_distributed_store(self.context, self.rank, self.world_size, timeout_s),
+            store=tcp_store(self.context.master_addr, self.context.master_port, self.world_size,
+                            serve=self.rank == 0, timeout_s=timeout_s),
             rank=self.rank,
             world_size=self.world_size,
             timeout=timedelta(seconds=timeout_s),
@@ -193,23 +194,6 @@ class Worker:
 
 def _is_loopback(addr: str) -> bool:
     return addr in ("localhost", "::1") or addr.startswith("127.")
-
-
-def _distributed_store(ctx: WorkerContext, rank: int, world_size: int, timeout_s: float) -> Any:
-    """torch's TCP store at ``ctx.master_addr:ctx.master_port``; rank 0 serves it on that address."""
-    import torch.distributed as dist
-
-    timeout = timedelta(seconds=timeout_s)
-    if rank != 0:
-        return dist.TCPStore(ctx.master_addr, ctx.master_port, world_size, False, timeout=timeout)
-    family = socket.AF_INET6 if ":" in ctx.master_addr else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((ctx.master_addr, ctx.master_port))
-    sock.listen(max(128, world_size))
-    # The store takes the descriptor over (and closes it when it is destroyed).
-    return dist.TCPStore(ctx.master_addr, ctx.master_port, world_size, True, timeout=timeout,
-                         master_listen_fd=sock.detach())
 
 
 def apply_thread_limits(num_threads: int) -> None:
