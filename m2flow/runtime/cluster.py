@@ -16,7 +16,7 @@ from typing import Any
 
 import ray
 
-from m2flow.runtime.comm.auth import run_secret
+from m2flow.runtime.auth import run_secret
 from m2flow.runtime.device_lock import remove_lock_dir
 from m2flow.runtime.placement import SYNTAX_LAYOUT_DEVICES, NodeLayout, PlacementError, PlacementPlan, parse_placement
 

@@ -19,7 +19,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from m2flow.runtime.cluster import Cluster
-from m2flow.runtime.comm.auth import adopt, secret_hex
+from m2flow.runtime.auth import adopt, secret_hex
 from m2flow.runtime.errors import WorkerError
 from m2flow.runtime.handle import CallFailure, GroupHandle
 from m2flow.runtime.logs import setup_logging

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
-from m2flow.runtime.comm.store import tcp_store
+from m2flow.runtime.dist_store import tcp_store
 from m2flow.runtime.device_lock import DeviceLock, device_turn
 from m2flow.runtime.trace import Tracer, get_tracer
 

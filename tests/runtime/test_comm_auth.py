@@ -14,7 +14,7 @@ import pytest
 
 from m2flow.runtime.channel import Channel
 from m2flow.runtime.comm import Communicator, MemoryRendezvous
-from m2flow.runtime.comm.auth import MAGIC, AuthError, run_secret
+from m2flow.runtime.auth import MAGIC, AuthError, run_secret
 from m2flow.runtime.comm.wire import Listener, connect
 
 

@@ -11,7 +11,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from m2flow.runtime.channel.connection import ChannelAddress
 from m2flow.runtime.channel.host import ChannelHost
-from m2flow.runtime.comm.auth import adopt, secret_hex
+from m2flow.runtime.auth import adopt, secret_hex
 from m2flow.runtime.trace import ProcessInfo, Tracer, configure_tracer, get_tracer
 
 _ACTORS: dict[str, object] = {}

@@ -22,7 +22,7 @@ import torch
 
 from m2flow.runtime.comm.rendezvous import PeerRecord
 from m2flow.runtime.comm.serialization import Encoded, _dtype_name, _rebuild_gpu
-from m2flow.runtime.comm.store import tcp_store
+from m2flow.runtime.dist_store import tcp_store
 
 log = logging.getLogger(__name__)
 _STORAGE_DEVICE_ARG = 6  # position of ``storage_device`` in torch's rebuild_cuda_tensor arguments

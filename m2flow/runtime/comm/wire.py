@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from m2flow.runtime.comm.auth import AuthError, client_handshake, server_handshake
+from m2flow.runtime.auth import AuthError, client_handshake, server_handshake
 
 log = logging.getLogger(__name__)
 
