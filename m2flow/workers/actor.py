@@ -43,6 +43,7 @@ from m2flow.workers.config import ActorConfig, AlgorithmConfig, RolloutConfig, t
 from m2flow.workers.generation import GeneratesGroups
 from m2flow.workers.messages import GroupSample, join_groups
 from m2flow.workers.objective import StepTotals, critic_objective, policy_objective
+from m2flow.workers.state_file import load_state, save_state
 from m2flow.workers.stats import WEIGHT_KEY
 from m2flow.workers.streams import GroupStream
 from m2flow.workers.trainable import TrainedModel
@@ -296,18 +297,18 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
             if "critic" in states:
                 weights, saved["critic"] = states["critic"]
                 _save_value_model(self.critic.module, weights, root / CRITIC_DIR)  # type: ignore[union-attr]
-            torch.save(saved, root / TRAINING_STATE)
+            save_state(saved, root / TRAINING_STATE)
         barrier()
-        torch.save(_rng_state(), root / f"rng_actor{self.rank}.pt")
+        save_state(_rng_state(), root / f"rng_actor{self.rank}.pt")
 
     def _load_training_state(self, root: Path) -> None:
-        saved = torch.load(root / TRAINING_STATE, weights_only=False)
+        saved = load_state(root / TRAINING_STATE)
         self.policy.load_training_state(saved["policy"])
         if self.critic is not None:
             self.critic.load_training_state(saved["critic"])
         rng = root / f"rng_actor{self.rank}.pt"
         if rng.is_file():
-            _set_rng_state(torch.load(rng, weights_only=False))
+            _set_rng_state(load_state(rng))
 
 
 def _save_value_model(model: Any, weights: dict[str, torch.Tensor], path: Path) -> None:

@@ -87,21 +87,30 @@ def evaluate_actions(policy: ActorCritic, obs: Tensor, actions: Tensor) -> tuple
 
 
 def whiten_minibatches(advantages: Tensor, bounds: list[tuple[int, int]], eps: float = 1e-8) -> Tensor:
-    """(B,) permuted advantages whitened within each [start, end) minibatch (unbiased std, as torch)."""
+    """(B,) permuted advantages whitened within each [start, end) minibatch: (a - mean) / sqrt(var + eps).
+
+    Unbiased variance, as torch; ``eps`` inside the square root and exact zeros for a minibatch of
+    equal advantages (whose float mean may sit one rounding step off them), as ``masked_whiten``.
+    """
     if not bounds:
         return advantages
     size = bounds[0][1] - bounds[0][0]
     full = len(bounds) if bounds[-1][1] - bounds[-1][0] == size else len(bounds) - 1
     out = torch.empty_like(advantages)
     if full:
-        block = advantages[: full * size].view(full, size)
-        std = block.std(dim=1, keepdim=True) if size > 1 else torch.zeros_like(block[:, :1])
-        out[: full * size] = ((block - block.mean(dim=1, keepdim=True)) / (std + eps)).view(-1)
+        block = advantages[: full * size].view(full, size)  # [M, size]
+        out[: full * size] = _whiten_rows(block, eps).view(-1)
     for start, end in bounds[full:]:
-        part = advantages[start:end]
-        std = part.std() if end - start > 1 else torch.zeros((), dtype=part.dtype)
-        out[start:end] = (part - part.mean()) / (std + eps)
+        out[start:end] = _whiten_rows(advantages[start:end].view(1, -1), eps).view(-1)
     return out
+
+
+def _whiten_rows(block: Tensor, eps: float) -> Tensor:
+    """[M, n] rows whitened each on its own; a constant row (a single sample included) gives zeros."""
+    var = block.var(dim=1, keepdim=True) if block.shape[1] > 1 else torch.zeros_like(block[:, :1])
+    out = (block - block.mean(dim=1, keepdim=True)) * torch.rsqrt(var + eps)
+    constant = block.amax(dim=1, keepdim=True) == block.amin(dim=1, keepdim=True)
+    return torch.where(constant, torch.zeros_like(out), out)
 
 
 class PPOUpdater:

@@ -279,3 +279,14 @@ def test_update_on_cuda_survives_offload_and_onload():
     assert policy.head.log_std.device.type == "cuda"
     metrics = updater.update(cuda_batch)
     assert metrics["actor/updates"] == 6
+
+
+def test_a_minibatch_of_equal_advantages_whitens_to_exact_zeros():
+    spread = torch.arange(1.0, 8.0)
+    adv = torch.cat([torch.full((7,), 0.1), spread, torch.full((6,), 0.3)])
+    # float32 rounding puts the mean a step off the values; (a - mean) / (std + eps) gave -0.41.
+    assert adv[:7].mean() != adv[0]
+    assert ((adv[:7] - adv[:7].mean()) / (adv[:7].std() + 1e-8)).abs().min() > 0.4
+    out = whiten_minibatches(adv, [(0, 7), (7, 14), (14, 20)])
+    assert torch.equal(out[:7], torch.zeros(7)) and torch.equal(out[14:], torch.zeros(6))
+    torch.testing.assert_close(out[7:14], (spread - 4.0) / spread.std())
