@@ -10,10 +10,10 @@ import name` is an edge to the module `package.name` when there is one, else to 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "m2flow"
@@ -104,13 +104,8 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
-def _in_runtime(component: list[str]) -> bool:
-    return all(m.startswith(f"{PACKAGE}.runtime.") or m == f"{PACKAGE}.runtime" for m in component)
-
-
 GRAPH = import_graph()
 CYCLES = cycles(GRAPH)
-RUNTIME_CYCLES = [c for c in CYCLES if _in_runtime(c)]
 
 
 def test_the_cycle_finder_finds_circles_and_only_them():
@@ -124,16 +119,26 @@ def test_the_graph_sees_lazy_imports():
     assert "m2flow.models.functional_layers" in GRAPH["m2flow.models.functional_decode"]
 
 
-def test_no_import_cycles_outside_the_runtime():
-    others = [c for c in CYCLES if not _in_runtime(c)]
-    assert others == [], "import cycles:\n" + "\n".join(" <-> ".join(c) for c in others)
+def test_no_import_cycles():
+    assert CYCLES == [], "import cycles:\n" + "\n".join(" <-> ".join(c) for c in CYCLES)
 
 
-@pytest.mark.xfail(bool(RUNTIME_CYCLES), strict=False,
-                   reason="cycles in m2flow/runtime/ still being removed: "
-                          + "; ".join(" <-> ".join(c) for c in RUNTIME_CYCLES))
-def test_no_import_cycles_in_the_runtime():
-    assert RUNTIME_CYCLES == [], "import cycles:\n" + "\n".join(" <-> ".join(c) for c in RUNTIME_CYCLES)
+def test_the_runtime_imports_nothing_above_it():
+    above = sorted((m, t) for m, deps in GRAPH.items() if m.startswith(f"{PACKAGE}.runtime")
+                   for t in deps if t.startswith(f"{PACKAGE}.") and not t.startswith(f"{PACKAGE}.runtime"))
+    assert above == []
+
+
+def test_the_planner_imports_nothing_above_the_runtime_and_no_ray():
+    planner = {m: deps for m, deps in GRAPH.items() if m.startswith(f"{PACKAGE}.planner")}
+    bad = sorted((m, t) for m, deps in planner.items() for t in deps
+                 if t.startswith(f"{PACKAGE}.") and not t.startswith((f"{PACKAGE}.planner", f"{PACKAGE}.runtime")))
+    assert bad == []
+    code = ("import sys, pkgutil, importlib, m2flow.planner as p\n"
+            "[importlib.import_module(m.name) for m in pkgutil.walk_packages(p.__path__, 'm2flow.planner.')]\n"
+            "print(sorted(m for m in ('ray', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
 def test_config_imports_no_workflow():
