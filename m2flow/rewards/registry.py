@@ -7,7 +7,8 @@ and returns batches and raises a ``RewardFunctionError`` naming the function whe
 imported or returns something that is not one finite float per sample.
 
 Built-ins: ``math`` (answer verification under a time limit), ``format`` (the response states a
-final answer explicitly), ``exact_match`` (normalised final answer equals the reference string).
+final answer explicitly), ``exact_match`` (normalised final answer equals the reference string),
+``exact_answer`` (the whole response is the reference, as for the arithmetic task).
 """
 
 from __future__ import annotations
@@ -196,3 +197,13 @@ def exact_match_reward(response: str, reference: str) -> float:
     if pred is None:
         return 0.0
     return 1.0 if normalize_answer(pred) == normalize_answer(reference_answer(reference)) else 0.0
+
+
+@register_reward("exact_answer")
+def exact_answer_reward(response: str, reference: str) -> float:
+    """1.0 when the whole response, stripped of surrounding whitespace, is the reference, else 0.0.
+
+    Nothing is extracted or normalised: for tasks whose answer is the entire response (arithmetic,
+    '07+15=' -> '22'), so a right answer followed by anything but the end of sequence earns nothing.
+    """
+    return 1.0 if response.strip() == reference.strip() else 0.0
