@@ -185,8 +185,10 @@ class ReasoningFlow:
             self.weight_targets.append((self.names["inference"], list(range(ranks["inference"]))))
         notes = (["rollout generating in the actor processes"] if self.rollout_fused else []) + \
             (["reward scored in the rollout processes"] if self.reward_fused else [])
-        log.info("launched %s: %s%s", self.mode, ", ".join(f"{c} x{ranks[c]}" for c in groups),
-                 f" ({'; '.join(notes)})" if notes else "")
+        self.launched = (f"launched {self.mode}: {', '.join(f'{c} x{ranks[c]}' for c in groups)}"
+                         + (f" ({'; '.join(notes)})" if notes else ""))
+        """What runs where, in one line: the placement mode, each worker group and its ranks, the fusions."""
+        log.info("%s", self.launched)
 
     # -- the named steps of the loop ---------------------------------------------------------
     def sync_weights(self) -> list[GroupHandle]:
@@ -321,12 +323,15 @@ class ReasoningRun:
     def __enter__(self) -> ReasoningRun:
         from m2flow.models.tokenizer import load_tokenizer
         from m2flow.workflows.reasoning_data import load_datasets, prepare_model
+        from m2flow.workflows.warm_start import warm_start_model
         from m2flow.runtime.logs import setup_logging
 
         cfg = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
         setup_logging(log_file=self.run_dir / "driver.log", console=False)
         model_path = prepare_model(cfg.model, cfg.data)
+        if cfg.model.warm_start.steps:  # once, here, before any worker loads the model
+            model_path = warm_start_model(cfg, model_path)
         train_set, test_set = load_datasets(cfg.data, load_tokenizer(model_path))
         self.loader: PromptDataLoader = PromptDataLoader(train_set, cfg.data.prompts_per_step, seed=cfg.seed,
                                                          shuffle=cfg.data.shuffle)

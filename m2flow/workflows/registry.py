@@ -94,9 +94,10 @@ def get_workflow(name: Any) -> WorkflowSpec:
 
 def _workflow_name(path: str | Path | None, overrides: Sequence[str]) -> Any:
     for text in reversed(overrides):  # the last override wins, as when merging
-        key, value = parse_override(text)
-        if key == WORKFLOW_KEY:
-            return value
+        # Only this key is parsed here: others are typed once the schema is known (a placement's
+        # "rollout: 0, actor: 1" is text, not YAML).
+        if text.partition("=")[0].strip() == WORKFLOW_KEY:
+            return parse_override(text)[1]
     # Only the one key is read here; the whole file is composed once the schema is known.
     data = read_yaml(path) if path is not None else {}
     if not isinstance(data, dict) or WORKFLOW_KEY not in data:
