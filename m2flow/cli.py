@@ -116,7 +116,7 @@ def _configure_demo(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "overrides", nargs="*", metavar="KEY=VALUE",
         help="overrides of the demo's reasoning config (m2flow/workflows/reasoning_demo.yaml), e.g. seed=1 "
-             "steps=30 placement=\"rollout: 0, actor: 1\"; `m2flow config docs reasoning` lists every key",
+             "steps=30 placement=\"rollout,reward: 0, inference,actor: 1\"; `m2flow config docs reasoning` lists every key",
     )
 
 

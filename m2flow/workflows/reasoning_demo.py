@@ -17,8 +17,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from m2flow.workflows.reasoning_config import ReasoningConfig
+
+if TYPE_CHECKING:  # the workflow (and torch, ray) load only when the demo runs
+    from m2flow.workflows.reasoning import ReasoningFlow
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +107,9 @@ def describe_task(cfg: ReasoningConfig) -> str:
     return line
 
 
-def print_plan(flow: object, say: Say) -> None:
+def print_plan(flow: ReasoningFlow, say: Say) -> None:
     """Show the plan the workflow launched: the one place the demo prints it."""
-    say(f"plan: {getattr(flow, 'launched')}")
+    say(f"plan: {flow.launched}")
 
 
 def run_demo(overrides: Sequence[str] = (), say: Say = lambda text: None) -> DemoOutcome:
