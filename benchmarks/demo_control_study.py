@@ -50,6 +50,13 @@ def _accuracies(run_dir: Path) -> list[tuple[int, float]]:
     return eval_points(history)
 
 
+def cfg_reward(overrides: list[str]) -> str:
+    """The demo's training reward (under ``overrides``): the random arm's held-out evaluation uses it."""
+    from m2flow.workflows.reasoning_demo import load_demo_config
+
+    return load_demo_config(overrides).reward.fn
+
+
 def run_seed(seed: int, out: Path, arms: tuple[str, ...], extra: list[str], demo_runs: Path | None = None) -> dict[str, Any]:
     """Every arm of one seed; held-out accuracies and wall times.
 
@@ -76,7 +83,9 @@ def run_seed(seed: int, out: Path, arms: tuple[str, ...], extra: list[str], demo
             shutil.rmtree(run_dir, ignore_errors=True)
             run_dir.mkdir(parents=True)
             shutil.copytree(grpo_dir / "warm_start", run_dir / "warm_start")
-            overrides += [f"model.path={grpo_dir / 'base_model'}", f"reward.fn={REWARD_PATH}"]
+            # The held-out evaluation keeps the exact-answer reward: only training sees the coin.
+            overrides += [f"model.path={grpo_dir / 'base_model'}", f"reward.fn={REWARD_PATH}",
+                          f"eval_reward={cfg_reward(base)}"]
         elif arm != "grpo":
             raise ValueError(f"unknown arm {arm!r}; valid: {list(ARMS)}")
         if arm == "grpo" and demo_runs is not None:
@@ -124,7 +133,10 @@ def main() -> None:
     for seed in (int(s) for s in args.seeds.split(",")):
         result = run_seed(seed, out, tuple(args.arms.split(",")), list(args.overrides),
                           Path(args.demo_runs) if args.demo_runs else None)
-        (out / f"seed_{seed}.json").write_text(json.dumps(result, indent=1))
+        path = out / f"seed_{seed}.json"
+        if path.is_file():  # arms run earlier (another --arms) stay; those run now replace theirs
+            result = {**json.loads(path.read_text()), **result}
+        path.write_text(json.dumps(result, indent=1))
         results.append(result)
     print(table(results))
 

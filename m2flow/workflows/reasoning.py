@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -260,7 +260,8 @@ class ReasoningFlow:
                 lengths.append(length)
                 answers.append(it.answer)
         if not hasattr(self, "_reward_fn"):
-            self._reward_fn = build_reward_fn(self.cfg.reward)
+            scoring = self.cfg.reward if self.cfg.eval_reward is None else replace(self.cfg.reward, fn=self.cfg.eval_reward)
+            self._reward_fn = build_reward_fn(scoring)
         metrics = score_responses(texts, lengths, answers, self._reward_fn)
         metrics["time/eval"] = time.perf_counter() - start
         return metrics

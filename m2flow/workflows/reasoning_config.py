@@ -141,6 +141,8 @@ class ReasoningConfig:
     resume: str | None = option(None, "'auto' (latest checkpoint in run_dir, if any) or a checkpoint directory")
     eval_every: int = option(0, "held-out accuracy every this-many iterations and at the end (0: never)")
     eval_size: int | None = option(None, "held-out prompts evaluated (None: all)")
+    eval_reward: str | None = option(
+        None, "reward that scores the held-out evaluation, when it must differ from the training one (None: reward.fn)")
     metrics: MetricsConfig = option(MetricsConfig(), "metric sinks")
     trace: bool = option(False, "record a timeline of every worker to run_dir/trace.json")
 

@@ -19,7 +19,7 @@ TINY = [
     "model.warm_start.lr=0.003", "model.warm_start.threads=1", "actor.num_threads=1",
     "data.arithmetic.train_size=64", "data.arithmetic.test_size=16", "data.prompts_per_step=8",
     "reward.fn=tests.workflows.toy_reward:target_fraction", "actor.optim.lr=0.02", "actor.optim.warmup_steps=0",
-    "metrics.sinks=[jsonl]",
+    "eval_reward=exact_answer", "metrics.sinks=[jsonl]",
 ]
 
 
@@ -55,6 +55,8 @@ def test_a_tiny_demo_warm_starts_learns_and_tells_it(tmp_path, capsys):
     assert len(rewards) == 6 and sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.05, rewards
     evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
     assert len(evals) == 3  # before iteration 0 (the warm start), before iteration 3, after the last
+    # Held-out answers are scored by eval_reward (0 or 1), not by the fractional training reward.
+    assert all(r["eval/reward_mean"] == r["eval/accuracy"] for r in rows if "eval/accuracy" in r), rows
     assert out[-1].startswith(f"warm start {evals[0]:.1%} -> after GRPO {evals[-1]:.1%}"), out[-1]
     import matplotlib.image
 
