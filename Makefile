@@ -16,9 +16,9 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
-## run: create .venv, install, run the demo on CPU: a tiny transformer learns arithmetic (warm start, then GRPO)
+## run: create .venv, install, run the demo on CPU: the reasoning workflow trains a tiny transformer on arithmetic (warm start, then GRPO)
 run: $(STAMP)
-	$(BIN)/m2flow demo threads=2
+	$(BIN)/m2flow demo
 
 ## test: create .venv, install, run the test suite (without the tests marked slow)
 test: $(STAMP)

@@ -46,10 +46,9 @@ TRL_VENV = HERE / ".venvs" / "trl"
 # (a CPU build of torch is what is served here).
 TRL_PACKAGES = ["torch==2.13.0", "transformers==5.24.0", "trl==1.13.0", "accelerate", "datasets", "requests"]
 
-# Which m2flow code drives the m2flow side:
-# - "local_reference": the single-process GRPO step of the arithmetic recipe
-#   (m2flow.workflows.recipes.arithmetic_demo.grpo_step), a stand-in labelled as such in the JSON;
-# - "runner": the reasoning runner (m2flow.workflows.reasoning), one side per named placement.
+# Which m2flow code drives the m2flow side: "runner", the reasoning runner (m2flow.workflows.reasoning),
+# one side per named placement. (An earlier single-process stand-in, "local_reference", went with the
+# arithmetic recipe it borrowed its GRPO step from; results labelled with it predate that.)
 M2FLOW_SIDE = "runner"
 
 
@@ -194,21 +193,15 @@ def run_side(side: Side, threads: int, timeout: float) -> dict:
 def m2flow_side(workload_path: str, threads: int, plan: str = "collocated", trace_dir: str | None = None,
                 ray_address: str | None = None) -> dict:
     """Run the m2flow side in this process and return its figures."""
-    if M2FLOW_SIDE == "local_reference":
-        return _local_reference_side(json.loads(Path(workload_path).read_text()), threads)
     if M2FLOW_SIDE == "runner":
         w = json.loads(Path(workload_path).read_text())
         return _runner_side(w, threads, plan, trace_dir, ray_address)
-    raise ValueError(f"unknown M2FLOW_SIDE {M2FLOW_SIDE!r}; valid: ['local_reference', 'runner']")
+    raise ValueError(f"unknown M2FLOW_SIDE {M2FLOW_SIDE!r}; valid: ['runner']")
 
 
 def parity_reward(response: str, reference: str) -> float:
     """The benchmark's reward on a completion's text: parity of its CRC32."""
     return float(zlib.crc32(response.encode()) & 1)
-
-
-def _parity(response, answer: str) -> float:  # noqa: ANN001 - a Response; imported lazily
-    return parity_reward(response.text or "", answer)
 
 
 def runner_config(w: dict, threads: int, plan: RunnerPlan, run_dir: str, trace: bool = False,
@@ -270,41 +263,6 @@ def _runner_side(w: dict, threads: int, plan_name: str, trace_dir: str | None, r
     }
 
 
-def _local_reference_side(w: dict, threads: int) -> dict:
-    import torch
-
-    from m2flow.backends.generation import HFGenerationBackend
-    from m2flow.models.causal_lm import load_model_and_tokenizer
-    from m2flow.workflows.recipes.arithmetic_demo import ArithmeticDemoRecipe, grpo_step
-
-    torch.set_num_threads(threads)
-    torch.manual_seed(w["seed"])
-    model, tok = load_model_and_tokenizer(w["model_dir"])
-    p, g = w["prompts_per_step"], w["group_size"]
-    recipe = ArithmeticDemoRecipe(
-        prompts_per_step=p, group_size=g, temperature=w["temperature"], max_new_tokens=w["max_new_tokens"],
-        lr=w["lr"], lr_warmup_steps=0, max_grad_norm=0.0, updates_per_batch=1, threads=threads,
-    )
-    backend = HFGenerationBackend(model, tok)
-    opt = torch.optim.AdamW(model.parameters(), lr=w["lr"], weight_decay=0.0)
-    prompts = w["prompts"]
-    times, tokens = [], 0
-    for step in range(w["warmup_steps"] + w["steps"]):
-        batch = [{"prompt": prompts[(step * p + i) % len(prompts)], "answer": ""} for i in range(p)]
-        stats = grpo_step(model, tok, backend, opt, batch, recipe, seed=w["seed"] * 1000 + step, reward_fn=_parity)
-        if step >= w["warmup_steps"]:
-            times.append(stats.seconds)
-            tokens += stats.tokens
-    total = sum(times)
-    completions = p * g * len(times)
-    return {
-        "side": "m2flow", "implementation": "local_reference (single-process recipe GRPO step, not the runner)",
-        "threads": threads, "steps": len(times), "seconds_per_step": total / len(times),
-        "completions_per_s": completions / total, "tokens_per_s": tokens / total,
-        "mean_completion_tokens": tokens / completions,
-    }
-
-
 # ----------------------------------------------------------------------------- driver
 
 
@@ -356,7 +314,7 @@ def main() -> None:
     ap.add_argument("--ray-address", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--trace-dir", default=None,
                     help="keep each runner run's directory here, with its trace (see `m2flow report`)")
-    ap.add_argument("--m2flow-impl", choices=["local_reference", "runner"], default=None,
+    ap.add_argument("--m2flow-impl", choices=["runner"], default=None,
                     help=f"override M2FLOW_SIDE (default {M2FLOW_SIDE})")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=1800, help="seconds allowed for one run")

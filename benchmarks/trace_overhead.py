@@ -132,7 +132,7 @@ def reasoning_step_time(trace: bool, steps: int, warmup: int, cluster: object, m
         cfg = load_config(ReasoningConfig, ROOT / "examples" / "reasoning" / "arithmetic_grpo.yaml", [
             'placement="rollout,reward,inference: 0, actor: 1"', "rollout.prompts_per_chunk=4",
             "actor.micro_batch_size=32", "data.prompts_per_step=16", "data.arithmetic.train_size=512",
-            f"model.path={model_dir}", "model.warm_start_steps=0", f"steps={steps}", "eval_every=0",
+            f"model.path={model_dir}", "model.warm_start.steps=0", f"steps={steps}", "eval_every=0",
             "checkpoint_every=0", f"trace={str(trace).lower()}", f"run_dir={d}", "metrics.sinks=[]"])
         history = train(cfg, cluster).history
         events = _events_per_step(d, len(history)) if trace else 0.0

@@ -115,21 +115,16 @@ def _run_version(args: argparse.Namespace) -> int:
 def _configure_demo(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "overrides", nargs="*", metavar="KEY=VALUE",
-        help="demo settings (fields of ArithmeticDemoConfig), e.g. seed=1 grpo_steps=50 threads=2 "
-             "run_dir=runs/demo_s1. The runtime demo, the workflow named 'demo', is "
-             "`m2flow train examples/demo.yaml`; `m2flow config docs demo` lists its fields",
+        help="overrides of the demo's reasoning config (m2flow/workflows/reasoning_demo.yaml), e.g. seed=1 "
+             "steps=30 placement=\"rollout,reward: 0, inference,actor: 1\"; `m2flow config docs reasoning` lists every key",
     )
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    try:
-        demo = importlib.import_module("m2flow.workflows.recipes.arithmetic_run")
-    except ModuleNotFoundError as error:
-        if not (error.name or "").startswith("m2flow.workflows"):
-            raise
-        print("error: the demo is not available in this installation", file=sys.stderr)
-        return 1
-    return int(demo.run_demo(list(args.overrides)) or 0)
+    from m2flow.workflows.reasoning_demo import run_demo
+
+    run_demo(list(args.overrides), say=say)
+    return 0
 
 
 def _configure_train(parser: argparse.ArgumentParser) -> None:

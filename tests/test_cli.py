@@ -145,11 +145,17 @@ def test_plugged_in_command_runs():
 
 
 def test_demo_passes_its_overrides(monkeypatch):
-    demo = pytest.importorskip("m2flow.workflows.recipes.arithmetic_run")
+    demo = pytest.importorskip("m2flow.workflows.reasoning_demo")
     got = []
-    monkeypatch.setattr(demo, "run_demo", lambda overrides: got.append(overrides) or 0)
+    monkeypatch.setattr(demo, "run_demo", lambda overrides, say: got.append(overrides) or 0)
     assert main(["demo", "a.b=1", "c=2"]) == 0
     assert got == [["a.b=1", "c=2"]]
+
+
+def test_demo_with_an_unknown_key_fails_naming_it_before_any_work(tmp_path, capsys):
+    assert main(["demo", "grpo_steps=5", f"run_dir={tmp_path / 'x'}"]) == 2
+    assert "grpo_steps" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
 
 
 def test_python_dash_m_help_without_heavy_imports():

@@ -123,6 +123,10 @@ class ArithmeticTask:
             out.append({"prompt": p["prompt"], "answer": answer})
         return out
 
+    def teacher_demonstrations(self, count: int, slip_rate: float, seed: int = 0) -> list[dict[str, str]]:
+        """`count` training problems drawn with replacement, answered by the imperfect teacher."""
+        return self.demonstrations(self.sample("train", count, seed=seed, unique=False), slip_rate, seed=seed)
+
     def split_of(self, a: int, op: str, b: int) -> Split:
         """Which split a problem belongs to, fixed by a hash of its prompt text."""
         bucket = zlib.crc32(self.prompt(a, op, b).encode()) % _HASH_BUCKETS

@@ -6,6 +6,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from transformers import PreTrainedModel
@@ -37,22 +39,31 @@ def sft_steps(
     seed: int = 0,
     weight_decay: float = 0.0,
     add_eos: bool = True,
+    warmup_steps: int = 0,
+    on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
     """Train `steps` AdamW steps on random batches of (prompt, answer); returns the loss of each step.
 
     The loss is the mean negative log-likelihood over answer tokens (plus end-of-sequence when
     `add_eos`), with prompts and answers tokenized separately exactly as generation sees them.
-    The model is left in eval mode.
+    The learning rate rises linearly from 0 over the first `warmup_steps` steps (Adam's first steps
+    are otherwise as large as later ones), then stays at `lr`. `on_step(step, loss)` follows each
+    step, counting from 1 (progress bars, metrics). The model is left in eval mode.
     """
     pairs = _pairs(examples)
     if not pairs:
         raise ValueError("sft_steps needs at least one example")
     eos = [tokenizer.eos_token_id] if add_eos else []
-    prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p, _ in pairs]
-    answers = [tokenizer(a, add_special_tokens=False)["input_ids"] + eos for _, a in pairs]
+    # Demonstrations repeat texts (a teacher's draws of a small task do, a lot): each text once.
+    ids: dict[str, list[int]] = {}
+    for text in {t for pair in pairs for t in pair}:
+        ids[text] = tokenizer(text, add_special_tokens=False)["input_ids"]
+    prompts = [ids[p] for p, _ in pairs]
+    answers = [ids[a] + eos for _, a in pairs]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     rng = np.random.default_rng(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: min(1.0, (k + 1) / max(1, warmup_steps)))
     model.train()
     losses: list[float] = []
     for step in range(steps):
@@ -66,7 +77,10 @@ def sft_steps(
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        sched.step()
         losses.append(float(loss.detach()))
+        if on_step is not None:
+            on_step(step + 1, losses[-1])
         if step % 50 == 0 or step == steps - 1:
             logger.info("sft step %d/%d loss %.4f", step + 1, steps, losses[-1])
     model.eval()

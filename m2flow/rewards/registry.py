@@ -6,8 +6,9 @@ with ``batched=True``). ``load_reward_fn`` turns either into a ``RewardFunction`
 and returns batches and raises a ``RewardFunctionError`` naming the function when it cannot be
 imported or returns something that is not one finite float per sample.
 
-Built-ins: ``math`` (answer verification with math-verify under a time limit) and ``format`` (the
-response states a final answer explicitly).
+Built-ins: ``math`` (answer verification with math-verify under a time limit), ``format`` (the
+response states a final answer explicitly) and ``exact_answer`` (the whole response is the
+reference, as for the arithmetic task).
 """
 
 from __future__ import annotations
@@ -193,3 +194,13 @@ def format_reward(response: str, reference: str) -> float:
     """1.0 when the response states its final answer explicitly (\\boxed, ####, "the answer is")."""
     del reference  # the format does not depend on the answer
     return 1.0 if _STATED_ANSWER.search(response) else 0.0
+
+
+@register_reward("exact_answer")
+def exact_answer_reward(response: str, reference: str) -> float:
+    """1.0 when the whole response, stripped of surrounding whitespace, is the reference, else 0.0.
+
+    Nothing is extracted or normalised: for tasks whose answer is the entire response (arithmetic,
+    '07+15=' -> '22'), so a right answer followed by anything but the end of sequence earns nothing.
+    """
+    return 1.0 if response.strip() == reference.strip() else 0.0

@@ -169,7 +169,12 @@ class ReasoningFlow:
         self.syncs_inference = self.inference is not None and self.inference.wants_weights(ranks=[0]).wait()[0]
         if self.syncs_inference:
             self.weight_targets.append((self.names["inference"], list(range(ranks["inference"]))))
-        log.info("launched %s: %s", self.mode, ", ".join(f"{c} x{ranks[c]}" for c in groups))
+        notes = (["rollout generating in the actor processes"] if self.rollout_fused else []) + \
+            (["reward scored in the rollout processes"] if self.reward_fused else [])
+        self.launched = (f"launched {self.mode}: {', '.join(f'{c} x{ranks[c]}' for c in groups)}"
+                         + (f" ({'; '.join(notes)})" if notes else ""))
+        """What runs where, in one line: the placement mode, each worker group and its ranks, the fusions."""
+        log.info("%s", self.launched)
 
     # -- the named steps of the loop ---------------------------------------------------------
     def sync_weights(self) -> list[GroupHandle]:
@@ -242,7 +247,8 @@ class ReasoningFlow:
                 lengths.append(length)
                 answers.append(it.answer)
         if not hasattr(self, "_reward_fn"):
-            self._reward_fn = build_reward_fn(self.cfg.reward)
+            scoring = self.cfg.reward if self.cfg.eval_reward is None else replace(self.cfg.reward, fn=self.cfg.eval_reward)
+            self._reward_fn = build_reward_fn(scoring)
         metrics = score_responses(texts, lengths, answers, self._reward_fn)
         metrics["time/eval"] = time.perf_counter() - start
         return metrics
@@ -295,11 +301,14 @@ class ReasoningRun:
     def __enter__(self) -> ReasoningRun:
         from m2flow.models.tokenizer import load_tokenizer
         from m2flow.workflows.reasoning_data import load_datasets, prepare_model
+        from m2flow.workflows.warm_start import warm_start_model
 
         cfg = self.cfg
         self.scaffold.__enter__()
         try:
             model_path = prepare_model(cfg.model, cfg.data)
+            if cfg.model.warm_start.steps:  # once, here, before any worker loads the model
+                model_path = warm_start_model(cfg, model_path)
             train_set, test_set = load_datasets(cfg.data, load_tokenizer(model_path))
             self.loader: PromptDataLoader = PromptDataLoader(train_set, cfg.data.prompts_per_step, seed=cfg.seed,
                                                              shuffle=cfg.data.shuffle)

@@ -40,15 +40,38 @@ class TinyModelSpec:
 
 
 @dataclass
+class WarmStartConfig:
+    """Supervised steps on demonstrations, once, before the workers start (the result goes to run_dir)."""
+
+    steps: int = option(0, "supervised steps (0: no warm start; the workers load model.path as it is)")
+    batch_size: int = option(64, "demonstrations per step")
+    lr: float = option(1e-3, "AdamW learning rate after the warm-up")
+    warmup_steps: int = option(0, "steps over which the learning rate rises linearly from 0")
+    source: Literal["answers", "teacher"] = option(
+        "answers", "demonstrations: the training split's reference answers (GSM8K: its worked solutions), or the "
+                   "data's imperfect teacher (arithmetic: forgets carries and borrows at data.arithmetic.teacher_slip_rate)")
+    threads: int = option(0, "torch threads of the warm start, which runs in the driver (0: torch's default)")
+
+    def validate(self) -> None:
+        for key in ("steps", "warmup_steps", "threads"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+
+
+@dataclass
 class ModelConfig:
     """The policy model."""
 
     path: str = option("runs/models/tiny-arithmetic", "local Hugging Face model directory (model + tokenizer)")
     create_tiny: bool = option(False, "build a tiny random model at path first when the directory does not exist")
     tiny: TinyModelSpec = option(TinyModelSpec(), "shape of the tiny model built by create_tiny")
-    warm_start_steps: int = option(0, "supervised steps on the training answers after building the tiny model")
-    warm_start_lr: float = option(1e-3, "learning rate of the supervised warm start")
-    warm_start_batch_size: int = option(64, "examples per supervised step")
+    warm_start: WarmStartConfig = option(
+        WarmStartConfig(), "supervised warm start of the model at path; saved in run_dir/warm_start, reused when "
+                           "its settings match (a resumed run, a rerun)")
 
 
 @dataclass
@@ -63,7 +86,8 @@ class ArithmeticDataConfig:
     reverse_answer: bool = option(False, "answers written least significant digit first ('12+9=' -> '12')")
     pad_operands: bool = option(False, "operands written with `digits` digits ('07+12=')")
     teacher_slip_rate: float = option(
-        0.0, "share of warm-start answers in which the teacher forgets every carry and borrow (+ and - only)")
+        0.0, "share of the teacher's demonstrations (model.warm_start.source: teacher) in which it forgets every "
+             "carry and borrow (+ and - only)")
 
     def validate(self) -> None:
         if not 0.0 <= self.teacher_slip_rate <= 1.0:
@@ -121,6 +145,8 @@ class ReasoningConfig:
     resume: str | None = option(None, "'auto' (latest checkpoint in run_dir, if any) or a checkpoint directory")
     eval_every: int = option(0, "held-out accuracy every this-many iterations and at the end (0: never)")
     eval_size: int | None = option(None, "held-out prompts evaluated (None: all)")
+    eval_reward: str | None = option(
+        None, "reward that scores the held-out evaluation, when it must differ from the training one (None: reward.fn)")
     metrics: MetricsConfig = option(MetricsConfig(), "metric sinks")
     trace: bool = option(False, "record a timeline of every worker to run_dir/trace.json")
     fault_tolerance: FaultToleranceConfig = option(FaultToleranceConfig(), "restarts after a worker dies or hangs")
@@ -144,6 +170,8 @@ class ReasoningConfig:
             plan = resolve_placement(self.placement, layout, COMPONENTS)
         except PlacementError as e:
             raise ValueError(f"placement: {e}") from None
+        if self.model.warm_start.source == "teacher" and self.data.kind != "arithmetic":
+            raise ValueError(f"model.warm_start.source: 'teacher' needs data.kind 'arithmetic', got {self.data.kind!r}")
         actor_ranks = plan["actor"].world_size
         if self.actor.strategy == "fsdp" and self.data.prompts_per_step < actor_ranks:
             raise ValueError(

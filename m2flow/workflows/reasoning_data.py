@@ -1,8 +1,9 @@
 """Datasets and the model of a reasoning run, made ready before any worker starts.
 
 ``prepare_model`` builds a tiny random model (and its tokenizer, trained on the run's own data) when
-``model.create_tiny`` is set and the directory does not exist yet, with an optional supervised warm
-start; ``load_datasets`` turns the data section into training and held-out ``PromptDataset``s.
+``model.create_tiny`` is set and the directory does not exist yet (the supervised warm start that may
+follow is ``m2flow.workflows.warm_start``); ``load_datasets`` turns the data section into training
+and held-out ``PromptDataset``s.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ log = logging.getLogger(__name__)
 Split = str  # "train" or "test"
 
 
-def _arithmetic(data: DataConfig) -> ArithmeticTask:
+def arithmetic_task(data: DataConfig) -> ArithmeticTask:
+    """The arithmetic task the data section describes (kind: arithmetic)."""
     a = data.arithmetic
     return ArithmeticTask(digits=a.digits, operators=tuple(a.operators), reverse_answer=a.reverse_answer,
                           pad_operands=a.pad_operands)
@@ -32,7 +34,7 @@ def raw_records(data: DataConfig, split: Split) -> list[Any] | None:
     """The records of one split (dicts or ``Record``s), or None when the data has no such split."""
     if data.kind == "arithmetic":
         size = data.arithmetic.train_size if split == "train" else data.arithmetic.test_size
-        return _arithmetic(data).sample(split, size, seed=data.arithmetic.seed)  # type: ignore[arg-type]
+        return arithmetic_task(data).sample(split, size, seed=data.arithmetic.seed)  # type: ignore[arg-type]
     if data.kind == "gsm8k":
         assert data.path is not None
         try:
@@ -99,8 +101,8 @@ def _data(record: Any) -> dict[str, Any]:
     return record.data if hasattr(record, "data") else record
 
 
-def _pairs(data: DataConfig, records: list[Any], tokenizer: Any) -> list[tuple[str, str]]:
-    """(formatted prompt, target text) for the warm start: GSM8K's worked solution, else the answer."""
+def warm_start_pairs(data: DataConfig, records: list[Any], tokenizer: Any) -> list[tuple[str, str]]:
+    """(formatted prompt, target text) for a warm start: GSM8K's worked solution, else the answer."""
     prompt_key, answer_key = _keys(data)
     out = []
     for rec in map(_data, records):
@@ -112,40 +114,29 @@ def _pairs(data: DataConfig, records: list[Any], tokenizer: Any) -> list[tuple[s
 
 
 def prepare_model(model: ModelConfig, data: DataConfig) -> Path:
-    """The model directory, built first (tiny model, tokenizer, warm start) when asked and missing."""
+    """The model directory, built first (tiny random model and its tokenizer) when asked and missing."""
     path = Path(model.path)
     if path.is_dir():
         return path
     if not model.create_tiny:
         raise InputError(f"model.path: {path} does not exist (set model.create_tiny to build a tiny model)")
     from m2flow.data import ARITHMETIC_ALPHABET
-    from m2flow.models.sft import sft_steps
     from m2flow.models.tiny import TinyModelConfig, build_tiny_model, save_checkpoint
     from m2flow.models.tokenizer import train_tokenizer
 
     records = raw_records(data, "train") or []
     if not records:
         raise InputError(f"data: {_source(data)} has no records to build the tiny model's tokenizer from")
-    pairs = _pairs(data, records, None)
-    texts = [ARITHMETIC_ALPHABET] if data.kind == "arithmetic" else [p + t for p, t in pairs]
+    if data.kind == "arithmetic":
+        texts = [ARITHMETIC_ALPHABET]
+    else:
+        texts = [p + t for p, t in warm_start_pairs(data, records, None)]
     spec = model.tiny
     tokenizer = train_tokenizer(texts, kind=spec.tokenizer, vocab_size=spec.vocab_size)
     lm = build_tiny_model(TinyModelConfig(
         arch=spec.arch, hidden_size=spec.hidden_size, num_layers=spec.num_layers, num_heads=spec.num_heads,
         num_kv_heads=spec.num_kv_heads, intermediate_size=spec.intermediate_size,
         max_position_embeddings=spec.max_position_embeddings, seed=spec.seed), tokenizer)
-    if model.warm_start_steps:
-        if data.kind == "arithmetic" and data.arithmetic.teacher_slip_rate:
-            # An imperfect teacher, whose mistakes RL with the exact-answer reward can correct. Each
-            # problem is demonstrated several times, each time slipping or not independently.
-            shown = model.warm_start_steps * model.warm_start_batch_size
-            repeats = min(20, -(-shown // max(1, len(records))))
-            records = _arithmetic(data).demonstrations(
-                list(records) * repeats, data.arithmetic.teacher_slip_rate, seed=spec.seed)
-        pairs = _pairs(data, records, tokenizer)  # formatted as training will see them
-        log.info("supervised warm start: %d steps on %d examples", model.warm_start_steps, len(pairs))
-        sft_steps(lm, tokenizer, pairs, steps=model.warm_start_steps, lr=model.warm_start_lr,
-                  batch_size=model.warm_start_batch_size, seed=spec.seed)
     # Written to a sibling first, then renamed: a crash mid-way never leaves a half model at path.
     tmp = path.with_name(path.name + ".partial")
     save_checkpoint(lm, tokenizer, tmp)

@@ -19,7 +19,7 @@ FNS = "tests.rewards.reward_fns"
 
 
 def test_builtins():
-    assert REWARD_FNS.names() == ["format", "math"]
+    assert REWARD_FNS.names() == ["exact_answer", "format", "math"]
     math_fn = load_reward_fn("math")
     scores = math_fn(["The answer is 18.", "#### 19", r"\boxed{2\sqrt{2}}"], ["#### 18", "#### 18", r"\sqrt{8}"])
     assert scores == [1.0, 0.0, 1.0]
@@ -30,6 +30,8 @@ def test_builtins():
     stated = [r"\boxed{3}", "#### 3", "The answer is 3", "Final answer: $3$"]
     unstated = ["maybe 3", r"\boxed{}", "####\n", "the answer is."]
     assert fmt(stated + unstated, [""] * 8) == [1.0] * 4 + [0.0] * 4
+    whole = load_reward_fn("exact_answer")  # the whole response, nothing extracted
+    assert whole(["22", " 22\n", "223", "2", "the answer is 22"], ["22"] * 5) == [1.0, 1.0, 0.0, 0.0, 0.0]
 
 
 def test_user_functions_by_path_and_callable():
@@ -51,7 +53,7 @@ def test_registering_and_unknown_names():
     assert load_reward_fn("test_constant_reward")(["a"], ["b"]) == [0.25]
     with pytest.raises(ValueError, match="already registered"):
         register_reward("test_constant_reward")(constant)
-    with pytest.raises(KeyError, match="unknown reward function 'maths'; valid names: format, math"):
+    with pytest.raises(KeyError, match="unknown reward function 'maths'; valid names: exact_answer, format, math"):
         load_reward_fn("maths")
 
 

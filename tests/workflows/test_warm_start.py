@@ -1,0 +1,80 @@
+"""The supervised warm start as a model-preparation step: learns, is saved in run_dir, is reused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from m2flow.config import from_dict
+from m2flow.config.errors import ConfigError
+from m2flow.workflows import warm_start
+from m2flow.workflows.reasoning_config import ReasoningConfig
+from m2flow.workflows.reasoning_data import prepare_model
+
+torch.set_num_threads(1)
+
+
+def _config(root: Path, **warm: object) -> ReasoningConfig:
+    return from_dict(ReasoningConfig, {
+        "run_dir": str(root / "run"),
+        "model": {"path": str(root / "base"), "create_tiny": True,
+                  "tiny": {"hidden_size": 32, "num_layers": 1, "intermediate_size": 64, "max_position_embeddings": 32},
+                  "warm_start": {"steps": 40, "batch_size": 32, "lr": 0.003, "warmup_steps": 5, "source": "teacher",
+                                 **warm}},
+        "data": {"arithmetic": {"digits": 1, "operators": ["+"], "train_size": 60, "test_size": 8,
+                                "reverse_answer": True, "pad_operands": True, "teacher_slip_rate": 0.5}},
+        "metrics": {"sinks": ["jsonl"]},
+    })
+
+
+def _losses(run_dir: Path) -> list[float]:
+    rows = [json.loads(line) for line in (run_dir / warm_start.METRICS_FILE).read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
+    return [r["warm_start/loss"] for r in rows]
+
+
+def test_warm_start_learns_and_saves_its_model_in_the_run_directory(tmp_path):
+    cfg = _config(tmp_path)
+    path = warm_start.warm_start_model(cfg, prepare_model(cfg.model, cfg.data))
+    assert path == tmp_path / "run" / warm_start.WARM_START_DIR
+    assert (path / "config.json").is_file() and (path / warm_start.SETTINGS_FILE).is_file()
+    losses = _losses(tmp_path / "run")
+    assert len(losses) == 40
+    assert sum(losses[-5:]) / 5 < 0.7 * sum(losses[:5]) / 5, losses  # it fits the demonstrations
+
+
+def test_a_warm_start_with_the_same_settings_is_reused_and_a_different_one_redone(tmp_path, monkeypatch):
+    cfg = _config(tmp_path, steps=3)
+    base = prepare_model(cfg.model, cfg.data)
+    first = warm_start.warm_start_model(cfg, base)
+    calls = []
+    import m2flow.models.sft as sft
+
+    real = sft.sft_steps
+    monkeypatch.setattr(sft, "sft_steps", lambda *a, **k: calls.append(k["steps"]) or real(*a, **k))
+    assert warm_start.warm_start_model(cfg, base) == first and calls == []  # a resumed run: no training
+    changed = _config(tmp_path, steps=4)
+    assert warm_start.warm_start_model(changed, base) == first and calls == [4]
+    assert len(_losses(tmp_path / "run")) == 4  # the metrics describe the warm start that is in place
+
+
+def test_teacher_demonstrations_slip_at_the_configured_rate(tmp_path):
+    cfg = _config(tmp_path, steps=50, batch_size=40)  # 2,000 demonstrations
+    from m2flow.workflows.reasoning_data import arithmetic_task
+
+    task = arithmetic_task(cfg.data)
+    pairs = warm_start.demonstrations(cfg, None)
+    assert len(pairs) == 2000
+    wrong = sum(answer != task.answer(*task.parse(prompt)) for prompt, answer in pairs)
+    carries = sum(task.slip(*task.parse(p)) != task.solve(*task.parse(p)) for p, _ in pairs)
+    # Only problems with a carry can come out wrong, and about half of those do.
+    assert 0.4 * carries < wrong < 0.6 * carries, (wrong, carries)
+
+
+def test_the_teacher_needs_the_arithmetic_data():
+    with pytest.raises(ConfigError, match="warm_start.source"):
+        from_dict(ReasoningConfig, {"model": {"warm_start": {"source": "teacher", "steps": 1}},
+                                    "data": {"kind": "file", "path": "x.jsonl"}})
