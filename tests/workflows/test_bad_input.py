@@ -29,7 +29,7 @@ def bad_files(tmp_path):
 def test_each_bad_input_is_one_error_line(bad_files, capsys, overrides, words):
     d = str(bad_files)
     args = [o.format(d=d) for o in overrides]
-    code = main(["train", EXAMPLE, *args, "placement=local", "steps=1", "model.warm_start_steps=0",
+    code = main(["train", EXAMPLE, *args, "placement=local", "steps=1", "model.warm_start.steps=0", "model.warm_start.source=answers",
                  f"model.path={d}/model", f"run_dir={d}/run", "metrics.sinks=[jsonl]"])
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 2

@@ -310,8 +310,12 @@ def test_make_executor_and_the_local_placement(tmp_path) -> None:
     finally:
         ex.shutdown()
     assert ray.is_initialized() == ray_was_up  # the local executor never starts Ray
-    with pytest.raises(PlacementError, match="needs the list of components"):
-        LocalExecutor().placement("local")
+    other = LocalExecutor()
+    try:
+        with pytest.raises(PlacementError, match="needs the list of components"):
+            other.placement("local")
+    finally:
+        other.shutdown()  # an open local executor keeps this process's channels in process
     assert make_executor.__module__ == "m2flow.runtime.executors"
     assert RayExecutor.kind == "ray"
 
