@@ -115,10 +115,7 @@ class Simulator:
                               p.takes_turns and in_group, node_threads))
             return len(tasks) - 1
 
-        scale = comps[w.items_per_rank_of].ranks if w.items_per_rank_of in comps else 1
-        items = setup.setting(w.items) * scale
-        micro = setup.setting(w.micro_items) * scale if w.micro_items else items
-        n_micro = max(1, math.ceil(items / micro - 1e-9))
+        items, micro, n_micro = self.sizes(setup)
         chain = [c for c in w.chain if c in comps]
         last_of: dict[str, int] = {}
         for it in range(iterations):
@@ -132,11 +129,9 @@ class Simulator:
                     tid = add(dst, seconds, deps, it, f"sync {src}->{dst}", "weight_sync", in_group=False)
                     synced.setdefault(dst, []).append(tid)
             after_loop: list[int] = []
-            if w.loop and all(c in comps for c in w.loop):
+            if self._has_loop(setup):
                 env, policy = w.loop
-                stages = int(setup.settings.get(w.stages, 1)) if w.stages else 1
-                steps = int(setup.settings[w.loop_steps])
-                per_stage = setup.setting(w.loop_items) * scale / stages
+                stages, steps, per_stage = self.loop_sizes(setup)
                 t_pol, t_env = self._call(setup, policy, per_stage), self._call(setup, env, per_stage)
                 prev = [last_of.get(env)] * stages
                 for step in range(steps):
@@ -164,6 +159,51 @@ class Simulator:
                     upstream[m] = mine
                 last_of[c] = mine  # type: ignore[assignment]
         return tasks
+
+    def sizes(self, setup: SimSetup) -> tuple[float, float, int]:
+        """(items per iteration, items per chain micro-batch, micro-batches per iteration)."""
+        w, comps = self.workload, setup.components
+        scale = comps[w.items_per_rank_of].ranks if w.items_per_rank_of in comps else 1
+        items = setup.setting(w.items) * scale
+        micro = min(items, setup.setting(w.micro_items) * scale) if w.micro_items else items
+        return items, micro, max(1, math.ceil(items / micro - 1e-9))
+
+    def loop_sizes(self, setup: SimSetup) -> tuple[int, int, float]:
+        """(pipeline stages, loop steps, items per stage per step) of the workload's loop."""
+        w, comps = self.workload, setup.components
+        scale = comps[w.items_per_rank_of].ranks if w.items_per_rank_of in comps else 1
+        stages = int(setup.settings.get(w.stages, 1)) if w.stages else 1
+        return stages, int(setup.settings[w.loop_steps]), setup.setting(w.loop_items) * scale / stages
+
+    def items(self, setup: SimSetup) -> float:
+        return self.sizes(setup)[0]
+
+    def _has_loop(self, setup: SimSetup) -> bool:
+        return bool(self.workload.loop) and all(c in setup.components for c in self.workload.loop)
+
+    def call_items(self, setup: SimSetup) -> dict[str, float]:
+        """Items a component holds at once: a micro-batch of the chain, one step of all loop stages."""
+        _, micro, _ = self.sizes(setup)
+        out = {c: micro for c in setup.components}
+        if self._has_loop(setup):
+            stages, _, per_stage = self.loop_sizes(setup)
+            for c in self.workload.loop:  # type: ignore[union-attr]
+                out[c] = per_stage * stages
+        return out
+
+    def work(self, setup: SimSetup) -> dict[str, float]:
+        """Seconds each running component computes per iteration, at full speed (no waits, no turns)."""
+        items, micro, n_micro = self.sizes(setup)
+        out = {c: 0.0 for c in setup.components}
+        for c in self.workload.chain:
+            if c in out:
+                rest = items - micro * (n_micro - 1)
+                out[c] = (n_micro - 1) * self._call(setup, c, micro) + self._call(setup, c, rest)
+        if self._has_loop(setup):
+            stages, steps, per_stage = self.loop_sizes(setup)
+            for c in self.workload.loop:  # type: ignore[union-attr]
+                out[c] += stages * steps * self._call(setup, c, per_stage)
+        return out
 
     # -- playing it --------------------------------------------------------------------------------
     def play(self, setup: SimSetup, tasks: list[Task]) -> list[Task]:

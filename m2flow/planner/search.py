@@ -1,0 +1,355 @@
+"""Search the execution plans of a workflow on N devices for the one the simulator predicts fastest.
+
+Candidates: every way to place the running components, which is a *shape* (the components split
+into blocks on disjoint device ranges; optionally one component spanning all devices over them,
+the hybrid mode; one block is the collocated mode) times a device count per block, times every
+fusion the graph allows where component and host share devices, times the values of each searched
+setting (pipeline stages, micro-batch sizes). Each candidate is a placement string plus config
+overrides, so a Plan is only ever built by the workflow's own plan function.
+
+Scoring: seconds per item of a simulated steady iteration (``Simulator``), which is iteration time
+when the items per iteration are fixed. Every candidate first gets a cheap lower bound on its
+iteration time (the busiest process group or device lock: work there runs one call at a time);
+candidates are simulated in order of bound and the search stops once the next bound cannot beat
+the best simulated time (branch and bound), so the result is the simulated optimum of the
+enumerated set. A candidate whose memory per device exceeds the device's is rejected with why.
+
+Device counts: exhaustive (every composition of N) up to ``exact_limit`` devices. Above it, splits
+start on a grid of eighths of N and are refined by moving N/16, N/32, ..., 1 devices between two
+blocks while the bound improves (a local search, about m^2 log N bounds for m blocks). Its gap to
+exhaustive is measured by ``benchmarks/s2_planner_scale.py`` where both run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from m2flow.planner.cost import CostModel
+from m2flow.planner.graph import WorkflowGraph
+from m2flow.planner.plan import Plan
+from m2flow.planner.setup import SimSetup, Workload, build_setup, setup_from_plan
+from m2flow.planner.simulate import SimResult, Simulator
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """What may vary, for one workflow config."""
+
+    graph: WorkflowGraph
+    workload: Workload
+    running: tuple[str, ...]
+    """components that run under the config (inactive optional ones ride on the last block)"""
+    settings: Mapping[str, Any]
+    """the plan settings of the config as it is"""
+    knobs: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+    """config key -> the values to try"""
+    knob_settings: Mapping[str, str] = field(default_factory=dict)
+    """config key -> the plan setting it becomes (for candidates scored before a Plan exists)"""
+    fusion_keys: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    """(component, host) -> the boolean config key that asks for the fusion"""
+    threads: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def holders(self) -> tuple[str, ...]:
+        return tuple(c for c in self.running if self.graph.component(c).holds_model)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Blocks of components on disjoint device ranges, and possibly one component over all of them."""
+
+    blocks: tuple[tuple[str, ...], ...]
+    wide: str | None = None
+
+    @property
+    def mode(self) -> str:
+        if self.wide is not None:
+            return "hybrid"
+        return "collocated" if len(self.blocks) == 1 else "disaggregated"
+
+
+@dataclass
+class Candidate:
+    """One plan the search considered: how to ask for it, and what it is predicted to do."""
+
+    shape: Shape
+    parts: tuple[int, ...]
+    """devices of each block"""
+    overrides: dict[str, Any]
+    """config overrides that ask for it (``placement`` among them)"""
+    bound: float = 0.0
+    """lower bound on its iteration time, seconds"""
+    result: SimResult | None = None
+    setup: SimSetup | None = None
+    plan: Plan | None = None
+    items: float = 0.0
+    """items per iteration"""
+    memory: dict[str, float] = field(default_factory=dict)
+    """bytes per device, by device class"""
+    rejected: str = ""
+
+    @property
+    def placement(self) -> str:
+        return str(self.overrides["placement"])
+
+    @property
+    def seconds_per_item(self) -> float:
+        return self.result.iteration_time / self.items if self.result and self.items else math.inf
+
+
+@dataclass
+class SearchResult:
+    ranked: list[Candidate]
+    """simulated candidates, fastest first"""
+    rejected: list[Candidate]
+    considered: int
+    """candidates bounded (scored without simulation)"""
+    simulated: int
+    exact: bool
+
+
+def set_partitions(items: Sequence[str]) -> Iterator[tuple[tuple[str, ...], ...]]:
+    """Every partition of ``items`` into blocks, blocks in order of their first item."""
+    if not items:
+        yield ()
+        return
+    first, rest = items[0], items[1:]
+    for part in set_partitions(rest):
+        yield ((first,),) + part
+        for i in range(len(part)):
+            yield part[:i] + ((first,) + part[i],) + part[i + 1:]
+
+
+def shapes(running: Sequence[str]) -> list[Shape]:
+    """Collocated, every disaggregated split, and every hybrid (one component over the others' blocks)."""
+    out = [Shape(tuple(p)) for p in set_partitions(list(running))]
+    for wide in running:
+        rest = [c for c in running if c != wide]
+        out += [Shape(tuple(p), wide) for p in set_partitions(rest) if len(p) >= 2]
+    return out
+
+
+def compositions(n: int, m: int) -> Iterator[tuple[int, ...]]:
+    """Every way to write ``n`` as ``m`` positive parts, in order."""
+    for cuts in itertools.combinations(range(1, n), m - 1):
+        yield tuple(b - a for a, b in zip((0,) + cuts, cuts + (n,)))
+
+
+def _grid(n: int, m: int) -> list[tuple[int, ...]]:
+    """Splits of ``n`` into ``m`` parts that are multiples of n/8 (the coarse start of the local search)."""
+    unit = max(1, n // 8)
+    whole = n // unit
+    return [tuple(p * unit for p in c[:-1]) + (n - unit * sum(c[:-1]),) for c in compositions(whole, m)]
+
+
+class Searcher:
+    """Enumerates, bounds, simulates and ranks the candidates of one ``SearchSpace``."""
+
+    def __init__(self, space: SearchSpace, cost: CostModel, devices: int, *, devices_per_node: int | None = None,
+                 build_plan: Callable[[Mapping[str, Any]], Plan] | None = None, exact_limit: int = 16) -> None:
+        self.space, self.cost, self.devices = space, cost, devices
+        self.devices_per_node = devices_per_node or devices
+        self.build_plan = build_plan
+        self.exact = devices <= exact_limit
+        self.sim = Simulator(space.graph, space.workload, cost)
+
+    # -- one candidate -----------------------------------------------------------------------------
+    def _hosts(self, fused: Sequence[tuple[str, str]]) -> dict[str, str]:
+        hosts = {c: c for c in self.space.running}
+        links = dict(fused)
+        for c in hosts:
+            while hosts[c] in links:
+                hosts[c] = links[hosts[c]]
+        return hosts
+
+    def _placement(self, shape: Shape, parts: Sequence[int]) -> str:
+        if shape.mode == "collocated":
+            return "all"
+        idle = [c for c in self.space.graph.component_names if c not in self.space.running]
+        items, lo = [], 0
+        last_chain = next((c for c in reversed(self.space.workload.chain) if c in self.space.running), None)
+        for block, n in zip(shape.blocks, parts):
+            names = list(block) + ([c for c in idle] if last_chain in block else [])
+            items.append(f"{','.join(names)}: {lo}-{lo + n - 1}" if n > 1 else f"{','.join(names)}: {lo}")
+            lo += n
+        if shape.wide is not None:
+            names = [shape.wide] + (idle if last_chain == shape.wide else [])
+            items.append(f"{','.join(names)}: 0-{self.devices - 1}")
+        return ", ".join(items)
+
+    def _setup(self, shape: Shape, parts: Sequence[int], fused: Sequence[tuple[str, str]],
+               knobs: Mapping[str, Any]) -> SimSetup:
+        blocks, lo = [], 0
+        for block, n in zip(shape.blocks, parts):
+            blocks.append((block, lo, n))
+            lo += n
+        if shape.wide is not None:
+            blocks.append(((shape.wide,), 0, self.devices))
+        settings = dict(self.space.settings)
+        settings.update({self.space.knob_settings[k]: v for k, v in knobs.items() if k in self.space.knob_settings})
+        return build_setup(blocks, self._hosts(fused), settings, holders=self.space.holders,
+                           threads=self.space.threads,
+                           devices_per_node=self.devices_per_node if self.cost.cores is not None else None)
+
+    def bound(self, setup: SimSetup) -> float:
+        """Lower bound on the iteration time: the busiest process group or device class."""
+        work = self.sim.work(setup)
+        load: dict[Any, float] = {}
+        for c, seconds in work.items():
+            p = setup.components[c]
+            load[("group", p.host)] = load.get(("group", p.host), 0.0) + seconds
+            if p.takes_turns:
+                for k in p.classes:
+                    load[("class", k)] = load.get(("class", k), 0.0) + seconds
+        return max(load.values(), default=0.0)
+
+    def memory(self, setup: SimSetup) -> tuple[dict[str, float], str]:
+        """Bytes per device of each device class, and why it does not fit (empty when it does)."""
+        need = self.sim.call_items(setup)
+        out, why = {}, ""
+        for k in setup.classes:
+            parts = {c: self.cost.component(c).memory(need[c], setup.components[c].ranks) * k.ranks_per_device[c]
+                     for c in sorted(k.members)}
+            # Components that offload take turns on the memory too: only the largest is resident.
+            turns = [v for c, v in parts.items() if setup.components[c].offload]
+            total = sum(v for c, v in parts.items() if not setup.components[c].offload) + max(turns, default=0.0)
+            out[k.label] = total
+            if total > self.cost.device_memory and not why:
+                detail = ", ".join(f"{c} {v / 2**30:.1f}" for c, v in parts.items())
+                why = (f"devices {k.label} need {total / 2**30:.1f} GiB each ({detail}), more than the "
+                       f"{self.cost.device_memory / 2**30:.1f} GiB they have")
+        return out, why
+
+    # -- the enumeration ---------------------------------------------------------------------------
+    def _variants(self, shape: Shape) -> Iterator[tuple[list[tuple[str, str]], dict[str, Any]]]:
+        """(fusions taken, config overrides) for every fusion subset and knob value combination."""
+        together = {c: i for i, b in enumerate(shape.blocks) for c in b}
+        possible = [(c, h) for (c, h) in self.space.fusion_keys
+                    if c in together and h in together and together[c] == together[h]]
+        keys, values = list(self.space.knobs), [self.space.knobs[k] for k in self.space.knobs]
+        for n in range(len(possible) + 1):
+            for fused in itertools.combinations(possible, n):
+                flags = {key: (pair in fused) for pair, key in self.space.fusion_keys.items()}
+                for combo in itertools.product(*values):
+                    yield list(fused), {**flags, **dict(zip(keys, combo))}
+
+    def _splits(self, shape: Shape, score: Callable[[tuple[int, ...]], float]) -> list[tuple[int, ...]]:
+        m = len(shape.blocks)
+        if m > self.devices:
+            return []
+        if self.exact or m == 1:
+            return list(compositions(self.devices, m))
+        seen: dict[tuple[int, ...], float] = {p: score(p) for p in _grid(self.devices, m)}
+        for start in sorted(seen, key=seen.get)[:2]:
+            best, step = start, max(1, self.devices // 16)
+            while step >= 1:
+                improved = True
+                while improved:
+                    improved = False
+                    for i, j in itertools.permutations(range(m), 2):
+                        if best[i] - step < 1:
+                            continue
+                        p = list(best)
+                        p[i] -= step
+                        p[j] += step
+                        p = tuple(p)
+                        if p not in seen:
+                            seen[p] = score(p)
+                        if seen[p] < seen[best] - 1e-12:
+                            best, improved = p, True
+                step //= 2
+        return list(seen)
+
+    def candidates(self) -> tuple[list[Candidate], list[Candidate]]:
+        """Every candidate with its bound, and those rejected before simulation (memory)."""
+        out, rejected = [], []
+        for shape in shapes(self.space.running):
+            for fused, overrides in self._variants(shape):
+                cache: dict[tuple[int, ...], Candidate] = {}
+
+                def score(parts: tuple[int, ...]) -> float:
+                    setup = self._setup(shape, parts, fused, overrides)
+                    cand = Candidate(shape, parts, {"placement": self._placement(shape, parts), **overrides},
+                                     self.bound(setup), setup=setup, items=self.sim.items(setup))
+                    cand.memory, cand.rejected = self.memory(setup)
+                    cache[parts] = cand
+                    return cand.bound / cand.items if not cand.rejected else math.inf
+
+                for parts in self._splits(shape, score):
+                    if parts not in cache:
+                        score(parts)
+                    cand = cache[parts]
+                    (rejected if cand.rejected else out).append(cand)
+        return out, rejected
+
+    def _materialise(self, cand: Candidate) -> None:
+        """Build the candidate's Plan with the workflow's own plan function; simulate from it."""
+        if self.build_plan is None:
+            return
+        try:
+            cand.plan = self.build_plan(cand.overrides)
+        except ValueError as e:  # PlacementError and PlanError are ValueErrors
+            cand.rejected = f"the plan function refused it: {e}"
+            return
+        cand.setup = setup_from_plan(cand.plan)
+        cand.memory, cand.rejected = self.memory(cand.setup)
+
+    def run(self, top: int = 5) -> SearchResult:
+        """Bound every candidate, simulate in bound order until no bound can win, rank the simulated."""
+        cands, rejected = self.candidates()
+        cands.sort(key=lambda c: c.bound / c.items)
+        ranked: list[Candidate] = []
+        best = math.inf  # seconds per item of the top-th best simulated so far
+        for cand in cands:
+            if len(ranked) >= top and cand.bound / cand.items > best * (1 + 1e-9):
+                break
+            if self.exact:
+                self._materialise(cand)
+                if cand.rejected:
+                    rejected.append(cand)
+                    continue
+            assert cand.setup is not None
+            cand.result = self.sim.simulate(cand.setup)
+            cand.items = self.sim.items(cand.setup)
+            ranked.append(cand)
+            ranked.sort(key=lambda c: c.seconds_per_item)
+            best = ranked[min(top, len(ranked)) - 1].seconds_per_item
+        ranked.sort(key=lambda c: c.seconds_per_item)
+        if not self.exact:  # the plan function has the last word on the ones shown
+            for cand in ranked[:top]:
+                self._materialise(cand)
+                if cand.setup is not None and cand.plan is not None and not cand.rejected:
+                    cand.result = self.sim.simulate(cand.setup)
+            rejected += [c for c in ranked[:top] if c.rejected]
+            ranked = [c for c in ranked if not c.rejected]
+            ranked.sort(key=lambda c: c.seconds_per_item)
+        log.debug("search: %d candidates bounded, %d simulated", len(cands), len(ranked))
+        return SearchResult(ranked, rejected, len(cands) + len(rejected), len(ranked), self.exact)
+
+
+def search(space: SearchSpace, cost: CostModel, devices: int, *, top: int = 5,
+           devices_per_node: int | None = None, plan_fn: Callable[[Any, Any], Plan] | None = None, configure: Callable[[Mapping[str, Any]], Any] | None = None,
+           layout: Any = None, exact_limit: int = 16) -> SearchResult:
+    """Rank the plans of ``space`` on ``devices`` devices by predicted seconds per item.
+
+    With ``plan_fn`` and ``configure`` (config overrides -> config), candidates become Plans through
+    ``plan_fn(configure(overrides), layout)``: every simulated one on small clusters, the top ones on
+    large clusters; without them, candidates are scored from their placements alone.
+    """
+    build: Callable[[Mapping[str, Any]], Plan] | None = None
+    if plan_fn is not None and configure is not None:
+        make_plan, make_cfg = plan_fn, configure
+
+        def _build(overrides: Mapping[str, Any]) -> Plan:
+            return make_plan(make_cfg(overrides), layout)
+
+        build = _build
+    return Searcher(space, cost, devices, devices_per_node=devices_per_node, build_plan=build,
+                    exact_limit=exact_limit).run(top)
