@@ -81,6 +81,8 @@ class DeviceClass:
     members: frozenset[str]
     ranks_per_device: Mapping[str, float] = field(default_factory=dict)
     """ranks of each member per device of the class (several ranks may share a device)"""
+    devices: tuple[tuple[int, int], ...] = ()
+    """its (node, device) pairs, when there are few enough to list (traces show them)"""
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,10 @@ class SimSetup:
             return math.prod(float(self.settings[k]) for k in keys)
         except KeyError as e:
             raise KeyError(f"the plan has no setting {e.args[0]!r}; it has {sorted(self.settings)}") from None
+
+
+_LISTED = 64
+"""Devices a class lists at most (larger classes are known by label and count alone)."""
 
 
 def _ranges(devices: Sequence[tuple[int, int]]) -> str:
@@ -125,8 +131,8 @@ def setup_from_plan(plan: Plan) -> SimSetup:
     by_members: dict[tuple[tuple[str, int], ...], list[tuple[int, int]]] = {}
     for dev, members in sorted(on_device.items()):
         by_members.setdefault(tuple(sorted(members.items())), []).append(dev)
-    classes = tuple(DeviceClass(_ranges(devs), len(devs), frozenset(n for n, _ in key), dict(key))
-                    for key, devs in by_members.items())
+    classes = tuple(DeviceClass(_ranges(devs), len(devs), frozenset(n for n, _ in key), dict(key),
+                                tuple(devs[:_LISTED])) for key, devs in by_members.items())
     comps = {}
     for c in running:
         nodes: dict[int, int] = {}
@@ -152,7 +158,8 @@ def build_setup(blocks: Sequence[tuple[Sequence[str], int, int]], hosts: Mapping
         members = frozenset(c for comps, b_lo, n in blocks if b_lo <= lo and hi <= b_lo + n for c in comps)
         if members:
             classes.append(DeviceClass(f"0:{lo}" if hi - lo == 1 else f"0:{lo}-{hi - 1}", hi - lo, members,
-                                       {m: 1.0 for m in members}))
+                                       {m: 1.0 for m in members},
+                                       tuple((0, d) for d in range(lo, min(hi, lo + _LISTED)))))
     launched_holders = [h for h in holders if hosts.get(h, h) == h]
     comps = {}
     for comps_of, lo, n in blocks:

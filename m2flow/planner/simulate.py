@@ -318,18 +318,21 @@ def write_trace(result: SimResult, setup: SimSetup, path: str | Path, max_ranks:
     if path.suffix != ".json":
         path = path / "trace.json"
     groups = sorted({p.host for p in setup.components.values()})
-    devices = {g: sorted({i for p in setup.components.values() if p.host == g for i in p.classes}) for g in groups}
     processes: list[dict[str, Any]] = [{"pid": 1, "name": "driver @node0", "group": "driver", "rank": 0,
                                         "node_rank": 0, "devices": []}]
     rows: dict[str, list[int]] = {}
     for g in groups:
-        ranks = max(p.ranks for p in setup.components.values() if p.host == g)
+        members = [p for p in setup.components.values() if p.host == g]
+        ranks = max(p.ranks for p in members)
+        owner = max(members, key=lambda p: p.ranks)
+        devices = sorted({d for k in owner.classes for d in setup.classes[k].devices})
         for r in range(min(ranks, max_ranks)):
             pid = len(processes) + 1
             rows.setdefault(g, []).append(pid)
-            # A device class stands for its devices: the report's device rows become class rows.
-            processes.append({"pid": pid, "name": f"{g}[{r}] @node0", "group": g, "rank": r, "node_rank": 0,
-                              "devices": devices[g]})
+            # Rank r sits on the r-th device of its group, as a placement without rank ranges puts it.
+            node, dev = devices[r * len(devices) // ranks] if devices else (0, r)
+            processes.append({"pid": pid, "name": f"{g}[{r}] @node{node}", "group": g, "rank": r, "node_rank": node,
+                              "devices": [dev]})
     events: list[dict[str, Any]] = []
     for p in processes:
         events.append({"ph": "M", "name": "process_name", "pid": p["pid"], "tid": 0, "args": {"name": p["name"]}})

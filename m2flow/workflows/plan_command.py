@@ -1,4 +1,8 @@
-"""``m2flow plan show CONFIG [KEY=VALUE ...]``: the workflow graph and the plan a config runs, without starting anything."""
+"""``m2flow plan show|search|profile-template CONFIG [KEY=VALUE ...]``.
+
+``show`` prints the workflow graph and the plan a config runs, without starting anything;
+``search`` and ``profile-template`` are in ``plan_search.py``.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     show.add_argument("config", type=Path, help="YAML file with a top-level 'workflow:' key")
     show.add_argument("--json", action="store_true", help="print the plan as JSON (as saved in run_dir/plan.json)")
     show.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. placement=local")
+    from m2flow.workflows import plan_search
+
+    plan_search.configure(sub)
 
 
 def layout_of(cfg: Any) -> Any:
@@ -29,6 +36,16 @@ def layout_of(cfg: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    from m2flow.workflows import plan_search
+
+    if args.plan_command == "search":
+        return plan_search.run_search(args)
+    if args.plan_command == "profile-template":
+        return plan_search.run_template(args)
+    return _show(args)
+
+
+def _show(args: argparse.Namespace) -> int:
     from m2flow.runtime.placement import PlacementError
     from m2flow.workflows.registry import load_workflow_config
 
