@@ -3,11 +3,13 @@
 Units everywhere: seconds, bytes, items (an item is the workload's unit of work: a sampled response
 in reasoning RL, one environment step of one env in embodied RL).
 
-* Component time: ``t(b, d) = a + c * b / d**alpha`` seconds for one unit of work of ``b`` items
-  on ``d`` devices (data-parallel ranks working in lockstep). ``a`` is the fixed cost of a call
-  (launch, synchronisation), ``c`` the cost of one item on one device, ``alpha`` in (0, 1] how
-  well the work scales with devices (1: perfectly). ``fit_component`` fits ``a, c`` by least
-  squares for each ``alpha`` of a grid and keeps the best, reporting the relative RMS error.
+* Component time: ``t(b, d) = a + c * b / d**alpha + s * log2(d)`` seconds for one unit of work
+  of ``b`` items on ``d`` devices (data-parallel ranks working in lockstep). ``a`` is the fixed
+  cost of a call (launch), ``c`` the cost of one item on one device, ``alpha`` in (0, 1] how well
+  the work scales with devices (1: perfectly), ``s`` the cost of the collectives that grow with
+  the ranks (a gradient all-reduce: a tree of log2(d) steps). ``fit_component`` fits ``a, c, s``
+  (all >= 0) by least squares on relative error for each ``alpha`` of a grid and keeps the best,
+  reporting the relative RMS error.
 * Component memory per rank: ``m(b, d) = fixed + per_item * b / d`` bytes (weights, optimiser
   state and buffers, then activations / KV cache that split across ranks).
 * Transfer on an edge: ``latency + bytes / bandwidth``; nothing inside one process.
@@ -22,9 +24,10 @@ in reasoning RL, one environment step of one env in embodied RL).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 ALPHA_GRID = tuple(round(0.3 + 0.05 * i, 2) for i in range(15))
 """The scaling exponents tried by ``fit_component``: 0.30, 0.35, ..., 1.00."""
@@ -40,6 +43,8 @@ class ComponentCost:
     """seconds per item on one device"""
     alpha: float = 1.0
     """device scaling exponent, in (0, 1]"""
+    s: float = 0.0
+    """seconds per doubling of the ranks (collectives)"""
     mem_fixed: float = 0.0
     """bytes per rank whatever the batch (weights, optimiser state)"""
     mem_per_item: float = 0.0
@@ -53,7 +58,7 @@ class ComponentCost:
 
     def time(self, b: float, d: int) -> float:
         """Seconds for one call on ``b`` items over ``d`` devices."""
-        return self.a + self.c * b / d ** self.alpha
+        return self.a + self.c * b / d ** self.alpha + self.s * math.log2(d)
 
     def memory(self, b: float, d: int) -> float:
         """Bytes per rank for a call on ``b`` items over ``d`` ranks."""
@@ -114,32 +119,53 @@ class Fit:
     points: int
 
 
-def _solve_ac(rows: Sequence[tuple[float, float]], ts: Sequence[float]) -> tuple[float, float]:
-    """Weighted least squares for ``t = a + c * x`` with weights 1/t**2 (relative error), a, c >= 0."""
+def _least_squares(rows: Sequence[Sequence[float]], ts: Sequence[float]) -> list[float] | None:
+    """Minimise sum(((row . x - t) / t)**2) by the normal equations; None when they are singular."""
+    n = len(rows[0])
     w = [1.0 / max(t, 1e-12) ** 2 for t in ts]
-    sw = sum(w)
-    sx = sum(wi * x for wi, (x, _) in zip(w, rows))
-    sxx = sum(wi * x * x for wi, (x, _) in zip(w, rows))
-    st = sum(wi * t for wi, t in zip(w, ts))
-    sxt = sum(wi * x * t for wi, (x, _), t in zip(w, rows, ts))
-    det = sw * sxx - sx * sx
-    if abs(det) < 1e-18 * max(1.0, sw * sxx):  # one distinct x: all cost is per item
-        return 0.0, max(0.0, st / sx) if sx else 0.0
-    a = (sxx * st - sx * sxt) / det
-    c = (sw * sxt - sx * st) / det
-    if a < 0:  # refit through the origin
-        return 0.0, max(0.0, sxt / sxx)
-    if c < 0:
-        return st / sw, 0.0
-    return a, c
+    m = [[sum(wi * r[i] * r[j] for wi, r in zip(w, rows)) for j in range(n)] for i in range(n)]
+    v = [sum(wi * r[i] * t for wi, r, t in zip(w, rows, ts)) for i in range(n)]
+    for col in range(n):  # Gaussian elimination with partial pivoting
+        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
+        scale = max(abs(x) for row in m for x in row) or 1.0
+        if abs(m[piv][col]) < 1e-12 * scale:
+            return None
+        m[col], m[piv], v[col], v[piv] = m[piv], m[col], v[piv], v[col]
+        for r in range(col + 1, n):
+            f = m[r][col] / m[col][col]
+            m[r] = [a - f * b for a, b in zip(m[r], m[col])]
+            v[r] -= f * v[col]
+    x = [0.0] * n
+    for i in reversed(range(n)):
+        x[i] = (v[i] - sum(m[i][j] * x[j] for j in range(i + 1, n))) / m[i][i]
+    return x
+
+
+def _fit_nonnegative(columns: Sequence[Sequence[float]], ts: Sequence[float]) -> list[float]:
+    """Least squares with every coefficient >= 0: the best over subsets of free terms (3 terms: 7 subsets)."""
+    best, best_err = [0.0] * len(columns), math.inf
+    for k in range(1, len(columns) + 1):
+        for subset in itertools.combinations(range(len(columns)), k):
+            rows = [[columns[j][i] for j in subset] for i in range(len(ts))]
+            x = _least_squares(rows, ts)
+            if x is None or min(x) < 0:
+                continue
+            coef = [0.0] * len(columns)
+            for j, xj in zip(subset, x):
+                coef[j] = xj
+            err = sum(((sum(coef[j] * columns[j][i] for j in range(len(columns))) - t) / t) ** 2
+                      for i, t in enumerate(ts))
+            if err < best_err - 1e-15:
+                best, best_err = coef, err
+    return best
 
 
 def fit_component(points: Iterable[tuple[float, int, float]], alphas: Sequence[float] = ALPHA_GRID,
                   **memory: float) -> Fit:
-    """Fit ``t(b, d) = a + c * b / d**alpha`` to measured ``(b, d, seconds)`` points.
+    """Fit ``t(b, d) = a + c * b / d**alpha + s * log2(d)`` to measured ``(b, d, seconds)`` points.
 
-    ``alpha`` is taken from ``alphas`` (1.0 alone when every point has the same ``d``: the data
-    cannot tell); ``memory`` passes ``mem_fixed``, ``mem_per_item``, ``state_bytes``, ``startup_s``
+    ``alpha`` is taken from ``alphas`` (1.0 alone, and ``s = 0``, when every point has the same
+    ``d``: the data cannot tell); ``memory`` passes ``mem_fixed``, ``mem_per_item``, ``state_bytes``, ``startup_s``
     through to the returned cost.
     """
     pts = [(float(b), int(d), float(t)) for b, d, t in points]
@@ -147,15 +173,20 @@ def fit_component(points: Iterable[tuple[float, int, float]], alphas: Sequence[f
         raise ValueError("fit_component needs at least one (items, devices, seconds) point")
     if any(t <= 0 or b < 0 or d < 1 for b, d, t in pts):
         raise ValueError(f"points need items >= 0, devices >= 1 and seconds > 0: {pts}")
-    if len({d for _, d, _ in pts}) == 1:
+    one_d = len({d for _, d, _ in pts}) == 1
+    if one_d:
         alphas = (1.0,)
     best: Fit | None = None
     ts = [t for _, _, t in pts]
     for alpha in alphas:
-        xs = [(b / d ** alpha, 0.0) for b, d, _ in pts]
-        a, c = _solve_ac(xs, ts)
-        err = math.sqrt(sum(((a + c * x - t) / t) ** 2 for (x, _), t in zip(xs, ts)) / len(pts))
+        columns = [[1.0] * len(pts), [b / d ** alpha for b, d, _ in pts]]
+        if not one_d:
+            columns.append([math.log2(d) for _, d, _ in pts])
+        coef = _fit_nonnegative(columns, ts) + [0.0]
+        a, c, s = coef[0], coef[1], coef[2]
+        cost = ComponentCost(a, c, alpha, s, **memory)
+        err = math.sqrt(sum(((cost.time(b, d) - t) / t) ** 2 for b, d, t in pts) / len(pts))
         if best is None or err < best.error - 1e-12:
-            best = Fit(ComponentCost(a, c, alpha, fit_error=err, **memory), err, len(pts))
+            best = Fit(replace(cost, fit_error=err), err, len(pts))
     assert best is not None
     return best

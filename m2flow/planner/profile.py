@@ -12,7 +12,7 @@ A profile is JSON::
                                 "mem_fixed": ..., "mem_per_item": ..., "state_bytes": ...,
                                 "startup_s": ...}}}
 
-A component may give ``a, c, alpha`` instead of points (numbers entered by hand). Loading checks
+A component may give ``a, c, alpha, s`` instead of points (numbers entered by hand). Loading checks
 that the profile was taken on this machine (hostname and cores) with this torch and m2flow, and on
 this config; a stale or foreign profile is refused with ``ProfileError`` saying what differs.
 """
@@ -99,7 +99,7 @@ def cost_model(profile: Mapping[str, Any], source: str = "profile") -> CostModel
                 comps[name] = fit_component([tuple(p) for p in entry["points"]], **extra).cost
             else:
                 comps[name] = ComponentCost(float(entry.get("a", 0.0)), float(entry.get("c", 0.0)),
-                                            float(entry.get("alpha", 1.0)), **extra)
+                                            float(entry.get("alpha", 1.0)), float(entry.get("s", 0.0)), **extra)
         device = profile.get("device", {})
         link = profile.get("link", {})
         memory = device.get("memory_bytes")

@@ -63,14 +63,16 @@ class SearchSpace:
 
 @dataclass(frozen=True)
 class Shape:
-    """Blocks of components on disjoint device ranges, and possibly one component over all of them."""
+    """Blocks of components on disjoint device ranges; possibly one more component over all of them
+    (``wide``) or on the first devices of one block (``inner``: component, block index)."""
 
     blocks: tuple[tuple[str, ...], ...]
     wide: str | None = None
+    inner: tuple[str, int] | None = None
 
     @property
     def mode(self) -> str:
-        if self.wide is not None:
+        if self.wide is not None or self.inner is not None:
             return "hybrid"
         return "collocated" if len(self.blocks) == 1 else "disaggregated"
 
@@ -81,7 +83,7 @@ class Candidate:
 
     shape: Shape
     parts: tuple[int, ...]
-    """devices of each block"""
+    """devices of each block (then of the inner component, if the shape has one)"""
     overrides: dict[str, Any]
     """config overrides that ask for it (``placement`` among them)"""
     bound: float = 0.0
@@ -128,11 +130,15 @@ def set_partitions(items: Sequence[str]) -> Iterator[tuple[tuple[str, ...], ...]
 
 
 def shapes(running: Sequence[str]) -> list[Shape]:
-    """Collocated, every disaggregated split, and every hybrid (one component over the others' blocks)."""
+    """Collocated, every disaggregated split, and the hybrids: one component over the others' blocks,
+    or one component on part of one block's devices (e.g. the actor on one of the env ranks' devices)."""
     out = [Shape(tuple(p)) for p in set_partitions(list(running))]
-    for wide in running:
-        rest = [c for c in running if c != wide]
-        out += [Shape(tuple(p), wide) for p in set_partitions(rest) if len(p) >= 2]
+    for one in running:
+        rest = [c for c in running if c != one]
+        for p in set_partitions(rest):
+            if len(p) >= 2:
+                out.append(Shape(tuple(p), wide=one))
+            out += [Shape(tuple(p), inner=(one, b)) for b in range(len(p))]
     return out
 
 
@@ -182,6 +188,11 @@ class Searcher:
         if shape.wide is not None:
             names = [shape.wide] + (idle if last_chain == shape.wide else [])
             items.append(f"{','.join(names)}: 0-{self.devices - 1}")
+        if shape.inner is not None:
+            name, b = shape.inner
+            lo, k = sum(parts[:b]), parts[len(shape.blocks)]
+            names = [name] + (idle if last_chain == name else [])
+            items.append(f"{','.join(names)}: {lo}-{lo + k - 1}" if k > 1 else f"{','.join(names)}: {lo}")
         return ", ".join(items)
 
     def _setup(self, shape: Shape, parts: Sequence[int], fused: Sequence[tuple[str, str]],
@@ -192,6 +203,9 @@ class Searcher:
             lo += n
         if shape.wide is not None:
             blocks.append(((shape.wide,), 0, self.devices))
+        if shape.inner is not None:
+            name, b = shape.inner
+            blocks.append(((name,), sum(parts[:b]), parts[len(shape.blocks)]))
         settings = dict(self.space.settings)
         settings.update({self.space.knob_settings[k]: v for k, v in knobs.items() if k in self.space.knob_settings})
         return build_setup(blocks, self._hosts(fused), settings, holders=self.space.holders,
@@ -240,32 +254,50 @@ class Searcher:
                 for combo in itertools.product(*values):
                     yield list(fused), {**flags, **dict(zip(keys, combo))}
 
+    def _inner_sizes(self, n: int) -> list[int]:
+        """Devices the inner component may take of its block's ``n``: all fewer (exact), else halvings."""
+        if self.exact:
+            return list(range(1, n))
+        return sorted({max(1, n >> j) for j in range(1, max(1, n.bit_length()))} - {n})
+
     def _splits(self, shape: Shape, score: Callable[[tuple[int, ...]], float]) -> list[tuple[int, ...]]:
         m = len(shape.blocks)
         if m > self.devices:
             return []
+        if shape.inner is None:
+            full = score
+        else:
+            b = shape.inner[1]
+
+            def full(p: tuple[int, ...]) -> float:  # the block split's best inner size
+                return min((score(p + (k,)) for k in self._inner_sizes(p[b])), default=math.inf)
         if self.exact or m == 1:
-            return list(compositions(self.devices, m))
-        seen: dict[tuple[int, ...], float] = {p: score(p) for p in _grid(self.devices, m)}
-        for start in sorted(seen, key=seen.get)[:2]:
-            best, step = start, max(1, self.devices // 16)
-            while step >= 1:
-                improved = True
-                while improved:
-                    improved = False
-                    for i, j in itertools.permutations(range(m), 2):
-                        if best[i] - step < 1:
-                            continue
-                        p = list(best)
-                        p[i] -= step
-                        p[j] += step
-                        p = tuple(p)
-                        if p not in seen:
-                            seen[p] = score(p)
-                        if seen[p] < seen[best] - 1e-12:
-                            best, improved = p, True
-                step //= 2
-        return list(seen)
+            splits = list(compositions(self.devices, m))
+        else:
+            seen: dict[tuple[int, ...], float] = {p: full(p) for p in _grid(self.devices, m)}
+            for start in sorted(seen, key=seen.__getitem__)[:2]:
+                best, step = start, max(1, self.devices // 16)
+                while step >= 1:
+                    improved = True
+                    while improved:
+                        improved = False
+                        for i, j in itertools.permutations(range(m), 2):
+                            if best[i] - step < 1:
+                                continue
+                            p = list(best)
+                            p[i] -= step
+                            p[j] += step
+                            q = tuple(p)
+                            if q not in seen:
+                                seen[q] = full(q)
+                            if seen[q] < seen[best] - 1e-12:
+                                best, improved = q, True
+                    step //= 2
+            splits = list(seen)
+        if shape.inner is None:
+            return splits
+        b = shape.inner[1]
+        return [p + (k,) for p in splits for k in self._inner_sizes(p[b])]
 
     def candidates(self) -> tuple[list[Candidate], list[Candidate]]:
         """Every candidate with its bound, and those rejected before simulation (memory)."""

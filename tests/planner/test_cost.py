@@ -13,11 +13,12 @@ MACHINE = {"hostname": "box", "cores": 2, "torch": "2.5.1", "m2flow": "0.1.0"}
 
 
 def test_fit_recovers_a_known_curve_exactly():
-    true = ComponentCost(a=0.5, c=0.02, alpha=0.8)
+    true = ComponentCost(a=0.5, c=0.02, alpha=0.8, s=0.1)
     points = [(b, d, true.time(b, d)) for b in (8, 32, 128) for d in (1, 2, 4)]
     fit = fit_component(points)
     assert fit.cost.alpha == pytest.approx(0.8)
     assert fit.cost.a == pytest.approx(0.5, rel=1e-6) and fit.cost.c == pytest.approx(0.02, rel=1e-6)
+    assert fit.cost.s == pytest.approx(0.1, rel=1e-6)
     assert fit.error < 1e-9 and fit.points == 9
 
 

@@ -32,7 +32,8 @@ def test_enumeration_counts():
     assert len(list(set_partitions(["a", "b", "c"]))) == 5  # Bell(3)
     assert len(list(compositions(8, 3))) == 21  # C(7, 2)
     modes = [s.mode for s in shapes(["a", "b", "c"])]
-    assert modes.count("collocated") == 1 and modes.count("disaggregated") == 4 and modes.count("hybrid") == 3
+    # hybrids: 3 with one component over two blocks, 3 * (1 + 2) with one inside a block
+    assert modes.count("collocated") == 1 and modes.count("disaggregated") == 4 and modes.count("hybrid") == 3 + 9
 
 
 def test_a_pipelined_plan_wins_when_work_scales_poorly():
@@ -99,3 +100,22 @@ def test_the_scalable_search_stays_close_to_exhaustive():
     assert exact.exact and not fast.exact and fast.considered < exact.considered
     gap = fast.ranked[0].result.iteration_time / exact.ranked[0].result.iteration_time - 1
     assert 0.0 <= gap < 0.05
+
+
+def test_the_actor_on_part_of_the_env_devices_wins_when_collectives_cost():
+    # E2's winner in shape: two fused env ranks, the actor on one of their devices (its all-reduce
+    # costs more than a second rank saves).
+    graph = WorkflowGraph("loop", (Component("env", "steps"), Component("policy", "acts", holds_model=True),
+                                   Component("train", "trains", holds_model=True)),
+                          (Edge("obs", "env", "policy", "Obs"), Edge("actions", "policy", "env", "Actions")),
+                          (Fusion("policy", "env", "same devices"),))
+    # Each env step's messages cost a latency when env and policy are different processes.
+    work = Workload(chain=("train",), items=("envs", "steps"), items_per_rank_of="env", loop=("env", "policy"),
+                    loop_steps="steps", loop_items=("envs",), inputs={"policy": ("obs",), "env": ("actions",)})
+    space = SearchSpace(graph, work, ("env", "policy", "train"), {"envs": 4, "steps": 8},
+                        fusion_keys={("policy", "env"): "fuse"})
+    model = CostModel({"env": ComponentCost(0.001, 0.01), "policy": ComponentCost(0.002, 0.001),
+                       "train": ComponentCost(0.05, 0.0005, 1.0, s=0.2)}, link=Link(latency=1e-3))
+    best = search(space, model, 2, top=1).ranked[0]
+    assert best.placement == "env,policy: 0-1, train: 0" and best.overrides["fuse"] is True
+    assert best.shape.mode == "hybrid"
