@@ -13,7 +13,7 @@ in reasoning RL, one environment step of one env in embodied RL).
 * Component memory per rank: ``m(b, d) = fixed + per_item * b / d`` bytes (weights, optimiser
   state and buffers, then activations / KV cache that split across ranks).
 * Transfer on an edge: ``latency + bytes / bandwidth``; nothing inside one process.
-* Weight sync: a transfer of the source's ``state_bytes``; offload / onload on shared devices:
+* Weight sync: a transfer of the source's ``weight_bytes``; offload / onload on shared devices:
   ``state_bytes / offload_bandwidth`` each way, paid when a device lock changes hands.
 * Start-up: ``startup_s`` per launched group (process start, model build), once per run.
 * CPU contention: on a CPU machine a "device" is a slot on cores shared by every process of a
@@ -50,7 +50,9 @@ class ComponentCost:
     mem_per_item: float = 0.0
     """bytes per item, split across ranks (activations, KV cache)"""
     state_bytes: float = 0.0
-    """bytes moved by an offload or onload, and by a weight sync sent from this component"""
+    """bytes moved by an offload or onload (weights, gradients, optimiser state, caches)"""
+    weight_bytes: float = 0.0
+    """bytes of a weight sync sent from this component (0: ``state_bytes``)"""
     startup_s: float = 0.0
     """seconds to start the group (once per run)"""
     fit_error: float = 0.0
@@ -103,6 +105,11 @@ class CostModel:
         if self.cores is None or demand <= self.cores:
             return 1.0
         return self.cores / demand
+
+    def sync_bytes(self, name: str) -> float:
+        """Bytes a weight sync from ``name`` sends."""
+        c = self.component(name)
+        return c.weight_bytes or c.state_bytes
 
     def offload_time(self, name: str) -> float:
         """Seconds to move ``name``'s state one way between device and host."""

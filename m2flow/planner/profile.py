@@ -31,7 +31,7 @@ from typing import Any
 from m2flow.planner.cost import ComponentCost, CostModel, Link, fit_component
 
 PROFILE_FORMAT = 1
-_MEMORY_KEYS = ("mem_fixed", "mem_per_item", "state_bytes", "startup_s")
+_MEMORY_KEYS = ("mem_fixed", "mem_per_item", "state_bytes", "weight_bytes", "startup_s")
 
 
 class ProfileError(ValueError):

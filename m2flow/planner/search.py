@@ -22,6 +22,7 @@ exhaustive is measured by ``benchmarks/s2_planner_scale.py`` where both run.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import logging
 import math
@@ -29,6 +30,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from m2flow.planner.bound import FastBound
 from m2flow.planner.cost import CostModel
 from m2flow.planner.graph import WorkflowGraph
 from m2flow.planner.plan import Plan
@@ -115,6 +117,8 @@ class SearchResult:
     """candidates bounded (scored without simulation)"""
     simulated: int
     exact: bool
+    unfit: int = 0
+    """candidates whose memory does not fit (the first few are in ``rejected``, with the reason)"""
 
 
 def set_partitions(items: Sequence[str]) -> Iterator[tuple[tuple[str, ...], ...]]:
@@ -213,16 +217,9 @@ class Searcher:
                            devices_per_node=self.devices_per_node if self.cost.cores is not None else None)
 
     def bound(self, setup: SimSetup) -> float:
-        """Lower bound on the iteration time: the busiest process group or device class."""
-        work = self.sim.work(setup)
-        load: dict[Any, float] = {}
-        for c, seconds in work.items():
-            p = setup.components[c]
-            load[("group", p.host)] = load.get(("group", p.host), 0.0) + seconds
-            if p.takes_turns:
-                for k in p.classes:
-                    load[("class", k)] = load.get(("class", k), 0.0) + seconds
-        return max(load.values(), default=0.0)
+        """Lower bound on the iteration time of ``setup`` (see ``bound.FastBound``)."""
+        fast = FastBound(self.space.graph, self.space.workload, self.cost, setup)
+        return fast.evaluate({c: p.ranks for c, p in setup.components.items()})[0]
 
     def memory(self, setup: SimSetup) -> tuple[dict[str, float], str]:
         """Bytes per device of each device class, and why it does not fit (empty when it does)."""
@@ -260,66 +257,94 @@ class Searcher:
             return list(range(1, n))
         return sorted({max(1, n >> j) for j in range(1, max(1, n.bit_length()))} - {n})
 
-    def _splits(self, shape: Shape, score: Callable[[tuple[int, ...]], float]) -> list[tuple[int, ...]]:
-        m = len(shape.blocks)
-        if m > self.devices:
-            return []
-        if shape.inner is None:
-            full = score
-        else:
-            b = shape.inner[1]
+    def _ranks(self, shape: Shape, parts: Sequence[int]) -> dict[str, int]:
+        ranks = {c: parts[i] for i, block in enumerate(shape.blocks) for c in block}
+        if shape.wide is not None:
+            ranks[shape.wide] = self.devices
+        if shape.inner is not None:
+            ranks[shape.inner[0]] = parts[len(shape.blocks)]
+        return ranks
 
-            def full(p: tuple[int, ...]) -> float:  # the block split's best inner size
-                return min((score(p + (k,)) for k in self._inner_sizes(p[b])), default=math.inf)
+    def _block_splits(self, m: int, score: Callable[[tuple[int, ...]], float]) -> list[tuple[int, ...]]:
+        """Block device counts to try: all (exact), else the eighths grid refined by local search on ``score``."""
         if self.exact or m == 1:
-            splits = list(compositions(self.devices, m))
-        else:
-            seen: dict[tuple[int, ...], float] = {p: full(p) for p in _grid(self.devices, m)}
-            for start in sorted(seen, key=seen.__getitem__)[:2]:
-                best, step = start, max(1, self.devices // 16)
-                while step >= 1:
-                    improved = True
-                    while improved:
-                        improved = False
-                        for i, j in itertools.permutations(range(m), 2):
-                            if best[i] - step < 1:
-                                continue
-                            p = list(best)
-                            p[i] -= step
-                            p[j] += step
-                            q = tuple(p)
-                            if q not in seen:
-                                seen[q] = full(q)
-                            if seen[q] < seen[best] - 1e-12:
-                                best, improved = q, True
-                    step //= 2
-            splits = list(seen)
-        if shape.inner is None:
-            return splits
-        b = shape.inner[1]
-        return [p + (k,) for p in splits for k in self._inner_sizes(p[b])]
+            return list(compositions(self.devices, m))
+        seen: dict[tuple[int, ...], float] = {p: score(p) for p in _grid(self.devices, m)}
+        best = min(seen, key=seen.__getitem__)
+        step = max(1, self.devices // 16)
+        while step >= 1:
+            improved = True
+            while improved:
+                improved = False
+                for i, j in itertools.permutations(range(m), 2):
+                    if best[i] - step < 1:
+                        continue
+                    p = list(best)
+                    p[i] -= step
+                    p[j] += step
+                    q = tuple(p)
+                    if q not in seen:
+                        seen[q] = score(q)
+                    if seen[q] < seen[best] - 1e-12:
+                        best, improved = q, True
+            step //= 2
+        return sorted(seen, key=seen.__getitem__)[:3]
 
-    def candidates(self) -> tuple[list[Candidate], list[Candidate]]:
-        """Every candidate with its bound, and those rejected before simulation (memory)."""
-        out, rejected = [], []
+    def entries(self) -> list[tuple[float, float, float, Shape, list[tuple[str, str]], dict[str, Any], tuple[int, ...], bool]]:
+        """Every split and variant scored: (bound per item, bound, items, shape, fusions, overrides, parts, fits)."""
+        out = []
         for shape in shapes(self.space.running):
-            for fused, overrides in self._variants(shape):
-                cache: dict[tuple[int, ...], Candidate] = {}
+            m = len(shape.blocks)
+            if m + (shape.inner is not None) > self.devices:
+                continue
+            variants = list(self._variants(shape))
+            p0 = tuple([self.devices - (m - 1)] + [1] * (m - 1))
+            if shape.inner is not None:  # the inner component's block needs two devices at least
+                b = shape.inner[1]
+                p0 = tuple(self.devices - (m - 1) if i == b else 1 for i in range(m))
+                p0 += (1,)
+            evaluators = [FastBound(self.space.graph, self.space.workload, self.cost,
+                                    self._setup(shape, p0, fused, knobs)) for fused, knobs in variants]
 
-                def score(parts: tuple[int, ...]) -> float:
-                    setup = self._setup(shape, parts, fused, overrides)
-                    cand = Candidate(shape, parts, {"placement": self._placement(shape, parts), **overrides},
-                                     self.bound(setup), setup=setup, items=self.sim.items(setup))
-                    cand.memory, cand.rejected = self.memory(setup)
-                    cache[parts] = cand
-                    return cand.bound / cand.items if not cand.rejected else math.inf
+            def score(v: int, parts: tuple[int, ...]) -> tuple[float, float, float, bool]:
+                ranks = self._ranks(shape, parts)
+                fast = evaluators[v]
+                bound, items = fast.evaluate(ranks)
+                fits = not fast.memory(ranks)[1]
+                return (bound / items if fits else math.inf), bound, items, fits
 
-                for parts in self._splits(shape, score):
-                    if parts not in cache:
-                        score(parts)
-                    cand = cache[parts]
-                    (rejected if cand.rejected else out).append(cand)
-        return out, rejected
+            def with_inner(v: int, parts: tuple[int, ...]) -> list[tuple[int, ...]]:
+                if shape.inner is None:
+                    return [parts]
+                return [parts + (k,) for k in self._inner_sizes(parts[shape.inner[1]])]
+
+            def best_of(v: int, parts: tuple[int, ...]) -> float:
+                return min((score(v, q)[0] for q in with_inner(v, parts)), default=math.inf)
+
+            if self.exact:
+                chosen_variants = range(len(variants))
+                splits = self._block_splits(m, lambda p: 0.0)
+            else:  # one variant steers the split; every variant is then scored on the best splits
+                start = tuple(max(1, self.devices // m) for _ in range(m - 1))
+                start += (self.devices - sum(start),)
+                lead = min(range(len(variants)), key=lambda v: best_of(v, start))
+                splits = self._block_splits(m, lambda p: best_of(lead, p))
+                chosen_variants = range(len(variants))
+            for v in chosen_variants:
+                fused, knobs = variants[v]
+                for blocks in splits:
+                    for parts in with_inner(v, blocks):
+                        key, bound, items, fits = score(v, parts)
+                        out.append((key, bound, items, shape, fused, knobs, parts, fits))
+        return out
+
+    def _candidate(self, entry: tuple) -> Candidate:
+        _, bound, items, shape, fused, knobs, parts, _ = entry
+        setup = self._setup(shape, parts, fused, knobs)
+        cand = Candidate(shape, parts, {"placement": self._placement(shape, parts), **knobs}, bound, setup=setup,
+                         items=items)
+        cand.memory, cand.rejected = self.memory(setup)
+        return cand
 
     def _materialise(self, cand: Candidate) -> None:
         """Build the candidate's Plan with the workflow's own plan function; simulate from it."""
@@ -333,37 +358,44 @@ class Searcher:
         cand.setup = setup_from_plan(cand.plan)
         cand.memory, cand.rejected = self.memory(cand.setup)
 
-    def run(self, top: int = 5) -> SearchResult:
+    def run(self, top: int = 5, keep_rejected: int = 20) -> SearchResult:
         """Bound every candidate, simulate in bound order until no bound can win, rank the simulated."""
-        cands, rejected = self.candidates()
-        cands.sort(key=lambda c: c.bound / c.items)
+        entries = self.entries()
+        entries.sort(key=lambda e: e[0])
+        unfit = [e for e in entries if not e[7]]
+        rejected = [self._candidate(e) for e in unfit[:keep_rejected]]
         ranked: list[Candidate] = []
-        best = math.inf  # seconds per item of the top-th best simulated so far
-        for cand in cands:
-            if len(ranked) >= top and cand.bound / cand.items > best * (1 + 1e-9):
+        best: list[float] = []  # max-heap (negated) of the top seconds per item simulated so far
+        for entry in entries:
+            if not entry[7]:
+                break  # the unfit sort last (their key is infinite)
+            if len(best) >= top and entry[0] > -best[0] * (1 + 1e-9):
                 break
+            cand = self._candidate(entry)
             if self.exact:
                 self._materialise(cand)
-                if cand.rejected:
+            if cand.rejected:
+                if len(rejected) < keep_rejected:
                     rejected.append(cand)
-                    continue
+                continue
             assert cand.setup is not None
             cand.result = self.sim.simulate(cand.setup)
             cand.items = self.sim.items(cand.setup)
             ranked.append(cand)
-            ranked.sort(key=lambda c: c.seconds_per_item)
-            best = ranked[min(top, len(ranked)) - 1].seconds_per_item
+            heapq.heappush(best, -cand.seconds_per_item)
+            if len(best) > top:
+                heapq.heappop(best)
         ranked.sort(key=lambda c: c.seconds_per_item)
         if not self.exact:  # the plan function has the last word on the ones shown
             for cand in ranked[:top]:
                 self._materialise(cand)
-                if cand.setup is not None and cand.plan is not None and not cand.rejected:
-                    cand.result = self.sim.simulate(cand.setup)
+                if cand.plan is not None and not cand.rejected:
+                    cand.result = self.sim.simulate(cand.setup)  # type: ignore[arg-type]
             rejected += [c for c in ranked[:top] if c.rejected]
             ranked = [c for c in ranked if not c.rejected]
             ranked.sort(key=lambda c: c.seconds_per_item)
-        log.debug("search: %d candidates bounded, %d simulated", len(cands), len(ranked))
-        return SearchResult(ranked, rejected, len(cands) + len(rejected), len(ranked), self.exact)
+        log.debug("search: %d candidates bounded, %d simulated", len(entries), len(ranked))
+        return SearchResult(ranked, rejected, len(entries), len(ranked), self.exact, len(unfit))
 
 
 def search(space: SearchSpace, cost: CostModel, devices: int, *, top: int = 5,

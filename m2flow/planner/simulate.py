@@ -124,7 +124,7 @@ class Simulator:
             synced: dict[str, list[int]] = {}
             for src, dst in w.weights:
                 if src in comps and dst in comps and comps[src].host != comps[dst].host:
-                    seconds = self.cost.link.transfer(self.cost.component(src).state_bytes)
+                    seconds = self.cost.link.transfer(self.cost.sync_bytes(src))
                     deps = [last_of[src]] if src in last_of else []
                     tid = add(dst, seconds, deps, it, f"sync {src}->{dst}", "weight_sync", in_group=False)
                     synced.setdefault(dst, []).append(tid)

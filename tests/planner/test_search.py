@@ -80,7 +80,7 @@ def _toy_plan(cfg: dict[str, Any], layout: NodeLayout) -> Plan:
 
 def test_candidates_become_plans_through_the_plan_function():
     base = {"placement": "all", "micro": 4, "fuse": False}
-    result = search(SPACE, _model(0.5), 2, top=3, plan_fn=_toy_plan, configure=lambda o: {**base, **o},
+    result = search(SPACE, _model(0.5), 2, top=30, plan_fn=_toy_plan, configure=lambda o: {**base, **o},
                     layout=NodeLayout((2,)))
     best = result.ranked[0]
     assert isinstance(best.plan, Plan) and best.plan.placement == "gen: 0, train: 1"
@@ -119,3 +119,16 @@ def test_the_actor_on_part_of_the_env_devices_wins_when_collectives_cost():
     best = search(space, model, 2, top=1).ranked[0]
     assert best.placement == "env,policy: 0-1, train: 0" and best.overrides["fuse"] is True
     assert best.shape.mode == "hybrid"
+
+
+def test_the_fast_bound_never_exceeds_the_simulation():
+    from m2flow.planner.search import Searcher
+
+    for alpha, edge in ((0.5, 0.0), (1.0, 1.0), (0.7, 0.3)):
+        searcher = Searcher(SPACE, _model(alpha, edge, gen={"state_bytes": 1.0}, offload_bandwidth=1.0), 4)
+        entries = searcher.entries()
+        assert len(entries) > 30
+        for entry in entries[::3]:
+            cand = searcher._candidate(entry)
+            assert cand.bound == pytest.approx(searcher.bound(cand.setup))
+            assert cand.bound <= searcher.sim.simulate(cand.setup).iteration_time + 1e-9
