@@ -45,6 +45,13 @@ class FastBound:
                     groups.setdefault(("class", k), []).append(c)
         self.groups = [g for g in groups.values()]
         self.chain = [c for c in workload.chain if c in comps]
+        # Per group of chain components: (members, chain components before the first, after the last).
+        order = {c: i for i, c in enumerate(self.chain)}
+        self.chain_groups = []
+        for g in self.groups:
+            idx = sorted(order[c] for c in g if c in order)
+            if idx:
+                self.chain_groups.append(([self.chain[i] for i in idx], self.chain[:idx[0]], self.chain[idx[-1] + 1:]))
         self.loop = tuple(workload.loop) if workload.loop and all(c in comps for c in workload.loop) else ()
         s = template.settings
         self.items0 = template.setting(workload.items)
@@ -88,16 +95,11 @@ class FastBound:
             loop = self.steps * (t_env + t_pol)
             for g in self.groups:
                 loop = max(loop, sum(loop_work.get(c, 0.0) for c in g))
-        order = {c: i for i, c in enumerate(self.chain)}
         chain = 0.0
-        for g in self.groups:
-            members = [order[c] for c in g if c in order]
-            if not members:
-                continue
-            lo, hi = min(members), max(members)
-            head = sum(first[self.chain[i]] for i in range(lo))
-            tail = sum(last[self.chain[i]] for i in range(hi + 1, len(self.chain)))
-            chain = max(chain, head + sum(work[self.chain[i]] for i in members) + tail)
+        for members, before, after in self.chain_groups:
+            head = sum(first[c] for c in before)
+            tail = sum(last[c] for c in after)
+            chain = max(chain, head + sum(work[c] for c in members) + tail)
         return max(self.syncs, default=0.0) + loop + chain, items
 
     def memory(self, ranks: Mapping[str, int]) -> tuple[dict[str, float], str]:

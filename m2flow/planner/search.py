@@ -255,7 +255,7 @@ class Searcher:
         """Devices the inner component may take of its block's ``n``: all fewer (exact), else halvings."""
         if self.exact:
             return list(range(1, n))
-        return sorted({max(1, n >> j) for j in range(1, max(1, n.bit_length()))} - {n})
+        return sorted({max(1, n >> j) for j in range(1, 5)} | {1} - {n})
 
     def _ranks(self, shape: Shape, parts: Sequence[int]) -> dict[str, int]:
         ranks = {c: parts[i] for i, block in enumerate(shape.blocks) for c in block}
@@ -306,12 +306,16 @@ class Searcher:
             evaluators = [FastBound(self.space.graph, self.space.workload, self.cost,
                                     self._setup(shape, p0, fused, knobs)) for fused, knobs in variants]
 
+            scored: dict[tuple[int, tuple[int, ...]], tuple[float, float, float, bool]] = {}
+
             def score(v: int, parts: tuple[int, ...]) -> tuple[float, float, float, bool]:
-                ranks = self._ranks(shape, parts)
-                fast = evaluators[v]
-                bound, items = fast.evaluate(ranks)
-                fits = not fast.memory(ranks)[1]
-                return (bound / items if fits else math.inf), bound, items, fits
+                if (v, parts) not in scored:
+                    ranks = self._ranks(shape, parts)
+                    fast = evaluators[v]
+                    bound, items = fast.evaluate(ranks)
+                    fits = not fast.memory(ranks)[1]
+                    scored[(v, parts)] = ((bound / items if fits else math.inf), bound, items, fits)
+                return scored[(v, parts)]
 
             def with_inner(v: int, parts: tuple[int, ...]) -> list[tuple[int, ...]]:
                 if shape.inner is None:
