@@ -119,16 +119,7 @@ def plan_once(name: str, variant: str, devices: int, exact_limit: int = 16) -> t
     result = search(space, model, devices, top=1, devices_per_node=8, exact_limit=exact_limit)
     seconds = time.perf_counter() - t0
     best = result.ranked[0]
-    collocated = [c for c in result.ranked if c.shape.mode == "collocated"]
-    if not collocated:  # the collocated plan's own prediction, for the speed-up
-        from m2flow.planner.search import Searcher, Shape
-
-        s = Searcher(space, model, devices, devices_per_node=8)
-        cands = [s._candidate(e) for e in s.entries() if e[3] == Shape((tuple(space.running),)) and e[7]]
-        for c in cands:
-            c.result, c.items = s.sim.simulate(c.setup), s.sim.items(c.setup)
-        collocated = sorted(cands, key=lambda c: c.seconds_per_item)
-    ref = collocated[0].seconds_per_item if collocated else float("nan")
+    ref = result.collocated.seconds_per_item if result.collocated is not None else float("nan")
     return seconds, {
         "best_mode": best.shape.mode, "placement": best.placement if devices <= 64 else _short(best),
         "overrides": {k: v for k, v in best.overrides.items() if k != "placement"},

@@ -10,7 +10,9 @@ The bound (seconds of an iteration, never above what ``Simulator`` predicts):
 stage's policy-env steps in sequence and the busiest process group / device lock in the loop, and
 ``chain`` the flow-shop bound: for each process group or device lock G of chain components, the
 first calls of the chain before G's first member, G's whole work, and the last calls after G's
-last member. Switch (offload / onload) costs and CPU contention only add time, and are left out.
+last member. On CPU machines the iteration also lasts at least the whole demand (seconds x
+ranks x threads of every component) over all the cores. Switch (offload / onload) costs only add
+time, and are left out.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from m2flow.planner.setup import SimSetup, Workload, input_edges
 class FastBound:
     """Bound and memory of every split of one template setup's structure."""
 
-    def __init__(self, graph: WorkflowGraph, workload: Workload, cost: CostModel, template: SimSetup) -> None:
+    def __init__(self, graph: WorkflowGraph, workload: Workload, cost: CostModel, template: SimSetup,
+                 nodes: int = 1) -> None:
         self.w, self.cost = workload, cost
         comps = template.components
         self.names = list(comps)
@@ -64,6 +67,8 @@ class FastBound:
         # Memory: per device class, members that stay resident and members that take turns.
         self.memory_classes = [(k.label, sorted(k.members), dict(k.ranks_per_device)) for k in template.classes]
         self.offloads = {c for c, p in comps.items() if p.offload}
+        self.threads = {c: p.threads for c, p in comps.items()}
+        self.all_cores = cost.cores * nodes if cost.cores is not None else None
 
     def _t(self, c: str, items: float, ranks: int) -> float:
         curve, messages, per_item = self.calls[c]
@@ -100,7 +105,13 @@ class FastBound:
             head = sum(first[c] for c in before)
             tail = sum(last[c] for c in after)
             chain = max(chain, head + sum(work[c] for c in members) + tail)
-        return max(self.syncs, default=0.0) + loop + chain, items
+        bound = max(self.syncs, default=0.0) + loop + chain
+        if self.all_cores is not None:
+            demand = sum(w * ranks[c] * self.threads[c] for c, w in work.items())
+            if self.loop:
+                demand += sum(w * ranks[c] * self.threads[c] for c, w in loop_work.items())
+            bound = max(bound, demand / self.all_cores)
+        return bound, items
 
     def memory(self, ranks: Mapping[str, int]) -> tuple[dict[str, float], str]:
         """Bytes per device of each class, and why it does not fit (empty when it does)."""

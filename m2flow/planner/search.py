@@ -119,6 +119,8 @@ class SearchResult:
     exact: bool
     unfit: int = 0
     """candidates whose memory does not fit (the first few are in ``rejected``, with the reason)"""
+    collocated: Candidate | None = None
+    """the fastest collocated plan (every component on every device), the reference of speed-ups"""
 
 
 def set_partitions(items: Sequence[str]) -> Iterator[tuple[tuple[str, ...], ...]]:
@@ -218,7 +220,8 @@ class Searcher:
 
     def bound(self, setup: SimSetup) -> float:
         """Lower bound on the iteration time of ``setup`` (see ``bound.FastBound``)."""
-        fast = FastBound(self.space.graph, self.space.workload, self.cost, setup)
+        fast = FastBound(self.space.graph, self.space.workload, self.cost, setup,
+                         math.ceil(self.devices / self.devices_per_node))
         return fast.evaluate({c: p.ranks for c, p in setup.components.items()})[0]
 
     def memory(self, setup: SimSetup) -> tuple[dict[str, float], str]:
@@ -303,8 +306,9 @@ class Searcher:
                 b = shape.inner[1]
                 p0 = tuple(self.devices - (m - 1) if i == b else 1 for i in range(m))
                 p0 += (1,)
+            nodes = math.ceil(self.devices / self.devices_per_node)
             evaluators = [FastBound(self.space.graph, self.space.workload, self.cost,
-                                    self._setup(shape, p0, fused, knobs)) for fused, knobs in variants]
+                                    self._setup(shape, p0, fused, knobs), nodes) for fused, knobs in variants]
 
             scored: dict[tuple[int, tuple[int, ...]], tuple[float, float, float, bool]] = {}
 
@@ -399,7 +403,21 @@ class Searcher:
             ranked = [c for c in ranked if not c.rejected]
             ranked.sort(key=lambda c: c.seconds_per_item)
         log.debug("search: %d candidates bounded, %d simulated", len(entries), len(ranked))
-        return SearchResult(ranked, rejected, len(entries), len(ranked), self.exact, len(unfit))
+        return SearchResult(ranked, rejected, len(entries), len(ranked), self.exact, len(unfit),
+                            self._best_collocated(entries, ranked))
+
+    def _best_collocated(self, entries: list[tuple], ranked: list[Candidate]) -> Candidate | None:
+        """The fastest collocated candidate: among the ranked, else simulated now (a few variants)."""
+        done = [c for c in ranked if c.shape.mode == "collocated"]
+        if done:
+            return done[0]
+        found = []
+        for entry in (e for e in entries if e[3].mode == "collocated" and e[7]):
+            cand = self._candidate(entry)
+            if not cand.rejected and cand.setup is not None:
+                cand.result = self.sim.simulate(cand.setup)
+                found.append(cand)
+        return min(found, key=lambda c: c.seconds_per_item, default=None)
 
 
 def search(space: SearchSpace, cost: CostModel, devices: int, *, top: int = 5,

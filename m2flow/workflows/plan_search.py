@@ -139,8 +139,7 @@ def run_search(args: argparse.Namespace) -> int:
         for cand in result.rejected[:5]:
             say(f"  rejected {cand.placement!r}: {cand.rejected}")
         raise CommandError("no plan fits")
-    collocated = [c for c in result.ranked if c.shape.mode == "collocated"]
-    ref = min(c.seconds_per_item for c in collocated) if collocated else None
+    ref = result.collocated.seconds_per_item if result.collocated is not None else None
     for i, cand in enumerate(result.ranked[:args.top], start=1):
         res = cand.result
         assert res is not None and cand.setup is not None

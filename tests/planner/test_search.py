@@ -124,8 +124,9 @@ def test_the_actor_on_part_of_the_env_devices_wins_when_collectives_cost():
 def test_the_fast_bound_never_exceeds_the_simulation():
     from m2flow.planner.search import Searcher
 
-    for alpha, edge in ((0.5, 0.0), (1.0, 1.0), (0.7, 0.3)):
-        searcher = Searcher(SPACE, _model(alpha, edge, gen={"state_bytes": 1.0}, offload_bandwidth=1.0), 4)
+    for alpha, edge, cores in ((0.5, 0.0, None), (1.0, 1.0, None), (0.7, 0.3, None), (0.7, 0.3, 1)):
+        model = _model(alpha, edge, gen={"state_bytes": 1.0}, offload_bandwidth=1.0, cores=cores)
+        searcher = Searcher(SPACE, model, 4)
         entries = searcher.entries()
         assert len(entries) > 30
         for entry in entries[::3]:
