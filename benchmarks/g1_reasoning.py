@@ -8,7 +8,7 @@ constant, so every step trains) and one AdamW update per rollout batch without a
 - ``bare``: a hand-written torch loop doing only that compute (the limit);
 - ``m2flow:PLAN``: the reasoning runner (``m2flow.workflows.reasoning``) under each plan of ``PLANS``
   (placement and micro-batching), one side per plan; ``PLAN+lean`` is the same plan with the
-  ``lean`` generation backend instead of HF ``generate`` (``rollout.backend``) and the lean training
+  ``lean`` generation backend instead of HF ``generate`` (``rollout.backend``) and the packed training
   forward instead of the HF model's (``actor.forward``), both over the same weights;
   ``PLAN+lean+compile`` also runs the lean backend's decoding steps ``torch.compile``d
   (``rollout.compile``; the compile falls in the untimed warm-up iterations, like start-up).
@@ -97,6 +97,8 @@ class Side:
 
 
 BACKENDS = ("hf", "lean", "lean+compile")
+TRAINING_FORWARD = {"hf": "hf", "lean": "packed"}
+"""The actor's forward (``actor.forward``) that goes with each generation backend."""
 
 
 def plan_and_backend(name: str) -> tuple[RunnerPlan, str]:
@@ -229,7 +231,8 @@ def runner_config(w: dict, threads: int, plan: RunnerPlan, run_dir: str, trace: 
         "inference": {"num_threads": 1},
         # No KL (so no reference model) and the actor's own detached forward as the old policy (so no
         # extra pass): one forward/backward per response and one optimizer step per batch, as the others.
-        "actor": {"optim": {"lr": w["lr"]}, "num_threads": threads, "forward": backend.partition("+")[0],
+        "actor": {"optim": {"lr": w["lr"]}, "num_threads": threads,
+                  "forward": TRAINING_FORWARD[backend.partition("+")[0]],
                   "micro_batch_size": (plan.micro_batch_prompts or p) * g},
         "algorithm": {"adv_estimator": "grpo", "old_logprobs": "actor", "kl_loss_coef": 0.0},
         "steps": w["warmup_steps"] + w["steps"],

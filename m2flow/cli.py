@@ -216,6 +216,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_INPUT_ERRORS = {
+    "m2flow.config.errors": ("ConfigError", "InputError"),
+    "m2flow.planner.plan": ("PlanError",),
+    "m2flow.runtime.placement": ("PlacementError",),
+}
+
+
+def _input_errors() -> tuple[type[BaseException], ...]:
+    """The error types that mean bad input (a key, a file, a line, a placement), from the modules
+    already loaded: an error of a module never imported cannot have been raised, and nothing heavy
+    is imported here."""
+    return tuple(getattr(sys.modules[m], name) for m, names in _INPUT_ERRORS.items() if m in sys.modules
+                 for name in names)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``m2flow`` with ``argv`` (default: sys.argv[1:]); returns the exit code."""
     parser = build_parser()
@@ -230,7 +245,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     # Imported here, not at the top, so the parser is built without loading the config stack.
-    from m2flow.config.errors import ConfigError
     from m2flow.workflows.stop import EXIT_TERMINATED, Terminated
 
     try:
@@ -238,9 +252,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Terminated as error:
         print(f"stopped: {error}", file=sys.stderr)
         return EXIT_TERMINATED
-    except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
     except CommandError as error:
         print(f"error: {error}", file=sys.stderr)
         return error.code
@@ -251,3 +262,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader went away (`m2flow config docs x | head`); silence the flush at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception as error:  # noqa: BLE001 - bad input is one line; anything else is re-raised
+        if not isinstance(error, _input_errors()):
+            raise
+        # Input the user can fix: one line naming the key, file or line; the traceback only when asked.
+        logging.getLogger("m2flow").debug("traceback of the error below", exc_info=True)
+        print(f"error: {error}", file=sys.stderr)
+        return 2

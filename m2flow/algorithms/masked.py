@@ -38,11 +38,27 @@ def masked_var(values: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
 
 
 def masked_whiten(values: Tensor, mask: Tensor, eps: float = 1e-8, shift_mean: bool = True) -> Tensor:
-    """(values - mean) / (std + eps) over masked-in entries; masked-out entries come back as 0."""
+    """(values - mean) / sqrt(var + eps) over masked-in entries; masked-out entries come back as 0.
+
+    ``eps`` sits inside the square root, as in verl and OpenRLHF. With ``shift_mean`` a batch whose
+    masked-in values are all equal whitens to exact zeros: its float mean can be one rounding step
+    off the values, and that step divided by a std of the same size would be +-O(1) on every token.
+    """
     mean = masked_mean(values, mask)
-    std = masked_var(values, mask).sqrt()
+    var = masked_var(values, mask)
     centred = values - mean if shift_mean else values
-    return _select(centred / (std + eps), mask)
+    out = centred * torch.rsqrt(var + eps)
+    if shift_mean:
+        out = torch.where(_is_constant(values, mask), torch.zeros_like(out), out)
+    return _select(out, mask)
+
+
+def _is_constant(values: Tensor, mask: Tensor) -> Tensor:
+    """() bool: all masked-in values are equal (False for an empty mask)."""
+    sel = mask.bool()
+    high = torch.where(sel, values, torch.full_like(values, float("-inf"))).amax()
+    low = torch.where(sel, values, torch.full_like(values, float("inf"))).amin()
+    return high == low
 
 
 def last_token_index(response_mask: Tensor) -> Tensor:

@@ -16,6 +16,14 @@ class ConfigError(ValueError):
         super().__init__(f"{key}: {reason}" if key else reason)
 
 
+class InputError(ValueError):
+    """A file, record or path the user gave that cannot be used; the message names it (file, line, key).
+
+    Raised where the input is read (data files, checkpoints, model directories); the CLI prints it as
+    one ``error:`` line, like a ``ConfigError``.
+    """
+
+
 def join_key(parent: str, child: str | int) -> str:
     """Dotted path of ``child`` under ``parent``; list indices render as ``parent[3]``."""
     if isinstance(child, int):

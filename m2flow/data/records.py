@@ -9,6 +9,8 @@ from pathlib import Path
 from collections.abc import Iterator
 from typing import Any, Literal
 
+from m2flow.config.errors import InputError
+
 logger = logging.getLogger(__name__)
 
 OnBadLine = Literal["error", "skip"]
@@ -18,7 +20,7 @@ JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 
 
-class BadRecordError(ValueError):
+class BadRecordError(InputError):
     """A record could not be read or lacks a required key; the message starts with `file:line`."""
 
     def __init__(self, path: str | Path, line: int, reason: str) -> None:

@@ -8,7 +8,6 @@ Layout used throughout (see `m2flow.data.batch`): prompts left-padded (B, Lp), r
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +16,18 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModel, AutoModelForCausalLM, PreTrainedModel
 
+from m2flow.models.response_forward import (
+    HFResponseForward,
+    ResponseForward,
+    position_ids_from_mask,
+    trim_span,
+)
 from m2flow.models.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
 VALUE_HEAD_FILE = "value_head.safetensors"
+_HF_FORWARD = HFResponseForward()
 
 
 def _check_local(path: str | Path) -> Path:
@@ -53,11 +59,6 @@ def load_model_and_tokenizer(
     return load_causal_lm(path, dtype=dtype, device=device), load_tokenizer(path)
 
 
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """(B, L) positions counting only real tokens, so left padding does not shift positions."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
 def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """log softmax(logits / temperature) gathered at labels: (B, L, V), (B, L) -> (B, L)."""
     logits = logits.float()
@@ -77,34 +78,6 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch
     return -(logp.exp() * logp).sum(-1)
 
 
-@dataclass
-class _Span:
-    """A micro-batch with all-padding columns cut off; `lr` is the kept response width."""
-
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    response_ids: torch.Tensor
-    response_mask: torch.Tensor
-    lr: int
-
-
-def _trim(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_ids: torch.Tensor, response_mask: torch.Tensor) -> _Span:
-    """Drop prompt columns that are padding in every row and response columns past the longest response."""
-    if (prompt_mask.sum(-1) == 0).any():
-        raise ValueError("every row needs at least one prompt token")
-    start = int(prompt_mask.any(0).long().argmax())
-    has_tok = response_mask.any(0).nonzero()
-    lr = int(has_tok[-1]) + 1 if len(has_tok) else 1
-    r_ids, r_mask = response_ids[:, :lr], response_mask[:, :lr]
-    return _Span(
-        input_ids=torch.cat([prompt_ids[:, start:], r_ids], dim=1),
-        attention_mask=torch.cat([prompt_mask[:, start:], r_mask], dim=1),
-        response_ids=r_ids,
-        response_mask=r_mask,
-        lr=lr,
-    )
-
-
 def _pad_to(x: torch.Tensor, width: int) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, width - x.shape[1]))
 
@@ -119,31 +92,23 @@ def response_logprobs(
     temperature: float = 1.0,
     micro_batch_size: int | None = None,
     return_entropy: bool = False,
-    lean: bool = False,
+    forward: ResponseForward | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (B, Lr) of the responses, and their entropy (B, Lr) if asked; 0 on padding.
 
     Inputs are prompt ids/mask (B, Lp) left-padded and response ids/mask (B, Lr) right-padded.
     Runs in micro-batches of `micro_batch_size` rows (all at once when None). Gradients flow when
-    the caller has them enabled; wrap in `torch.no_grad()` for inference. With `lean` the logits come
-    from `m2flow.models.lean_packed.lean_packed_logits` over the model's own parameters (Qwen2/Llama;
-    the same values, with each distinct prompt run once, no padding inside a group and less per-pass
-    overhead) instead of the model's forward.
+    the caller has them enabled; wrap in `torch.no_grad()` for inference. The logits come from
+    `forward` (`m2flow.models.response_forward`; None: the model's own forward, `HFResponseForward`).
     """
     b, lr_full = response_ids.shape
     mbs = micro_batch_size or b
+    forward = _HF_FORWARD if forward is None else forward
     logps, ents = [], []
     for i in range(0, b, mbs):
         sl = slice(i, i + mbs)
-        span = _trim(prompt_ids[sl], prompt_mask[sl], response_ids[sl], response_mask[sl])
-        if lean:
-            from m2flow.models.lean_packed import lean_packed_logits
-
-            logits = lean_packed_logits(model, prompt_ids[sl], prompt_mask[sl], span.response_ids, span.response_mask)
-        else:  # only the last lr + 1 positions' logits are needed: the ones predicting response tokens
-            positions = position_ids_from_mask(span.attention_mask)
-            logits = model(input_ids=span.input_ids, attention_mask=span.attention_mask, position_ids=positions,
-                           use_cache=False, logits_to_keep=span.lr + 1).logits[:, -span.lr - 1 : -1]  # (mb, lr, V)
+        span = trim_span(prompt_ids[sl], prompt_mask[sl], response_ids[sl], response_mask[sl])
+        logits = forward.logits(model, prompt_ids[sl], prompt_mask[sl], span)  # (mb, lr, V)
         mask = span.response_mask.to(logits.dtype if logits.is_floating_point() else torch.float32)
         lp = logprobs_from_logits(logits, span.response_ids, temperature) * mask
         logps.append(_pad_to(lp, lr_full))
@@ -207,7 +172,7 @@ class CausalLMWithValueHead(nn.Module):
         out = []
         for i in range(0, b, mbs):
             sl = slice(i, i + mbs)
-            span = _trim(prompt_ids[sl], prompt_mask[sl], response_ids[sl], response_mask[sl])
+            span = trim_span(prompt_ids[sl], prompt_mask[sl], response_ids[sl], response_mask[sl])
             values = self(span.input_ids, span.attention_mask)[:, -span.lr - 1 : -1]
             out.append(_pad_to(values * span.response_mask.to(values.dtype), lr_full))
         return torch.cat(out, 0)

@@ -6,8 +6,8 @@ with ``batched=True``). ``load_reward_fn`` turns either into a ``RewardFunction`
 and returns batches and raises a ``RewardFunctionError`` naming the function when it cannot be
 imported or returns something that is not one finite float per sample.
 
-Built-ins: ``math`` (answer verification under a time limit), ``format`` (the response states a
-final answer explicitly), ``exact_match`` (normalised final answer equals the reference string).
+Built-ins: ``math`` (answer verification with math-verify under a time limit) and ``format`` (the
+response states a final answer explicitly).
 """
 
 from __future__ import annotations
@@ -15,14 +15,13 @@ from __future__ import annotations
 import importlib
 import math
 import numbers
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from m2flow.algorithms.registry import Registry
-from m2flow.rewards.extract import extract_answer_with_source, reference_answer
-from m2flow.rewards.normalize import normalize_answer
 from m2flow.rewards.sandbox import VerifyStats, score_batch
 
 
@@ -177,22 +176,20 @@ def load_reward_fn(spec: str | Callable[..., Any], *, batched: bool | None = Non
 
 @register_reward("math", batched=True, returns_stats=True)
 def math_reward(responses: list[str], references: list[str]) -> tuple[list[float], VerifyStats]:
-    """1.0 when the final answer equals the reference (numerically or symbolically), else 0.0."""
+    """1.0 when the final answer equals the reference (math-verify: values, LaTeX, sets, intervals), else 0.0."""
     return score_batch(responses, references)
+
+
+# An explicitly stated final answer: a non-empty \boxed{}/\fbox{}, a "#### N" line, "the answer is N"
+# or "answer: N". Each part scans a run of spaces at most once, so the (untrusted) response costs
+# time linear in its length.
+_STATED_ANSWER = re.compile(
+    r"\\(?:boxed|fbox)\s*\{\s*[^\s}]|####[ \t]*\S|\banswer\s*(?:is|:|=)[ \t:]*[^\s.]", re.IGNORECASE
+)
 
 
 @register_reward("format")
 def format_reward(response: str, reference: str) -> float:
     """1.0 when the response states its final answer explicitly (\\boxed, ####, "the answer is")."""
     del reference  # the format does not depend on the answer
-    _, source = extract_answer_with_source(response)
-    return 1.0 if source in ("boxed", "hashes", "phrase") else 0.0
-
-
-@register_reward("exact_match")
-def exact_match_reward(response: str, reference: str) -> float:
-    """1.0 when the normalised final answer is the same string as the normalised reference."""
-    pred, _ = extract_answer_with_source(response)
-    if pred is None:
-        return 0.0
-    return 1.0 if normalize_answer(pred) == normalize_answer(reference_answer(reference)) else 0.0
+    return 1.0 if _STATED_ANSWER.search(response) else 0.0

@@ -5,13 +5,14 @@ misses it is killed and replaced, a worker that dies (segfault, ``os._exit``, ou
 replaced, and an exception inside a check is caught. None of these reach the caller: the call's
 result is marked ``timeout``/``crash``/``error`` and counted in ``VerifyStats``.
 
-``score_batch`` is the batch API for math rewards. It decides what it can in the caller's process
-(``quick_verify``: bounded string and exact-number work, which covers all plain-number answers)
-and only sends the rest, the symbolic comparisons, to the pool. Sending everything costs a pickle
-round trip per check and is several times slower on GSM8K (see benchmarks/rewards_gsm8k.py).
+``score_batch`` is the batch API for math rewards. It decides in the caller's process only what
+needs no parsing (``quick_verify``: both answers plain integers, as in GSM8K's ``#### N``) and sends
+the rest to the pool, where math-verify parses and compares under the pool's time limit. The pool's
+deadline is the only time limit: math-verify's own (``signal.alarm``) is off, see ``math_verify.py``.
 
 Workers are started with the ``forkserver`` method: forking the training process itself would
-copy its threads' locks (torch, Ray) into the child, and ``spawn`` re-imports sympy per worker.
+copy its threads' locks (torch, Ray) into the child, and ``spawn`` re-imports sympy and the LaTeX
+parser per worker.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dataclasses import dataclass, fields
 from multiprocessing.connection import Connection, wait
 from typing import Any, Literal
 
-from m2flow.rewards.math_verify import quick_verify, verify_symbolic
+from m2flow.rewards.math_verify import quick_verify, verify_answer
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ class VerifyStats:
     """Counts of how checks were decided and how many failed; add them up across batches."""
 
     total: int = 0  # checks requested
-    in_process: int = 0  # decided by the fast path in the caller's process
+    in_process: int = 0  # decided by the fast path (plain integers) in the caller's process
     sandboxed: int = 0  # sent to a worker process
     timeouts: int = 0  # killed at the time limit (scored 0)
     errors: int = 0  # raised an exception (scored 0)
@@ -133,7 +134,7 @@ class SandboxPool:
         timeout_s: float = 5.0,
         memory_limit_mb: int | None = 4096,
         max_tasks_per_worker: int | None = 2000,
-        preload: Sequence[str] = ("m2flow.rewards.math_verify", "sympy"),
+        preload: Sequence[str] = ("m2flow.rewards.math_verify",),
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
@@ -141,7 +142,7 @@ class SandboxPool:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self.timeout_s = timeout_s
         self.memory_limit_mb = memory_limit_mb
-        # Recycling bounds the growth of sympy's caches in long runs.
+        # Recycling bounds the growth of sympy's and the parser's caches in long runs.
         self.max_tasks_per_worker = max_tasks_per_worker
         self._ctx = mp.get_context("forkserver")
         # Loaded once in the fork server, so a replacement worker starts in milliseconds.
@@ -309,7 +310,7 @@ def score_batch(
             stats.in_process += 1
     if todo:
         pool = pool or default_pool()
-        fn = check or verify_symbolic
+        fn = check or verify_answer
         results, pool_stats = pool.map(fn, [(responses[i], references[i]) for i in todo], timeout_s=timeout_s)
         pool_stats.total = 0  # already counted above
         stats += pool_stats

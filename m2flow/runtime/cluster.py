@@ -6,6 +6,7 @@ number of CPU "device slots", so the same placement strings work identically eve
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import uuid
@@ -15,6 +16,8 @@ from typing import Any
 
 import ray
 
+from m2flow.runtime.auth import run_secret
+from m2flow.runtime.device_lock import remove_lock_dir
 from m2flow.runtime.placement import SYNTAX_LAYOUT_DEVICES, NodeLayout, PlacementError, PlacementPlan, parse_placement
 
 log = logging.getLogger(__name__)
@@ -159,6 +162,8 @@ class Cluster:
         # Ray's token auth writes a file under ~/.ray unless disabled; a local engine needs no auth.
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         self._started_ray = False
+        # The run's secret exists before Ray starts, so a local raylet hands it to every worker.
+        run_secret()
         if not ray.is_initialized():
             if self.config.address:
                 log.info("attaching to Ray at %s", self.config.address)
@@ -171,6 +176,8 @@ class Cluster:
                 _start_local_ray(_local_init_kwargs(self.config))
                 self._started_ray = True
         self.cluster_id = uuid.uuid4().hex[:12]
+        # A driver that exits without shutdown() still leaves no lock directory behind.
+        atexit.register(remove_lock_dir, self.cluster_id)
         self.nodes = self._discover_nodes()
         for name, ranks in self.config.node_groups.items():
             bad = [r for r in ranks if r >= len(self.nodes)]
@@ -221,10 +228,11 @@ class Cluster:
         return parse_placement(spec, self.layout, components)
 
     def shutdown(self) -> None:
-        """Stop Ray if this handle started it."""
+        """Stop Ray if this handle started it; remove this node's device-lock directory of the run."""
         if self._started_ray and ray.is_initialized():
             ray.shutdown()
             self._started_ray = False
+        remove_lock_dir(self.cluster_id)
 
     def __repr__(self) -> str:
         kinds = ", ".join(f"node{n.node_rank}:{n.num_devices}x{n.device_type}" for n in self.nodes)

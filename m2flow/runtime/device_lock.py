@@ -4,11 +4,16 @@ The lock is an advisory ``flock`` on one file per (cluster, node, device) in ``/
 dir). ``flock`` was chosen over a lock actor because it needs no round trip through Ray, is held per open
 file so two workers in one process still exclude each other, and is released by the kernel when the
 holding process dies, so a crashed worker can never leave its devices locked.
+
+The lock files of a cluster live in ``m2flow-locks-<uid>/<cluster id>/`` (directories 0700, files
+0600: only the run's user can take or block its devices); ``remove_lock_dir`` deletes a cluster's
+directory when its run ends (``Cluster.shutdown`` and at the driver's exit).
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import tempfile
 import threading
@@ -20,6 +25,8 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from m2flow.runtime.trace import get_tracer
+
+log = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -47,7 +54,44 @@ class LockSpan:
 def _lock_root() -> Path:
     shm = Path("/dev/shm")
     base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-    return base / "m2flow-locks"
+    # Per user: a shared root created 0700 by one user would lock every other user out.
+    return base / f"m2flow-locks-{os.getuid()}"
+
+
+def lock_dir(cluster_id: str) -> Path:
+    """The directory holding ``cluster_id``'s lock files on this node."""
+    return _lock_root() / cluster_id
+
+
+def remove_lock_dir(cluster_id: str) -> bool:
+    """Delete ``cluster_id``'s lock directory unless a lock in it is held; True when it is gone.
+
+    A held lock means a worker of the cluster still runs here: its files must stay, or a newcomer
+    would lock a fresh file and no longer exclude it.
+    """
+    directory = lock_dir(cluster_id)
+    if not directory.is_dir():
+        return True
+    fds: list[int] = []
+    try:
+        for path in directory.glob("device*.lock"):
+            fd = os.open(path, os.O_RDWR)
+            fds.append(fd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.debug("%s is still held; its lock directory stays", path)
+                return False
+        for path in directory.iterdir():
+            path.unlink(missing_ok=True)
+        directory.rmdir()
+        return True
+    except OSError as exc:
+        log.debug("could not remove the lock directory %s: %s", directory, exc)
+        return False
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 class DeviceLock:
@@ -58,8 +102,9 @@ class DeviceLock:
             raise ValueError("a device lock needs at least one device")
         self.devices = tuple(sorted(set(devices)))  # sorted: a fixed order rules out deadlock
         self.owner = owner or f"pid{os.getpid()}"
-        self._dir = _lock_root() / cluster_id
-        self._dir.mkdir(parents=True, exist_ok=True)
+        self._dir = lock_dir(cluster_id)
+        self._dir.parent.mkdir(mode=0o700, exist_ok=True)
+        self._dir.mkdir(mode=0o700, exist_ok=True)
         self._fds: list[int] = []
         self._guard = threading.Lock()
         self._t_acquired = 0.0
@@ -77,7 +122,7 @@ class DeviceLock:
         start = time.time()
         try:
             for d in self.devices:
-                fd = os.open(self._dir / f"device{d}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+                fd = os.open(self._dir / f"device{d}.lock", os.O_RDWR | os.O_CREAT, 0o600)
                 try:
                     self._flock(fd, start, timeout)
                 except BaseException:

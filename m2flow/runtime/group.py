@@ -19,6 +19,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from m2flow.runtime.cluster import Cluster
+from m2flow.runtime.auth import adopt, secret_hex
 from m2flow.runtime.errors import WorkerError
 from m2flow.runtime.handle import CallFailure, GroupHandle
 from m2flow.runtime.logs import setup_logging
@@ -37,9 +38,10 @@ log = logging.getLogger(__name__)
 class _RankHost:
     """The Ray actor behind one rank: owns the worker object and reports failures with context."""
 
-    def __init__(self, ctx: WorkerContext) -> None:
+    def __init__(self, ctx: WorkerContext, secret: str | None = None) -> None:
         self.ctx = ctx
         self.worker: Worker | None = None
+        adopt(secret)  # before any listener starts: peers must prove they hold the run's secret
         # Set in-process rather than through a Ray runtime_env, which costs a slower worker start;
         # nothing has touched CUDA or built torch's thread pool yet at this point.
         os.environ.update(WorkerGroup._process_env(ctx))
@@ -61,8 +63,9 @@ class _RankHost:
         )
 
     def free_port(self) -> int:
+        """A free port on this rank's own address, where rank 0 will serve torch's store."""
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("", 0))
+            s.bind((self.ctx.node_ip, 0))
             return s.getsockname()[1]
 
     def construct(self, master_addr: str, master_port: int, cls: type[Worker],
@@ -108,6 +111,11 @@ def _actor_name(group: str, rank: int) -> str:
     return f"{group}:{rank}"
 
 
+def _task_name(group: str, rank: int, method: str) -> str:
+    """What ``ps`` shows for a rank while it runs ``method``: ``ray::group[rank].method``."""
+    return f"{group}[{rank}].{method}"
+
+
 class WorkerGroup:
     """N ranks of one worker class; calling a method runs it on all (or chosen) ranks."""
 
@@ -149,12 +157,13 @@ class WorkerGroup:
             }
             if detached:
                 options["lifetime"] = "detached"
-            self._hosts.append(_RemoteHost.options(**options).remote(ctx))
+            self._hosts.append(_RemoteHost.options(**options).remote(ctx, secret_hex()))
         master_port = ray.get(self._hosts[0].free_port.remote())
         master_addr = cluster.nodes[contexts[0].node_rank].ip
         refs = [
-            h.construct.remote(master_addr, master_port, worker_cls, tuple(args), dict(kwargs or {}))
-            for h in self._hosts
+            h.construct.options(name=_task_name(name, r, "__init__")).remote(
+                master_addr, master_port, worker_cls, tuple(args), dict(kwargs or {}))
+            for r, h in enumerate(self._hosts)
         ]
         try:
             GroupHandle(refs, range(len(refs)), self._describe, "__init__").wait()
@@ -271,7 +280,7 @@ class WorkerGroup:
                 **kwargs: Any) -> GroupHandle:
         """Call ``method(*args, **kwargs)`` on all ranks (or ``ranks``); returns a handle at once."""
         chosen = self._check_ranks(ranks)
-        refs = [self._hosts[r].call.remote(method, args, kwargs) for r in chosen]
+        refs = [self._call(r, method).remote(method, args, kwargs) for r in chosen]
         return GroupHandle(refs, chosen, self._describe, method)
 
     def execute_each(self, method: str, per_rank_args: Sequence[Sequence[Any]],
@@ -282,9 +291,13 @@ class WorkerGroup:
             raise ValueError(
                 f"{len(per_rank_args)} argument tuples for {len(chosen)} rank(s) of {self.name!r}"
             )
-        refs = [self._hosts[r].call.remote(method, tuple(a), {})
+        refs = [self._call(r, method).remote(method, tuple(a), {})
                 for r, a in zip(chosen, per_rank_args)]
         return GroupHandle(refs, chosen, self._describe, method)
+
+    def _call(self, rank: int, method: str) -> Any:
+        # Named per call: Ray titles the process after the task, so ``ps`` shows the group and rank.
+        return self._hosts[rank].call.options(name=_task_name(self.name, rank, method))
 
     def __getattr__(self, method: str) -> Any:
         if method.startswith("_"):

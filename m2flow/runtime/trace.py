@@ -3,7 +3,8 @@
 Each process owns one ``Tracer``. Spans (``with tracer.span("train", cat="train", mb=3):``) and counters
 (``tracer.counter("channel/rollout_out", depth)``) are appended to an in-memory list as plain tuples,
 with no Ray round trip and no serialisation on the hot path; the list is written as JSON lines to one
-shard per process under ``run_dir/trace/`` when it fills, on ``flush()`` and at exit. ``merge_traces``
+shard per process under ``run_dir/trace/`` when it fills, on ``flush()`` and at exit (a shard stops
+growing at ``$M2FLOW_TRACE_MAX_MB`` when set). ``merge_traces`` (``trace_merge.py``, in bounded memory)
 joins the shards into ``run_dir/trace.json`` (``traceEvents`` with ``X`` spans, ``C`` counters and ``M``
 metadata naming each process ``group[rank] @nodeN``), which Perfetto and ``chrome://tracing`` open.
 
@@ -23,10 +24,26 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+
+from m2flow.runtime.trace_merge import (
+    TRACE_FILE,
+    TRACE_SUBDIR,
+    iter_spans,
+    load_trace,
+    merge_traces,
+    prepare_trace_dir,
+    process_row_name,
+)
+
+__all__ = [
+    "CATEGORIES", "STEP_CATEGORY", "TRACE_FILE", "TRACE_SUBDIR", "WAIT_CATEGORIES", "ProcessInfo", "Tracer",
+    "category_of", "configure_tracer", "get_tracer", "iter_spans", "load_trace", "merge_traces",
+    "prepare_trace_dir", "set_tracer", "trace_category", "traced",
+]
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +56,8 @@ CATEGORIES = (
 WAIT_CATEGORIES = frozenset({"wait_channel", "wait_lock"})
 # The driver marks each iteration with a span of this category; reports slice time by it.
 STEP_CATEGORY = "step"
-TRACE_SUBDIR = "trace"
-TRACE_FILE = "trace.json"
 _CATEGORY_ATTR = "_m2flow_trace_category"
+MAX_MB_ENV = "M2FLOW_TRACE_MAX_MB"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -59,8 +75,7 @@ class ProcessInfo:
     @property
     def name(self) -> str:
         """The row title: ``group[rank] @nodeN`` (just ``driver @nodeN`` for the driver)."""
-        who = self.group if self.group == "driver" else f"{self.group}[{self.rank}]"
-        return f"{who} @node{self.node_rank}"
+        return process_row_name(self.group, self.rank, self.node_rank)
 
 
 class _NoopSpan:
@@ -121,8 +136,13 @@ class Tracer:
         enabled: bool = True,
         capacity: int = 50_000,
         offset_ns: int | None = None,
+        max_shard_bytes: int | None = None,
     ) -> None:
-        """``offset_ns`` maps ``perf_counter_ns`` onto the wall clock; by default it is measured now."""
+        """``offset_ns`` maps ``perf_counter_ns`` onto the wall clock; by default it is measured now.
+
+        ``max_shard_bytes`` caps the shard file (default ``$M2FLOW_TRACE_MAX_MB`` MiB, else no cap):
+        once reached, later events are counted and dropped, so a long run's trace stays bounded.
+        """
         self.enabled = enabled
         self.info = info or ProcessInfo()
         self.capacity = max(1, capacity)
@@ -133,6 +153,10 @@ class Tracer:
         self._offset_ns = time.time_ns() - time.perf_counter_ns() if offset_ns is None else offset_ns
         self._shard: Path | None = None
         self._dropped = 0
+        self._written = 0
+        if max_shard_bytes is None and os.environ.get(MAX_MB_ENV):
+            max_shard_bytes = int(float(os.environ[MAX_MB_ENV]) * (1 << 20))
+        self.max_shard_bytes = max_shard_bytes
         if enabled and self.trace_dir is not None:
             self.trace_dir.mkdir(parents=True, exist_ok=True)
             safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.info.group)
@@ -193,6 +217,12 @@ class Tracer:
                 return 0
             chunk = self._events[:n]
             del self._events[:n]
+            if self.max_shard_bytes is not None and self._written >= self.max_shard_bytes:
+                if not self._dropped:
+                    log.warning("trace shard %s reached its cap of %d bytes; later events are dropped",
+                                self._shard, self.max_shard_bytes)
+                self._dropped += n
+                return 0
             first = not self._shard.exists()
             lines = []
             if first:
@@ -214,8 +244,10 @@ class Tracer:
                     rec = {"kind": "C", "name": name, "series": series, "ts": t + off,
                            "value": value, "shared": shared}
                 lines.append(json.dumps(rec, default=str))
+            text = "\n".join(lines) + "\n"
             with open(self._shard, "a", encoding="utf-8") as f:
-                f.write("\n".join(lines) + "\n")
+                f.write(text)
+            self._written += len(text)
             return n
 
     def close(self) -> None:
@@ -259,22 +291,6 @@ def configure_tracer(trace_dir: str | Path, info: ProcessInfo, capacity: int = 5
     return tracer
 
 
-def prepare_trace_dir(run_dir: str | Path) -> Path:
-    """Empty (or create) ``run_dir/trace/`` for a new traced run; returns it.
-
-    Shards of an earlier run in the same directory would otherwise be merged into this run's trace.
-    """
-    trace_dir = Path(run_dir) / TRACE_SUBDIR
-    if trace_dir.is_dir():
-        for old in trace_dir.glob("*.jsonl"):
-            old.unlink()
-    trace_dir.mkdir(parents=True, exist_ok=True)
-    stale = Path(run_dir) / TRACE_FILE
-    if stale.exists():
-        stale.unlink()
-    return trace_dir
-
-
 def trace_category(cat: str) -> Callable[[F], F]:
     """Mark a worker method's category, used by the span ``WorkerGroup`` records per call."""
 
@@ -308,158 +324,3 @@ def traced(fn: F | None = None, *, name: str | None = None, cat: str | None = No
         return inner  # type: ignore[return-value]
 
     return wrap(fn) if fn is not None else wrap
-
-
-# ----------------------------------------------------------------------------- merging
-
-
-@dataclass
-class _Shard:
-    info: dict[str, Any]
-    threads: dict[int, str] = field(default_factory=dict)
-    events: list[dict[str, Any]] = field(default_factory=list)
-
-
-def _read_shard(path: Path) -> _Shard | None:
-    shard: _Shard | None = None
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:  # a process killed mid-write leaves a torn last line
-                log.warning("skipping a torn line in %s", path)
-                continue
-            kind = rec.get("kind")
-            if kind == "process":
-                shard = _Shard(info=rec)
-            elif shard is None:
-                log.warning("%s does not start with a process record; skipped", path)
-                return None
-            elif kind == "threads":
-                shard.threads.update({int(k): v for k, v in rec["names"].items() if k.isdigit()})
-            else:
-                shard.events.append(rec)
-    return shard
-
-
-def _process_name(info: dict[str, Any]) -> str:
-    return ProcessInfo(info["group"], info["rank"], info["node_rank"]).name
-
-
-def _us(ns: int) -> float:
-    return round(ns / 1000.0, 3)
-
-
-def _counter_event(e: dict[str, Any], pid: int, origin: int) -> dict[str, Any]:
-    return {"ph": "C", "name": e["name"], "pid": pid, "tid": 0, "ts": _us(e["ts"] - origin),
-            "args": {e["series"]: e["value"]}}
-
-
-def merge_traces(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Merge ``run_dir/trace/*.jsonl`` into one Chrome/Perfetto JSON trace (``run_dir/trace.json``).
-
-    Processes are ordered driver first, then groups by their first event, then rank; a process with
-    only shared counters (a channel host) gets no row of its own. Timestamps are microseconds from
-    the earliest event; the absolute origin is kept in ``otherData``.
-    """
-    run_dir = Path(run_dir)
-    out_path = Path(out) if out is not None else run_dir / TRACE_FILE
-    shards = [s for p in sorted((run_dir / TRACE_SUBDIR).glob("*.jsonl")) if (s := _read_shard(p))]
-    if not shards:
-        raise FileNotFoundError(f"no trace shards under {run_dir / TRACE_SUBDIR}")
-    all_ts = [e["ts"] for s in shards for e in s.events]
-    origin = min(all_ts) if all_ts else 0
-    group_start: dict[str, int] = {}
-    for s in shards:
-        first = min((e["ts"] for e in s.events), default=origin)
-        g = s.info["group"]
-        group_start[g] = min(group_start.get(g, first), first)
-    shards.sort(key=lambda s: (s.info["group"] != "driver", group_start[s.info["group"]],
-                               s.info["group"], s.info["rank"], s.info["pid"]))
-    meta: list[dict[str, Any]] = []
-    body: list[dict[str, Any]] = []
-    processes: list[dict[str, Any]] = []
-    # A process with nothing on a row of its own (a channel host: shared counters only) gets no row.
-    owners = [s for s in shards
-              if any(e["kind"] == "X" or not e.get("shared", True) for e in s.events)]
-    pids = {id(s): index + 1 for index, s in enumerate(owners)}
-    counters_pid = len(owners) + 1
-    has_shared = False
-    for s in shards:
-        if id(s) not in pids:
-            body.extend(_counter_event(e, counters_pid, origin) for e in s.events)
-            has_shared = has_shared or bool(s.events)
-            continue
-        pid = pids[id(s)]
-        info = s.info
-        name = _process_name(info)
-        devices = list(info.get("devices", []))
-        processes.append({"pid": pid, "name": name, "group": info["group"], "rank": info["rank"],
-                          "node_rank": info["node_rank"], "devices": devices,
-                          "device_type": info.get("device_type", "cpu"), "os_pid": info["pid"],
-                          "host": info.get("host", "")})
-        meta.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}})
-        meta.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
-                     "args": {"sort_index": pid}})
-        label = f"{info.get('device_type', 'cpu')} {devices}" if devices else "no devices"
-        meta.append({"ph": "M", "name": "process_labels", "pid": pid, "tid": 0,
-                     "args": {"labels": label}})
-        # Thread ids become 1, 2, ... in order of first use; the thread's own name is kept.
-        tids: dict[int, int] = {}
-        for e in s.events:
-            if e["kind"] == "X" and e["tid"] not in tids:
-                tids[e["tid"]] = len(tids) + 1
-        for ident, tid in tids.items():
-            tname = s.threads.get(ident, f"thread {tid}")
-            meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-                         "args": {"name": "main" if tname == "MainThread" else tname}})
-            meta.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
-                         "args": {"sort_index": tid}})
-        for e in s.events:
-            if e["kind"] == "X":
-                ev = {"ph": "X", "name": e["name"], "cat": e["cat"], "pid": pid,
-                      "tid": tids[e["tid"]], "ts": _us(e["ts"] - origin), "dur": _us(e["dur"])}
-                if e.get("args"):
-                    ev["args"] = e["args"]
-            else:
-                shared = e.get("shared", True)
-                has_shared = has_shared or shared
-                ev = _counter_event(e, counters_pid if shared else pid, origin)
-            body.append(ev)
-    if has_shared:
-        meta.append({"ph": "M", "name": "process_name", "pid": counters_pid, "tid": 0,
-                     "args": {"name": "counters"}})
-        meta.append({"ph": "M", "name": "process_sort_index", "pid": counters_pid, "tid": 0,
-                     "args": {"sort_index": counters_pid}})
-    # Per track in time order; at equal starts the longer (enclosing) span comes first.
-    body.sort(key=lambda e: (e["pid"], e["tid"], e["ts"], -e.get("dur", 0.0)))
-    trace = {
-        "traceEvents": meta + body,
-        "displayTimeUnit": "ms",
-        "otherData": {"m2flow": {"origin_ns": origin, "processes": processes}},
-    }
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_suffix(out_path.suffix + ".tmp")
-    tmp.write_text(json.dumps(trace), encoding="utf-8")
-    tmp.replace(out_path)
-    log.info("merged %d trace shard(s), %d events, into %s", len(shards), len(body), out_path)
-    return out_path
-
-
-def load_trace(path: str | Path) -> dict[str, Any]:
-    """Read a merged trace back (``trace.json`` or the run dir holding it)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / TRACE_FILE
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-def iter_spans(trace: dict[str, Any], pids: Iterable[int] | None = None) -> Iterable[dict[str, Any]]:
-    """The ``X`` events of a merged trace (of the given processes only, when ``pids`` is given)."""
-    wanted = set(pids) if pids is not None else None
-    for e in trace["traceEvents"]:
-        if e.get("ph") == "X" and (wanted is None or e["pid"] in wanted):
-            yield e

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
+from m2flow.runtime.dist_store import tcp_store
 from m2flow.runtime.device_lock import DeviceLock, device_turn
 from m2flow.runtime.trace import Tracer, get_tracer
 
@@ -119,7 +120,11 @@ class Worker:
 
     # -- collective set-up ------------------------------------------------------------------
     def init_process_group(self, backend: str | None = None, timeout_s: float = 300.0) -> None:
-        """Initialise ``torch.distributed`` over this group's ranks (gloo on CPU, NCCL on GPU)."""
+        """Initialise ``torch.distributed`` over this group's ranks (gloo on CPU, NCCL on GPU).
+
+        Rank 0 serves the store on its node's own address (``MASTER_ADDR``), not on every
+        interface as torch's ``env://`` store would: it binds the socket itself and hands it over.
+        """
         import torch.distributed as dist
 
         if self.context.in_process:
@@ -129,9 +134,13 @@ class Worker:
         if dist.is_initialized():
             return
         backend = backend or ("nccl" if self.context.device_type == "cuda" else "gloo")
+        if backend == "gloo" and _is_loopback(self.context.master_addr):
+            # A one-machine run keeps gloo's pair sockets on loopback too.
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         dist.init_process_group(
             backend=backend,
-            init_method="env://",
+            store=tcp_store(self.context.master_addr, self.context.master_port, self.world_size,
+                            serve=self.rank == 0, timeout_s=timeout_s),
             rank=self.rank,
             world_size=self.world_size,
             timeout=timedelta(seconds=timeout_s),
@@ -187,6 +196,10 @@ class Worker:
     def broadcast(self, obj: Any, dst_group: str, dst_ranks: Any = None, **kwargs: Any) -> Any:
         """Send ``obj`` to several ranks of a group."""
         return self.comm.broadcast(obj, dst_group, dst_ranks, **kwargs)
+
+
+def _is_loopback(addr: str) -> bool:
+    return addr in ("localhost", "::1") or addr.startswith("127.")
 
 
 def apply_thread_limits(num_threads: int) -> None:

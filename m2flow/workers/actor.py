@@ -32,6 +32,7 @@ import torch
 from m2flow.backends.training.collectives import all_reduce_max, all_reduce_sum, barrier, use_host_sum
 from m2flow.data.batch import RolloutBatch
 from m2flow.models.causal_lm import CausalLMWithValueHead, load_causal_lm, response_logprobs
+from m2flow.models.response_forward import create_response_forward
 from m2flow.models.tokenizer import load_tokenizer
 from m2flow.runtime.comm import send_weights
 from m2flow.runtime.comm.collectives import ExchangeSum
@@ -42,6 +43,7 @@ from m2flow.workers.config import ActorConfig, AlgorithmConfig, RolloutConfig, t
 from m2flow.workers.generation import GeneratesGroups
 from m2flow.workers.messages import GroupSample, join_groups
 from m2flow.workers.objective import StepTotals, critic_objective, policy_objective
+from m2flow.workers.state_file import load_state, save_state
 from m2flow.workers.stats import WEIGHT_KEY
 from m2flow.workers.streams import GroupStream
 from m2flow.workers.trainable import TrainedModel
@@ -79,10 +81,9 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         updates = total_steps * cfg.mini_batches * cfg.update_epochs
         self.tokenizer = load_tokenizer(model_path)
         model = load_causal_lm(source, dtype=dtype, device=device)
-        if cfg.forward == "lean":  # an unsupported model fails here, not in the first iteration
-            from m2flow.models.lean_lm import check_supported
-
-            check_supported(model.config)
+        self.forward = create_response_forward(cfg.forward)
+        """The forward the policy's log-probs are computed with (``actor.forward``)."""
+        self.forward.check(model)  # an unsupported model fails here, not in the first iteration
         self.policy = TrainedModel(model, cfg.strategy, device, cfg.optim, updates, cpu_offload=cfg.fsdp_cpu_offload)
         self.critic: TrainedModel | None = None
         if algo.uses_critic:
@@ -102,11 +103,11 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
     def _fuse_rollout(self, cfg: RolloutConfig, prompts: GroupStream, responses: GroupStream, *, seed: int,
                       scorer: dict[str, Any] | None = None) -> None:
         """Generate with a backend over the trained policy itself (the rollout fused into this process)."""
-        from m2flow.backends.generation import generation_backend_over
+        from m2flow.backends.generation import GenerationOptions, generation_backend_over
 
         module = self.policy.module
-        options = {"compile": cfg.compile} if cfg.backend == "lean" else {}
-        backend = generation_backend_over(cfg.backend, module, self.tokenizer, device=self.torch_device, **options)
+        options = GenerationOptions(device=self.torch_device, dtype=cfg.dtype, seed=seed, compile=cfg.compile)
+        backend = generation_backend_over(cfg.backend, module, self.tokenizer, options)
         module.train()  # backends put their model in eval mode; generation does so per call instead
         self.setup_generation(backend, cfg, prompts, responses, seed=seed, scorer=scorer, shared_model=module)
         if responses.name == self.inp.name and responses.consumers == prompts.consumers == self.world_size:
@@ -235,7 +236,7 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
             logp, entropy = response_logprobs(
                 self.policy.module, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
                 batch.response_mask, temperature=self.temperature, return_entropy=need_entropy,
-                lean=self.cfg.forward == "lean")
+                forward=self.forward)
             obj = policy_objective(logp, entropy, batch, self.algo)
             (obj.loss * weight).backward()
         if weight:
@@ -296,18 +297,18 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
             if "critic" in states:
                 weights, saved["critic"] = states["critic"]
                 _save_value_model(self.critic.module, weights, root / CRITIC_DIR)  # type: ignore[union-attr]
-            torch.save(saved, root / TRAINING_STATE)
+            save_state(saved, root / TRAINING_STATE)
         barrier()
-        torch.save(_rng_state(), root / f"rng_actor{self.rank}.pt")
+        save_state(_rng_state(), root / f"rng_actor{self.rank}.pt")
 
     def _load_training_state(self, root: Path) -> None:
-        saved = torch.load(root / TRAINING_STATE, weights_only=False)
+        saved = load_state(root / TRAINING_STATE)
         self.policy.load_training_state(saved["policy"])
         if self.critic is not None:
             self.critic.load_training_state(saved["critic"])
         rng = root / f"rng_actor{self.rank}.pt"
         if rng.is_file():
-            _set_rng_state(torch.load(rng, weights_only=False))
+            _set_rng_state(load_state(rng))
 
 
 def _save_value_model(model: Any, weights: dict[str, torch.Tensor], path: Path) -> None:

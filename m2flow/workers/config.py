@@ -80,15 +80,20 @@ class RolloutConfig:
             raise ValueError(f"prompts_per_chunk must be >= 1 or None, got {self.prompts_per_chunk}")
         if self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
-        if self.compile and self.backend != "lean":
-            raise ValueError(f"compile is an option of the 'lean' backend, not of {self.backend!r}")
+        # What a backend accepts is the backend's to say (imported here: this module stays light to import).
+        from m2flow.backends.generation import backends_that_compile, generation_backend_class
+
+        backend = generation_backend_class(self.backend)  # an unknown name raises, listing the valid ones
+        if self.compile and not backend.compiles:
+            raise ValueError(f"compile is an option of the {', '.join(map(repr, backends_that_compile()))} "
+                             f"backend, not of {self.backend!r}")
 
 
 @dataclass
 class RewardConfig:
     """The reward workers: score each response against its reference answer."""
 
-    fn: str = option("math", "reward: a registered name (math, format, exact_match) or 'module:function'")
+    fn: str = option("math", "reward: a registered name (math, format) or 'module:function'")
     timeout_s: float = option(5.0, "time limit of one sandboxed check (math); a timeout scores 0 and is counted")
     overlong_buffer: int | None = option(
         None, "DAPO overlong shaping: the penalty ramps up over the last this-many tokens before max_new_tokens")
@@ -103,6 +108,13 @@ class RewardConfig:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
         if self.overlong_buffer is not None and self.overlong_buffer < 1:
             raise ValueError(f"overlong_buffer must be >= 1 or None, got {self.overlong_buffer}")
+        from m2flow.algorithms.registry import UnknownNameError
+        from m2flow.rewards.registry import RewardLoadError, load_reward_fn
+
+        try:  # with the rest of the config, before any model is built or worker started
+            load_reward_fn(self.fn)
+        except (UnknownNameError, RewardLoadError) as e:
+            raise ValueError(f"fn: {e}") from None
 
 
 @dataclass
@@ -112,9 +124,10 @@ class InferenceConfig:
     micro_batch_size: int = option(32, "most responses per forward pass; fewer when fewer are ready")
     dtype: DType = option("float32", "weight dtype of the policy and reference copies")
     num_threads: int = option(1, "torch threads of each inference rank")
-    forward: Literal["hf", "lean"] = option(
-        "hf", "the forward of the policy and reference copies: the HF model's ('hf'), or the lean packed one "
-              "('lean': Qwen2/Llama; each prompt run once per micro-batch, no padding inside a group)")
+    forward: Literal["hf", "packed"] = option(
+        "hf", "the forward of the policy and reference copies: the HF model's ('hf'), or the packed functional "
+              "one ('packed', formerly 'lean': Qwen2/Llama; each prompt run once per micro-batch, no padding "
+              "inside a group)")
 
     def validate(self) -> None:
         if self.micro_batch_size < 1:
@@ -206,10 +219,10 @@ class ActorConfig:
     critic: CriticConfig = option(CriticConfig(), "the value model (used by the gae estimator)")
     num_threads: int = option(1, "torch threads of each actor rank")
     host_sum: Literal["auto", "comm", "gloo"] = option("auto", HOST_SUM_HELP)
-    forward: Literal["hf", "lean"] = option(
-        "hf", "the policy's training forward: the HF model's ('hf'), or the lean functional one over the same "
-              "parameters ('lean': Qwen2/Llama with strategy ddp; each prompt run once per micro-batch, no padding "
-              "inside a group, less per-pass overhead for small models)")
+    forward: Literal["hf", "packed"] = option(
+        "hf", "the policy's training forward: the HF model's ('hf'), or the packed functional one over the same "
+              "parameters ('packed', formerly 'lean': Qwen2/Llama with strategy ddp; each prompt run once per "
+              "micro-batch, no padding inside a group, less per-pass overhead for small models)")
 
     @property
     def updates_once(self) -> bool:
@@ -220,9 +233,9 @@ class ActorConfig:
         for key in ("micro_batch_size", "mini_batches", "update_epochs", "weight_sync_bucket_mb", "num_threads"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
-        if self.forward == "lean" and self.strategy != "ddp":
-            # FSDP2 gathers the shards in the module's forward hooks, which the lean forward skips.
-            raise ValueError(f"forward 'lean' needs strategy 'ddp', got {self.strategy!r}")
+        if self.forward == "packed" and self.strategy != "ddp":
+            # FSDP2 gathers the shards in the module's forward hooks, which the packed forward skips.
+            raise ValueError(f"forward 'packed' needs strategy 'ddp', got {self.strategy!r}")
 
 
 def torch_dtype(name: DType):  # -> torch.dtype; torch is imported lazily to keep this module light

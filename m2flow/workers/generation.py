@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 from torch import nn
 
-from m2flow.backends.generation import SamplingParams
+from m2flow.backends.generation import GenerationBackend, SamplingParams
 from m2flow.data.batch import RolloutBatch
 from m2flow.runtime.trace import trace_category
 from m2flow.workers.common import derive_seed
@@ -38,19 +38,6 @@ def sampling_params(cfg: RolloutConfig) -> SamplingParams:
     s = cfg.sampling
     return SamplingParams(n=s.n, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                           max_new_tokens=s.max_new_tokens, stop=tuple(s.stop))
-
-
-def pad_id_of(backend: Any) -> int:
-    """The padding id of the backend's tokenizer (end-of-sequence when it has none)."""
-    pad = getattr(backend, "pad_id", None)
-    if pad is not None:
-        return int(pad)
-    llm = getattr(backend, "llm", None)
-    tokenizer = llm.get_tokenizer() if llm is not None else getattr(backend, "tokenizer", None)
-    for candidate in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None)):
-        if candidate is not None:
-            return int(candidate)
-    return 0
 
 
 @contextmanager
@@ -69,12 +56,12 @@ def eval_mode(module: nn.Module | None) -> Iterator[None]:
 class GeneratesGroups:
     """``generate`` and ``evaluate`` of a reasoning worker over ``self.backend`` (after ``setup_generation``)."""
 
-    backend: Any = None
+    backend: GenerationBackend | None = None
     generation_model: nn.Module | None = None
     """A model shared with training, put in eval mode while generating (None: the backend's own)."""
 
-    def setup_generation(self, backend: Any, cfg: RolloutConfig, prompts: GroupStream, responses: GroupStream,
-                         *, seed: int, scorer: dict[str, Any] | None = None,
+    def setup_generation(self, backend: GenerationBackend, cfg: RolloutConfig, prompts: GroupStream,
+                         responses: GroupStream, *, seed: int, scorer: dict[str, Any] | None = None,
                          shared_model: nn.Module | None = None) -> None:
         """Generate with ``backend`` the prompts taken from ``prompts`` into ``responses``; with ``scorer``
         (``GroupScorer`` keyword arguments) groups leave scored."""
@@ -85,7 +72,7 @@ class GeneratesGroups:
         self.scorer = GroupScorer(**scorer) if scorer is not None else None
         self.rollout_seed = seed
         self.params = sampling_params(cfg)
-        self.pad_id = pad_id_of(backend)
+        self.pad_id = int(backend.pad_id)
         self.generation_model = shared_model
 
     def _generating(self) -> None:

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from m2flow.models.causal_lm import load_causal_lm, response_logprobs
+from m2flow.models.response_forward import create_response_forward
 from m2flow.runtime.trace import trace_category
 from m2flow.workers.common import ReasoningWorker, state_digest
 from m2flow.workers.config import AlgorithmConfig, InferenceConfig, torch_dtype
@@ -41,11 +42,10 @@ class InferenceWorker(ReasoningWorker):
             self.policy = load_causal_lm(model_path, dtype=dtype, device=self.torch_device)
         if algo.needs_reference:
             self.reference = load_causal_lm(model_path, dtype=dtype, device=self.torch_device)
-        if cfg.forward == "lean":  # an unsupported model fails here, not in the first iteration
-            from m2flow.models.lean_lm import check_supported
-
-            for model in self._models():
-                check_supported(model.config)
+        self.forward = create_response_forward(cfg.forward)
+        """The forward the log-probs are computed with (``inference.forward``)."""
+        for model in self._models():  # an unsupported model fails here, not in the first iteration
+            self.forward.check(model)
 
     # -- context switching ------------------------------------------------------------------
     def _models(self) -> list[nn.Module]:
@@ -109,5 +109,5 @@ class InferenceWorker(ReasoningWorker):
         args = (batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
         for model, field in ((self.policy, "old_logprobs"), (self.reference, "ref_logprobs")):
             if model is not None:
-                logp, _ = response_logprobs(model, *args, temperature=self.temperature, lean=self.cfg.forward == "lean")
+                logp, _ = response_logprobs(model, *args, temperature=self.temperature, forward=self.forward)
                 scatter_rows(groups, field, logp.float().cpu())

@@ -11,10 +11,10 @@ from typing import Any
 
 from torch import nn
 
-from m2flow.backends.generation import create_generation_backend
+from m2flow.backends.generation import GenerationOptions, create_generation_backend
 from m2flow.runtime.trace import trace_category
 from m2flow.workers.common import ReasoningWorker, state_digest
-from m2flow.workers.config import RolloutConfig, torch_dtype
+from m2flow.workers.config import RolloutConfig
 from m2flow.workers.generation import GeneratesGroups
 from m2flow.workers.streams import GroupStream
 
@@ -27,18 +27,11 @@ class RolloutWorker(GeneratesGroups, ReasoningWorker):
         self.cfg = cfg
         self.seed = seed
         self.shares_devices = shares_devices
-        backend = create_generation_backend(cfg.backend, model_path, **self._backend_kwargs())
+        options = GenerationOptions(device=self.torch_device, dtype=cfg.dtype, seed=seed, compile=cfg.compile)
+        backend = create_generation_backend(cfg.backend, model_path, options)
         # Reward fused into this process (``GroupScorer`` keyword arguments): groups leave scored.
         self.setup_generation(backend, cfg, prompts, responses, seed=seed, scorer=scorer)
         self._offloaded = False
-
-    def _backend_kwargs(self) -> dict[str, Any]:
-        if self.cfg.backend in ("hf", "lean"):
-            kwargs = {"device": self.torch_device, "dtype": torch_dtype(self.cfg.dtype)}
-            return {**kwargs, "compile": self.cfg.compile} if self.cfg.backend == "lean" else kwargs
-        if self.cfg.backend == "vllm":  # the engine places itself on the visible GPU
-            return {"dtype": self.cfg.dtype, "seed": self.seed}
-        return {}
 
     # -- context switching ------------------------------------------------------------------
     def offload(self) -> None:
@@ -52,8 +45,8 @@ class RolloutWorker(GeneratesGroups, ReasoningWorker):
 
     # -- weights -----------------------------------------------------------------------------
     def _module(self) -> nn.Module | None:
-        model = getattr(self.backend, "model", None)
-        return model if isinstance(model, nn.Module) else None
+        """The model generated from, when it lives in this process (weights are then loaded in place)."""
+        return self.backend.module
 
     @trace_category("weight_sync")
     def receive_weights(self, src_group: str, src_rank: int = 0) -> int:

@@ -44,9 +44,11 @@ from m2flow.workflows.run import (
     checkpoint_path,
     find_checkpoint,
     gather,
+    prune_checkpoints,
     read_state,
     run_with_restarts,
     truncate_metrics,
+    verify_checkpoint,
     write_state,
 )
 
@@ -265,10 +267,11 @@ class EmbodiedFlow:
             handles["rollout"] = self.rollout.save_checkpoint(str(path))
         _gather(handles, self.timeout)
         save_config(self.cfg, path / CONFIG_FILE, workflow="embodied")  # what evaluation needs
-        write_state(path, {"workflow": "embodied", "next_step": next_iteration, "env_steps": self.env_steps, "episodes": self.episodes,
-                           "recent": list(self.recent), "norm_deltas": self._deltas, "seed": self.cfg.seed,
-                           "env_ranks": self.env_ranks, "fused": self.fused})
+        write_state(path, {"workflow": "embodied", "next_step": next_iteration, "env_steps": self.env_steps,
+                           "episodes": self.episodes, "recent": list(self.recent), "norm_deltas": self._deltas,
+                           "seed": self.cfg.seed, "env_ranks": self.env_ranks, "fused": self.fused})
         log.info("checkpoint %s", path)
+        prune_checkpoints(self.run_dir, self.cfg.keep_checkpoints)
         return path
 
     def load_checkpoint(self, path: Path) -> int:
@@ -349,7 +352,7 @@ def evaluate_checkpoint(path: str | Path, episodes: int = 10, overrides: Sequenc
     from m2flow.workers.embodied.evaluate import evaluate_policy, load_checkpoint_parts
 
     path = Path(path)
-    if read_state(path).get("workflow") != "embodied":
+    if verify_checkpoint(path).get("workflow") != "embodied":
         raise CheckpointError(f"{path} is not an embodied checkpoint")
     cfg = load_config(EmbodiedConfig, path / CONFIG_FILE, overrides)
     weights, norm = load_checkpoint_parts(path)

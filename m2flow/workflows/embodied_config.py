@@ -40,6 +40,7 @@ class EmbodiedConfig:
     seed: int = option(0, "seeds the envs (env i of rank r: seed + r * num_envs + i), weights and sampling")
     run_dir: str = option("runs/embodied", "where logs, metrics, checkpoints and the trace go")
     checkpoint_every: int = option(0, "save a checkpoint every this-many iterations and after the last (0: never)")
+    keep_checkpoints: int | None = option(None, "keep only the newest this-many checkpoints (None: keep all)")
     resume: str | None = option(None, "'auto' (latest checkpoint in run_dir, if any) or a checkpoint directory")
     eval_every: int = option(0, "evaluate every this-many iterations and at the end (0: never)")
     eval_episodes: int = option(10, "episodes per evaluation (deterministic actions, frozen statistics)")
@@ -63,6 +64,8 @@ class EmbodiedConfig:
         for key in ("checkpoint_every", "eval_every"):
             if getattr(self, key) < 0:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
+        if self.keep_checkpoints is not None and self.keep_checkpoints < 1:
+            raise ValueError(f"keep_checkpoints must be >= 1 or None, got {self.keep_checkpoints}")
         for module in self.env_worker.imports:
             try:
                 importlib.import_module(module)

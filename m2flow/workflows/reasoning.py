@@ -30,6 +30,7 @@ from m2flow.workflows.run import (
     checkpoint_path,
     find_checkpoint,
     gather,
+    prune_checkpoints,
     read_state,
     run_with_restarts,
     truncate_metrics,
@@ -250,8 +251,10 @@ class ReasoningFlow:
         """Actor weights + optimizer + RNG (by the actor), data position and step (here)."""
         path = checkpoint_path(self.run_dir, next_step)
         self.actor.save_checkpoint(str(path)).wait()
-        write_state(path, {"workflow": "reasoning", "next_step": next_step, "loader": loader.state_dict(), "seed": self.cfg.seed})
+        write_state(path, {"workflow": "reasoning", "next_step": next_step, "loader": loader.state_dict(),
+                           "seed": self.cfg.seed})
         log.info("checkpoint %s", path)
+        prune_checkpoints(self.run_dir, self.cfg.keep_checkpoints)
         return path
 
     def shutdown(self) -> None:

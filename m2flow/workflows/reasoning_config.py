@@ -117,6 +117,7 @@ class ReasoningConfig:
     seed: int = option(0, "seed of data order, sampling and initialisation")
     run_dir: str = option("runs/reasoning", "where logs, metrics, checkpoints and the trace go")
     checkpoint_every: int = option(0, "save a checkpoint every this-many iterations and after the last (0: never)")
+    keep_checkpoints: int | None = option(None, "keep only the newest this-many checkpoints (None: keep all)")
     resume: str | None = option(None, "'auto' (latest checkpoint in run_dir, if any) or a checkpoint directory")
     eval_every: int = option(0, "held-out accuracy every this-many iterations and at the end (0: never)")
     eval_size: int | None = option(None, "held-out prompts evaluated (None: all)")
@@ -131,6 +132,8 @@ class ReasoningConfig:
         for key in ("checkpoint_every", "eval_every"):
             if getattr(self, key) < 0:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
+        if self.keep_checkpoints is not None and self.keep_checkpoints < 1:
+            raise ValueError(f"keep_checkpoints must be >= 1 or None, got {self.keep_checkpoints}")
         if self.algorithm.old_logprobs == "actor" and not self.actor.updates_once:
             raise ValueError(
                 "algorithm.old_logprobs: 'actor' is exact only with one optimizer step per iteration "

@@ -11,6 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from m2flow.config.errors import InputError
 from m2flow.data import ArithmeticTask, PromptDataset, read_records
 from m2flow.data.gsm8k import GSM8K_PROMPT_TEMPLATE, read_gsm8k, resolve_split
 from m2flow.data.prompts import format_prompt
@@ -82,11 +83,16 @@ def load_datasets(data: DataConfig, tokenizer: Any) -> tuple[PromptDataset, Prom
     """Training prompts and held-out prompts (None when the data has no held-out split)."""
     train = prompt_dataset(data, raw_records(data, "train") or [], tokenizer)
     if len(train) < data.prompts_per_step:
-        raise ValueError(f"the training data has {len(train)} prompt(s), fewer than prompts_per_step "
+        raise InputError(f"data: {_source(data)} has {len(train)} prompt(s), fewer than prompts_per_step "
                          f"({data.prompts_per_step})")
     test_records = raw_records(data, "test")
     test = prompt_dataset(data, test_records, tokenizer) if test_records else None
     return train, test
+
+
+def _source(data: DataConfig) -> str:
+    """The training data as the user named it, for messages."""
+    return f"the training data ({data.path})" if data.path else f"the {data.kind} training data"
 
 
 def _data(record: Any) -> dict[str, Any]:
@@ -111,13 +117,15 @@ def prepare_model(model: ModelConfig, data: DataConfig) -> Path:
     if path.is_dir():
         return path
     if not model.create_tiny:
-        raise FileNotFoundError(f"model.path {path} does not exist (set model.create_tiny to build a tiny model)")
+        raise InputError(f"model.path: {path} does not exist (set model.create_tiny to build a tiny model)")
     from m2flow.data import ARITHMETIC_ALPHABET
     from m2flow.models.sft import sft_steps
     from m2flow.models.tiny import TinyModelConfig, build_tiny_model, save_checkpoint
     from m2flow.models.tokenizer import train_tokenizer
 
     records = raw_records(data, "train") or []
+    if not records:
+        raise InputError(f"data: {_source(data)} has no records to build the tiny model's tokenizer from")
     pairs = _pairs(data, records, None)
     texts = [ARITHMETIC_ALPHABET] if data.kind == "arithmetic" else [p + t for p, t in pairs]
     spec = model.tiny

@@ -54,7 +54,7 @@ WORKLOAD = Workload(
 
 def plan_reasoning(cfg: ReasoningConfig, layout: NodeLayout) -> Plan:
     """The plan of ``cfg`` on a cluster of ``layout``; a placement that cannot be met raises PlacementError."""
-    from m2flow.backends.generation import IN_PROCESS_BACKENDS
+    from m2flow.backends.generation import generation_backend_class
 
     placed = resolve_placement(cfg.placement, layout, COMPONENTS)
     algo = cfg.algorithm
@@ -68,7 +68,8 @@ def plan_reasoning(cfg: ReasoningConfig, layout: NodeLayout) -> Plan:
         notes.append("reward runs as its own group: it is not on the rollout's devices rank for rank")
     wants = cfg.rollout.fuse_with_actor
     same = placed["rollout"].same_devices(placed["actor"])
-    rollout_fused = (wants and same and cfg.actor.strategy == "ddp" and cfg.rollout.backend in IN_PROCESS_BACKENDS
+    rollout_fused = (wants and same and cfg.actor.strategy == "ddp"
+                     and generation_backend_class(cfg.rollout.backend).in_process
                      and cfg.rollout.dtype == cfg.actor.dtype)
     if wants and same and not rollout_fused:
         notes.append("rollout runs as its own group: fusing into the actor needs actor.strategy ddp, an in-process "

@@ -101,9 +101,10 @@ def get_workflow(name: Any) -> WorkflowSpec:
 
 def _workflow_name(path: str | Path | None, overrides: Sequence[str]) -> Any:
     for text in reversed(overrides):  # the last override wins, as when merging
+        if text.partition("=")[0].strip() != WORKFLOW_KEY:
+            continue  # typed later against the schema (a placement's text is no YAML)
         key, value = parse_override(text)
-        if key == WORKFLOW_KEY:
-            return value
+        return value
     # Only the one key is read here; the whole file is composed once the schema is known.
     data = read_yaml(path) if path is not None else {}
     if not isinstance(data, dict) or WORKFLOW_KEY not in data:

@@ -10,9 +10,11 @@ and renamed, so a crash leaves either a complete marker or none. Nothing in it i
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from m2flow.config.errors import InputError
 from m2flow.config.schema import option
 from m2flow.planner import Plan
 from m2flow.runtime.cluster import Cluster, ClusterConfig
@@ -35,7 +38,7 @@ TRAINER_STATE = "trainer_state.json"
 _ARRAY = "__ndarray__"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """A checkpoint that cannot be read; the message names the file."""
 
 
@@ -61,12 +64,24 @@ def _decode(obj: dict[str, Any]) -> Any:
     return obj
 
 
+def _digests(checkpoint: Path) -> dict[str, str]:
+    """SHA-256 of every file the workers saved into ``checkpoint`` (the marker excluded), by relative path."""
+    out = {}
+    for f in sorted(p for p in Path(checkpoint).rglob("*") if p.is_file()):
+        if f.name == TRAINER_STATE or f.name.endswith(".tmp"):
+            continue
+        with open(f, "rb") as fh:
+            out[f.relative_to(checkpoint).as_posix()] = hashlib.file_digest(fh, "sha256").hexdigest()
+    return out
+
+
 def write_state(checkpoint: Path, state: dict[str, Any]) -> Path:
-    """Write the driver's state into ``checkpoint`` atomically; call it after the workers saved theirs."""
+    """Write the driver's state into ``checkpoint`` atomically, with the checksum of every file the
+    workers saved there (so corruption is named at load time); call it after the workers saved theirs."""
     path = Path(checkpoint) / TRAINER_STATE
     tmp = path.with_suffix(".json.tmp")
     with open(tmp, "w") as f:
-        json.dump(state, f, default=_encode, indent=1)
+        json.dump({**state, "files": _digests(Path(checkpoint))}, f, default=_encode, indent=1)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -92,6 +107,33 @@ def read_state(checkpoint: Path) -> dict[str, Any]:
     return state
 
 
+def verify_checkpoint(checkpoint: Path) -> dict[str, Any]:
+    """``read_state``, and every file the marker lists present with its checksum; else CheckpointError
+    naming the file."""
+    state = read_state(checkpoint)
+    want = state.get("files", {})
+    have = _digests(Path(checkpoint))
+    for name, digest in want.items():
+        if name not in have:
+            raise CheckpointError(f"{Path(checkpoint) / name}: missing from the checkpoint")
+        if have[name] != digest:
+            raise CheckpointError(f"{Path(checkpoint) / name}: corrupted (its checksum differs from the one saved)")
+    return state
+
+
+def prune_checkpoints(run_dir: str | Path, keep: int | None) -> list[Path]:
+    """Remove all but the newest ``keep`` complete checkpoints in ``run_dir`` (None or 0: keep all);
+    returns the removed ones, oldest first. Incomplete directories (no marker) are left as they are."""
+    if not keep:
+        return []
+    done = [p for p in sorted((Path(run_dir) / CHECKPOINTS).glob("step_*")) if (p / TRAINER_STATE).is_file()]
+    removed = done[:-keep]
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+        log.info("removed old checkpoint %s (keep_checkpoints=%d)", path, keep)
+    return removed
+
+
 def find_checkpoint(resume: str | None, run_dir: str | Path) -> Path | None:
     """The checkpoint to resume from: ``resume`` itself, or with ``auto`` the newest valid one in run_dir.
 
@@ -100,11 +142,11 @@ def find_checkpoint(resume: str | None, run_dir: str | Path) -> Path | None:
     if resume is None:
         return None
     if resume != "auto":
-        read_state(Path(resume))  # raises naming what is wrong
+        verify_checkpoint(Path(resume))  # raises naming what is wrong
         return Path(resume)
     for path in sorted((Path(run_dir) / CHECKPOINTS).glob("step_*"), reverse=True):
         try:
-            read_state(path)
+            verify_checkpoint(path)
         except CheckpointError as e:
             log.warning("resume: skipping %s", e)
             continue

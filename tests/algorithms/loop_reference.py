@@ -90,9 +90,11 @@ def returns_to_go(rewards, mask, gamma):
 def whiten(values, mask, eps):
     flat = [values[b][t] for b in range(len(values)) for t in range(len(values[b])) if mask[b][t]]
     mean = sum(flat) / len(flat)
-    std = math.sqrt(sum((v - mean) ** 2 for v in flat) / (len(flat) - 1)) if len(flat) > 1 else 0.0
+    var = sum((v - mean) ** 2 for v in flat) / (len(flat) - 1) if len(flat) > 1 else 0.0
+    constant = max(flat) == min(flat)  # equal values whiten to exact zeros
     return [
-        [(values[b][t] - mean) / (std + eps) if mask[b][t] else 0.0 for t in range(len(values[b]))]
+        [(values[b][t] - mean) / math.sqrt(var + eps) if mask[b][t] and not constant else 0.0
+         for t in range(len(values[b]))]
         for b in range(len(values))
     ]
 

@@ -58,3 +58,21 @@ def test_group_advantages_are_permutation_equivariant_and_sum_to_zero(scores, k,
         group_sums = torch.zeros(n // k, dtype=torch.float64).index_add_(0, ids, a)
         scale = max(1.0, float(x.abs().max()))
         assert all(math.isclose(s, 0.0, abs_tol=1e-9 * scale * k) for s in group_sums.tolist())
+
+
+def test_a_constant_batch_whitens_to_exact_zeros():
+    # 0.1 * 7 tokens: the float32 mean is one rounding step off 0.1, and (x - mean) / (std + eps)
+    # made that step +-O(1) on every token.
+    x = torch.full((1, 7), 0.1, dtype=torch.float32)
+    mask = torch.ones(1, 7)
+    assert masked_mean(x, mask).item() != torch.tensor(0.1, dtype=torch.float32).item()
+    assert torch.equal(masked_whiten(x, mask), torch.zeros(1, 7))
+    assert torch.equal(masked_whiten(x, mask, eps=0.0), torch.zeros(1, 7))  # no 0 * inf
+
+
+def test_whitening_puts_eps_inside_the_square_root():
+    x = torch.tensor([[0.0, 1e-4]])
+    mask = torch.ones(1, 2)
+    var = 0.5e-8  # unbiased variance of {0, 1e-4}
+    expected = torch.tensor([[-0.5e-4, 0.5e-4]]) / math.sqrt(var + 1e-8)
+    torch.testing.assert_close(masked_whiten(x, mask, eps=1e-8), expected)

@@ -19,17 +19,17 @@ FNS = "tests.rewards.reward_fns"
 
 
 def test_builtins():
-    assert REWARD_FNS.names() == ["exact_match", "format", "math"]
+    assert REWARD_FNS.names() == ["format", "math"]
     math_fn = load_reward_fn("math")
-    scores = math_fn(["The answer is 18.", r"\boxed{19}", r"\boxed{2\sqrt{2}}"], ["#### 18", "#### 18", r"\sqrt{8}"])
+    scores = math_fn(["The answer is 18.", "#### 19", r"\boxed{2\sqrt{2}}"], ["#### 18", "#### 18", r"\sqrt{8}"])
     assert scores == [1.0, 0.0, 1.0]
     stats = math_fn.pop_stats()
-    assert (stats.total, stats.in_process, stats.sandboxed) == (3, 2, 1)
+    assert (stats.total, stats.in_process, stats.sandboxed) == (3, 1, 2)  # "#### 19" is decided in-process
     assert math_fn.pop_stats().total == 0
     fmt = load_reward_fn("format")
-    assert fmt([r"\boxed{3}", "#### 3", "The answer is 3", "maybe 3"], ["", "", "", ""]) == [1.0, 1.0, 1.0, 0.0]
-    exact = load_reward_fn("exact_match")
-    assert exact([r"\boxed{\dfrac{1}{2}}", r"\boxed{0.5}", "nothing"], [r"\frac{1}{2}"] * 3) == [1.0, 0.0, 0.0]
+    stated = [r"\boxed{3}", "#### 3", "The answer is 3", "Final answer: $3$"]
+    unstated = ["maybe 3", r"\boxed{}", "####\n", "the answer is."]
+    assert fmt(stated + unstated, [""] * 8) == [1.0] * 4 + [0.0] * 4
 
 
 def test_user_functions_by_path_and_callable():
@@ -51,7 +51,7 @@ def test_registering_and_unknown_names():
     assert load_reward_fn("test_constant_reward")(["a"], ["b"]) == [0.25]
     with pytest.raises(ValueError, match="already registered"):
         register_reward("test_constant_reward")(constant)
-    with pytest.raises(KeyError, match="unknown reward function 'maths'; valid names: exact_match, format, math"):
+    with pytest.raises(KeyError, match="unknown reward function 'maths'; valid names: format, math"):
         load_reward_fn("maths")
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from m2flow.rewards.sandbox import SandboxPool, VerifyStats, score_batch
@@ -34,11 +36,20 @@ def test_hung_check_is_cut_off_and_counted(pool: SandboxPool):
     assert scores == [1.0, 0.0] and stats.failures == 0
 
 
-def test_pathological_sympy_expression_is_cut_off(pool: SandboxPool):
-    # A power tower: sympy would try to build an integer with ~10**8 digits, then a bigger one.
-    scores, stats = score_batch([r"\boxed{9^{9^{9^9}}}"], ["1"], pool=pool, timeout_s=1.0)
+@pytest.mark.parametrize(
+    "response",
+    [
+        r"\boxed{9^{9^{9^9}}}",  # a power tower: sympy would build an integer of ~10**8 digits, then more
+        r"\boxed{" + "(" * 30 + "1" + ")" * 30 + "}",  # deep nesting: the LaTeX parser backtracks for minutes
+    ],
+)
+def test_pathological_expression_scores_zero_within_its_limit(pool: SandboxPool, response: str):
+    start = time.perf_counter()
+    scores, stats = score_batch([response], ["1"], pool=pool, timeout_s=1.0)
+    elapsed = time.perf_counter() - start
     assert scores == [0.0]
-    assert stats.sandboxed == 1 and stats.failures == 1  # a timeout (or a MemoryError under the cap)
+    assert stats.sandboxed == 1 and stats.timeouts == 1 and stats.restarts == 1
+    assert elapsed < 1.0 + 2.0  # the limit, plus killing and replacing the worker on a loaded machine
     scores, stats = score_batch([r"\boxed{2\sqrt{2}}"], [r"\sqrt{8}"], pool=pool)
     assert scores == [1.0] and stats.failures == 0
 
@@ -62,15 +73,15 @@ def test_errors_and_non_numbers_score_zero(pool: SandboxPool):
     assert scores == [0.0] and stats.errors == 1
 
 
-def test_math_batch_uses_the_fast_path_for_numbers(pool: SandboxPool):
-    responses = ["The answer is 18.", r"\boxed{1,080}", "I get 17", r"\boxed{2\sqrt{2}}", r"\boxed{x+}"]
-    references = ["#### 18", "#### 1080", "#### 18", r"\sqrt{8}", "x"]
+def test_math_batch_uses_the_fast_path_for_plain_integers(pool: SandboxPool):
+    responses = ["work...\n#### 18", "#### 1,080", "17", "The answer is 18.", r"\boxed{2\sqrt{2}}", r"\boxed{x+}"]
+    references = ["#### 18", "#### 1080", "#### 18", "#### 18", r"\sqrt{8}", "x"]
     scores, stats = score_batch(responses, references, pool=pool)
-    assert scores == [1.0, 1.0, 0.0, 1.0, 0.0]
-    assert (stats.total, stats.in_process, stats.sandboxed, stats.failures) == (5, 3, 2, 0)
+    assert scores == [1.0, 1.0, 0.0, 1.0, 1.0, 0.0]
+    assert (stats.total, stats.in_process, stats.sandboxed, stats.failures) == (6, 3, 3, 0)
     # Everything through the sandbox gives the same scores.
     slow, stats = score_batch(responses, references, pool=pool, in_process_fast_path=False)
-    assert slow == scores and stats.sandboxed == 5
+    assert slow == scores and stats.sandboxed == 6
 
 
 def test_worker_killed_while_idle_is_replaced(pool: SandboxPool):

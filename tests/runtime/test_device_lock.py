@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import stat
 import time
 import uuid
 
 import pytest
 
-from m2flow.runtime import DeviceLock, WorkerGroup, device_turn
+from m2flow.runtime import Cluster, DeviceLock, WorkerGroup, device_turn
+from m2flow.runtime.device_lock import lock_dir, remove_lock_dir
 from m2flow.runtime.worker import Worker
+
+
+@pytest.fixture
+def lock_id():
+    """A fresh cluster id for locks taken outside a Cluster; its directory goes afterwards."""
+    cid = uuid.uuid4().hex
+    yield cid
+    remove_lock_dir(cid)
 
 
 class Stateful(Worker):
@@ -74,8 +84,8 @@ def _hold(cluster_id: str, devices: list[int], hold_s: float, out: mp.Queue) -> 
         out.put((start, time.time()))
 
 
-def test_lock_excludes_processes_and_dies_with_its_holder():
-    cid = uuid.uuid4().hex
+def test_lock_excludes_processes_and_dies_with_its_holder(lock_id):
+    cid = lock_id
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=_hold, args=(cid, [0, 1], 0.3, q)) for _ in range(2)]
@@ -121,8 +131,8 @@ class _State:
         self.calls.append("onload")
 
 
-def test_device_turn_offloads_even_when_the_block_raises():
-    lock = DeviceLock(uuid.uuid4().hex, [0])
+def test_device_turn_offloads_even_when_the_block_raises(lock_id):
+    lock = DeviceLock(lock_id, [0])
     state = _State()
     with pytest.raises(RuntimeError, match="inside"):
         with device_turn(lock, state, offload_after=True):
@@ -134,8 +144,26 @@ def test_device_turn_offloads_even_when_the_block_raises():
     assert state.calls == ["onload", "offload", "onload"]
 
 
-def test_lock_misuse():
+def test_lock_misuse(lock_id):
     with pytest.raises(ValueError, match="at least one device"):
         DeviceLock("x", [])
     with pytest.raises(RuntimeError, match="not held"):
-        DeviceLock(uuid.uuid4().hex, [0]).release()
+        DeviceLock(lock_id, [0]).release()
+
+
+def test_a_runs_lock_directory_is_private_and_removed_at_shutdown(cluster):
+    run = Cluster(cluster.config)  # attaches to the running Ray: its own cluster id, its own locks
+    group = WorkerGroup(Stateful, run, "lock_cleanup", num_ranks=1)
+    try:
+        group.work(1, 0.0).wait(timeout=60)
+        directory = lock_dir(run.cluster_id)
+        assert directory.is_dir()
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+        assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in directory.iterdir())
+        held = DeviceLock(run.cluster_id, [0])
+        with held:  # a worker still holding a lock keeps the directory
+            assert not remove_lock_dir(run.cluster_id) and directory.is_dir()
+    finally:
+        group.shutdown()
+    run.shutdown()
+    assert not directory.exists()

@@ -203,3 +203,17 @@ def test_bad_worker_class_and_threads(cluster):
 def test_local_ray_is_bound_to_loopback(cluster):
     assert {n.ip for n in cluster.nodes} == {"127.0.0.1"}
     assert ray.is_initialized()
+
+
+class _Titled(Worker):
+    def title(self) -> str:
+        with open(f"/proc/{os.getpid()}/cmdline", "rb") as f:
+            return f.read().split(b"\0")[0].decode().strip()
+
+
+def test_a_rank_process_is_titled_by_its_group_and_rank(cluster):
+    group = WorkerGroup(_Titled, cluster, "titled", num_ranks=2)
+    try:
+        assert group.title().wait(timeout=60) == ["ray::titled[0].title", "ray::titled[1].title"]
+    finally:
+        group.shutdown()

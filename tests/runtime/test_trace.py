@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import tracemalloc
 
 import pytest
 
@@ -203,9 +204,9 @@ def _merged_spans_after_appending(tmp_path, text: str) -> list[str]:
     return [e["name"] for e in _spans(load_trace(merge_traces(tmp_path)))]
 
 
-def test_merge_skips_a_torn_last_line_and_needs_shards(tmp_path):
-    with pytest.raises(FileNotFoundError):
-        merge_traces(tmp_path)
+def test_merge_skips_a_torn_last_line_and_needs_shards(tmp_path, caplog):
+    assert merge_traces(tmp_path) is None
+    assert "no trace shards" in caplog.text
     assert _merged_spans_after_appending(tmp_path, '{"kind": "X", "name": "cut') == ["env_step"]
 
 
@@ -215,14 +216,94 @@ def test_merge_ignores_a_thread_without_an_ident(tmp_path):
     assert _merged_spans_after_appending(tmp_path, text) == ["env_step"]
 
 
-def test_prepare_trace_dir_clears_an_earlier_run(tmp_path):
-    t = Tracer(tmp_path / "trace", ProcessInfo(), offset_ns=0)
-    t.complete("step", 0, 1, cat="step")
+def _one_span_run(tmp_path, name: str) -> None:
+    t = Tracer(prepare_trace_dir(tmp_path), ProcessInfo(), offset_ns=0)
+    t.complete(name, 0, 1, cat="step")
     t.close()
+
+
+def test_prepare_trace_dir_sets_an_earlier_run_aside_until_the_next_merge(tmp_path):
+    _one_span_run(tmp_path, "first")
     merge_traces(tmp_path)
+    prepare_trace_dir(tmp_path)  # a resume starts: nothing of the first run is deleted yet
+    assert list((tmp_path / "trace").glob("*.jsonl")) == [] and not (tmp_path / "trace.json").exists()
+    (aside,) = (tmp_path / "trace" / "previous").iterdir()
+    assert sorted(p.suffix for p in aside.iterdir()) == [".json", ".jsonl"]
+    try:  # the resume fails: its merge keeps the earlier trace
+        raise RuntimeError("resume failed")
+    except RuntimeError:
+        merge_traces(tmp_path)
+    assert (aside / "trace.json").exists()
+    _one_span_run(tmp_path, "second")
+    merge_traces(tmp_path)  # this run got to its end: its trace supersedes the earlier ones
+    assert not (tmp_path / "trace" / "previous").exists()
+    assert [e["name"] for e in _spans(load_trace(tmp_path))] == ["second"]
+
+
+def test_a_failed_run_without_shards_raises_its_own_error(tmp_path, caplog):
     prepare_trace_dir(tmp_path)
-    assert list((tmp_path / "trace").iterdir()) == []
-    assert not (tmp_path / "trace.json").exists()
+    with pytest.raises(ValueError, match="the run's own error"):
+        try:
+            raise ValueError("the run's own error")
+        finally:
+            merge_traces(tmp_path)
+    assert "no trace shards" in caplog.text
+
+
+def test_a_merge_failing_while_the_run_fails_does_not_mask_the_error(tmp_path, caplog, monkeypatch):
+    _one_span_run(tmp_path, "step")
+    monkeypatch.setattr("m2flow.runtime.trace_merge._summarize", lambda path: 1 / 0)
+    with pytest.raises(KeyError, match="real"):
+        try:
+            raise KeyError("real")
+        finally:
+            assert merge_traces(tmp_path) is None
+    assert "could not merge" in caplog.text
+    with pytest.raises(ZeroDivisionError):  # with no error in flight a broken merge still raises
+        merge_traces(tmp_path)
+
+
+def _write_shards(trace_dir, shards: int, events: int) -> None:
+    for r in range(shards):
+        t = Tracer(trace_dir, ProcessInfo("env", r), offset_ns=0, capacity=10**9)
+        for i in range(events):  # out of order on purpose: the merge sorts each track by time
+            t.complete("env_step", ((i * 7919) % events) * MS, MS // 2, cat="env_step", i=i, pad="x" * 400)
+        t.close()
+
+
+def _merge_peak(tmp_path, shards: int, events: int) -> tuple[int, dict]:
+    trace_dir = tmp_path / f"run{shards}" / "trace"
+    _write_shards(trace_dir, shards, events)
+    tracemalloc.start()
+    try:
+        merge_traces(trace_dir.parent, chunk_events=500)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return peak, load_trace(trace_dir.parent)
+
+
+def test_merge_memory_stays_bounded_however_many_shards(tmp_path):
+    events = 2_000
+    small, _ = _merge_peak(tmp_path, 2, events)
+    big, trace = _merge_peak(tmp_path, 10, events)
+    shard_bytes = sum(p.stat().st_size for p in (tmp_path / "run10" / "trace").glob("*.jsonl"))
+    # Loading every shard would hold 20k events (> 9 MB as text alone); the merge holds one chunk.
+    assert big < shard_bytes / 4 and big < 2 * small + (1 << 20), (small, big, shard_bytes)
+    spans = _spans(trace)
+    assert len(spans) == 10 * events
+    for pid in {e["pid"] for e in spans}:
+        ts = [e["ts"] for e in spans if e["pid"] == pid]
+        assert ts == sorted(ts) and len(ts) == events
+
+
+def test_a_shard_stops_growing_at_its_cap(tmp_path):
+    t = Tracer(tmp_path / "trace", ProcessInfo(), offset_ns=0, capacity=10, max_shard_bytes=2_000)
+    for i in range(500):
+        t.complete("step", i, 1, cat="step")
+    t.close()
+    (shard,) = (tmp_path / "trace").glob("*.jsonl")
+    assert shard.stat().st_size < 2_000 + 10 * 200 and t._dropped > 0
 
 
 # ----------------------------------------------------------------------------- on Ray workers

@@ -6,12 +6,14 @@ whole iteration in one process: the streams just hold every item until the next 
 
 from __future__ import annotations
 
+import atexit
 import uuid
 from collections import deque
 from typing import Any
 
 import torch
 
+from m2flow.runtime.device_lock import remove_lock_dir
 from m2flow.runtime.worker import Worker, WorkerContext
 
 
@@ -58,6 +60,8 @@ def local_worker(cls: type[Worker], *args: Any, group: str = "local", rank: int 
         node_ip="127.0.0.1", devices=(0,), device_type="cpu", local_rank=rank, local_world_size=world_size,
         namespace=f"test-{tag}", cluster_id=f"test-{tag}", num_threads=1,
     )
+    # No Cluster shuts this identity down: its device-lock directory goes when the tests end.
+    atexit.register(remove_lock_dir, ctx.cluster_id)
     worker = cls.__new__(cls)
     worker._m2flow_ctx = ctx
     worker.__init__(*args, **kwargs)

@@ -37,23 +37,23 @@ def test_streamed_micro_batches_and_one_gathered_batch_give_the_same_update(tiny
     assert _max_diff(_params(small), _params(whole)) < 1e-6
 
 
-def test_the_lean_training_forward_gives_the_hf_forwards_update(tiny_ckpt):
+def test_the_packed_training_forward_gives_the_hf_forwards_update(tiny_ckpt):
     algo = AlgorithmConfig(adv_estimator="grpo", old_logprobs="rollout", entropy_coef=0.01)
     opt = OptimConfig(name="sgd", lr=0.5, grad_clip=None)
     hf = Pipeline(tiny_ckpt, algo, actor=ActorConfig(micro_batch_size=8, optim=opt), micro_batch_size=8)
-    lean = Pipeline(tiny_ckpt, algo, actor=ActorConfig(micro_batch_size=8, optim=opt, forward="lean"),
+    packed = Pipeline(tiny_ckpt, algo, actor=ActorConfig(micro_batch_size=8, optim=opt, forward="packed"),
                     micro_batch_size=8)
     before = _params(hf)
-    m_hf, m_lean = hf.step(0), lean.step(0)
+    m_hf, m_packed = hf.step(0), packed.step(0)
     assert _max_diff(_params(hf), before) > 1e-4
-    assert m_lean["actor/pg_loss"] == pytest.approx(m_hf["actor/pg_loss"], abs=1e-6)
-    assert m_lean["actor/entropy"] == pytest.approx(m_hf["actor/entropy"], abs=1e-6)
-    assert _max_diff(_params(hf), _params(lean)) < 1e-6
+    assert m_packed["actor/pg_loss"] == pytest.approx(m_hf["actor/pg_loss"], abs=1e-6)
+    assert m_packed["actor/entropy"] == pytest.approx(m_hf["actor/entropy"], abs=1e-6)
+    assert _max_diff(_params(hf), _params(packed)) < 1e-6
 
 
-def test_the_lean_forward_is_refused_with_fsdp():
-    with pytest.raises(ValueError, match="forward 'lean' needs strategy 'ddp', got 'fsdp'"):
-        ActorConfig(forward="lean", strategy="fsdp").validate()
+def test_the_packed_forward_is_refused_with_fsdp():
+    with pytest.raises(ValueError, match="forward 'packed' needs strategy 'ddp', got 'fsdp'"):
+        ActorConfig(forward="packed", strategy="fsdp").validate()
 
 
 def test_groups_of_another_iteration_are_refused(tiny_ckpt):

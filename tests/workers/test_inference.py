@@ -36,17 +36,17 @@ def test_recomputed_logprobs_match_the_generators_and_the_reference_starts_equal
     assert metrics["perf/inference_micro_batch"] == 6
 
 
-def test_the_lean_forward_gives_the_hf_forwards_logprobs(tiny_ckpt):
+def test_the_packed_forward_gives_the_hf_forwards_logprobs(tiny_ckpt):
     algo = AlgorithmConfig(kl_loss_coef=0.1)
     runs = {}
-    for forward in ("hf", "lean"):
+    for forward in ("hf", "packed"):
         pipe = Pipeline(tiny_ckpt, algo, prompts=4, n=3, micro_batch_size=6,
                         inference=InferenceConfig(micro_batch_size=6, forward=forward))
         runs[forward], _ = _run_to_inference(pipe)
-    for hf, lean in zip(runs["hf"], runs["lean"], strict=True):
-        assert torch.equal(hf.batch.response_ids, lean.batch.response_ids)  # the same samples
-        torch.testing.assert_close(lean.batch.old_logprobs, hf.batch.old_logprobs, rtol=0, atol=1e-5)
-        torch.testing.assert_close(lean.batch.ref_logprobs, hf.batch.ref_logprobs, rtol=0, atol=1e-5)
+    for hf, packed in zip(runs["hf"], runs["packed"], strict=True):
+        assert torch.equal(hf.batch.response_ids, packed.batch.response_ids)  # the same samples
+        torch.testing.assert_close(packed.batch.old_logprobs, hf.batch.old_logprobs, rtol=0, atol=1e-5)
+        torch.testing.assert_close(packed.batch.ref_logprobs, hf.batch.ref_logprobs, rtol=0, atol=1e-5)
 
 
 def test_nothing_is_computed_when_no_algorithm_needs_it(tiny_ckpt):

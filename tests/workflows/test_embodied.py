@@ -190,3 +190,16 @@ def test_examples_load(name):
     spec, cfg = load_workflow_config(EXAMPLES / name)
     assert spec.name == "embodied"
     assert cfg.placed().mode in ("collocated", "hybrid")
+
+
+def test_a_traced_run_that_fails_raises_its_own_error(tmp_path, monkeypatch, caplog):
+    from tests.ray_session import shared_cluster
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("the run's own failure")
+
+    monkeypatch.setattr("m2flow.workflows.embodied.EmbodiedFlow", fails)
+    cfg = toy_config(tmp_path, trace=True)
+    with pytest.raises(RuntimeError, match="the run's own failure"):
+        train(cfg, cluster=shared_cluster())
+    assert "no trace shards" in caplog.text  # the merge in the run's finally block only warns

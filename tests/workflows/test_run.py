@@ -13,6 +13,7 @@ from m2flow.workflows.run import (
     RunScaffold,
     checkpoint_path,
     find_checkpoint,
+    prune_checkpoints,
     read_state,
     truncate_metrics,
     write_state,
@@ -97,3 +98,38 @@ def test_resume_drops_the_metric_rows_logged_after_the_checkpoint(tmp_path):
     assert truncate_metrics(tmp_path, 2) == 3
     assert (tmp_path / "metrics.jsonl").read_text().splitlines() == rows[:2]
     assert truncate_metrics(tmp_path, 2) == 0
+
+
+def _with_weights(run_dir, step: int) -> None:
+    path = checkpoint_path(run_dir, step)
+    (path / "actor").mkdir(parents=True)
+    (path / "actor" / "model.safetensors").write_bytes(bytes(range(256)) * 4)
+    write_state(path, {"next_step": step})
+
+
+def test_a_corrupted_or_missing_weights_file_is_named_and_auto_resume_falls_back(tmp_path, caplog):
+    for step in (2, 4, 6):
+        _with_weights(tmp_path, step)
+    flipped = checkpoint_path(tmp_path, 6) / "actor" / "model.safetensors"
+    data = bytearray(flipped.read_bytes())
+    data[100] ^= 0xFF
+    flipped.write_bytes(bytes(data))
+    (checkpoint_path(tmp_path, 4) / "actor" / "model.safetensors").unlink()
+    with caplog.at_level(logging.WARNING):
+        assert find_checkpoint("auto", tmp_path) == checkpoint_path(tmp_path, 2)
+    text = " ".join(r.getMessage() for r in caplog.records)
+    assert f"{flipped}: corrupted" in text and "model.safetensors: missing" in text
+    with pytest.raises(CheckpointError, match="corrupted"):
+        find_checkpoint(str(checkpoint_path(tmp_path, 6)), tmp_path)
+
+
+def test_keep_checkpoints_removes_the_oldest_complete_ones(tmp_path):
+    for step in (1, 2, 3, 4):
+        _with_weights(tmp_path, step)
+    torn = checkpoint_path(tmp_path, 5)
+    torn.mkdir()
+    removed = prune_checkpoints(tmp_path, 2)
+    assert removed == [checkpoint_path(tmp_path, 1), checkpoint_path(tmp_path, 2)]
+    left = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert left == ["step_000003", "step_000004", "step_000005"]  # the incomplete one is not ours to judge
+    assert prune_checkpoints(tmp_path, None) == []

@@ -1,30 +1,36 @@
-"""Generation backends: `HFGenerationBackend` (CPU or GPU, HF generate), `LeanGenerationBackend` (small
-Qwen2/Llama models, a lean decoding loop) and `VLLMGenerationBackend` (CUDA, lazy)."""
+"""Generation backends: `HFGenerationBackend` (CPU or GPU, HF generate), `LeanGenerationBackend` (config name
+`lean`: small Qwen2/Llama models, decoding with the functional forward) and `VLLMGenerationBackend` (CUDA, lazy)."""
 
 from m2flow.backends.generation.base import (
     GenerationBackend,
+    GenerationOptions,
     Response,
     ResponseGroup,
     SamplingParams,
-    IN_PROCESS_BACKENDS,
-    create_generation_backend,
-    generation_backend_over,
     register_generation_backend,
+)
+from m2flow.backends.generation.factory import (
+    backends_that_compile,
+    create_generation_backend,
+    generation_backend_class,
+    generation_backend_over,
 )
 from m2flow.backends.generation.hf import HFGenerationBackend
 from m2flow.backends.generation.lean import LeanGenerationBackend
 from m2flow.backends.generation.vllm import VLLMGenerationBackend, vllm_available
 
 __all__ = [
-    "IN_PROCESS_BACKENDS",
     "GenerationBackend",
+    "GenerationOptions",
     "HFGenerationBackend",
     "LeanGenerationBackend",
     "Response",
     "ResponseGroup",
     "SamplingParams",
     "VLLMGenerationBackend",
+    "backends_that_compile",
     "create_generation_backend",
+    "generation_backend_class",
     "generation_backend_over",
     "register_generation_backend",
     "vllm_available",

@@ -1,21 +1,23 @@
-"""The generation-backend interface: sampling parameters and the `GenerationBackend` protocol."""
+"""The generation-backend interface: sampling parameters, build options, the `GenerationBackend` protocol
+and the registry the backends add themselves to (`factory.py` chooses among them by config name)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import ClassVar, Protocol, TypeVar, runtime_checkable
 
 import torch
+from torch import nn
 
 from m2flow.data.batch import Response, ResponseGroup
 
 __all__ = [
     "GenerationBackend",
+    "GenerationOptions",
     "Response",
     "ResponseGroup",
     "SamplingParams",
-    "create_generation_backend",
     "register_generation_backend",
 ]
 
@@ -57,9 +59,45 @@ class SamplingParams:
             raise ValueError("stop strings must be non-empty")
 
 
+@dataclass(frozen=True)
+class GenerationOptions:
+    """How a generation backend is built; each backend reads the fields it uses and ignores the others."""
+
+    device: str | torch.device = "cpu"
+    """Device of an in-process model (a vLLM engine places itself on the visible GPU)."""
+    dtype: str = "float32"
+    """Weight dtype by torch name: 'float32', 'bfloat16' or 'float16'."""
+    seed: int = 0
+    """Engine seed (vLLM); the in-process backends seed each chunk from `SamplingParams.seed`."""
+    compile: bool = False
+    """Run each decoding step `torch.compile`d (only backends with `compiles` set accept it)."""
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """`dtype` as a torch dtype."""
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.dtype]
+
+
 @runtime_checkable
 class GenerationBackend(Protocol):
     """Samples groups of responses for token-id prompts; knows nothing about datasets or rewards."""
+
+    in_process: ClassVar[bool]
+    """Whether it generates from a model object held in the calling process (`module`), so it can be
+    built over a model another component trains (`generation_backend_over`)."""
+    compiles: ClassVar[bool]
+    """Whether it accepts `GenerationOptions.compile`."""
+
+    @property
+    def module(self) -> nn.Module | None:
+        """The model generated from, when it lives in this process (weights can be loaded into it in
+        place); None for an engine of its own (vLLM)."""
+        ...
+
+    @property
+    def pad_id(self) -> int:
+        """The id that pads prompts and the responses' tails."""
+        ...
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> list[ResponseGroup]:
         """One group of `params.n` responses per prompt, in prompt order."""
@@ -87,7 +125,8 @@ class GenerationBackend(Protocol):
         ...
 
 
-_BACKENDS: dict[str, type] = {}
+GENERATION_BACKENDS: dict[str, type] = {}
+"""Config name -> backend class, filled by `register_generation_backend`."""
 
 _B = TypeVar("_B", bound=type)
 
@@ -96,34 +135,9 @@ def register_generation_backend(name: str) -> Callable[[_B], _B]:
     """Class decorator registering a backend (a class with `from_pretrained(path, **kw)`); duplicates raise."""
 
     def deco(cls: _B) -> _B:
-        if name in _BACKENDS:
+        if name in GENERATION_BACKENDS:
             raise ValueError(f"generation backend {name!r} is already registered")
-        _BACKENDS[name] = cls
+        GENERATION_BACKENDS[name] = cls
         return cls
 
     return deco
-
-
-def create_generation_backend(name: str, model_path: str, **kwargs: Any) -> GenerationBackend:
-    """Build the backend registered as `name` from a local model directory."""
-    # Importing the package registers the built-in backends.
-    import m2flow.backends.generation  # noqa: F401
-
-    if name not in _BACKENDS:
-        raise ValueError(f"unknown generation backend {name!r}; valid: {sorted(_BACKENDS)}")
-    return _BACKENDS[name].from_pretrained(model_path, **kwargs)
-
-
-IN_PROCESS_BACKENDS = ("hf", "lean")
-"""Backends that generate from a model object held in the calling process (`generation_backend_over`)."""
-
-
-def generation_backend_over(name: str, model: torch.nn.Module, tokenizer: Any, **kwargs: Any) -> GenerationBackend:
-    """The backend `name` generating from `model` itself (no copy): its in-place updates are what it samples
-    from next. Only the in-process backends (`IN_PROCESS_BACKENDS`) can; others raise ValueError."""
-    import m2flow.backends.generation  # noqa: F401  (registers the built-in backends)
-
-    if name not in IN_PROCESS_BACKENDS:
-        raise ValueError(f"generation backend {name!r} cannot generate from a model held by another component; "
-                         f"in-process backends: {list(IN_PROCESS_BACKENDS)}")
-    return _BACKENDS[name](model, tokenizer, **kwargs)

@@ -11,13 +11,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
+from torch import nn
 from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel, StoppingCriteria, StoppingCriteriaList
 
-from m2flow.backends.generation.base import SamplingParams, register_generation_backend
+from m2flow.backends.generation.base import GenerationOptions, SamplingParams, register_generation_backend
 from m2flow.data.batch import FinishReason, Response, ResponseGroup, left_pad
 from m2flow.models.rng import seeded
 
@@ -83,6 +84,9 @@ def _chunk_seed(seed: int, chunk: int) -> int:
 class HFGenerationBackend:
     """A `GenerationBackend` over a Hugging Face causal LM held in this process."""
 
+    in_process: ClassVar[bool] = True
+    compiles: ClassVar[bool] = False
+
     def __init__(
         self,
         model: PreTrainedModel,
@@ -120,6 +124,26 @@ class HFGenerationBackend:
 
         model, tokenizer = load_model_and_tokenizer(path, dtype=dtype, device=device)
         return cls(model, tokenizer, device=device, prompts_per_chunk=prompts_per_chunk, **options)
+
+    @classmethod
+    def from_options(cls, path: str | Path, options: GenerationOptions) -> HFGenerationBackend:
+        """`from_pretrained` with the device and dtype of `options` (and what the class itself reads)."""
+        return cls.from_pretrained(path, device=options.device, dtype=options.torch_dtype, **cls._own_options(options))
+
+    @classmethod
+    def over_model(cls, model: PreTrainedModel, tokenizer: Any, options: GenerationOptions) -> HFGenerationBackend:
+        """A backend generating from `model` itself, on `options.device`."""
+        return cls(model, tokenizer, device=options.device, **cls._own_options(options))
+
+    @classmethod
+    def _own_options(cls, options: GenerationOptions) -> dict[str, Any]:
+        """Constructor arguments of this class beyond the model, tokenizer and device."""
+        return {}
+
+    @property
+    def module(self) -> nn.Module:
+        """The model generated from (in this process)."""
+        return self.model
 
     # ---- generation -------------------------------------------------------------------------
 

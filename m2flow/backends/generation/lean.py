@@ -1,17 +1,18 @@
-"""Generation with the lean Qwen2/Llama forward (`m2flow.models.lean_lm`): HF's results at less cost per token.
+"""The `lean` backend: generation with the functional Qwen2/Llama forward (`m2flow.models.functional_lm`),
+HF's results at less cost per token.
 
 For models of a few layers and ~100 wide on a CPU, HF `generate` spends most of each step in Python
 (module calls, cache objects, logits processors) rather than in arithmetic. This backend keeps all of
 `HFGenerationBackend` that defines the results (chunking and per-chunk seeds, prompt-major rows,
 sampling knobs, log-probs, stop strings, cutting, weight loading) and replaces only the decoding loop:
-one prefill, then one `LeanLM.decode` per token over fused weights and a preallocated KV cache.
+one prefill, then one `FunctionalLM.decode` per token over fused weights and a preallocated KV cache.
 
 It decides tokens as HF does: greedy takes the argmax of the raw logits; sampling applies temperature,
 then top-k, then top-p, and draws with one `torch.multinomial` over the whole batch per step. Rows
 that ended leave the forward but still take part in that draw, so the random stream is consumed as
 by HF and the same seed gives HF's samples whenever the logits agree (they match to float rounding).
 
-Limits: only what `LeanLM` supports (Qwen2/Llama, default RoPE, full attention, SiLU); one process and
+Limits: only what `FunctionalLM` supports (Qwen2/Llama, default RoPE, full attention, SiLU); one process and
 one device; no speculative or beam decoding. The fused copies of the q/k/v and gate/up weights take
 about two thirds of the layers' memory again; they are rebuilt after `load_weights`, and after any
 in-place update of `model`'s parameters, which the next `generate` notices.
@@ -20,15 +21,15 @@ in-place update of `model`'s parameters, which the next `generate` notices.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from transformers import PreTrainedModel
 
-from m2flow.backends.generation.base import SamplingParams, register_generation_backend
+from m2flow.backends.generation.base import GenerationOptions, SamplingParams, register_generation_backend
 from m2flow.backends.generation.hf import HFGenerationBackend, _StopStrings
 from m2flow.data.batch import ResponseGroup, left_pad
-from m2flow.models.lean_lm import LeanLM, check_supported
+from m2flow.models.functional_lm import FunctionalLM, check_supported
 
 
 def warp_logits(scores: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -49,7 +50,9 @@ def warp_logits(scores: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 @register_generation_backend("lean")
 class LeanGenerationBackend(HFGenerationBackend):
-    """A `GenerationBackend` over a Qwen2/Llama HF model, decoding with `LeanLM` (ValueError for others)."""
+    """A `GenerationBackend` over a Qwen2/Llama HF model, decoding with `FunctionalLM` (ValueError for others)."""
+
+    compiles: ClassVar[bool] = True
 
     drop_finished: bool = True
     """Take rows that ended (end-of-sequence token or stop string) out of the decoding batch. It copies the
@@ -65,8 +68,12 @@ class LeanGenerationBackend(HFGenerationBackend):
     ) -> None:
         check_supported(model.config)
         super().__init__(model, tokenizer, device=device, prompts_per_chunk=prompts_per_chunk)
-        self.lean = LeanLM.from_hf(self.model, compile=compile)
-        """The decoder; with `compile` its decoding steps run `torch.compile`d (`m2flow.models.lean_decode`)."""
+        self.decoder = FunctionalLM.from_hf(self.model, compile=compile)
+        """The decoder; with `compile` its decoding steps run `torch.compile`d (`m2flow.models.functional_decode`)."""
+
+    @classmethod
+    def _own_options(cls, options: GenerationOptions) -> dict[str, Any]:
+        return {"compile": options.compile}
 
     @torch.no_grad()
     def _generate_chunk(
@@ -98,7 +105,7 @@ class LeanGenerationBackend(HFGenerationBackend):
         pad = torch.tensor(self.pad_id, device=ids.device)
         running = torch.ones(b, dtype=torch.bool, device=ids.device)
         stopper = _StopStrings(self.tokenizer, params.stop, 0, b) if params.stop else None
-        logits, state = self.lean.prefill(ids, mask, steps, repeats=params.n)
+        logits, state = self.decoder.prefill(ids, mask, steps, repeats=params.n)
         held: torch.Tensor | None = None  # the rows still in the decoding batch (None: all of them)
         for t in range(steps):
             if held is None:
@@ -127,7 +134,7 @@ class LeanGenerationBackend(HFGenerationBackend):
                 keep = going.nonzero().squeeze(1)
                 state.select(keep)
                 held = keep if held is None else held[keep]
-            logits = self.lean.decode(token if held is None else token[held], state)
+            logits = self.decoder.decode(token if held is None else token[held], state)
         return generated, logprobs, (stopper.stopped_at if stopper is not None else None)
 
     # ---- weights and memory -----------------------------------------------------------------
@@ -135,12 +142,12 @@ class LeanGenerationBackend(HFGenerationBackend):
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Copy the given parameters in place by name (unknown names raise), then rebuild the fused weights."""
         super().load_weights(state_dict)
-        self.lean.refresh()
+        self.decoder.refresh()
 
     def offload(self) -> None:
         """Drop the fused weights and move the model to host memory (on a CPU: only mark it unavailable)."""
         if self.device.type != "cpu":
-            self.lean.release()
+            self.decoder.release()
         super().offload()
 
     def onload(self) -> None:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from m2flow.backends.generation.base import SamplingParams, register_generation_backend
+from m2flow.backends.generation.base import GenerationOptions, SamplingParams, register_generation_backend
 from m2flow.data.batch import Response, ResponseGroup
 
 logger = logging.getLogger(__name__)
@@ -35,9 +35,31 @@ def vllm_available() -> bool:
 class VLLMGenerationBackend:
     """A `GenerationBackend` over `vllm.LLM` (one engine in this process)."""
 
+    in_process: ClassVar[bool] = False  # the engine holds its own copy of the weights
+    compiles: ClassVar[bool] = False
+
     def __init__(self, llm: Any) -> None:
         self.llm = llm
         self.asleep = False
+
+    @classmethod
+    def from_options(cls, path: str | Path, options: GenerationOptions) -> VLLMGenerationBackend:
+        """`from_pretrained` with the dtype and seed of `options` (the engine places itself on the visible GPU)."""
+        return cls.from_pretrained(path, dtype=options.dtype, seed=options.seed)
+
+    @property
+    def module(self) -> None:
+        """None: the weights live in the engine, loaded through `load_weights`."""
+        return None
+
+    @property
+    def pad_id(self) -> int:
+        """The tokenizer's padding id (its end-of-sequence id when it has none; 0 when it has neither)."""
+        tokenizer = self.llm.get_tokenizer()
+        for candidate in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+            if candidate is not None:
+                return int(candidate)
+        return 0
 
     @classmethod
     def from_pretrained(

@@ -4,8 +4,9 @@
 (``torch.distributed`` initialised by ``Worker.init_process_group``; one rank needs none).
 """
 
-from m2flow.backends.training.base import StrategyName, TrainingStrategy, create_strategy, register_strategy
+from m2flow.backends.training.base import StrategyName, TrainingStrategy, register_strategy
 from m2flow.backends.training.ddp import DataParallelStrategy
+from m2flow.backends.training.factory import create_strategy
 from m2flow.backends.training.fsdp import FSDP2Strategy
 from m2flow.backends.training.optim import OptimConfig, build_optimizer, build_scheduler, lr_factor
 

@@ -66,28 +66,20 @@ class TrainingStrategy(Protocol):
         ...
 
 
-_STRATEGIES: dict[str, Callable[..., TrainingStrategy]] = {}
+STRATEGIES: dict[str, Callable[..., TrainingStrategy]] = {}
+"""Strategy name -> class, filled by `register_strategy`; `factory.create_strategy` chooses among them."""
 
 
 def register_strategy(name: str) -> Callable[[Callable[..., TrainingStrategy]], Callable[..., TrainingStrategy]]:
     """Class decorator adding a strategy under ``name``; a taken name raises."""
 
     def deco(cls: Callable[..., TrainingStrategy]) -> Callable[..., TrainingStrategy]:
-        if name in _STRATEGIES:
+        if name in STRATEGIES:
             raise ValueError(f"training strategy {name!r} is already registered")
-        _STRATEGIES[name] = cls
+        STRATEGIES[name] = cls
         return cls
 
     return deco
-
-
-def create_strategy(name: str, module: nn.Module, device: torch.device | str, **kwargs: Any) -> TrainingStrategy:
-    """Wrap ``module`` (already on ``device``) with the strategy registered as ``name``."""
-    import m2flow.backends.training  # noqa: F401 - registers the built-in strategies
-
-    if name not in _STRATEGIES:
-        raise ValueError(f"unknown training strategy {name!r}; valid: {sorted(_STRATEGIES)}")
-    return _STRATEGIES[name](module, torch.device(device), **kwargs)
 
 
 def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device | str) -> None:

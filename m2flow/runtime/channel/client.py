@@ -9,7 +9,6 @@ waited or awaited.
 from __future__ import annotations
 
 import asyncio
-import pickle
 from collections.abc import Hashable, Iterator
 from concurrent.futures import Future
 from typing import Any
@@ -28,7 +27,7 @@ from m2flow.runtime.channel.host import ChannelHost
 from m2flow.runtime.channel.metrics import ChannelMetrics
 from m2flow.runtime.comm.communicator import _node_id
 from m2flow.runtime.comm.errors import CommTimeout
-from m2flow.runtime.comm.rendezvous import Rendezvous, default_rendezvous
+from m2flow.runtime.comm.rendezvous import Rendezvous, decode_record, default_rendezvous, encode_record
 from m2flow.runtime.comm.work import CommWork, done_work
 
 __all__ = ["Channel", "ChannelAddress", "ChannelClosed"]
@@ -148,7 +147,7 @@ class Channel:
         this process, which must then outlive the channel's users."""
         rdv = rendezvous or default_rendezvous(_namespace(namespace))
         address = _start_host(name, maxsize, local)
-        rdv.publish(f"channel/{name}", pickle.dumps(address))
+        rdv.publish(f"channel/{name}", encode_record(address))
         return cls(address)
 
     @classmethod
@@ -161,7 +160,7 @@ class Channel:
         while True:
             raw = rdv.lookup(f"channel/{name}")
             if raw is not None:
-                return cls(pickle.loads(raw))
+                return cls(decode_record(ChannelAddress, raw))
             if time.monotonic() > deadline:
                 raise CommTimeout(f"no channel named {name!r} was created within {timeout:.0f}s")
             time.sleep(0.02)
@@ -303,15 +302,9 @@ def _start_host(name: str, maxsize: int, local: bool) -> ChannelAddress:
 
 def destroy_host(address: ChannelAddress) -> None:
     if address.actor_name is not None:
-        import ray
+        from m2flow.runtime.channel.actor import stop_host_actor
 
-        from m2flow.runtime.channel.actor import _ACTORS
-
-        _ACTORS.pop(address.actor_name, None)
-        try:
-            ray.kill(ray.get_actor(address.actor_name))
-        except ValueError:
-            pass
+        stop_host_actor(address.actor_name)
         return
     host = _LOCAL_HOSTS.pop(address.name, None)
     if host is not None:

@@ -19,11 +19,11 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
 from typing import Any
 
 from m2flow.runtime.channel.metrics import ChannelMetrics, DepthTrace
 from m2flow.runtime.channel.push import _FLUSH_EVERY, Pusher
+from m2flow.runtime.channel.state import Client, CreditWaiter, Item, Waiter
 from m2flow.runtime.comm.payload import Desc, discard, inline_copy
 from m2flow.runtime.comm.shm import SegmentCache
 from m2flow.runtime.comm.wire import BufferPool, Connection, ConnectionLost, Listener, close_fds
@@ -31,55 +31,6 @@ from m2flow.runtime.trace import get_tracer
 
 log = logging.getLogger(__name__)
 _ids = itertools.count()
-
-
-@dataclass
-class _Item:
-    weight: float
-    desc: tuple | bytes  # Desc in wire form, or just the pickled object when it has no buffers
-    inline: list
-    fds: list[int]
-    nbytes: int
-
-
-@dataclass(eq=False)  # compared by identity: a client is one connection
-class _Client:
-    conn: Connection
-    identity: str = "?"
-    puts: int = 0
-    credits: int = 0  # granted and not yet used
-    # Feeding plain gets (see push.py), per key:
-    hungry: dict[Hashable, int] = field(default_factory=dict)  # gets blocked there, not yet fed
-    window: dict[Hashable, int] = field(default_factory=dict)  # untaken items it accepts ahead
-    held: dict[Hashable, deque] = field(default_factory=dict)  # (seq, _Item) pushed, not yet taken
-    seq: dict[Hashable, int] = field(default_factory=dict)  # last sequence number pushed
-    recalled: set = field(default_factory=set)  # keys whose held items were asked back
-    outbox: list = field(default_factory=list)  # frames to write at the next flush, in order
-    flush_lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-@dataclass
-class _Waiter:
-    client: _Client
-    req: int
-    key: Hashable
-    target: float  # total weight the batch reaches (plain gets are fed by push.py)
-    since: float
-    base: float = 0.0  # weight the consumer already holds towards ``target`` (its prefetch)
-    taken: list[_Item] = field(default_factory=list)
-    weight: float = 0.0
-
-    @property
-    def holds(self) -> bool:
-        return bool(self.taken) or self.base > 0
-
-
-@dataclass
-class _CreditWaiter:
-    client: _Client
-    req: int
-    want: int
-    since: float
 
 
 class ChannelHost:
@@ -91,14 +42,14 @@ class ChannelHost:
         self.name = name
         self.maxsize = maxsize
         self._lock = threading.Lock()
-        self._queues: dict[Hashable, deque[_Item]] = {}
+        self._queues: dict[Hashable, deque[Item]] = {}
         self._size = 0
-        self._waiters: list[_Waiter] = []
-        self._credit_waiters: deque[_CreditWaiter] = deque()
-        self._clients: list[_Client] = []
+        self._waiters: list[Waiter] = []
+        self._credit_waiters: deque[CreditWaiter] = deque()
+        self._clients: list[Client] = []
         self._closed = False
-        self._closers: list[tuple[_Client, int]] = []  # close requests waiting for the sync round
-        self._unsynced: list[_Client] = []
+        self._closers: list[tuple[Client, int]] = []  # close requests waiting for the sync round
+        self._unsynced: list[Client] = []
         self._dead: list[str] = []
         self._cache = SegmentCache()
         self._metrics = ChannelMetrics(name)
@@ -112,12 +63,12 @@ class ChannelHost:
 
     # -- connections ---------------------------------------------------------------------------
     def _on_accept(self, conn: Connection) -> None:
-        client = _Client(conn)
+        client = Client(conn)
         with self._lock:
             self._clients.append(client)
         threading.Thread(target=self._serve, args=(client,), daemon=True, name=f"m2flow-ch-{self.name}").start()
 
-    def _serve(self, client: _Client) -> None:
+    def _serve(self, client: Client) -> None:
         graceful = False
         bye: int | None = None
         unflushed = 0
@@ -165,7 +116,7 @@ class ChannelHost:
         finally:
             self._drop_client(client, graceful, bye)
 
-    def _send(self, client: _Client, control: Any, item: _Item | None = None) -> None:
+    def _send(self, client: Client, control: Any, item: Item | None = None) -> None:
         try:
             if item is None:
                 client.conn.send(control)
@@ -178,7 +129,7 @@ class ChannelHost:
         except ConnectionLost:
             pass  # the reader of that connection cleans up
 
-    def _drop_client(self, client: _Client, graceful: bool, bye: int | None = None) -> None:
+    def _drop_client(self, client: Client, graceful: bool, bye: int | None = None) -> None:
         with self._lock:
             if client in self._clients:
                 self._clients.remove(client)
@@ -206,10 +157,10 @@ class ChannelHost:
             self.close()
 
     # -- operations ----------------------------------------------------------------------------
-    def _put(self, client: _Client, control: tuple, inline: list, fds: list[int]) -> None:
+    def _put(self, client: Client, control: tuple, inline: list, fds: list[int]) -> None:
         _, key, weight, desc = control
         nbytes = 0 if isinstance(desc, bytes) else sum(spec[1] for spec in desc[1])
-        item = _Item(weight, desc, inline, fds, nbytes)
+        item = Item(weight, desc, inline, fds, nbytes)
         with self._lock:
             client.puts += 1
             if self.maxsize:
@@ -234,29 +185,29 @@ class ChannelHost:
             actions = self._progress()
         self._run(actions)
 
-    def _took(self, client: _Client, key: Hashable, through: int) -> None:
+    def _took(self, client: Client, key: Hashable, through: int) -> None:
         with self._lock:
             self._metrics.items_out += self._push.took(client, key, through)
             actions = self._progress()
         self._run(actions)
 
-    def _get(self, client: _Client, req: int, key: Hashable, target: float, base: float = 0.0) -> None:
+    def _get(self, client: Client, req: int, key: Hashable, target: float, base: float = 0.0) -> None:
         """A batch get: items of ``key`` until their weight, with ``base`` already held, reaches ``target``."""
         with self._lock:
-            self._waiters.append(_Waiter(client, req, key, target, time.monotonic(), base))
+            self._waiters.append(Waiter(client, req, key, target, time.monotonic(), base))
             actions = self._progress()
         self._run(actions)
 
-    def _credit(self, client: _Client, req: int, want: int) -> None:
+    def _credit(self, client: Client, req: int, want: int) -> None:
         with self._lock:
             if self._closed:
                 actions = [lambda: self._send(client, ("error", req, "closed", f"channel {self.name!r} is closed"))]
             else:
-                self._credit_waiters.append(_CreditWaiter(client, req, max(1, want), time.monotonic()))
+                self._credit_waiters.append(CreditWaiter(client, req, max(1, want), time.monotonic()))
                 actions = self._progress()
         self._run(actions)
 
-    def _cancel(self, client: _Client, req: int) -> None:
+    def _cancel(self, client: Client, req: int) -> None:
         with self._lock:
             waiter = next((w for w in self._waiters if w.client is client and w.req == req), None)
             if waiter is not None:
@@ -291,7 +242,7 @@ class ChannelHost:
                 )
         raise ValueError(f"unknown channel statistic {what!r}")
 
-    def _close_request(self, closer: _Client, req: int) -> None:
+    def _close_request(self, closer: Client, req: int) -> None:
         """Close after every put that any client sent before this request.
 
         Puts are one-way, so a producer's last put may still be in its socket when another process
@@ -314,7 +265,7 @@ class ChannelHost:
         for client in clients:
             self._send(client, ("sync",))
 
-    def _synced(self, client: _Client) -> None:
+    def _synced(self, client: Client) -> None:
         with self._lock:
             if client in self._unsynced:
                 self._unsynced.remove(client)
@@ -366,10 +317,10 @@ class ChannelHost:
         return actions
 
     @staticmethod
-    def _fits(w: _Waiter, item: _Item) -> bool:
+    def _fits(w: Waiter, item: Item) -> bool:
         return not w.holds or w.base + w.weight + item.weight <= w.target
 
-    def _complete(self, w: _Waiter, q: deque | None) -> str | None:
+    def _complete(self, w: Waiter, q: deque | None) -> str | None:
         """``"items"``, ``"closed"``, ``"died"``, or None to keep waiting."""
         if w.holds:
             total = w.base + w.weight
@@ -381,7 +332,7 @@ class ChannelHost:
             return "items" if w.holds else "died"
         return None
 
-    def _reply(self, w: _Waiter, outcome: str) -> Callable[[], None]:
+    def _reply(self, w: Waiter, outcome: str) -> Callable[[], None]:
         client, req = w.client, w.req
         if outcome == "closed":
             return lambda: self._send(client, ("error", req, "closed", f"channel {self.name!r} is closed"))

@@ -22,13 +22,11 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Hashable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from m2flow.runtime.channel.state import Client, HostState, Item
 from m2flow.runtime.comm.payload import Desc, discard, inline_copy
 from m2flow.runtime.comm.wire import _MAX_FDS, ConnectionLost, close_fds
-
-if TYPE_CHECKING:
-    from m2flow.runtime.channel.host import ChannelHost, _Client, _Item
 
 
 _FLUSH_EVERY = 16  # frames a busy connection reads before the host writes what they produced
@@ -37,20 +35,20 @@ _FLUSH_EVERY = 16  # frames a busy connection reads before the host writes what 
 class Pusher:
     """The push side of a ``ChannelHost``; every method but ``flush`` runs with the host's lock held."""
 
-    def __init__(self, host: ChannelHost) -> None:
+    def __init__(self, host: HostState) -> None:
         self.host = host
         self.held = 0  # items pushed to consumers and not yet reported taken, all keys
-        self.dirty: set[_Client] = set()
+        self.dirty: set[Client] = set()
 
     # -- consumer messages ---------------------------------------------------------------------
-    def want(self, c: _Client, key: Hashable, seen: int, waiting: int, window: int) -> None:
+    def want(self, c: Client, key: Hashable, seen: int, waiting: int, window: int) -> None:
         """A snapshot of ``c``'s gets on ``key``: ``waiting`` blocked, ``seen`` the last item received."""
         c.window[key] = max(0, window)
         c.recalled.discard(key)
         in_flight = c.seq.get(key, 0) - seen  # already on their way: they feed blocked gets first
         c.hungry[key] = max(0, waiting - in_flight)
 
-    def took(self, c: _Client, key: Hashable, through: int) -> int:
+    def took(self, c: Client, key: Hashable, through: int) -> int:
         """``c`` took every item of ``key`` up to number ``through``; returns how many that was."""
         held = c.held.get(key)
         n = 0
@@ -66,7 +64,7 @@ class Pusher:
         self.held -= n
         return n
 
-    def give_back(self, c: _Client, key: Hashable, seqs: list[int]) -> None:
+    def give_back(self, c: Client, key: Hashable, seqs: list[int]) -> None:
         """``c`` returns untaken items: they go back to the front of the queue, in order."""
         back = set(seqs)
         held = c.held.get(key, deque())
@@ -74,12 +72,12 @@ class Pusher:
         c.held[key] = deque((s, item) for s, item in held if s not in back)
         self._requeue(key, items)
 
-    def stop(self, c: _Client, key: Hashable, req: int) -> None:
+    def stop(self, c: Client, key: Hashable, req: int) -> None:
         """No more pushes ahead on ``key``; the answer follows every item already pushed."""
         c.window[key] = 0
         self._out(c, ("stat", req, None))
 
-    def drop(self, c: _Client) -> None:
+    def drop(self, c: Client) -> None:
         """``c`` is gone: whatever it held and had not taken is queued again."""
         for key, held in c.held.items():
             self._requeue(key, [item for _, item in held])
@@ -89,7 +87,7 @@ class Pusher:
         c.outbox.clear()
         self.dirty.discard(c)
 
-    def _requeue(self, key: Hashable, items: list[_Item]) -> None:
+    def _requeue(self, key: Hashable, items: list[Item]) -> None:
         if not items:
             return
         self.host._queues.setdefault(key, deque()).extendleft(reversed(items))
@@ -108,7 +106,7 @@ class Pusher:
             return
         queues = host._queues
         batching = {w.key for w in host._waiters}  # a waiting get_batch is served first
-        starved: list[tuple[_Client, Hashable]] = []
+        starved: list[tuple[Client, Hashable]] = []
         again = True
         while again:  # blocked gets: one item per process per round, so they share fairly
             again = False
@@ -141,14 +139,14 @@ class Pusher:
             if not queues.get(w.key):
                 self._recall(w.client, w.key, clients)
 
-    def _push(self, c: _Client, key: Hashable, item: _Item) -> None:
+    def _push(self, c: Client, key: Hashable, item: Item) -> None:
         seq = c.seq[key] = c.seq.get(key, 0) + 1
         c.held.setdefault(key, deque()).append((seq, item))
         self.host._size -= 1
         self.held += 1
         self._out(c, ("push", key, seq, item))
 
-    def _recall(self, starving: _Client, key: Hashable, clients: list[_Client]) -> bool:
+    def _recall(self, starving: Client, key: Hashable, clients: list[Client]) -> bool:
         """Ask processes that hold untaken items of ``key`` to give them back; True if any holds."""
         holds = False
         for d in clients:
@@ -161,7 +159,7 @@ class Pusher:
                 self._out(d, ("recall", key))
         return holds
 
-    def _starving(self, c: _Client, key: Hashable, clients: list[_Client]) -> None:
+    def _starving(self, c: Client, key: Hashable, clients: list[Client]) -> None:
         host = self.host
         if self._recall(c, key, clients) or c.held.get(key):
             return  # items are on their way or coming back: not the end yet
@@ -176,7 +174,7 @@ class Pusher:
         c.hungry[key] = 0
         self._out(c, ("end", key, kind, msg))
 
-    def _out(self, c: _Client, msg: tuple) -> None:
+    def _out(self, c: Client, msg: tuple) -> None:
         c.outbox.append(msg)
         self.dirty.add(c)
 
@@ -196,7 +194,7 @@ class Pusher:
                     except ConnectionLost:
                         pass  # the reader of that connection cleans up
 
-    def _write(self, c: _Client, out: list[tuple]) -> None:
+    def _write(self, c: Client, out: list[tuple]) -> None:
         conn = c.conn
         entries: list[tuple] = []
         bufs: list[Any] = []

@@ -16,13 +16,13 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from datetime import timedelta
 from typing import Any
 
 import torch
 
 from m2flow.runtime.comm.rendezvous import PeerRecord
 from m2flow.runtime.comm.serialization import Encoded, _dtype_name, _rebuild_gpu
+from m2flow.runtime.dist_store import tcp_store
 
 log = logging.getLogger(__name__)
 _STORAGE_DEVICE_ARG = 6  # position of ``storage_device`` in torch's rebuild_cuda_tensor arguments
@@ -82,7 +82,7 @@ class NcclPair:
         import torch.distributed as dist
 
         self.rank = rank
-        store = dist.TCPStore(host, port, 2, rank == 0, timedelta(seconds=timeout_s))
+        store = tcp_store(host, port, 2, serve=rank == 0, timeout_s=timeout_s)
         self.pg = dist.ProcessGroupNCCL(store, rank, 2, dist.ProcessGroupNCCL.Options())
         self._lock = threading.Lock()
 

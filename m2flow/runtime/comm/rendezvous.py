@@ -1,15 +1,18 @@
-"""Where communicators publish how to reach them: Ray's internal KV, a directory, or process memory."""
+"""Where communicators publish how to reach them: Ray's internal KV, a directory, or process memory.
+
+Records are JSON, never pickles: reading one runs no code, whoever wrote the store.
+"""
 
 from __future__ import annotations
 
+import json
 import os
-import pickle
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from m2flow.runtime.comm.errors import CommTimeout
 
@@ -70,11 +73,11 @@ class RayKVRendezvous:
 
 
 class FileRendezvous:
-    """Files in a directory: for processes on one machine without Ray."""
+    """Files in a directory (created 0700: only the run's user reads or writes it) for processes on one machine without Ray."""
 
     def __init__(self, directory: str | os.PathLike) -> None:
         self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     def _path(self, key: str) -> Path:
         return self.dir / key.replace("/", "%2F")
@@ -140,13 +143,31 @@ def record_key(group: str, rank: int) -> str:
     return f"comm/{group}/{rank}"
 
 
+R = TypeVar("R")
+
+
+def _tuples(value: Any) -> Any:
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def encode_record(record: Any) -> bytes:
+    """A record dataclass (fields of str, int, None and nested tuples) as JSON bytes."""
+    return json.dumps(asdict(record)).encode()
+
+
+def decode_record(cls: type[R], raw: bytes) -> R:
+    """The inverse of ``encode_record``: JSON lists come back as the tuples they were."""
+    data = json.loads(raw)
+    return cls(**{f.name: _tuples(data[f.name]) for f in fields(cls) if f.name in data})  # type: ignore[arg-type]
+
+
 def publish_record(rdv: Rendezvous, record: PeerRecord) -> None:
-    rdv.publish(record_key(record.group, record.rank), pickle.dumps(record))
+    rdv.publish(record_key(record.group, record.rank), encode_record(record))
 
 
 def lookup_record(rdv: Rendezvous, group: str, rank: int) -> PeerRecord | None:
     raw = rdv.lookup(record_key(group, rank))
-    return None if raw is None else pickle.loads(raw)
+    return None if raw is None else decode_record(PeerRecord, raw)
 
 
 def wait_record(rdv: Rendezvous, group: str, rank: int, timeout: float) -> PeerRecord:

@@ -11,16 +11,13 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from m2flow.runtime.comm.errors import PeerDiedError
 from m2flow.runtime.comm.payload import Packed
 from m2flow.runtime.comm.rendezvous import PeerRecord
 from m2flow.runtime.comm.shm import SegmentPool
 from m2flow.runtime.comm.wire import Connection, ConnectionLost, connect
-
-if TYPE_CHECKING:
-    from m2flow.runtime.comm.communicator import Communicator
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +35,20 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
+class Inboxes(Protocol):
+    """The receiving end of an in-process link (a ``Communicator``)."""
+
+    closed: bool
+
+    def deliver(self, src: tuple[str, int], obj: Any) -> None: ...
+
+
 class LocalTransport:
     """Both ends live in this process: the receiver gets the very object that was sent."""
 
     kind = "local"
 
-    def __init__(self, src: tuple[str, int], target: Communicator, peer: PeerRecord) -> None:
+    def __init__(self, src: tuple[str, int], target: Inboxes, peer: PeerRecord) -> None:
         self._src = src
         self._target = target
         self.peer = peer

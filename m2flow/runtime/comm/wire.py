@@ -3,11 +3,16 @@
 A frame is ``prefix | head | body``: the prefix gives the head length, the number of passed fds
 and the body length; the head is a pickled ``(control, inline_sizes)``; the body is the inline
 buffers back to back, read straight into freshly allocated arrays (no intermediate bytes).
+
+No frame is read before the peer has passed the run's handshake (``auth.py``): ``connect`` and
+``Listener`` run it on the raw socket, so whatever ``recv`` unpickles comes from a process of
+this run.
 """
 
 from __future__ import annotations
 
 import array
+import logging
 import os
 import pickle
 import socket
@@ -18,6 +23,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from m2flow.runtime.auth import AuthError, client_handshake, server_handshake
+
+log = logging.getLogger(__name__)
 
 _PREFIX = struct.Struct("<IIQ")  # head_len, nfds, body_len
 _MAX_FDS = 64
@@ -270,25 +279,44 @@ class Connection:
         self.sock.close()
 
 
-def connect(address: tuple[str, Any], timeout: float = 10.0, pool: BufferPool | None = None) -> Connection:
-    """Open a connection to ``("unix", name)`` or ``("tcp", (host, port))``."""
+def connect(
+    address: tuple[str, Any], timeout: float = 10.0, pool: BufferPool | None = None, secret: bytes | None = None
+) -> Connection:
+    """Open an authenticated connection to ``("unix", name)`` or ``("tcp", (host, port))``.
+
+    ``secret`` defaults to the run's (``auth.run_secret``); a listener that cannot prove it holds
+    the same raises ``AuthError`` (a ``ConnectionError``, so an ``OSError``).
+    """
     family, where = address
     if family == "unix":
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     else:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
-    sock.connect(where)
-    sock.settimeout(None)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(where)
+        client_handshake(sock, secret, timeout)
+        sock.settimeout(None)
+    except BaseException:
+        sock.close()
+        raise
     tune(sock)
     return Connection(sock, pool)
 
 
 class Listener:
-    """Accepts connections on an abstract Unix socket and a TCP port; hands each to ``on_accept``."""
+    """Accepts connections on an abstract Unix socket and a TCP port; hands each to ``on_accept``.
 
-    def __init__(self, host: str, on_accept: Any, name: str, pool: BufferPool | None = None) -> None:
+    Each accepted socket passes the run's handshake on a thread of its own first (a peer that
+    stalls cannot hold up others); one that fails is closed before a byte of it is unpickled.
+    """
+
+    def __init__(
+        self, host: str, on_accept: Any, name: str, pool: BufferPool | None = None, secret: bytes | None = None
+    ) -> None:
         self._pool = pool
+        self._secret = secret
+        self.refused = 0  # connections that failed the handshake
         self.unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.unix.bind(f"\0m2flow-{name}")  # abstract namespace: no file to clean up
         self.unix.listen(128)
@@ -316,8 +344,21 @@ class Listener:
             if self._stop:
                 sock.close()
                 return
-            tune(sock)
-            self._on_accept(Connection(sock, self._pool))
+            threading.Thread(target=self._admit, args=(sock,), daemon=True, name="m2flow-admit").start()
+
+    def _admit(self, sock: socket.socket) -> None:
+        try:
+            server_handshake(sock, self._secret)
+        except (AuthError, OSError) as exc:
+            self.refused += 1
+            log.warning("refused a connection that did not pass the run's handshake: %s", exc)
+            sock.close()
+            return
+        if self._stop:
+            sock.close()
+            return
+        tune(sock)
+        self._on_accept(Connection(sock, self._pool))
 
     def close(self) -> None:
         self._stop = True

@@ -26,6 +26,7 @@ from m2flow.workers.embodied.config import ActorConfig, PPOConfig
 from m2flow.workers.embodied.batch import build_batch
 from m2flow.workers.embodied.messages import Trajectory
 from m2flow.workers.embodied.ppo import PPOBatch, PPOUpdater
+from m2flow.workers.state_file import load_state, save_state
 
 log = logging.getLogger(__name__)
 
@@ -164,11 +165,11 @@ class ActorWorker(Worker):
             return None
         path = Path(directory) / ACTOR_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"policy": self.state_dict(), "updater": self.updater.state_dict()}, path)
+        save_state({"policy": self.state_dict(), "updater": self.updater.state_dict()}, path)
         return str(path)
 
     def load_checkpoint(self, directory: str) -> None:
-        state = torch.load(Path(directory) / ACTOR_FILE, map_location=self.device, weights_only=False)
+        state = load_state(Path(directory) / ACTOR_FILE, map_location=self.device)
         with torch.no_grad():
             for name, tensor in self.policy.state_dict().items():
                 tensor.copy_(state["policy"][name])  # in place: the flat buffers stay shared

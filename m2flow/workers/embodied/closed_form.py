@@ -6,15 +6,18 @@ autograd's forward + backward costs on CPU, where a minibatch step is bound by t
 tensor operations rather than by arithmetic. Gradients are written straight into the parameters'
 ``.grad`` tensors (views of the flat buffer), so nothing is accumulated afterwards.
 
-It computes the gradient of exactly the loss of ``PPOUpdater._step_loss``; the tests compare the
-two on every supported shape. Anything else (value clipping, a categorical entropy bonus, CNN
-encoders, other activations) goes through autograd.
+It computes the gradient of exactly the loss of ``m2flow.algorithms.minibatch_ppo.ppo_minibatch_loss``
+(which ``PPOUpdater._step_loss`` minimises through autograd); the tests compare it with autograd of
+that definition on every supported shape. Anything else (value clipping, CNN encoders, other
+activations) goes through autograd.
 
 Derivatives used, per sample (z = (a - mu) / sigma, r = exp(log-ratio), A' = -A * scale)::
 
     d log-ratio / d mu        = z / sigma
     d log-ratio / d log sigma = z^2 - 1
     d log-ratio / d logits    = onehot(a) - softmax(logits)
+    d entropy / d logits      = -p * (log p + H), p = softmax(logits), H = -sum p log p
+    d entropy / d log sigma   = 1 (per action dimension)
     d pg / d r                = A' where A' r >= A' clip(r) (the unclipped term is the max), else 0
     d value-loss / d V        = 2 * vf_coef * scale * (V - R)
     tanh' = 1 - h^2, relu' = [h > 0]
@@ -59,9 +62,7 @@ def supports(policy: ActorCritic, cfg: PPOConfig) -> bool:
         return False
     if policy.critic_trunk is not None and _mlp(policy.critic_trunk) is None:
         return False
-    if isinstance(policy.head, CategoricalHead):
-        return not cfg.ent_coef
-    return isinstance(policy.head, GaussianHead)
+    return isinstance(policy.head, (CategoricalHead, GaussianHead))
 
 
 # Arithmetic with a Python float wraps it into a tensor and converts it (four extra dispatches);
@@ -176,7 +177,8 @@ def minibatch_gradient(net: Net, p: list[Tensor], sink: GradSink, k: Constants, 
     """Hand every parameter's d loss / d p to ``sink``; returns the metric parts (see ``PPOUpdater._step_loss``).
 
     ``p`` are the parameters in ``net``'s order, ``value_factor`` is 2 * vf_coef * scale and
-    ``entropy_slope`` ent_coef * scale * (samples), the Gaussian entropy bonus's constant slope.
+    ``entropy_slope`` the entropy bonus's weight: for a Gaussian ent_coef * scale * (samples), the
+    constant slope of the summed entropy in each log-std, for a categorical ent_coef * scale.
     """
     x = obs.flatten(1) if obs.dim() > 2 else obs
     hs = _forward(net.actor, p, x)
@@ -206,8 +208,12 @@ def minibatch_gradient(net: Net, p: list[Tensor], sink: GradSink, k: Constants, 
         if entropy_slope:  # entropy = n * (sum log_std + const): a constant slope per dimension
             sink.sub(net.log_std, entropy_slope)
     else:
-        d_out = -torch.exp(log_p) * d_log_ratio  # d loss / d logits
+        probs = torch.exp(log_p)
+        d_out = -probs * d_log_ratio  # d loss / d logits
         d_out.scatter_add_(1, actions, d_log_ratio)
+        if entropy_slope:  # loss - c * sum H: d / d logits = c * p * (log p + H)
+            entropy = -(probs * log_p).sum(-1, keepdim=True)
+            d_out = d_out + entropy_slope * (probs * (log_p + entropy))
     sink.mm(w_out, d_out.t(), features)
     sink.sum0(b_out, d_out)
     d_features = torch.mm(d_out, p[w_out])
@@ -274,7 +280,7 @@ class ClosedFormPPO:
         if factor is None:
             factor = self._value_scale[scale] = torch.full((), 2.0 * self.cfg.vf_coef * scale,
                                                            dtype=self.k.one.dtype, device=self.k.one.device)
-        slope = self.cfg.ent_coef * scale * samples if self.net.log_std is not None else 0.0
+        slope = self.cfg.ent_coef * scale * (samples if self.net.log_std is not None else 1)
         return factor, slope
 
     @torch.no_grad()

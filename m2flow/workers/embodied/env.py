@@ -18,7 +18,6 @@ exact state of every env, so a resumed run continues the same episodes.
 from __future__ import annotations
 
 import importlib
-import pickle
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -31,7 +30,8 @@ from m2flow.envs import EnvConfig, VecEnv
 from m2flow.models.policies import PolicyConfig
 from m2flow.runtime.trace import get_tracer, trace_category
 from m2flow.runtime.worker import Worker
-from m2flow.workers.embodied.env_state import get_env_state, set_env_state
+from m2flow.workers.embodied.env_state import env_state_file, get_env_state, load_env_state, set_env_state
+from m2flow.workers.state_file import save_state
 from m2flow.workers.embodied.inference import PolicyEngine
 from m2flow.workers.embodied.link import CommLink, InlineLink, StepLink
 from m2flow.workers.embodied.messages import InteractStats, Trajectory
@@ -226,14 +226,14 @@ class EnvWorker(Worker):
             "obs": self.obs[0].copy(),
             "engine_rng": self.engine.rng_state() if self.engine is not None else None,
         }
-        path = Path(directory) / f"env_rank{self.rank}.pkl"
+        path = Path(directory) / env_state_file(self.rank)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+        save_state(state, path)
         return str(path)
 
     def load_checkpoint(self, directory: str) -> None:
         """Restore what :meth:`save_checkpoint` wrote for this rank."""
-        state = pickle.loads((Path(directory) / f"env_rank{self.rank}.pkl").read_bytes())
+        state = load_env_state(directory, self.rank)
         self.vec.load_state_dict(state["vec"])
         self.norm.load_state_dict(state["norm_sync"])
         envs = [env for group in self.vec.groups for env in group.envs]

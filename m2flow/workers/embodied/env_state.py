@@ -2,19 +2,23 @@
 
 A snapshot holds, for the env and each of its wrappers, the plain attributes (numbers, booleans,
 ``None``, numpy arrays, numpy random generators): a ``TimeLimit``'s elapsed steps, a classic-control
-env's state vector, the env's random generator. For MuJoCo envs it also holds a copy of the whole
-``MjData`` (the integration state alone is not enough: rewards read positions that MuJoCo derived
-before the last integration step). Envs whose state lives elsewhere (a renderer, a remote
+env's state vector, the env's random generator. For MuJoCo envs it also holds every array of the
+``MjData`` and its time (the integration state alone is not enough: rewards read positions that
+MuJoCo derived before the last integration step). A snapshot is arrays and plain values only, so a
+checkpoint file holding it loads without unpickling objects. Envs whose state lives elsewhere (a renderer, a remote
 simulator) are restored only as far as those attributes go.
 """
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+
+from m2flow.workers.state_file import UnsafeCheckpointError, load_state
 
 _PLAIN = (int, float, bool, str, type(None), np.integer, np.floating, np.bool_)
 
@@ -57,6 +61,35 @@ def _restore_attrs(obj: Any, state: dict[str, Any]) -> None:
             setattr(obj, name, value)
 
 
+def _mujoco_arrays(data: Any) -> dict[str, Any]:
+    """Copies of every array an ``MjData`` exposes (its buffers: state, derived and warm-start), and its time."""
+    out: dict[str, Any] = {"time": float(data.time)}
+    for name in dir(data):
+        if name.startswith("_"):
+            continue
+        try:
+            value = getattr(data, name)
+        except Exception:  # noqa: BLE001 - a property that needs a model or plugin: not state
+            continue
+        if isinstance(value, np.ndarray) and value.dtype != object:
+            out[name] = value.copy()
+    return out
+
+
+def _restore_mujoco(data: Any, arrays: dict[str, Any]) -> None:
+    data.time = arrays["time"]
+    for name, value in arrays.items():
+        if name == "time":
+            continue
+        target = getattr(data, name, None)
+        if not isinstance(target, np.ndarray):
+            raise ValueError(f"the snapshot holds MjData.{name}, this env's MjData has no such array")
+        # Arrays sized by the last step's contacts (efc_*) differ between episodes; the next step
+        # recomputes them from scratch, so only the model-sized ones need restoring.
+        if target.shape == value.shape:
+            target[...] = value  # in place: MjData's arrays are views of its own buffers
+
+
 def _mujoco_parts(env: Any) -> tuple[Any, Any] | None:
     model, data = getattr(env, "model", None), getattr(env, "data", None)
     try:
@@ -74,7 +107,7 @@ def get_env_state(env: gym.Env) -> dict[str, Any]:
     state: dict[str, Any] = {"layers": [_plain_attrs(layer) for layer in layers]}
     parts = _mujoco_parts(layers[-1])
     if parts is not None:
-        state["mujoco"] = copy.deepcopy(parts[1])
+        state["mujoco"] = _mujoco_arrays(parts[1])
     return state
 
 
@@ -90,7 +123,21 @@ def set_env_state(env: gym.Env, state: dict[str, Any]) -> None:
         parts = _mujoco_parts(layers[-1])
         if parts is None:
             raise ValueError("the snapshot holds MuJoCo physics, this env has none")
-        import mujoco
+        _restore_mujoco(parts[1], state["mujoco"])
 
-        model, data = parts
-        mujoco.mj_copyData(data, model, state["mujoco"])
+
+def env_state_file(rank: int) -> str:
+    """The name of env rank ``rank``'s file in a checkpoint directory."""
+    return f"env_rank{rank}.pt"
+
+
+def load_env_state(directory: str | Path, rank: int) -> dict[str, Any]:
+    """Env rank ``rank``'s saved state; a pickled file of the older format is refused, not run."""
+    path = Path(directory) / env_state_file(rank)
+    legacy = Path(directory) / f"env_rank{rank}.pkl"
+    if not path.is_file() and legacy.is_file():
+        raise UnsafeCheckpointError(
+            f"{legacy}: refused to load: env state saved as a pickle by an older version (unpickling it "
+            "could run code); resume from a checkpoint written by this version"
+        )
+    return load_state(path)

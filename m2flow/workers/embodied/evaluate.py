@@ -7,7 +7,6 @@ the returns reported are the environments' raw episode returns.
 
 from __future__ import annotations
 
-import pickle
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,9 @@ import torch
 
 from m2flow.envs import EnvConfig, VecEnv
 from m2flow.models.policies import PolicyConfig
+from m2flow.workers.embodied.env_state import load_env_state
 from m2flow.workers.embodied.inference import PolicyEngine
+from m2flow.workers.state_file import load_state
 
 EVAL_SEED_OFFSET = 1_000_000  # evaluation episodes never replay the training envs' seeds
 
@@ -71,6 +72,6 @@ def evaluate_policy(
 def load_checkpoint_parts(directory: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The policy weights and env rank 0's normalisation statistics saved in a checkpoint."""
     directory = Path(directory)
-    actor = torch.load(directory / "actor.pt", map_location="cpu", weights_only=False)
-    env_state = pickle.loads((directory / "env_rank0.pkl").read_bytes())
+    actor = load_state(directory / "actor.pt", map_location="cpu")
+    env_state = load_env_state(directory, 0)
     return actor["policy"], env_state["vec"]

@@ -14,10 +14,12 @@ clipping, Adam as a handful of in-place operations); minibatches are slices of t
 once per epoch; the advantage whitening of every minibatch is computed in one vectorised pass per
 epoch; metrics are summed into one tensor read once per update.
 
-The losses are those of :mod:`m2flow.algorithms.losses` (``ppo_policy_loss`` over all-valid samples
-and the unclipped / clipped squared value error), written out for an unmasked batch; the tests check
-one against the other. Deviation from that module, to match Stable-Baselines3 and CleanRL: the value
-loss is the mean squared error without the 1/2, so ``vf_coef`` means what it means there.
+The loss is defined once, in :mod:`m2flow.algorithms.minibatch_ppo` (``ppo_policy_loss`` of
+:mod:`m2flow.algorithms.losses` over all-valid samples and the unclipped / clipped squared value
+error, for an unmasked batch; the tests check one against the other); the closed-form gradient is
+tested against autograd of that definition. Deviation from ``losses.py``, to match Stable-Baselines3
+and CleanRL: the value loss is the mean squared error without the 1/2, so ``vf_coef`` means what it
+means there.
 """
 
 from __future__ import annotations
@@ -30,18 +32,19 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from m2flow.algorithms.minibatch_ppo import MINIBATCH_PARTS, ppo_minibatch_loss
 from m2flow.models.policies import ActorCritic, GaussianHead
 from m2flow.workers.embodied.closed_form import ClosedFormPPO, supports
 from m2flow.workers.embodied.compiled_step import CompiledStep
 from m2flow.workers.embodied.config import PPOConfig
 from m2flow.workers.embodied.flat import FlatAdam, FlatParameters
-from m2flow.workers.embodied.lean import LeanPolicy
+from m2flow.workers.embodied.minibatch_forward import MinibatchForward
 
 log = logging.getLogger(__name__)
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
-# What each minibatch adds up for the metrics (see PPOUpdater._step_loss).
-_SUMS = ("pg", "sq", "ratio", "log_ratio", "clipped", "count")
+# What each minibatch adds up for the metrics: the loss's parts, then this rank's share of the samples.
+_SUMS = (*MINIBATCH_PARTS, "count")
 
 
 @dataclass
@@ -84,21 +87,30 @@ def evaluate_actions(policy: ActorCritic, obs: Tensor, actions: Tensor) -> tuple
 
 
 def whiten_minibatches(advantages: Tensor, bounds: list[tuple[int, int]], eps: float = 1e-8) -> Tensor:
-    """(B,) permuted advantages whitened within each [start, end) minibatch (unbiased std, as torch)."""
+    """(B,) permuted advantages whitened within each [start, end) minibatch: (a - mean) / sqrt(var + eps).
+
+    Unbiased variance, as torch; ``eps`` inside the square root and exact zeros for a minibatch of
+    equal advantages (whose float mean may sit one rounding step off them), as ``masked_whiten``.
+    """
     if not bounds:
         return advantages
     size = bounds[0][1] - bounds[0][0]
     full = len(bounds) if bounds[-1][1] - bounds[-1][0] == size else len(bounds) - 1
     out = torch.empty_like(advantages)
     if full:
-        block = advantages[: full * size].view(full, size)
-        std = block.std(dim=1, keepdim=True) if size > 1 else torch.zeros_like(block[:, :1])
-        out[: full * size] = ((block - block.mean(dim=1, keepdim=True)) / (std + eps)).view(-1)
+        block = advantages[: full * size].view(full, size)  # [M, size]
+        out[: full * size] = _whiten_rows(block, eps).view(-1)
     for start, end in bounds[full:]:
-        part = advantages[start:end]
-        std = part.std() if end - start > 1 else torch.zeros((), dtype=part.dtype)
-        out[start:end] = (part - part.mean()) / (std + eps)
+        out[start:end] = _whiten_rows(advantages[start:end].view(1, -1), eps).view(-1)
     return out
+
+
+def _whiten_rows(block: Tensor, eps: float) -> Tensor:
+    """[M, n] rows whitened each on its own; a constant row (a single sample included) gives zeros."""
+    var = block.var(dim=1, keepdim=True) if block.shape[1] > 1 else torch.zeros_like(block[:, :1])
+    out = (block - block.mean(dim=1, keepdim=True)) * torch.rsqrt(var + eps)
+    constant = block.amax(dim=1, keepdim=True) == block.amin(dim=1, keepdim=True)
+    return torch.where(constant, torch.zeros_like(out), out)
 
 
 class PPOUpdater:
@@ -123,7 +135,8 @@ class PPOUpdater:
         self.world_size = world_size
         self.all_reduce = all_reduce
         self.flat = FlatParameters(policy)
-        self.lean = LeanPolicy(policy)
+        self.policy_forward = MinibatchForward(policy)
+        """The policy's forward for minibatches: log-ratio, values and entropy with few tensor operations."""
         self.closed_form = (ClosedFormPPO(policy, cfg, self.flat.params) if closed_form and supports(policy, cfg)
                             else None)
         self._clip_coef = torch.zeros((), dtype=self.flat.param.dtype, device=self.flat.param.device)
@@ -131,7 +144,7 @@ class PPOUpdater:
         self.compiled: CompiledStep | None = None
         if compile and self.closed_form is None:
             log.warning("actor.compile: this policy or PPO config has no closed-form gradient (an MLP trunk with "
-                        "tanh or relu, no value_clip, no categorical entropy bonus); training eagerly")
+                        "tanh or relu, no value_clip); training eagerly")
         elif compile:
             fused = world_size == 1 and cfg.target_kl is None
             self.compiled = CompiledStep(self.closed_form.net, self.flat.layout, cfg.max_grad_norm,
@@ -160,10 +173,10 @@ class PPOUpdater:
             self.optimizer.lr = lr
         size = len(batch)
         bounds = self._minibatches(size)
-        lean = self.lean
+        forward = self.policy_forward
         # Per-sample columns gathered together once per epoch: offset, old value, return, advantage.
-        columns = torch.stack((lean.offset(batch.logprobs), batch.values, batch.returns, batch.advantages))
-        actions = lean.prepare_actions(batch.actions)
+        columns = torch.stack((forward.offset(batch.logprobs), batch.values, batch.returns, batch.advantages))
+        actions = forward.prepare_actions(batch.actions)
         # Each minibatch's loss is a mean: the scale 1 / size is folded into the advantages.
         neg_scale = torch.empty(size, dtype=batch.advantages.dtype, device=batch.advantages.device)
         for start, end in bounds:
@@ -269,8 +282,8 @@ class PPOUpdater:
         if compiled is None or closed is None:
             return
         opt = self.optimizer
-        actions = self.lean.prepare_actions(batch.actions)
-        offset = self.lean.offset(batch.logprobs)
+        actions = self.policy_forward.prepare_actions(batch.actions)
+        offset = self.policy_forward.offset(batch.logprobs)
         shapes = {(hi - lo, end - start): (lo, hi) for start, end in self._minibatches(len(batch))
                   for lo, hi in [self._my_share(start, end)]}
         for (m, n), (lo, hi) in shapes.items():
@@ -289,37 +302,22 @@ class PPOUpdater:
                    old_values: Tensor, scale: float) -> tuple[Tensor, Tensor]:
         """This rank's part of one minibatch's loss, and its summed parts for the metrics.
 
-        ``neg_adv`` is minus the advantage times ``scale`` (1 / minibatch size); the parts are the
-        policy loss (already scaled), the summed squared value error, the sums of the ratio and
-        the log-ratio, and the number of clipped ratios.
+        ``neg_adv`` is minus the advantage times ``scale`` (1 / minibatch size); the loss and its
+        parts are ``m2flow.algorithms.minibatch_ppo.ppo_minibatch_loss``'s.
         """
         cfg = self.cfg
-        log_ratio, values, log_p = self.lean.forward(obs, actions, offset)
-        ratio = torch.exp(log_ratio)
-        clipped = ratio.clamp(1.0 - cfg.clip, 1.0 + cfg.clip)
-        pg = torch.maximum(neg_adv * ratio, neg_adv * clipped).sum()
-        if cfg.use_critic:
-            error = values - returns
-            if cfg.value_clip is None:
-                sq = torch.dot(error, error)
-            else:
-                moved = old_values + (values - old_values).clamp(-cfg.value_clip, cfg.value_clip)
-                sq = torch.maximum(error.square(), (moved - returns).square()).sum()
-            loss = torch.add(pg, sq, alpha=cfg.vf_coef * scale)
-        else:
-            sq = torch.zeros((), device=pg.device)
-            loss = pg
-        if cfg.ent_coef:
-            loss = loss - (cfg.ent_coef * scale) * self.lean.entropy_sum(log_p, obs.shape[0])
-        with torch.no_grad():
-            parts = torch.stack((pg, sq, ratio.sum(), log_ratio.sum(), (clipped != ratio).sum().to(ratio.dtype)))
-        return loss, parts
+        log_ratio, values, log_p = self.policy_forward.evaluate(obs, actions, offset)
+        entropy = self.policy_forward.entropy_sum(log_p, obs.shape[0]) if cfg.ent_coef else None
+        return ppo_minibatch_loss(log_ratio, neg_adv, values if cfg.use_critic else None, returns, clip=cfg.clip,
+                                  scale=scale, vf_coef=cfg.vf_coef, old_values=old_values,
+                                  value_clip=cfg.value_clip, ent_coef=cfg.ent_coef, entropy_sum=entropy)
 
     def minibatch_loss(self, obs: Tensor, actions: Tensor, old_logprobs: Tensor, advantages: Tensor,
                        returns: Tensor, old_values: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         """The loss of one whole minibatch (advantages as given) and its metrics; for checks and tools."""
         n = advantages.shape[0]
-        loss, parts = self._step_loss(obs, self.lean.prepare_actions(actions), self.lean.offset(old_logprobs),
+        forward = self.policy_forward
+        loss, parts = self._step_loss(obs, forward.prepare_actions(actions), forward.offset(old_logprobs),
                                       -advantages / n, returns, old_values, 1.0 / n)
         return loss, {
             "actor/pg_loss": parts[0],

@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from m2flow.models.policies import PolicyConfig
 from m2flow.runtime.trace import get_tracer, trace_category
 from m2flow.runtime.worker import Worker
 from m2flow.workers.embodied.inference import PolicyEngine
+from m2flow.workers.state_file import load_state, save_state
 
 
 def served_env_ranks(rollout_rank: int, rollout_ranks: int, env_ranks: int) -> list[int]:
@@ -100,11 +100,11 @@ class RolloutWorker(Worker):
         """Write the action-noise generators of this rank's sources."""
         path = Path(directory) / f"rollout_rank{self.rank}.pt"
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(self.engine.rng_state(), path)
+        save_state(self.engine.rng_state(), path)
         return str(path)
 
     def load_checkpoint(self, directory: str) -> None:
-        self.engine.load_rng_state(torch.load(Path(directory) / f"rollout_rank{self.rank}.pt"))
+        self.engine.load_rng_state(load_state(Path(directory) / f"rollout_rank{self.rank}.pt"))
 
     def sources_served(self) -> Sequence[int]:
         return list(self.sources)

@@ -116,7 +116,7 @@ def test_compiled_decoding_samples_what_eager_decoding_samples(ckpt, tok):
         for g, w in zip(got, want):
             for r, s in zip(g.responses, w.responses):
                 assert torch.allclose(torch.tensor(r.logprobs), torch.tensor(s.logprobs), atol=1e-5)
-    assert compiled.lean.compiled.active
+    assert compiled.decoder.compiled.active
 
 
 def test_top_k_one_is_greedy(pair, tok):

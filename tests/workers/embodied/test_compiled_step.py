@@ -24,6 +24,8 @@ CASES = {
                                 False),
     "categorical, shared relu trunk": (PPOConfig(minibatch_size=40),
                                        PolicyConfig(hidden_sizes=[16], shared_critic=True, activation="relu"), True),
+    "categorical, entropy bonus": (PPOConfig(ent_coef=0.01, minibatch_size=32), PolicyConfig(hidden_sizes=[16, 16]),
+                                   True),
 }
 
 

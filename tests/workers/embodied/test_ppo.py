@@ -217,7 +217,7 @@ def test_closed_form_gradient_equals_autograd(case, cfg_kwargs, policy_kwargs, d
     policy = build_policy(BOX_OBS, act, PolicyConfig(hidden_sizes=[16, 8], **policy_kwargs))
     auto = PPOUpdater(policy, cfg, closed_form=False)
     b = _batch(n=40, discrete=discrete)
-    actions, offset = auto.lean.prepare_actions(b.actions), auto.lean.offset(b.logprobs)
+    actions, offset = auto.policy_forward.prepare_actions(b.actions), auto.policy_forward.offset(b.logprobs)
     neg_adv = -b.advantages / 40
     loss, parts = auto._step_loss(b.obs, actions, offset, neg_adv, b.returns, b.values, 1 / 40)
     auto.flat.zero_grad()
@@ -236,7 +236,7 @@ def test_closed_form_is_used_only_where_it_applies():
     assert supports(policy, PPOConfig())
     assert not supports(policy, PPOConfig(value_clip=0.2))
     categorical = _policy(gym.spaces.Discrete(4))
-    assert not supports(categorical, PPOConfig(ent_coef=0.01))
+    assert supports(categorical, PPOConfig(ent_coef=0.01))
     gelu = build_policy(BOX_OBS, BOX_ACT, PolicyConfig(hidden_sizes=[8], activation="gelu"))
     assert not supports(gelu, PPOConfig())
 
@@ -279,3 +279,14 @@ def test_update_on_cuda_survives_offload_and_onload():
     assert policy.head.log_std.device.type == "cuda"
     metrics = updater.update(cuda_batch)
     assert metrics["actor/updates"] == 6
+
+
+def test_a_minibatch_of_equal_advantages_whitens_to_exact_zeros():
+    spread = torch.arange(1.0, 8.0)
+    adv = torch.cat([torch.full((7,), 0.1), spread, torch.full((6,), 0.3)])
+    # float32 rounding puts the mean a step off the values; (a - mean) / (std + eps) gave -0.41.
+    assert adv[:7].mean() != adv[0]
+    assert ((adv[:7] - adv[:7].mean()) / (adv[:7].std() + 1e-8)).abs().min() > 0.4
+    out = whiten_minibatches(adv, [(0, 7), (7, 14), (14, 20)])
+    assert torch.equal(out[:7], torch.zeros(7)) and torch.equal(out[14:], torch.zeros(6))
+    torch.testing.assert_close(out[7:14], (spread - 4.0) / spread.std())

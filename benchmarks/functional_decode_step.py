@@ -1,11 +1,11 @@
 """The lean backend's decoding step, eager against `torch.compile`d (`rollout.compile`), on G1's model.
 
-Times one `LeanLM.decode` of B rows (prompts of 12 tokens, room for 16 new ones, 8 tokens in) through
+Times one `FunctionalLM.decode` of B rows (prompts of 12 tokens, room for 16 new ones, 8 tokens in) through
 the eager step and through the compiled one, alternating, in one process. The compile itself (once,
 before the timing) is reported apart.
 
-    python benchmarks/lean_decode_step.py                     # 16 rows (one G1 rank) and 32 (the batch)
-    python benchmarks/lean_decode_step.py --rows 32 --threads 2
+    python benchmarks/functional_decode_step.py                     # 16 rows (one G1 rank) and 32 (the batch)
+    python benchmarks/functional_decode_step.py --rows 32 --threads 2
 """
 
 from __future__ import annotations
@@ -17,19 +17,19 @@ import time
 import torch
 from common import g1_model
 
-from m2flow.models.lean_lm import DecodeState, LeanLM
+from m2flow.models.functional_lm import DecodeState, FunctionalLM
 
 
-def _state(lean: LeanLM, rows: int, prompt_len: int, new_tokens: int, filled: int) -> DecodeState:
+def _state(decoder: FunctionalLM, rows: int, prompt_len: int, new_tokens: int, filled: int) -> DecodeState:
     ids = torch.randint(1, 19, (rows, prompt_len))
-    _, state = lean.prefill(ids, torch.ones_like(ids), new_tokens)
+    _, state = decoder.prefill(ids, torch.ones_like(ids), new_tokens)
     tokens = torch.randint(1, 19, (rows,))
     for _ in range(filled):
-        lean.decode(tokens, state)
+        decoder.decode(tokens, state)
     return state
 
 
-def _time(lean: LeanLM, state: DecodeState, reps: int) -> float:
+def _time(decoder: FunctionalLM, state: DecodeState, reps: int) -> float:
     """Median seconds of one decoding step, each from the same cache position (the slot is rewritten)."""
     tokens = torch.randint(1, 19, (state.keys.shape[1],))
     length, position = state.length, state.next_position
@@ -37,7 +37,7 @@ def _time(lean: LeanLM, state: DecodeState, reps: int) -> float:
     for _ in range(reps):
         state.length, state.next_position = length, position
         t0 = time.perf_counter()
-        lean.decode(tokens, state)
+        decoder.decode(tokens, state)
         times.append(time.perf_counter() - t0)
     state.key_bias[..., length:] = float("-inf")  # the slot is empty again for the next side
     return statistics.median(times)
@@ -51,7 +51,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     model = g1_model(args.threads, training=False)
-    eager, compiled = LeanLM.from_hf(model), LeanLM.from_hf(model, compile=True)
+    eager, compiled = FunctionalLM.from_hf(model), FunctionalLM.from_hf(model, compile=True)
     with torch.no_grad():
         t0 = time.perf_counter()
         _state(compiled, 2, 12, 16, 1)

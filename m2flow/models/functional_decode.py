@@ -1,16 +1,16 @@
-"""`LeanLM`'s decoding step as one function over the whole KV cache, so `torch.compile` can fuse it.
+"""`FunctionalLM`'s decoding step as one function over the whole KV cache, so `torch.compile` can fuse it.
 
 An eager decoding step of a small model on a CPU is mostly the fixed cost of its ~40 tensor calls per
 layer (norms, rotary embedding, residual adds, attention), not arithmetic. `torch.compile` fuses the
 element-wise calls into a few generated kernels and leaves the matrix products to the BLAS library;
 on G1's model (hidden 128, 4 layers, 16 rows, one thread) a step is 1.4-1.5x faster
-(`benchmarks/lean_decode_step.py`).
+(`benchmarks/functional_decode_step.py`).
 
 To give the compiler shapes that do not change from step to step, `decode_step` attends over every
 slot of the preallocated cache, not over the filled ones only: the cache's attention bias is -inf on
 empty slots (as on padding), so they weigh nothing, and the caches are zero-filled when allocated, so
 an empty slot holds no NaN. The step only reads the cache: the new token attends to itself through
-the keys and values it just computed, which it returns for the caller (`LeanLM.decode`) to write into
+the keys and values it just computed, which it returns for the caller (`FunctionalLM.decode`) to write into
 their slot. (Written inside the compiled function, the in-place update of an input would copy the
 whole cache every step.) Attention is two matrix products and a softmax, which the compiler fuses;
 grouped-query attention (fewer key/value heads than query heads) groups the query heads of each
@@ -32,16 +32,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from m2flow.models.lean_lm import _attention_inputs, _Layer, _mlp, _rms_norm, _Shape
+from m2flow.models.functional_layers import LayerWeights, Shape, attention_inputs, gated_mlp, rms_norm
 
 __all__ = ["CompiledDecode", "decode_step"]
 
 log = logging.getLogger(__name__)
 
 
-def decode_step(shape: _Shape, tokens: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor,
+def decode_step(shape: Shape, tokens: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor,
                 values: torch.Tensor, key_bias: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                embed: torch.Tensor, layers: tuple[_Layer, ...], norm: torch.Tensor, head: torch.Tensor,
+                embed: torch.Tensor, layers: tuple[LayerWeights, ...], norm: torch.Tensor, head: torch.Tensor,
                 head_bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One token per row, tokens (B,) at positions (B, 1), attending to the cache and to itself.
 
@@ -56,24 +56,24 @@ def decode_step(shape: _Shape, tokens: torch.Tensor, positions: torch.Tensor, ke
     cos_t, sin_t = cos[positions][:, :, None], sin[positions][:, :, None]  # (B, 1, 1, D)
     new_keys, new_values = [], []
     for i, w in enumerate(layers):
-        q, k, v = _attention_inputs(_rms_norm(h, w.input_norm, shape.eps), w, shape, cos_t, sin_t)
+        q, k, v = attention_inputs(rms_norm(h, w.input_norm, shape.eps), w, shape, cos_t, sin_t)
         q = q.reshape(b, kv, heads // kv, d)  # (B, H, 1, D) grouped by key/value head
         cached = torch.matmul(q, keys[i].transpose(-1, -2)) * d**-0.5 + key_bias  # (B, KV, group, Lmax)
         own = torch.matmul(q, k.transpose(-1, -2)) * d**-0.5  # (B, KV, group, 1)
         p = torch.cat((cached, own), dim=-1).softmax(-1)
         o = torch.matmul(p[..., :-1], values[i]) + p[..., -1:] * v  # (B, KV, group, D)
         h = h + F.linear(o.reshape(b, 1, heads * d), w.o, w.o_bias)
-        h = h + _mlp(_rms_norm(h, w.post_norm, shape.eps), w, shape)
+        h = h + gated_mlp(rms_norm(h, w.post_norm, shape.eps), w, shape)
         new_keys.append(k)
         new_values.append(v)
-    logits = F.linear(_rms_norm(h[:, -1], norm, shape.eps), head, head_bias)
+    logits = F.linear(rms_norm(h[:, -1], norm, shape.eps), head, head_bias)
     return logits, torch.stack(new_keys), torch.stack(new_values)
 
 
 class CompiledDecode:
     """`decode_step` for one model shape under `torch.compile` (dynamic shapes); eager if compiling fails."""
 
-    def __init__(self, shape: _Shape) -> None:
+    def __init__(self, shape: Shape) -> None:
         def step(*args: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             return decode_step(shape, *args)
 

@@ -1,4 +1,4 @@
-"""The lean Qwen2/Llama forward against the HF model: logits, gradients, cached decoding, refusals."""
+"""The functional Qwen2/Llama forward against the HF model: logits, gradients, cached decoding, refusals."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from m2flow.models.causal_lm import position_ids_from_mask
-from m2flow.models.lean_lm import LeanLM, check_supported, lean_logits
+from m2flow.models.functional_lm import FunctionalLM, check_supported, functional_logits
 
 torch.set_num_threads(1)
 
@@ -62,17 +62,17 @@ def test_logits_match_hf_at_real_positions(name):
     ids, mask = _batch()
     with torch.no_grad():
         want = _hf_logits(model, ids, mask)
-        got = lean_logits(model, ids, mask)
+        got = functional_logits(model, ids, mask)
         assert got.shape == want.shape == (3, 9, VOCAB)
         real = mask.bool()
         assert want[real].abs().max() > 1  # the comparison is not between two near-zero tensors
         torch.testing.assert_close(got[real], want[real], rtol=0, atol=1e-5)
         # logits_to_keep keeps the last positions, as HF's does.
-        kept = lean_logits(model, ids, mask, logits_to_keep=4)
+        kept = functional_logits(model, ids, mask, logits_to_keep=4)
         assert kept.shape == (3, 4, VOCAB)
         torch.testing.assert_close(kept[real[:, -4:]], want[:, -4:][real[:, -4:]], rtol=0, atol=1e-5)
         # Without a mask: plain causal attention over positions 0..L-1.
-        torch.testing.assert_close(lean_logits(model, ids), model(input_ids=ids).logits, rtol=0, atol=1e-5)
+        torch.testing.assert_close(functional_logits(model, ids), model(input_ids=ids).logits, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["qwen2-gqa-tied", "llama-mqa-biases"])
@@ -89,7 +89,7 @@ def test_gradients_match_hf(name):
         return {n: p.grad for n, p in model.named_parameters()}
 
     want = grads(lambda m: _hf_logits(m, ids, mask))
-    got = grads(lambda m: lean_logits(m, ids, mask))
+    got = grads(lambda m: functional_logits(m, ids, mask))
     assert want.keys() == got.keys()
     for n in want:
         assert want[n] is not None and got[n] is not None, n
@@ -101,8 +101,8 @@ def test_cached_decoding_matches_full_forwards(name):
     model = _model(**MODELS[name])
     ids, mask = _batch(seed=2)
     ids, mask = ids[:2], mask[:2]  # left padding only: prompts end at the last column
-    lean = LeanLM.from_hf(model)
-    logits, state = lean.prefill(ids, mask, max_new_tokens=4)
+    functional = FunctionalLM.from_hf(model)
+    logits, state = functional.prefill(ids, mask, max_new_tokens=4)
     for _ in range(4):
         with torch.no_grad():
             want = _hf_logits(model, ids, mask, keep=1)[:, -1]
@@ -111,18 +111,18 @@ def test_cached_decoding_matches_full_forwards(name):
         ids = torch.cat([ids, token[:, None]], 1)
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
         if state.length < ids.shape[1]:
-            logits = lean.decode(token, state)
+            logits = functional.decode(token, state)
 
 
 def test_dropping_rows_keeps_the_others_going():
     model = _model()
     ids, mask = _batch(seed=3)
     ids, mask = ids[:2], mask[:2]
-    lean = LeanLM.from_hf(model)
-    logits, state = lean.prefill(ids, mask, max_new_tokens=2)
+    functional = FunctionalLM.from_hf(model)
+    logits, state = functional.prefill(ids, mask, max_new_tokens=2)
     token = logits.argmax(-1)
     state.select(torch.tensor([1]))
-    got = lean.decode(token[1:], state)
+    got = functional.decode(token[1:], state)
     full = torch.cat([ids[1:], token[1:, None]], 1)
     full_mask = torch.cat([mask[1:], torch.ones(1, 1, dtype=torch.long)], 1)
     with torch.no_grad():
@@ -133,25 +133,25 @@ def test_repeated_prompts_are_prefilled_once_and_decode_as_copies():
     model = _model(arch="llama")
     ids, mask = _batch(seed=4)
     ids, mask = ids[:2], mask[:2]
-    lean = LeanLM.from_hf(model)
-    once, state = lean.prefill(ids, mask, max_new_tokens=2, repeats=3)
-    full, full_state = lean.prefill(ids.repeat_interleave(3, 0), mask.repeat_interleave(3, 0), max_new_tokens=2)
+    functional = FunctionalLM.from_hf(model)
+    once, state = functional.prefill(ids, mask, max_new_tokens=2, repeats=3)
+    full, full_state = functional.prefill(ids.repeat_interleave(3, 0), mask.repeat_interleave(3, 0), max_new_tokens=2)
     assert once.shape == (6, VOCAB)
     torch.testing.assert_close(once, full, rtol=0, atol=1e-6)
     tokens = torch.arange(6) + 1  # different continuations of the copies
-    torch.testing.assert_close(lean.decode(tokens, state), lean.decode(tokens, full_state), rtol=0, atol=1e-6)
+    torch.testing.assert_close(functional.decode(tokens, state), functional.decode(tokens, full_state), rtol=0, atol=1e-6)
 
 
 def test_fused_weights_follow_in_place_updates():
     model = _model()
     ids, mask = _batch()
-    lean = LeanLM.from_hf(model)
-    before, _ = lean.prefill(ids[:2], mask[:2], 1)
-    assert not lean.stale
+    functional = FunctionalLM.from_hf(model)
+    before, _ = functional.prefill(ids[:2], mask[:2], 1)
+    assert not functional.stale
     with torch.no_grad():
         model.model.layers[0].self_attn.k_proj.weight.mul_(2)  # e.g. an optimizer step or a weight sync
-    assert lean.stale
-    after, _ = lean.prefill(ids[:2], mask[:2], 1)
+    assert functional.stale
+    after, _ = functional.prefill(ids[:2], mask[:2], 1)
     with torch.no_grad():
         torch.testing.assert_close(after, _hf_logits(model, ids[:2], mask[:2], keep=1)[:, -1], rtol=0, atol=1e-5)
     assert not torch.allclose(before, after)
@@ -168,13 +168,13 @@ def test_fused_weights_follow_in_place_updates():
 def test_unsupported_features_are_refused_by_name(overrides, feature):
     model = _model(**overrides)
     with pytest.raises(ValueError, match=feature):
-        LeanLM.from_hf(model)
+        FunctionalLM.from_hf(model)
     with pytest.raises(ValueError, match=feature):
-        lean_logits(model, torch.ones(1, 2, dtype=torch.long))
+        functional_logits(model, torch.ones(1, 2, dtype=torch.long))
 
 
 def test_other_architectures_are_refused():
     model = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2, n_positions=32))
     with pytest.raises(ValueError, match="model type 'gpt2' is not supported"):
-        LeanLM.from_hf(model)
+        FunctionalLM.from_hf(model)
     check_supported(_model().config)  # the supported ones pass

@@ -1,4 +1,4 @@
-"""The packed forward (each prompt once, no padding inside a group) against the padded lean forward."""
+"""The packed forward (each prompt once, no padding inside a group) against the padded functional forward."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import torch
 
 from m2flow.data.batch import left_pad, right_pad
 from m2flow.models.causal_lm import logprobs_from_logits, response_logprobs
-from m2flow.models.lean_lm import lean_logits
-from m2flow.models.lean_packed import PAD_SEGMENT, PROMPT_SEGMENT, lean_packed_logits, pack_groups
-from tests.models.test_lean_lm import MODELS, VOCAB, _model
+from m2flow.models.functional_lm import functional_logits
+from m2flow.models.packed_forward import PAD_SEGMENT, PROMPT_SEGMENT, pack_groups, packed_logits
+from m2flow.models.response_forward import create_response_forward
+from tests.models.test_functional_lm import MODELS, VOCAB, _model
 
 torch.set_num_threads(1)
 
@@ -31,7 +32,7 @@ def _grpo_batch(prompt_lens, response_lens, seed=0):
 def _padded_logits(model, p_ids, p_mask, r_ids, r_mask):
     ids, mask = torch.cat([p_ids, r_ids], 1), torch.cat([p_mask, r_mask], 1)
     lr = r_ids.shape[1]
-    return lean_logits(model, ids, mask, logits_to_keep=lr + 1)[:, :-1]
+    return functional_logits(model, ids, mask, logits_to_keep=lr + 1)[:, :-1]
 
 
 # Per row: prompt length (equal lengths share the prompt), response length.
@@ -58,7 +59,7 @@ def test_packed_logits_and_gradients_match_the_padded_forward(name, batch):
         return logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
     want_logp, want_grads = run(_padded_logits)
-    got_logp, got_grads = run(lean_packed_logits)
+    got_logp, got_grads = run(packed_logits)
     torch.testing.assert_close(got_logp, want_logp, rtol=1e-5, atol=1e-5)
     assert got_grads.keys() == want_grads.keys()
     for n in want_grads:
@@ -80,14 +81,15 @@ def test_packing_puts_each_prompt_once_and_drops_last_response_tokens():
     assert packed.input_ids.numel() == 18
 
 
-def test_response_logprobs_lean_is_packed_and_matches_hf():
+def test_response_logprobs_through_the_packed_forward_match_hf():
     model = _model()
     p_ids, p_mask, r_ids, r_mask = _grpo_batch([5, 5, 5, 4, 4, 4], [3, 6, 2, 6, 1, 4])
+    forward = create_response_forward("packed")
     with torch.no_grad():
         hf, _ = response_logprobs(model, p_ids, p_mask, r_ids, r_mask, micro_batch_size=4)
-        lean, _ = response_logprobs(model, p_ids, p_mask, r_ids, r_mask, micro_batch_size=4, lean=True)
-    torch.testing.assert_close(lean, hf, rtol=1e-5, atol=1e-5)
-    assert (lean[r_mask == 0] == 0).all()
+        packed, _ = response_logprobs(model, p_ids, p_mask, r_ids, r_mask, micro_batch_size=4, forward=forward)
+    torch.testing.assert_close(packed, hf, rtol=1e-5, atol=1e-5)
+    assert (packed[r_mask == 0] == 0).all()
 
 
 def test_a_row_without_prompt_tokens_is_refused():

@@ -1,12 +1,12 @@
-"""The lean training forward, padded rows against packed groups, on G1's model and per-rank batch.
+"""The functional training forward, padded rows against packed groups, on G1's model and per-rank batch.
 
 Times one forward and backward of the response log-probs of a GRPO batch (P prompts x n responses
-of up to 16 tokens, about 37% of them at the limit, as G1 draws them) through the padded lean
-forward (`lean_logits` over prompt + response rows) and through the packed one
-(`lean_packed_logits`: each prompt once, no padding inside a group), alternating, in one process.
+of up to 16 tokens, about 37% of them at the limit, as G1 draws them) through the padded functional
+forward (`functional_logits` over prompt + response rows) and through the packed one
+(`packed_logits`: each prompt once, no padding inside a group), alternating, in one process.
 
-    python benchmarks/lean_packed_forward.py                    # 4 prompts x 4 (one G1 rank) and 8 x 4
-    python benchmarks/lean_packed_forward.py --prompts 8 --threads 2
+    python benchmarks/packed_forward.py                    # 4 prompts x 4 (one G1 rank) and 8 x 4
+    python benchmarks/packed_forward.py --prompts 8 --threads 2
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from common import g1_model
 
 from m2flow.data.batch import left_pad, right_pad
 from m2flow.models.causal_lm import logprobs_from_logits
-from m2flow.models.lean_lm import lean_logits
-from m2flow.models.lean_packed import lean_packed_logits
+from m2flow.models.functional_lm import functional_logits
+from m2flow.models.packed_forward import packed_logits
 
 
 def _batch(prompts: int, n: int, max_len: int, rng: random.Random) -> tuple[torch.Tensor, ...]:
@@ -37,7 +37,7 @@ def _batch(prompts: int, n: int, max_len: int, rng: random.Random) -> tuple[torc
 
 def _padded(model, p_ids, p_mask, r_ids, r_mask):
     ids, mask = torch.cat([p_ids, r_ids], 1), torch.cat([p_mask, r_mask], 1)
-    return lean_logits(model, ids, mask, logits_to_keep=r_ids.shape[1] + 1)[:, :-1]
+    return functional_logits(model, ids, mask, logits_to_keep=r_ids.shape[1] + 1)[:, :-1]
 
 
 def _time(fn, model, batch, reps: int) -> float:
@@ -62,11 +62,11 @@ def main() -> None:
     model = g1_model(args.threads, training=True)
     for prompts in (int(p) for p in args.prompts.split(",")):
         batch = _batch(prompts, args.group, args.max_new_tokens, random.Random(0))
-        _time(_padded, model, batch, 3), _time(lean_packed_logits, model, batch, 3)  # warm-up
+        _time(_padded, model, batch, 3), _time(packed_logits, model, batch, 3)  # warm-up
         padded, packed = [], []
         for _ in range(args.rounds):
             padded.append(_time(_padded, model, batch, args.reps))
-            packed.append(_time(lean_packed_logits, model, batch, args.reps))
+            packed.append(_time(packed_logits, model, batch, args.reps))
         a, b = statistics.median(padded), statistics.median(packed)
         print(f"{prompts} prompts x {args.group}, {args.threads} thread(s): padded {a * 1e3:.1f} ms, "
               f"packed {b * 1e3:.1f} ms per forward+backward ({a / b:.2f}x)")

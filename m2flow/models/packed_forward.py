@@ -15,7 +15,7 @@ group together whenever responses differ in length or prompts repeat.
 
 Distinct prompts are found by comparing prompt rows (ids and mask), so any batch works; a batch of
 all-distinct prompts costs about what the padded forward costs. Reads the live parameters of a
-Qwen2/Llama HF model like `m2flow.models.lean_lm.lean_logits` (pass the bare model, not a wrapper).
+Qwen2/Llama HF model like `m2flow.models.functional_lm.functional_logits` (pass the bare model, not a wrapper).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from m2flow.models.lean_lm import _decoder_layer, _layer, _rms_norm, _rope_table, _Shape, check_supported
+from m2flow.models.functional_layers import Shape, check_supported, decoder_layer, layer_weights, rms_norm, rope_table
 
-__all__ = ["PackedGroups", "lean_packed_logits", "pack_groups"]
+__all__ = ["PackedGroups", "packed_logits", "pack_groups"]
 
 PAD_SEGMENT = -1  # packed columns past a group's end
 PROMPT_SEGMENT = 0  # the group's prompt; response k of the group is segment k + 1
@@ -115,24 +115,24 @@ def pack_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_id
     return PackedGroups(ids, positions, segments, source)
 
 
-def lean_packed_logits(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+def packed_logits(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                        response_ids: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """Logits (B, Lr, V) predicting each response token (row r, token t), from the packed forward.
 
     The same values as the logits at positions Lp - 1 + t of the padded forward over the rows
-    `cat(prompt, response)`, i.e. `lean_logits(..., logits_to_keep=Lr + 1)[:, :-1]`.
+    `cat(prompt, response)`, i.e. `functional_logits(..., logits_to_keep=Lr + 1)[:, :-1]`.
     Entries at response padding are logits of some other position: mask them.
     """
     check_supported(model.config)
-    s = _Shape.of(model)
+    s = Shape.of(model)
     base = model.model
     packed = pack_groups(prompt_ids, prompt_mask, response_ids, response_mask)
     mask = packed.attention_mask()
     h = F.embedding(packed.input_ids, base.embed_tokens.weight, s.padding_idx)
-    cos, sin = _rope_table(base.rotary_emb.inv_freq, packed.positions, h.dtype)
+    cos, sin = rope_table(base.rotary_emb.inv_freq, packed.positions, h.dtype)
     cos, sin = cos[:, :, None], sin[:, :, None]
     dropout = s.attention_dropout if model.training else 0.0
     for layer in base.layers:
-        h = _decoder_layer(h, _layer(layer, fused=False), s, cos, sin, mask, dropout_p=dropout)
+        h = decoder_layer(h, layer_weights(layer, fused=False), s, cos, sin, mask, dropout_p=dropout)
     picked = h.reshape(-1, h.shape[-1])[packed.source]  # (B, Lr, hidden)
-    return F.linear(_rms_norm(picked, base.norm.weight, s.eps), model.lm_head.weight, model.lm_head.bias)
+    return F.linear(rms_norm(picked, base.norm.weight, s.eps), model.lm_head.weight, model.lm_head.bias)

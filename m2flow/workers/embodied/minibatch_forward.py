@@ -27,7 +27,7 @@ _ACTIVATIONS: dict[type[nn.Module], Callable[[Tensor], Tensor]] = {
 }
 
 
-def lean_trunk(trunk: nn.Module) -> Callable[[Tensor], Tensor]:
+def direct_trunk(trunk: nn.Module) -> Callable[[Tensor], Tensor]:
     """A function equal to ``trunk(x)``: direct layer calls for an MLP encoder, else the module."""
     if not isinstance(trunk, MLPEncoder):
         return trunk
@@ -48,17 +48,17 @@ def lean_trunk(trunk: nn.Module) -> Callable[[Tensor], Tensor]:
     return forward
 
 
-class LeanPolicy:
+class MinibatchForward:
     """``log pi(a|s) - log pi_old(a|s)`` and ``V(s)`` of an actor-critic, for minibatches."""
 
     def __init__(self, policy: ActorCritic) -> None:
         self.policy = policy
-        self.actor = lean_trunk(policy.actor_trunk)
-        self.critic = None if policy.critic_trunk is None else lean_trunk(policy.critic_trunk)
+        self.actor = direct_trunk(policy.actor_trunk)
+        self.critic = None if policy.critic_trunk is None else direct_trunk(policy.critic_trunk)
         self.gaussian = isinstance(policy.head, GaussianHead)
 
     def prepare_actions(self, actions: Tensor) -> Tensor:
-        """Actions in the form :meth:`forward` takes: (B, A) floats, or (B, 1) int64 indices."""
+        """Actions in the form :meth:`evaluate` takes: (B, A) floats, or (B, 1) int64 indices."""
         return actions if self.gaussian else actions.long().reshape(-1, 1)
 
     def offset(self, old_logprobs: Tensor) -> Tensor:
@@ -68,7 +68,7 @@ class LeanPolicy:
             return -(old_logprobs + dim * _LOG_SQRT_2PI)
         return -old_logprobs
 
-    def forward(self, obs: Tensor, actions: Tensor, offset: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+    def evaluate(self, obs: Tensor, actions: Tensor, offset: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """(B, *obs_shape), prepared actions, (B,) offset -> log-ratio (B,), values (B,), log-softmax or None."""
         policy = self.policy
         head = policy.head

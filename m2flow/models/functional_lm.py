@@ -1,0 +1,221 @@
+"""A functional forward for Qwen2 and Llama decoder models, for fast generation and for training.
+
+At the sizes m2flow trains on a CPU (a few layers, width ~100) a Hugging Face forward is dominated by
+per-module Python overhead, not arithmetic. This module runs the same computation as a handful of
+tensor calls per layer (fused q/k/v and gate/up projections, `F.scaled_dot_product_attention`,
+`F.rms_norm`), reading the weights of an ordinary HF model. It serves two uses:
+
+* Generation, `FunctionalLM.from_hf(model)`: q/k/v and gate/up weights are fused into new tensors once;
+  `prefill(input_ids, attention_mask, max_new_tokens)` fills a preallocated KV cache and returns the
+  last position's logits, `decode(tokens, state)` adds one token per row. Left padding is handled by
+  the attention mask; positions count real tokens only (as `position_ids_from_mask`). The fused copies
+  are rebuilt by `refresh()`, which `prefill` calls by itself whenever a parameter of the model was
+  modified in place or replaced since the last build (`stale`). With `compile=True` each `decode` runs
+  one `torch.compile`d step over the whole cache instead (`m2flow.models.functional_decode`).
+* Training and scoring, `functional_logits(model, input_ids, attention_mask, position_ids, logits_to_keep)`:
+  one forward over full (left- or right-) padded sequences that reads the model's live parameters (no
+  copies), so gradients reach them exactly as through `model(...)`; returns the logits of the last
+  `logits_to_keep` positions only (0: all), like HF's `logits_to_keep`. Pass the bare HF model, not a
+  DDP/FSDP wrapper: the wrapper's forward (and its gradient hooks) is bypassed.
+
+Supported: `model_type` 'qwen2' or 'llama', default RoPE, full attention in every layer, a SiLU-gated MLP,
+tied or untied output head, attention and MLP biases as the config sets them. `check_supported` raises
+ValueError naming anything else (rope scaling, sliding windows, other activations or architectures).
+
+Where it deviates from HF: a padding position attends to itself (HF lets it attend to nothing or to
+everything, depending on the attention kernel), so no row of the attention is empty; the outputs at
+padding positions are meaningless either way and nothing real attends to them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from m2flow.models.functional_decode import CompiledDecode
+from m2flow.models.functional_layers import (
+    LayerWeights,
+    Shape,
+    check_supported,
+    decoder_layer,
+    layer_weights,
+    padded_causal_mask,
+    rms_norm,
+    rope_table,
+)
+
+__all__ = ["DecodeState", "FunctionalLM", "check_supported", "functional_logits"]
+
+
+def functional_logits(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    logits_to_keep: int = 0,
+) -> torch.Tensor:
+    """Logits (B, k, V) of the last k = `logits_to_keep` positions of input_ids (B, L) (k = 0: all L).
+
+    The same values as `model(input_ids, attention_mask, position_ids=..., logits_to_keep=k).logits`
+    at real positions, computed from the model's live parameters: gradients flow into them when
+    enabled. `attention_mask` (B, L) is 1 on real tokens (None: no padding); `position_ids` (B, L)
+    default to counting real tokens only. Attention dropout applies when the model is in training mode.
+    """
+    check_supported(model.config)
+    s = Shape.of(model)
+    base = model.model
+    if position_ids is None:
+        if attention_mask is None:
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        else:
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    mask = None if attention_mask is None else padded_causal_mask(attention_mask)
+    h = F.embedding(input_ids, base.embed_tokens.weight, s.padding_idx)
+    cos, sin = rope_table(base.rotary_emb.inv_freq, position_ids, h.dtype)
+    cos, sin = cos[:, :, None], sin[:, :, None]  # (B, L, 1, D): one table for all heads
+    dropout = s.attention_dropout if model.training else 0.0
+    for layer in base.layers:
+        h = decoder_layer(h, layer_weights(layer, fused=False), s, cos, sin, mask, dropout_p=dropout)
+    if logits_to_keep:
+        h = h[:, -logits_to_keep:]
+    return F.linear(rms_norm(h, base.norm.weight, s.eps), model.lm_head.weight, model.lm_head.bias)
+
+
+@dataclass
+class DecodeState:
+    """The KV cache and bookkeeping of one batch being decoded by `FunctionalLM`."""
+
+    keys: torch.Tensor
+    """(layers, B, KV, Lmax, D) cached keys; slots [0, length) are filled."""
+    values: torch.Tensor
+    """(layers, B, KV, Lmax, D) cached values."""
+    key_bias: torch.Tensor
+    """(B, 1, 1, Lmax) attention bias of each cache slot: 0 for real tokens, -inf for padding and empty slots."""
+    next_position: torch.Tensor
+    """(B, 1) position id of each row's next token."""
+    length: int
+    """Cache slots filled so far."""
+    cos: torch.Tensor
+    """(P, D) rotary cos of positions 0..P-1, enough for every token this batch may take."""
+    sin: torch.Tensor
+    """(P, D) rotary sin."""
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Make the batch the given rows (B',) of it, in that order: drop finished rows, or repeat rows."""
+        self.keys = self.keys.index_select(1, rows)
+        self.values = self.values.index_select(1, rows)
+        self.key_bias = self.key_bias.index_select(0, rows)
+        self.next_position = self.next_position.index_select(0, rows)
+
+
+class FunctionalLM:
+    """Generation with a preallocated KV cache over fused copies of a Qwen2/Llama model's weights."""
+
+    def __init__(self, model: nn.Module, compile: bool = False) -> None:
+        check_supported(model.config)
+        self.model = model
+        """The HF model whose parameters are read (and fused on `refresh`)."""
+        self.shape = Shape.of(model)
+        self.compiled: CompiledDecode | None = None
+        """With `compile`: the `CompiledDecode` that runs each decoding step (`m2flow.models.functional_decode`)."""
+        if compile:
+            self.compiled = CompiledDecode(self.shape)
+        self._layers: list[LayerWeights] = []
+        self._built_from: list[tuple[int, int, int]] | None = None
+        self.refresh()
+
+    @classmethod
+    def from_hf(cls, model: nn.Module, compile: bool = False) -> FunctionalLM:
+        """A generator over `model` (a `Qwen2ForCausalLM` or `LlamaForCausalLM`); ValueError if unsupported.
+        With `compile` each decoding step runs as one `torch.compile`d function (see `functional_decode`)."""
+        return cls(model, compile=compile)
+
+    def _fingerprint(self) -> list[tuple[int, int, int]]:
+        # In-place updates (optimizer steps, load_state_dict, copy_) bump a tensor's version counter;
+        # moves and reassignments change its storage or the parameter object.
+        return [(id(p), p.data_ptr(), p._version) for p in self.model.parameters()]
+
+    @property
+    def stale(self) -> bool:
+        """Whether a parameter changed since the fused weights were built."""
+        return self._built_from != self._fingerprint()
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """(Re)build the fused weights from the model's current parameters."""
+        self._layers = [layer_weights(layer, fused=True) for layer in self.model.model.layers]
+        self._built_from = self._fingerprint()
+
+    def release(self) -> None:
+        """Drop the fused copies (e.g. before the model is moved off the device); rebuilt on the next use."""
+        self._layers = []
+        self._built_from = None
+
+    # ---- the forward -------------------------------------------------------------------------
+
+    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, state: DecodeState,
+                 mask: torch.Tensor) -> torch.Tensor:
+        """Logits (B, V) of the last of input_ids (B, T), appended to the cache at state.length."""
+        base, s = self.model.model, self.shape
+        h = F.embedding(input_ids, base.embed_tokens.weight)
+        cos, sin = state.cos[positions][:, :, None], state.sin[positions][:, :, None]  # (B, T, 1, D)
+        for i, w in enumerate(self._layers):
+            h = decoder_layer(h, w, s, cos, sin, mask, (state.keys[i], state.values[i]), state.length)
+        state.length += input_ids.shape[1]
+        return F.linear(rms_norm(h[:, -1], base.norm.weight, s.eps), self.model.lm_head.weight,
+                        self.model.lm_head.bias)
+
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
+                repeats: int = 1) -> tuple[torch.Tensor, DecodeState]:
+        """Run left-padded prompts (B, Lp) through the model: logits (B * repeats, V) of the next token, and
+        the state to `decode` with, which has room for `max_new_tokens` more tokens. With `repeats` > 1
+        every prompt stands for that many consecutive rows (samples of one prompt): it runs once and its
+        cache is copied."""
+        if self.stale:
+            self.refresh()
+        b, lp = input_ids.shape
+        s, dtype, device = self.shape, self.model.model.embed_tokens.weight.dtype, input_ids.device
+        cache = (len(self._layers), b, s.num_kv_heads, lp + max_new_tokens, s.head_dim)
+        # An additive bias, not a bool mask: the attention kernel would convert a bool mask every step.
+        key_bias = torch.full((b, 1, 1, lp + max_new_tokens), float("-inf"), dtype=dtype, device=device)
+        key_bias[:, 0, 0, :lp].masked_fill_(attention_mask.bool(), 0.0)
+        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        table = torch.arange(lp + max_new_tokens, device=device)
+        cos, sin = rope_table(self.model.model.rotary_emb.inv_freq, table, dtype)
+        state = DecodeState(
+            # Zeros, not garbage: a compiled step attends over empty slots too (at weight 0; NaN * 0 is NaN).
+            keys=torch.zeros(cache, dtype=dtype, device=device), values=torch.zeros(cache, dtype=dtype, device=device),
+            key_bias=key_bias, next_position=positions[:, -1:] + 1, length=0, cos=cos, sin=sin,
+        )
+        logits = self._forward(input_ids, positions, state, padded_causal_mask(attention_mask))
+        if repeats > 1:
+            rows = torch.arange(b, device=device).repeat_interleave(repeats)
+            state.select(rows)
+            logits = logits.index_select(0, rows)
+        return logits, state
+
+    @torch.no_grad()
+    def decode(self, tokens: torch.Tensor, state: DecodeState) -> torch.Tensor:
+        """Append one token per row, tokens (B,); logits (B, V) of the token after it."""
+        positions = state.next_position
+        state.next_position = positions + 1
+        if self.compiled is not None:
+            # The step attends over the whole cache (the new token through its own keys), then the
+            # token's keys and values go into its slot.
+            base = self.model.model
+            logits, keys, values = self.compiled(
+                tokens, positions, state.keys, state.values, state.key_bias, state.cos, state.sin,
+                base.embed_tokens.weight, tuple(self._layers), base.norm.weight, self.model.lm_head.weight,
+                self.model.lm_head.bias)
+            slot = state.length
+            state.keys[:, :, :, slot : slot + 1] = keys
+            state.values[:, :, :, slot : slot + 1] = values
+            state.key_bias[:, :, :, slot] = 0.0
+            state.length += 1
+            return logits
+        state.key_bias[:, :, :, state.length] = 0.0
+        return self._forward(tokens[:, None], positions, state, state.key_bias[..., : state.length + 1])
