@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from m2flow.cli import CommandError, say
 
@@ -22,17 +21,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     from m2flow.workflows import plan_search
 
     plan_search.configure(sub)
-
-
-def layout_of(cfg: Any) -> Any:
-    """The device layout the config's cluster will have; attaching to a running cluster is refused."""
-    from m2flow.runtime.cluster import expected_layout
-
-    layout = expected_layout(cfg.cluster)
-    if layout is None:
-        raise CommandError("plan show: cluster.address attaches to a running cluster whose devices are known only "
-                           "once connected; plan without it (cluster.cpu_devices_per_node sets the devices per node)")
-    return layout
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,6 +40,8 @@ def _show(args: argparse.Namespace) -> int:
     spec, cfg = load_workflow_config(args.config, args.overrides)
     if spec.plan is None:
         raise CommandError(f"workflow {spec.name!r} declares no plan")
+    from m2flow.workflows.plan_search import layout_of
+
     try:
         plan = spec.plan(cfg, layout_of(cfg))
     except (PlacementError, ValueError) as e:

@@ -36,6 +36,17 @@ def configure(sub: Any) -> None:
     template.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
 
 
+def layout_of(cfg: Any) -> Any:
+    """The device layout the config's cluster will have; attaching to a running cluster is refused."""
+    from m2flow.runtime.cluster import expected_layout
+
+    layout = expected_layout(cfg.cluster)
+    if layout is None:
+        raise CommandError("plan: cluster.address attaches to a running cluster whose devices are known only "
+                           "once connected; plan without it (cluster.cpu_devices_per_node sets the devices per node)")
+    return layout
+
+
 def _search_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--devices", type=int, default=None, help="devices to plan for (default: the cluster's)")
     parser.add_argument("--profile", type=Path, default=None, help="profile JSON of this config on this machine")
@@ -63,7 +74,6 @@ class _Context:
 
     def __init__(self, config: Path, overrides: list[str], devices: int | None) -> None:
         from m2flow.runtime.placement import NodeLayout, PlacementError
-        from m2flow.workflows.plan_command import layout_of
         from m2flow.workflows.registry import load_workflow_config
 
         self.config, self.overrides = config, list(overrides)
