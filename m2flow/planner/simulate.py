@@ -80,6 +80,23 @@ class SimResult:
         return {label: sum(max(0.0, min(b, self.makespan) - max(a, start)) for a, b in iv) / span if span else 0.0
                 for label, iv in self.busy.items()}
 
+    def idle(self) -> dict[str, list[tuple[float, float]]]:
+        """Per device class: the intervals of the last iteration in which nothing runs on it."""
+        start = self.iteration_ends[-2] if len(self.iteration_ends) > 1 else 0.0
+        out = {}
+        for label, iv in self.busy.items():
+            gaps, at = [], start
+            for a, b in iv:
+                if b <= start:
+                    continue
+                if a > at + _EPS:
+                    gaps.append((at, min(a, self.makespan)))
+                at = max(at, b)
+            if at < self.makespan - _EPS:
+                gaps.append((at, self.makespan))
+            out[label] = gaps
+        return out
+
     @property
     def bottleneck(self) -> str:
         """The component busy longest in an iteration."""

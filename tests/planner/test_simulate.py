@@ -38,6 +38,8 @@ def test_two_stage_pipeline_makespan_is_hand_computed():
     assert result.iteration_time == pytest.approx(14.0)
     assert result.bottleneck == "gen"
     assert result.utilisation()["0:0"] == pytest.approx(12 / 14)
+    assert result.idle()["0:0"] == [(12.0, 14.0)]  # gen waits for the last train call
+    assert result.idle()["0:1"] == [(0.0, 3.0), (5.0, 6.0), (8.0, 9.0), (11.0, 12.0)]
 
 
 def test_collocated_components_take_turns_and_sum():
