@@ -38,7 +38,8 @@ class FastBound:
         self.calls = {}
         for c in self.names:
             edges = input_edges(workload, graph, template, c)
-            self.calls[c] = (cost.component(c), len(edges), sum(cost.edge_bytes.get(e, 0.0) for e in edges))
+            self.calls[c] = (cost.component(c), [graph.edge(e).source for e in edges],
+                             sum(cost.edge_bytes.get(e, 0.0) for e in edges))
         self.link_latency, self.link_bw = link.latency, link.bandwidth
         groups: dict[object, list[str]] = {}
         for c, p in comps.items():
@@ -70,11 +71,13 @@ class FastBound:
         self.threads = {c: p.threads for c, p in comps.items()}
         self.all_cores = cost.cores * nodes if cost.cores is not None else None
 
-    def _t(self, c: str, items: float, ranks: int) -> float:
-        curve, messages, per_item = self.calls[c]
-        seconds = curve.time(items, ranks)
-        if messages:
-            seconds += messages * self.link_latency + per_item * items / ranks / self.link_bw
+    def _t(self, c: str, items: float, ranks: Mapping[str, int]) -> float:
+        curve, senders, per_item = self.calls[c]
+        mine = ranks[c]
+        seconds = curve.time(items, mine)
+        if senders:  # as Simulator._call: a message per sender rank served, then the bytes
+            messages = sum(max(1, -(-ranks[s] // mine)) for s in senders)
+            seconds += messages * self.link_latency + per_item * items / mine / self.link_bw
         return seconds
 
     def sizes(self, ranks: Mapping[str, int]) -> tuple[float, float, int]:
@@ -87,15 +90,15 @@ class FastBound:
         """(lower bound on the iteration time in seconds, items per iteration) for these rank counts."""
         items, micro, n = self.sizes(ranks)
         rest = items - micro * (n - 1)
-        first = {c: self._t(c, micro, ranks[c]) for c in self.chain}
-        last = {c: self._t(c, rest, ranks[c]) for c in self.chain}
+        first = {c: self._t(c, micro, ranks) for c in self.chain}
+        last = {c: self._t(c, rest, ranks) for c in self.chain}
         work = {c: (n - 1) * first[c] + last[c] for c in self.chain}
         loop = 0.0
         if self.loop:
             scale = ranks[self.w.items_per_rank_of] if self.w.items_per_rank_of in ranks else 1
             per_stage = self.loop_items0 * scale / self.stages
             env, policy = self.loop
-            t_env, t_pol = self._t(env, per_stage, ranks[env]), self._t(policy, per_stage, ranks[policy])
+            t_env, t_pol = self._t(env, per_stage, ranks), self._t(policy, per_stage, ranks)
             loop_work = {env: self.stages * self.steps * t_env, policy: self.stages * self.steps * t_pol}
             loop = self.steps * (t_env + t_pol)
             for g in self.groups:

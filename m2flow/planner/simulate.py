@@ -111,12 +111,16 @@ class Simulator:
 
     # -- the task graph ----------------------------------------------------------------------------
     def _call(self, setup: SimSetup, name: str, items: float) -> float:
-        """Seconds of one call of ``name`` on ``items`` items, receiving them over its crossing edges."""
+        """Seconds of one call of ``name`` on ``items`` items, receiving them over its crossing edges
+        (a latency per message, one message per sender rank it serves, and the bytes)."""
         p = setup.components[name]
         seconds = self.cost.component(name).time(items, p.ranks)
         for edge in input_edges(self.workload, self.graph, setup, name):
+            # A rank receives one message from each sender rank it serves (fan-in).
+            senders = setup.components[self.graph.edge(edge).source].ranks
+            fan_in = max(1, math.ceil(senders / p.ranks))
             nbytes = self.cost.edge_bytes.get(edge, 0.0) * items / p.ranks
-            seconds += self.cost.link.transfer(nbytes)
+            seconds += fan_in * self.cost.link.latency + nbytes / self.cost.link.bandwidth
         return seconds
 
     def build_tasks(self, setup: SimSetup, iterations: int = 2) -> list[Task]:

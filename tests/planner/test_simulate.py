@@ -105,3 +105,13 @@ def test_setup_from_a_plan_matches_the_direct_setup_and_traces(tmp_path):
     assert len(report.analysis.steps) == 3
     assert report.analysis.steps[-1].duration == pytest.approx(result.iteration_time)
     assert path.name == "trace.json"
+
+
+def test_a_receiver_pays_a_message_per_sender_rank_it_serves():
+    graph = WorkflowGraph("fan", (Component("gen", "generates"), Component("train", "trains")),
+                          (Edge("items", "gen", "train", "Item"),))
+    work = Workload(chain=("gen", "train"), items=("batch",), inputs={"train": ("items",)})
+    model = CostModel({"gen": ComponentCost(a=1.0), "train": ComponentCost(a=1.0)}, link=Link(latency=0.5))
+    setup = build_setup([(("gen",), 0, 4), (("train",), 4, 1)], {}, {"batch": 4})
+    # Four gen ranks send to one train rank: four latencies before it trains.
+    assert Simulator(graph, work, model).simulate(setup, 1).iteration_time == pytest.approx(1 + 4 * 0.5 + 1)
