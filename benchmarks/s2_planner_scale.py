@@ -56,7 +56,8 @@ PPO_GRAPH = WorkflowGraph(
     "ppo", (Component("env", "simulates"), Component("rollout", "acts", holds_model=True),
             Component("actor", "trains", holds_model=True)),
     (Edge("observations", "env", "rollout", "Obs", kind="p2p"), Edge("actions", "rollout", "env", "Act", kind="p2p"),
-     Edge("trajectories", "env", "actor", "Traj", kind="p2p"), Edge("weights", "actor", "rollout", "w", kind="weights")),
+     Edge("trajectories", "env", "actor", "Traj", kind="p2p"),
+     Edge("weights", "actor", "rollout", "w", kind="weights")),
     (Fusion("rollout", "env", "same devices"),))
 PPO = Workload(chain=("actor",), items=("envs", "steps"), items_per_rank_of="env", loop=("env", "rollout"),
                loop_steps="steps", loop_items=("envs",), stages="stages",
@@ -185,7 +186,8 @@ def main() -> int:
                f"{max((g['gap'] for g in gaps), default=0.0):+.2%}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"benchmark": "s2_planner_scale", "python": platform.python_version(),
-                                    "machine": platform.node(), "rows": rows, "gaps": gaps, "summary": summary}, indent=1))
+                                    "machine": platform.node(), "rows": rows, "gaps": gaps, "summary": summary},
+                                   indent=1))
     print(summary)
     return 0
 

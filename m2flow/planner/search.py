@@ -161,6 +161,10 @@ def _grid(n: int, m: int) -> list[tuple[int, ...]]:
     return [tuple(p * unit for p in c[:-1]) + (n - unit * sum(c[:-1]),) for c in compositions(whole, m)]
 
 
+Entry = tuple[float, float, float, Shape, list[tuple[str, str]], dict[str, Any], tuple[int, ...], bool]
+"""A scored split: (bound per item, bound in seconds, items, shape, fusions taken, overrides, parts, fits)."""
+
+
 class Searcher:
     """Enumerates, bounds, simulates and ranks the candidates of one ``SearchSpace``."""
 
@@ -293,9 +297,9 @@ class Searcher:
             step //= 2
         return sorted(seen, key=seen.__getitem__)[:3]
 
-    def entries(self) -> list[tuple[float, float, float, Shape, list[tuple[str, str]], dict[str, Any], tuple[int, ...], bool]]:
+    def entries(self) -> list[Entry]:
         """Every split and variant scored: (bound per item, bound, items, shape, fusions, overrides, parts, fits)."""
-        out = []
+        out: list[Entry] = []
         for shape in shapes(self.space.running):
             m = len(shape.blocks)
             if m + (shape.inner is not None) > self.devices:
@@ -330,15 +334,13 @@ class Searcher:
                 return min((score(v, q)[0] for q in with_inner(v, parts)), default=math.inf)
 
             if self.exact:
-                chosen_variants = range(len(variants))
                 splits = self._block_splits(m, lambda p: 0.0)
             else:  # one variant steers the split; every variant is then scored on the best splits
                 start = tuple(max(1, self.devices // m) for _ in range(m - 1))
                 start += (self.devices - sum(start),)
                 lead = min(range(len(variants)), key=lambda v: best_of(v, start))
                 splits = self._block_splits(m, lambda p: best_of(lead, p))
-                chosen_variants = range(len(variants))
-            for v in chosen_variants:
+            for v in range(len(variants)):
                 fused, knobs = variants[v]
                 for blocks in splits:
                     for parts in with_inner(v, blocks):
@@ -346,7 +348,7 @@ class Searcher:
                         out.append((key, bound, items, shape, fused, knobs, parts, fits))
         return out
 
-    def _candidate(self, entry: tuple) -> Candidate:
+    def _candidate(self, entry: Entry) -> Candidate:
         _, bound, items, shape, fused, knobs, parts, _ = entry
         setup = self._setup(shape, parts, fused, knobs)
         cand = Candidate(shape, parts, {"placement": self._placement(shape, parts), **knobs}, bound, setup=setup,
@@ -406,7 +408,7 @@ class Searcher:
         return SearchResult(ranked, rejected, len(entries), len(ranked), self.exact, len(unfit),
                             self._best_collocated(entries, ranked))
 
-    def _best_collocated(self, entries: list[tuple], ranked: list[Candidate]) -> Candidate | None:
+    def _best_collocated(self, entries: list[Entry], ranked: list[Candidate]) -> Candidate | None:
         """The fastest collocated candidate: among the ranked, else simulated now (a few variants)."""
         done = [c for c in ranked if c.shape.mode == "collocated"]
         if done:
@@ -421,8 +423,9 @@ class Searcher:
 
 
 def search(space: SearchSpace, cost: CostModel, devices: int, *, top: int = 5,
-           devices_per_node: int | None = None, plan_fn: Callable[[Any, Any], Plan] | None = None, configure: Callable[[Mapping[str, Any]], Any] | None = None,
-           layout: Any = None, exact_limit: int = 16) -> SearchResult:
+           devices_per_node: int | None = None, plan_fn: Callable[[Any, Any], Plan] | None = None,
+           configure: Callable[[Mapping[str, Any]], Any] | None = None, layout: Any = None,
+           exact_limit: int = 16) -> SearchResult:
     """Rank the plans of ``space`` on ``devices`` devices by predicted seconds per item.
 
     With ``plan_fn`` and ``configure`` (config overrides -> config), candidates become Plans through
