@@ -1,4 +1,4 @@
-"""The workflows' commands: ``m2flow eval CHECKPOINT`` (below) and ``m2flow plan show`` (``plan_command.py``).
+"""The workflows' commands: ``m2flow eval CHECKPOINT`` (below) and ``m2flow plan`` (``plan_command.py``, ``plan_search.py``).
 
 ``eval`` evaluates a saved checkpoint, whichever workflow wrote it.
 
@@ -109,7 +109,7 @@ register_command("eval", "evaluate a checkpoint: accuracy on a dataset (reasonin
 def _register_plan() -> None:
     from m2flow.workflows import plan_command
 
-    register_command("plan", "show the workflow graph and the execution plan of a config (starts nothing)",
+    register_command("plan", "show the plan of a config, or rank plans from a profile (starts nothing)",
                      plan_command.configure, plan_command.run)
 
 

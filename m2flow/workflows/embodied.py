@@ -36,7 +36,7 @@ from m2flow.planner import Plan
 from m2flow.runtime.executors import Executor, GroupSpec
 from m2flow.runtime.trace import get_tracer
 from m2flow.workers.embodied.messages import InteractStats
-from m2flow.workflows.embodied_plan import GRAPH, plan_embodied
+from m2flow.workflows.embodied_plan import GRAPH, plan_embodied, search_space
 from m2flow.workflows.stop import EXIT_TERMINATED
 from m2flow.workflows.run import (
     CheckpointError,
@@ -375,7 +375,8 @@ def run_embodied(cfg: EmbodiedConfig) -> int:
 def _register() -> None:
     from m2flow.workflows.registry import register_workflow
 
-    register_workflow("embodied", EmbodiedConfig, run_embodied, plan=plan_embodied, graph=GRAPH)
+    register_workflow("embodied", EmbodiedConfig, run_embodied, plan=plan_embodied, graph=GRAPH,
+                      search=search_space)
 
 
 _register()

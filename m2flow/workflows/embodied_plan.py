@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from m2flow.planner import Component, ComponentPlan, Edge, EdgePlan, Fusion, Plan, WorkflowGraph
 from m2flow.planner.placing import executor_kind, resolve_placement
+from m2flow.planner.search import SearchSpace
+from m2flow.planner.setup import Workload
 from m2flow.runtime.placement import NodeLayout
 from m2flow.workflows.embodied_config import COMPONENTS, EmbodiedConfig
 
@@ -30,6 +32,20 @@ GRAPH = WorkflowGraph(
     ),
 )
 assert GRAPH.component_names == COMPONENTS
+
+# An item is one env step of one env; every env rank steps envs_per_rank envs, in pipeline stages.
+WORKLOAD = Workload(
+    chain=("actor",),
+    items=("envs_per_rank", "rollout_steps"),
+    items_per_rank_of="env",
+    loop=("env", "rollout"),
+    loop_steps="rollout_steps",
+    loop_items=("envs_per_rank",),
+    stages="pipeline_stages",
+    inputs={"rollout": ("observations",), "env": ("actions",), "actor": ("trajectories",)},
+    weights=(("actor", "rollout"),),
+    categories={"env": "env_step", "rollout": "rollout", "actor": "train"},
+)
 
 
 def plan_embodied(cfg: EmbodiedConfig, layout: NodeLayout) -> Plan:
@@ -62,3 +78,14 @@ def plan_embodied(cfg: EmbodiedConfig, layout: NodeLayout) -> Plan:
                 "envs_per_rank": cfg.env.num_envs, "minibatch_size": cfg.algorithm.minibatch_size}
     plan = Plan("embodied", executor_kind(cfg.placement), cfg.placement, components, edges, settings, tuple(notes))
     return plan.validate(GRAPH)
+
+
+def search_space(cfg: EmbodiedConfig, plan: Plan) -> SearchSpace:
+    """What ``m2flow plan search`` varies for ``cfg``: placement, the policy in env, pipeline stages."""
+    envs = cfg.env.num_envs
+    stages = sorted({k for k in (1, 2, 4, cfg.pipeline_stages) if k <= envs and envs % k == 0})
+    return SearchSpace(
+        GRAPH, WORKLOAD, tuple(c.name for c in plan.components if c.active), dict(plan.settings),
+        knobs={"pipeline_stages": tuple(stages)}, knob_settings={"pipeline_stages": "pipeline_stages"},
+        fusion_keys={("rollout", "env"): "rollout.fuse_with_env"},
+        threads={c.name: c.threads for c in plan.components})

@@ -1,10 +1,13 @@
-"""``m2flow plan show CONFIG [KEY=VALUE ...]``: the workflow graph and the plan a config runs, without starting anything."""
+"""``m2flow plan show|search|profile-template CONFIG [KEY=VALUE ...]``.
+
+``show`` prints the workflow graph and the plan a config runs, without starting anything;
+``search`` and ``profile-template`` are in ``plan_search.py``.
+"""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from m2flow.cli import CommandError, say
 
@@ -15,26 +18,30 @@ def configure(parser: argparse.ArgumentParser) -> None:
     show.add_argument("config", type=Path, help="YAML file with a top-level 'workflow:' key")
     show.add_argument("--json", action="store_true", help="print the plan as JSON (as saved in run_dir/plan.json)")
     show.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. placement=local")
+    from m2flow.workflows import plan_search
 
-
-def layout_of(cfg: Any) -> Any:
-    """The device layout the config's cluster will have; attaching to a running cluster is refused."""
-    from m2flow.runtime.cluster import expected_layout
-
-    layout = expected_layout(cfg.cluster)
-    if layout is None:
-        raise CommandError("plan show: cluster.address attaches to a running cluster whose devices are known only "
-                           "once connected; plan without it (cluster.cpu_devices_per_node sets the devices per node)")
-    return layout
+    plan_search.configure(sub)
 
 
 def run(args: argparse.Namespace) -> int:
+    from m2flow.workflows import plan_search
+
+    if args.plan_command == "search":
+        return plan_search.run_search(args)
+    if args.plan_command == "profile-template":
+        return plan_search.run_template(args)
+    return _show(args)
+
+
+def _show(args: argparse.Namespace) -> int:
     from m2flow.runtime.placement import PlacementError
     from m2flow.workflows.registry import load_workflow_config
 
     spec, cfg = load_workflow_config(args.config, args.overrides)
     if spec.plan is None:
         raise CommandError(f"workflow {spec.name!r} declares no plan")
+    from m2flow.workflows.plan_search import layout_of
+
     try:
         plan = spec.plan(cfg, layout_of(cfg))
     except (PlacementError, ValueError) as e:

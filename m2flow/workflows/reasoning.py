@@ -22,7 +22,7 @@ from m2flow.workflows.evaluation import score_responses
 from m2flow.workflows.reasoning_config import COMPONENTS, ReasoningConfig
 from m2flow.runtime import Cluster, GroupHandle, WorkerGroup
 from m2flow.planner import Plan
-from m2flow.workflows.reasoning_plan import GRAPH, plan_reasoning
+from m2flow.workflows.reasoning_plan import GRAPH, plan_reasoning, search_space
 from m2flow.workflows.stop import EXIT_TERMINATED
 from m2flow.workflows.run import (
     CHECKPOINTS,
@@ -384,7 +384,8 @@ def run_reasoning(cfg: ReasoningConfig) -> int:
 def _register() -> None:
     from m2flow.workflows.registry import register_workflow
 
-    register_workflow("reasoning", ReasoningConfig, run_reasoning, plan=plan_reasoning, graph=GRAPH)
+    register_workflow("reasoning", ReasoningConfig, run_reasoning, plan=plan_reasoning, graph=GRAPH,
+                      search=search_space)
 
 
 _register()

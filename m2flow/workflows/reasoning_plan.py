@@ -11,6 +11,8 @@ from __future__ import annotations
 from m2flow.planner import Component, ComponentPlan, Edge, EdgePlan, Fusion, Plan, WorkflowGraph
 from m2flow.planner.graph import DRIVER
 from m2flow.planner.placing import executor_kind, resolve_placement
+from m2flow.planner.search import SearchSpace
+from m2flow.planner.setup import Workload
 from m2flow.runtime.placement import NodeLayout
 from m2flow.workflows.reasoning_config import COMPONENTS, ReasoningConfig
 
@@ -38,6 +40,16 @@ GRAPH = WorkflowGraph(
     ),
 )
 assert GRAPH.component_names == COMPONENTS
+
+# An item is one response; chunks of prompts_per_chunk prompts stream down the chain.
+WORKLOAD = Workload(
+    chain=("rollout", "reward", "inference", "actor"),
+    items=("prompts_per_step", "group_size"),
+    micro_items=("prompts_per_chunk", "group_size"),
+    inputs={"reward": ("responses",), "inference": ("scored",), "actor": ("ready", "scored")},
+    weights=(("actor", "rollout"), ("actor", "inference")),
+    categories={"rollout": "generate", "reward": "reward", "inference": "logprobs", "actor": "train"},
+)
 
 
 def plan_reasoning(cfg: ReasoningConfig, layout: NodeLayout) -> Plan:
@@ -104,3 +116,15 @@ def plan_reasoning(cfg: ReasoningConfig, layout: NodeLayout) -> Plan:
         settings["inference_micro_batch"] = cfg.inference.micro_batch_size
     plan = Plan("reasoning", executor_kind(cfg.placement), cfg.placement, components, edges, settings, tuple(notes))
     return plan.validate(GRAPH)
+
+
+def search_space(cfg: ReasoningConfig, plan: Plan) -> SearchSpace:
+    """What ``m2flow plan search`` varies for ``cfg``: placement, both fusions, the chunk size."""
+    prompts = cfg.data.prompts_per_step
+    chunks = sorted({c for c in (1, 2, 4, 8, 16, prompts) if c <= prompts and prompts % c == 0})
+    return SearchSpace(
+        GRAPH, WORKLOAD, tuple(c.name for c in plan.components if c.active), dict(plan.settings),
+        knobs={"rollout.prompts_per_chunk": tuple(chunks)},
+        knob_settings={"rollout.prompts_per_chunk": "prompts_per_chunk"},
+        fusion_keys={("reward", "rollout"): "reward.fuse_with_rollout", ("rollout", "actor"): "rollout.fuse_with_actor"},
+        threads={c.name: c.threads for c in plan.components})

@@ -26,7 +26,7 @@ from m2flow.config.yaml_io import read_yaml
 logger = logging.getLogger(__name__)
 
 RUNNERS_PACKAGE = "m2flow.workflows"
-_NOT_WORKFLOWS = {"registry", "run", "stop", "plan_command"}
+_NOT_WORKFLOWS = {"registry", "run", "stop", "plan_command", "plan_search"}
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -42,6 +42,8 @@ class WorkflowSpec:
     """``plan(cfg, layout) -> Plan``: how a config of this workflow runs on a cluster of ``layout``"""
     graph: Any = None
     """the workflow's ``WorkflowGraph`` (components and edges), when it declares one"""
+    search: Callable[[Any, Any], Any] | None = None
+    """``search(cfg, plan) -> planner.search.SearchSpace``: what ``m2flow plan search`` may vary"""
 
 
 _WORKFLOWS: dict[str, WorkflowSpec] = {}
@@ -49,7 +51,7 @@ _WORKFLOWS: dict[str, WorkflowSpec] = {}
 
 def register_workflow(
     name: str, schema: type, run_fn: Callable[[Any], int], *, help: str = "",
-    plan: Callable[[Any, Any], Any] | None = None, graph: Any = None,
+    plan: Callable[[Any, Any], Any] | None = None, graph: Any = None, search: Callable[[Any, Any], Any] | None = None,
 ) -> WorkflowSpec:
     """Register ``run_fn(cfg) -> int`` under ``name`` with config dataclass ``schema``; duplicates raise."""
     if not _NAME.match(name):
@@ -59,7 +61,7 @@ def register_workflow(
     if name in _WORKFLOWS:
         raise ValueError(f"workflow {name!r} is already registered ({_WORKFLOWS[name].schema!r})")
     doc = (schema.__doc__ or "").strip().splitlines()
-    spec = WorkflowSpec(name, schema, run_fn, help or (doc[0] if doc else ""), plan, graph)
+    spec = WorkflowSpec(name, schema, run_fn, help or (doc[0] if doc else ""), plan, graph, search)
     _WORKFLOWS[name] = spec
     return spec
 

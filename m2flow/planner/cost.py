@@ -1,0 +1,199 @@
+"""Cost model: what each component and each plan decision costs, as documented functions fitted to measurements.
+
+Units everywhere: seconds, bytes, items (an item is the workload's unit of work: a sampled response
+in reasoning RL, one environment step of one env in embodied RL).
+
+* Component time: ``t(b, d) = a + c * b / d**alpha + s * log2(d)`` seconds for one unit of work
+  of ``b`` items on ``d`` devices (data-parallel ranks working in lockstep). ``a`` is the fixed
+  cost of a call (launch), ``c`` the cost of one item on one device, ``alpha`` in (0, 1] how well
+  the work scales with devices (1: perfectly), ``s`` the cost of the collectives that grow with
+  the ranks (a gradient all-reduce: a tree of log2(d) steps). ``fit_component`` fits ``a, c, s``
+  (all >= 0) by least squares on relative error for each ``alpha`` of a grid and keeps the best,
+  reporting the relative RMS error.
+* Component memory per rank: ``m(b, d) = fixed + per_item * b / d`` bytes (weights, optimiser
+  state and buffers, then activations / KV cache that split across ranks).
+* Transfer on an edge: ``latency + bytes / bandwidth``; nothing inside one process.
+* Weight sync: a transfer of the source's ``weight_bytes``; offload / onload on shared devices:
+  ``state_bytes / offload_bandwidth`` each way, paid when a device lock changes hands.
+* Start-up: ``startup_s`` per launched group (process start, model build), once per run.
+* CPU contention: on a CPU machine a "device" is a slot on cores shared by every process of a
+  node. When busy processes demanding ``k`` threads in all run on ``cores`` cores, each runs at
+  ``min(1, cores / k)`` of its measured speed (processor sharing; measured times assume the
+  process had its threads to itself). GPUs have no contention: ``cores`` is None.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+ALPHA_GRID = tuple(round(0.3 + 0.05 * i, 2) for i in range(15))
+"""The scaling exponents tried by ``fit_component``: 0.30, 0.35, ..., 1.00."""
+
+
+@dataclass(frozen=True)
+class ComponentCost:
+    """Time and memory of one component as functions of items ``b`` and devices ``d``."""
+
+    a: float = 0.0
+    """fixed seconds per call"""
+    c: float = 0.0
+    """seconds per item on one device"""
+    alpha: float = 1.0
+    """device scaling exponent, in (0, 1]"""
+    s: float = 0.0
+    """seconds per doubling of the ranks (collectives)"""
+    mem_fixed: float = 0.0
+    """bytes per rank whatever the batch (weights, optimiser state)"""
+    mem_per_item: float = 0.0
+    """bytes per item, split across ranks (activations, KV cache)"""
+    state_bytes: float = 0.0
+    """bytes moved by an offload or onload (weights, gradients, optimiser state, caches)"""
+    weight_bytes: float = 0.0
+    """bytes of a weight sync sent from this component (0: ``state_bytes``)"""
+    startup_s: float = 0.0
+    """seconds to start the group (once per run)"""
+    fit_error: float = 0.0
+    """relative RMS error of the fit this came from (0 when entered by hand)"""
+
+    def time(self, b: float, d: int) -> float:
+        """Seconds for one call on ``b`` items over ``d`` devices."""
+        return self.a + self.c * b / d ** self.alpha + self.s * math.log2(d)
+
+    def memory(self, b: float, d: int) -> float:
+        """Bytes per rank for a call on ``b`` items over ``d`` ranks."""
+        return self.mem_fixed + self.mem_per_item * b / d
+
+
+@dataclass(frozen=True)
+class Link:
+    """A transport between two processes: ``latency + bytes / bandwidth`` seconds."""
+
+    bandwidth: float = 1e9
+    """bytes per second"""
+    latency: float = 1e-4
+    """seconds per message"""
+
+    def transfer(self, nbytes: float) -> float:
+        return self.latency + nbytes / self.bandwidth
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Everything the simulator needs to time a plan on one machine type."""
+
+    components: Mapping[str, ComponentCost]
+    edge_bytes: Mapping[str, float] = field(default_factory=dict)
+    """bytes per item carried by each data edge (by graph edge name)"""
+    link: Link = Link()
+    offload_bandwidth: float = 5e9
+    """bytes per second between device and host memory"""
+    device_memory: float = math.inf
+    """bytes of memory per device; a plan that needs more is rejected"""
+    cores: int | None = None
+    """cores per node shared by every process (CPU machines); None: devices do not contend"""
+
+    def component(self, name: str) -> ComponentCost:
+        if name not in self.components:
+            raise KeyError(f"the cost model has no component {name!r}; it has {sorted(self.components)}")
+        return self.components[name]
+
+    def speed(self, demand: float) -> float:
+        """Fraction of full speed of each busy process when the busy ones want ``demand`` threads in all."""
+        if self.cores is None or demand <= self.cores:
+            return 1.0
+        return self.cores / demand
+
+    def sync_bytes(self, name: str) -> float:
+        """Bytes a weight sync from ``name`` sends."""
+        c = self.component(name)
+        return c.weight_bytes or c.state_bytes
+
+    def offload_time(self, name: str) -> float:
+        """Seconds to move ``name``'s state one way between device and host."""
+        return self.component(name).state_bytes / self.offload_bandwidth
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The result of fitting one component: its cost curve and how well it matches the points."""
+
+    cost: ComponentCost
+    error: float
+    """relative RMS error over the points: sqrt(mean(((fit - t) / t)**2))"""
+    points: int
+
+
+def _least_squares(rows: Sequence[Sequence[float]], ts: Sequence[float]) -> list[float] | None:
+    """Minimise sum(((row . x - t) / t)**2) by the normal equations; None when they are singular."""
+    n = len(rows[0])
+    w = [1.0 / max(t, 1e-12) ** 2 for t in ts]
+    m = [[sum(wi * r[i] * r[j] for wi, r in zip(w, rows)) for j in range(n)] for i in range(n)]
+    v = [sum(wi * r[i] * t for wi, r, t in zip(w, rows, ts)) for i in range(n)]
+    for col in range(n):  # Gaussian elimination with partial pivoting
+        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
+        scale = max(abs(x) for row in m for x in row) or 1.0
+        if abs(m[piv][col]) < 1e-12 * scale:
+            return None
+        m[col], m[piv], v[col], v[piv] = m[piv], m[col], v[piv], v[col]
+        for r in range(col + 1, n):
+            f = m[r][col] / m[col][col]
+            m[r] = [a - f * b for a, b in zip(m[r], m[col])]
+            v[r] -= f * v[col]
+    x = [0.0] * n
+    for i in reversed(range(n)):
+        x[i] = (v[i] - sum(m[i][j] * x[j] for j in range(i + 1, n))) / m[i][i]
+    return x
+
+
+def _fit_nonnegative(columns: Sequence[Sequence[float]], ts: Sequence[float]) -> list[float]:
+    """Least squares with every coefficient >= 0: the best over subsets of free terms (3 terms: 7 subsets)."""
+    best, best_err = [0.0] * len(columns), math.inf
+    for k in range(1, len(columns) + 1):
+        for subset in itertools.combinations(range(len(columns)), k):
+            rows = [[columns[j][i] for j in subset] for i in range(len(ts))]
+            x = _least_squares(rows, ts)
+            if x is None or min(x) < 0:
+                continue
+            coef = [0.0] * len(columns)
+            for j, xj in zip(subset, x):
+                coef[j] = xj
+            err = sum(((sum(coef[j] * columns[j][i] for j in range(len(columns))) - t) / t) ** 2
+                      for i, t in enumerate(ts))
+            if err < best_err - 1e-15:
+                best, best_err = coef, err
+    return best
+
+
+def fit_component(points: Iterable[tuple[float, int, float]], alphas: Sequence[float] = ALPHA_GRID,
+                  **memory: float) -> Fit:
+    """Fit ``t(b, d) = a + c * b / d**alpha + s * log2(d)`` to measured ``(b, d, seconds)`` points.
+
+    ``alpha`` is taken from ``alphas`` (1.0 alone, and ``s = 0``, when every point has the same
+    ``d``: the data cannot tell); ``memory`` passes ``mem_fixed``, ``mem_per_item``, ``state_bytes``, ``startup_s``
+    through to the returned cost.
+    """
+    pts = [(float(b), int(d), float(t)) for b, d, t in points]
+    if not pts:
+        raise ValueError("fit_component needs at least one (items, devices, seconds) point")
+    if any(t <= 0 or b < 0 or d < 1 for b, d, t in pts):
+        raise ValueError(f"points need items >= 0, devices >= 1 and seconds > 0: {pts}")
+    one_d = len({d for _, d, _ in pts}) == 1
+    if one_d:
+        alphas = (1.0,)
+    best: Fit | None = None
+    ts = [t for _, _, t in pts]
+    for alpha in alphas:
+        columns = [[1.0] * len(pts), [b / d ** alpha for b, d, _ in pts]]
+        if not one_d:
+            columns.append([math.log2(d) for _, d, _ in pts])
+        coef = _fit_nonnegative(columns, ts) + [0.0]
+        a, c, s = coef[0], coef[1], coef[2]
+        cost = ComponentCost(a, c, alpha, s, **memory)
+        err = math.sqrt(sum(((cost.time(b, d) - t) / t) ** 2 for b, d, t in pts) / len(pts))
+        if best is None or err < best.error - 1e-12:
+            best = Fit(replace(cost, fit_error=err), err, len(pts))
+    assert best is not None
+    return best

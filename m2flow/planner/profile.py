@@ -1,0 +1,132 @@
+"""Profile files: measured cost points of one workflow config on one machine, fitted into a ``CostModel``.
+
+A profile is JSON::
+
+    {"format": 1, "workflow": "reasoning",
+     "machine": {"hostname": ..., "cores": 2, "torch": "2.5.1", "m2flow": "0.1.0"},
+     "config_hash": "<sha256 of the config minus the keys a search varies>",
+     "device": {"memory_bytes": 2.4e10, "cores": 2},          # cores: null on GPUs
+     "link": {"bandwidth": 1e9, "latency": 1e-4}, "offload_bandwidth": 5e9,
+     "edge_bytes": {"responses": 4096},                      # bytes per item per edge
+     "components": {"rollout": {"points": [[items, devices, seconds], ...],
+                                "mem_fixed": ..., "mem_per_item": ..., "state_bytes": ...,
+                                "startup_s": ...}}}
+
+A component may give ``a, c, alpha, s`` instead of points (numbers entered by hand). Loading checks
+that the profile was taken on this machine (hostname and cores) with this torch and m2flow, and on
+this config; a stale or foreign profile is refused with ``ProfileError`` saying what differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+from collections.abc import Mapping
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from m2flow.planner.cost import ComponentCost, CostModel, Link, fit_component
+
+PROFILE_FORMAT = 1
+_MEMORY_KEYS = ("mem_fixed", "mem_per_item", "state_bytes", "weight_bytes", "startup_s")
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be used here: malformed, foreign (another machine) or stale."""
+
+
+def machine_identity() -> dict[str, Any]:
+    """This machine as a profile names it: hostname, cores, torch and m2flow versions."""
+    import m2flow
+
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = "none"
+    return {"hostname": socket.gethostname(), "cores": os.cpu_count() or 1, "torch": torch_version,
+            "m2flow": m2flow.__version__}
+
+
+def _drop(data: Mapping[str, Any], dotted: str) -> dict[str, Any]:
+    head, _, rest = dotted.partition(".")
+    out = dict(data)
+    if head in out:
+        if rest and isinstance(out[head], Mapping):
+            out[head] = _drop(out[head], rest)
+        elif not rest:
+            del out[head]
+    return out
+
+
+def config_hash(config: Mapping[str, Any], ignore: tuple[str, ...] = ()) -> str:
+    """SHA-256 of ``config`` as canonical JSON, without the dotted keys in ``ignore`` (those a search varies)."""
+    data = dict(config)
+    for key in ignore:
+        data = _drop(data, key)
+    text = json.dumps(data, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def check_profile(profile: Mapping[str, Any], workflow: str, cfg_hash: str,
+                  machine: Mapping[str, Any] | None = None, source: str = "profile") -> None:
+    """Raise ProfileError unless ``profile`` was taken for ``workflow`` on ``machine`` and this config."""
+    if profile.get("format") != PROFILE_FORMAT:
+        raise ProfileError(f"{source}: not a profile of format {PROFILE_FORMAT}")
+    if profile.get("workflow") != workflow:
+        raise ProfileError(f"{source} profiles workflow {profile.get('workflow')!r}, the config is {workflow!r}")
+    here = dict(machine or machine_identity())
+    there = profile.get("machine", {})
+    for key, what in (("hostname", "foreign"), ("cores", "foreign"), ("torch", "stale"), ("m2flow", "stale")):
+        if there.get(key) != here.get(key):
+            raise ProfileError(f"{source} is {what}: taken with {key} {there.get(key)!r}, this machine has "
+                               f"{here.get(key)!r}; profile again on this machine")
+    if profile.get("config_hash") != cfg_hash:
+        raise ProfileError(f"{source} is stale: taken on a config with hash {profile.get('config_hash')!r}, this "
+                           f"config hashes to {cfg_hash!r} (only placement and the searched settings may differ); "
+                           "profile this config again")
+
+
+def cost_model(profile: Mapping[str, Any], source: str = "profile") -> CostModel:
+    """The ``CostModel`` of a (checked) profile: points are fitted, hand-entered curves taken as they are."""
+    try:
+        comps: dict[str, ComponentCost] = {}
+        for name, entry in profile["components"].items():
+            extra = {k: float(entry[k]) for k in _MEMORY_KEYS if k in entry}
+            if "points" in entry:
+                comps[name] = fit_component([tuple(p) for p in entry["points"]], **extra).cost
+            else:
+                comps[name] = ComponentCost(float(entry.get("a", 0.0)), float(entry.get("c", 0.0)),
+                                            float(entry.get("alpha", 1.0)), float(entry.get("s", 0.0)), **extra)
+        device = profile.get("device", {})
+        link = profile.get("link", {})
+        memory = device.get("memory_bytes")
+        return CostModel(comps, {k: float(v) for k, v in profile.get("edge_bytes", {}).items()},
+                         Link(float(link.get("bandwidth", 1e9)), float(link.get("latency", 1e-4))),
+                         float(profile.get("offload_bandwidth", 5e9)),
+                         float(memory) if memory is not None else float("inf"), device.get("cores"))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ProfileError(f"{source}: not a valid profile ({type(e).__name__}: {e})") from None
+
+
+def load_profile(path: str | Path, workflow: str, cfg_hash: str,
+                 machine: Mapping[str, Any] | None = None) -> CostModel:
+    """Read, check and fit the profile at ``path``; raises ProfileError saying why it cannot be used."""
+    path = Path(path)
+    try:
+        profile = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ProfileError(f"no profile file {path}") from None
+    except json.JSONDecodeError as e:
+        raise ProfileError(f"{path}: not JSON ({e})") from None
+    check_profile(profile, workflow, cfg_hash, machine, source=str(path))
+    return cost_model(profile, source=str(path))
+
+
+def new_profile(workflow: str, cfg_hash: str, components: Mapping[str, Mapping[str, Any]], *,
+                machine: Mapping[str, Any] | None = None, **rest: Any) -> dict[str, Any]:
+    """A profile record for this machine (``rest``: device, link, offload_bandwidth, edge_bytes)."""
+    return {"format": PROFILE_FORMAT, "workflow": workflow, "machine": dict(machine or machine_identity()),
+            "config_hash": cfg_hash, **rest, "components": {k: dict(v) for k, v in components.items()}}

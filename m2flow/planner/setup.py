@@ -1,0 +1,192 @@
+"""What the simulator needs to know of a plan: the workload's shape and where each running component sits.
+
+``Workload`` is declared once per workflow beside its graph: which components process every
+micro-batch in order (the chain), which alternate in a loop before it (env and policy, split into
+pipeline stages), and which plan settings give the items of an iteration and of a micro-batch.
+``SimSetup`` is one plan as the simulator sees it: per running component its process group, ranks,
+threads, and the device classes it takes turns on. It is built from a ``Plan`` (``setup_from_plan``)
+or directly by the search for candidates it has not turned into Plans yet (``build_setup``), so
+that scoring thousands of candidates on thousands of devices never builds a rank table.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from m2flow.planner.graph import DRIVER, WorkflowGraph
+from m2flow.planner.plan import Plan
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The shape of one iteration, in plan-settings terms."""
+
+    chain: tuple[str, ...]
+    """components that process every micro-batch, in dataflow order (inactive ones are skipped)"""
+    items: tuple[str, ...]
+    """plan settings whose product is the items of one iteration"""
+    micro_items: tuple[str, ...] = ()
+    """plan settings whose product is the items of one micro-batch of the chain (empty: the whole batch)"""
+    items_per_rank_of: str = ""
+    """when set, item counts are per rank of this component (envs per env rank) and scale with its ranks"""
+    loop: tuple[str, str] | None = None
+    """(env, policy): before the chain they alternate, policy first, ``loop_steps`` times per stage"""
+    loop_steps: str = ""
+    """plan setting: steps of the loop per iteration"""
+    loop_items: tuple[str, ...] = ()
+    """plan settings whose product is the items of one loop step, all stages together"""
+    stages: str = ""
+    """plan setting: pipeline stages the loop's items are split into (empty: one)"""
+    inputs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """graph edges a component receives on; one counts when its source runs and its target is the
+    component or does not run, and costs a transfer when source and component are in different processes"""
+    weights: tuple[tuple[str, str], ...] = ()
+    """(source, target) weight syncs at the start of every iteration"""
+    categories: Mapping[str, str] = field(default_factory=dict)
+    """trace category of each component's work (``generate``, ``train``, ...)"""
+
+    def components(self) -> tuple[str, ...]:
+        return (tuple(self.loop) if self.loop else ()) + self.chain
+
+
+@dataclass(frozen=True)
+class Placed:
+    """One running component as the simulator sees it."""
+
+    name: str
+    host: str
+    """the process group it runs in (itself, or the component it is fused into)"""
+    ranks: int
+    """data-parallel ranks: the ``d`` of its cost curve"""
+    threads: int = 1
+    takes_turns: bool = False
+    """takes the device lock of its devices (a model holder sharing devices with another)"""
+    offload: bool = False
+    classes: frozenset[int] = frozenset()
+    """the device classes its ranks sit on"""
+    node_ranks: tuple[tuple[int, int], ...] = ()
+    """(node, ranks there), for CPU contention"""
+
+
+@dataclass(frozen=True)
+class DeviceClass:
+    """Devices on which exactly the same components sit (they behave alike in the simulation)."""
+
+    label: str
+    """the devices, e.g. ``0:0-3`` (node 0, devices 0 to 3)"""
+    count: int
+    members: frozenset[str]
+    ranks_per_device: Mapping[str, float] = field(default_factory=dict)
+    """ranks of each member per device of the class (several ranks may share a device)"""
+    devices: tuple[tuple[int, int], ...] = ()
+    """its (node, device) pairs, when there are few enough to list (traces show them)"""
+
+
+@dataclass(frozen=True)
+class SimSetup:
+    """A plan as the simulator plays it."""
+
+    components: Mapping[str, Placed]
+    classes: tuple[DeviceClass, ...]
+    settings: Mapping[str, Any]
+
+    def setting(self, keys: Sequence[str]) -> float:
+        try:
+            return math.prod(float(self.settings[k]) for k in keys)
+        except KeyError as e:
+            raise KeyError(f"the plan has no setting {e.args[0]!r}; it has {sorted(self.settings)}") from None
+
+
+_LISTED = 64
+"""Devices a class lists at most (larger classes are known by label and count alone)."""
+
+
+def _ranges(devices: Sequence[tuple[int, int]]) -> str:
+    """``[(0, 0), (0, 1), (0, 2), (1, 5)]`` -> ``"0:0-2 1:5"``."""
+    out: list[str] = []
+    for node in sorted({n for n, _ in devices}):
+        ids = sorted(d for n, d in devices if n == node)
+        runs: list[list[int]] = [[ids[0], ids[0]]]
+        for d in ids[1:]:
+            if d == runs[-1][1] + 1:
+                runs[-1][1] = d
+            else:
+                runs.append([d, d])
+        out.append(f"{node}:" + ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs))
+    return " ".join(out)
+
+
+def setup_from_plan(plan: Plan) -> SimSetup:
+    """The simulator's view of ``plan``: running components, their processes and device classes."""
+    running = [c for c in plan.components if c.active]
+    on_device: dict[tuple[int, int], dict[str, int]] = {}
+    for c in running:
+        for r in c.placement.ranks:
+            for dev in r.local_devices:
+                slot = on_device.setdefault((r.node_rank, dev), {})
+                slot[c.name] = slot.get(c.name, 0) + 1
+    by_members: dict[tuple[tuple[str, int], ...], list[tuple[int, int]]] = {}
+    for dev, members in sorted(on_device.items()):
+        by_members.setdefault(tuple(sorted(members.items())), []).append(dev)
+    classes = tuple(DeviceClass(_ranges(devs), len(devs), frozenset(n for n, _ in key), dict(key),
+                                tuple(devs[:_LISTED])) for key, devs in by_members.items())
+    comps = {}
+    for c in running:
+        nodes: dict[int, int] = {}
+        for r in c.placement.ranks:
+            nodes[r.node_rank] = nodes.get(r.node_rank, 0) + 1
+        comps[c.name] = Placed(c.name, c.host, c.world_size, c.threads, c.shares_devices and not c.fused,
+                               c.offload and not c.fused,
+                               frozenset(i for i, k in enumerate(classes) if c.name in k.members),
+                               tuple(sorted(nodes.items())))
+    return SimSetup(comps, classes, dict(plan.settings))
+
+
+def build_setup(blocks: Sequence[tuple[Sequence[str], int, int]], hosts: Mapping[str, str],
+                settings: Mapping[str, Any], *, holders: Sequence[str] = (), offload: bool = True,
+                threads: Mapping[str, int] | None = None, devices_per_node: int | None = None) -> SimSetup:
+    """A setup straight from contiguous device ranges, without a Plan: ``blocks`` are
+    ``(components, first device, device count)``, one rank per device; ``holders`` are the model
+    holders (they take turns, and offload when ``offload``, where they share devices with another)."""
+    threads = threads or {}
+    cuts = sorted({p for _, lo, n in blocks for p in (lo, lo + n)})
+    classes: list[DeviceClass] = []
+    for lo, hi in zip(cuts, cuts[1:]):
+        members = frozenset(c for comps, b_lo, n in blocks if b_lo <= lo and hi <= b_lo + n for c in comps)
+        if members:
+            classes.append(DeviceClass(f"0:{lo}" if hi - lo == 1 else f"0:{lo}-{hi - 1}", hi - lo, members,
+                                       {m: 1.0 for m in members},
+                                       tuple((0, d) for d in range(lo, min(hi, lo + _LISTED)))))
+    launched_holders = [h for h in holders if hosts.get(h, h) == h]
+    comps = {}
+    for comps_of, lo, n in blocks:
+        for c in comps_of:
+            mine = frozenset(i for i, k in enumerate(classes) if c in k.members)
+            shares = c in launched_holders and any(
+                o in classes[i].members for i in mine for o in launched_holders if o != c)
+            nodes: tuple[tuple[int, int], ...] = ()
+            if devices_per_node:
+                counts: dict[int, int] = {}
+                for dev in range(lo, lo + n):
+                    counts[dev // devices_per_node] = counts.get(dev // devices_per_node, 0) + 1
+                nodes = tuple(sorted(counts.items()))
+            comps[c] = Placed(c, hosts.get(c, c), n, threads.get(c, 1), shares, shares and offload, mine, nodes)
+    return SimSetup(comps, tuple(classes), dict(settings))
+
+
+def input_edges(workload: Workload, graph: WorkflowGraph, setup: SimSetup, name: str) -> list[str]:
+    """The graph edges ``name`` receives on that cross processes under ``setup`` (they cost a transfer)."""
+    out = []
+    comps = setup.components
+    for edge_name in workload.inputs.get(name, ()):
+        e = graph.edge(edge_name)
+        if e.source == DRIVER or e.source not in comps:
+            continue
+        if e.target != name and e.target in comps:
+            continue
+        if comps[e.source].host != comps[name].host:
+            out.append(edge_name)
+    return out

@@ -1,0 +1,64 @@
+"""`m2flow plan search`: refuses without a profile or with a stale one; ranks plans the plan function accepts."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from m2flow.cli import main
+
+REASONING = "examples/reasoning/arithmetic_grpo.yaml"
+EMBODIED = "examples/embodied/cartpole_pipelined.yaml"
+
+
+def _points(a: float, c: float) -> list[list[float]]:
+    return [[b, d, a + c * b / d ** 0.8] for b in (8, 32) for d in (1, 2)]
+
+
+def _profile(tmp_path, capsys, config: str, costs: dict[str, tuple[float, float]], *overrides: str):
+    path = tmp_path / "profile.json"
+    assert main(["plan", "profile-template", config, str(path), *overrides]) == 0
+    capsys.readouterr()
+    profile = json.loads(path.read_text())
+    assert set(profile["components"]) == set(costs)
+    for name, (a, c) in costs.items():
+        profile["components"][name].update(points=_points(a, c), mem_fixed=1e8, state_bytes=1e7)
+    profile["device"] = {"memory_bytes": 8 * 2**30, "cores": 2}
+    path.write_text(json.dumps(profile))
+    return path
+
+
+def test_search_refuses_without_a_profile(capsys):
+    assert main(["plan", "search", REASONING]) != 0
+    assert "profile-template" in capsys.readouterr().err
+
+
+def test_reasoning_search_ranks_plans_that_the_plan_function_builds(tmp_path, capsys):
+    path = _profile(tmp_path, capsys, REASONING, {"rollout": (0.05, 0.02), "reward": (0.001, 0.0005),
+                                                  "actor": (0.05, 0.015)})
+    assert main(["plan", "search", REASONING, "--profile", str(path), "--devices", "2", "--top", "3",
+                 "--trace", str(tmp_path / "sim")]) == 0
+    out = capsys.readouterr().out
+    assert "candidates (every device split)" in out and "bottleneck" in out and "1. " in out and "3. " in out
+    assert (tmp_path / "sim" / "trace.json").exists()
+    use = [line for line in out.splitlines() if line.strip().startswith("use:")][0].split("use:")[1]
+    # The overrides printed are a valid plan of the config.
+    assert main(["plan", "show", REASONING, "cluster.cpu_devices_per_node=2", *shlex.split(use)]) == 0
+
+
+def test_a_stale_profile_is_refused(tmp_path, capsys):
+    path = _profile(tmp_path, capsys, REASONING, {"rollout": (0.05, 0.02), "reward": (0.001, 0.0005),
+                                                  "actor": (0.05, 0.015)})
+    assert main(["plan", "search", REASONING, "--profile", str(path), "data.prompts_per_step=4"]) != 0
+    assert "is stale: taken on a config with hash" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("env_cost", [0.2, 0.001])
+def test_embodied_search_runs(tmp_path, capsys, env_cost):
+    path = _profile(tmp_path, capsys, EMBODIED, {"env": (0.001, env_cost), "rollout": (0.002, 0.001),
+                                                 "actor": (0.05, 0.001)})
+    assert main(["plan", "search", EMBODIED, "--profile", str(path), "--devices", "2", "--top", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "1. " in out and "pipeline_stages=" in out and "rollout.fuse_with_env=" in out
