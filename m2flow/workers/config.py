@@ -94,7 +94,12 @@ class RewardConfig:
     """The reward workers: score each response against its reference answer."""
 
     fn: str = option("math", "reward: a registered name (math, format) or 'module:function'")
-    timeout_s: float = option(5.0, "time limit of one sandboxed check (math); a timeout scores 0 and is counted")
+    timeout_s: float = option(
+        5.0, "time limit of one sandboxed check (of a whole batch for a batched reward); a timeout scores 0 and "
+             "is counted")
+    max_error_rate: float = option(
+        0.1, "most failed checks (timeouts, errors, crashes, NaN/inf) per iteration and reward rank, as a fraction "
+             "of its checks, before the run stops with an error (1.0: never stop)")
     overlong_buffer: int | None = option(
         None, "DAPO overlong shaping: the penalty ramps up over the last this-many tokens before max_new_tokens")
     overlong_penalty: float = option(1.0, "the overlong penalty at max_new_tokens")
@@ -106,6 +111,8 @@ class RewardConfig:
     def validate(self) -> None:
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if not 0.0 <= self.max_error_rate <= 1.0:
+            raise ValueError(f"max_error_rate must lie in [0, 1], got {self.max_error_rate}")
         if self.overlong_buffer is not None and self.overlong_buffer < 1:
             raise ValueError(f"overlong_buffer must be >= 1 or None, got {self.overlong_buffer}")
         from m2flow.algorithms.registry import UnknownNameError
