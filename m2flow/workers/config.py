@@ -226,6 +226,8 @@ class ActorConfig:
     critic: CriticConfig = option(CriticConfig(), "the value model (used by the gae estimator)")
     num_threads: int = option(1, "torch threads of each actor rank")
     host_sum: Literal["auto", "comm", "gloo"] = option("auto", HOST_SUM_HELP)
+    max_skipped_updates: int = option(
+        3, "optimizer steps skipped in a row for a NaN/inf loss or gradient before the run stops with an error")
     forward: Literal["hf", "packed"] = option(
         "hf", "the policy's training forward: the HF model's ('hf'), or the packed functional one over the same "
               "parameters ('packed', formerly 'lean': Qwen2/Llama with strategy ddp; each prompt run once per "
@@ -237,7 +239,8 @@ class ActorConfig:
         return self.mini_batches == 1 and self.update_epochs == 1
 
     def validate(self) -> None:
-        for key in ("micro_batch_size", "mini_batches", "update_epochs", "weight_sync_bucket_mb", "num_threads"):
+        for key in ("micro_batch_size", "mini_batches", "update_epochs", "weight_sync_bucket_mb", "num_threads",
+                    "max_skipped_updates"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
         if self.forward == "packed" and self.strategy != "ddp":

@@ -94,7 +94,11 @@ class ActorConfig:
     compile: bool = option(
         False, "run each PPO minibatch step torch.compile'd (MLP policies; compiled at start-up, ~3-11 s per "
         "actor rank, then ~1.5x faster updates on CPU)")
+    max_skipped_updates: int = option(
+        3, "PPO updates undone in a row for a NaN/inf loss or weight before the run stops with an error")
 
     def validate(self) -> None:
         if self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+        if self.max_skipped_updates < 1:
+            raise ValueError(f"max_skipped_updates must be >= 1, got {self.max_skipped_updates}")
