@@ -17,3 +17,25 @@ def test_a_reward_failing_past_its_error_rate_stops_the_run_with_one_line(tmp_pa
     assert "more than reward.max_error_rate=0.1" in err[-1]
     assert not any("Traceback" in line for line in err)
     assert sum(line.startswith("error: ") for line in err) == 1
+
+
+def test_an_env_that_raises_now_and_then_is_counted_and_one_that_raises_often_stops_the_run(tmp_path):
+    import json
+
+    from m2flow.runtime.errors import health_stop
+    from m2flow.workflows.embodied import train
+    from tests.workflows.test_embodied import toy_config
+
+    flaky = {"env.env_id": "M2flowToy/Flaky-v0", "placement": "local", "total_env_steps": 3 * 512}
+    train(toy_config(tmp_path / "rare", **flaky, **{"env.env_kwargs": {"step_every": 50}}))
+    rows = [json.loads(line) for line in (tmp_path / "rare" / "run" / "metrics.jsonl").read_text().splitlines()]
+    # 8 envs x 64 steps an iteration: each env raises on its 50th, 100th and 150th step, one per iteration
+    assert [r["env/errors_count"] for r in rows] == [8.0, 8.0, 8.0]
+    try:
+        train(toy_config(tmp_path / "often", **flaky, **{"env.env_kwargs": {"step_every": 5}}))
+    except Exception as error:  # noqa: BLE001 - the error is what is checked
+        assert health_stop(error)
+        assert "env M2flowToy/Flaky-v0: 96 exceptions in 512 env steps on env rank 0 in iteration 0" in str(error)
+        assert "more than env_worker.max_error_rate=0.1" in str(error)
+    else:
+        raise AssertionError("the run went on past env_worker.max_error_rate")
