@@ -65,12 +65,20 @@ def descendants(root: int) -> list[int]:
 
 
 def command_name(pid: int) -> str:
+    """A short name of a process that is not a rank: Ray's Python services by the package folder their
+    script lives in (``ray dashboard/ service``), anything else by its first words."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            parts = f.read().split(b"\0")
+            parts = [p.decode(errors="replace") for p in f.read().split(b"\0") if p]
     except OSError:
         return "?"
-    return " ".join(os.path.basename(p.decode(errors="replace")) for p in parts[:3] if p)[:80]
+    for part in parts[1:3]:
+        head, sep, tail = part.partition("/site-packages/ray/")
+        if sep and part.endswith(".py"):
+            stem = Path(tail).stem
+            known = stem if stem in ("dashboard", "log_monitor", "monitor", "default_worker") else "service"
+            return f"ray {Path(tail).parts[0]}/ {known}" if len(Path(tail).parts) > 1 else f"ray {known}"
+    return " ".join(os.path.basename(p) for p in parts[:3])[:80] or "?"
 
 
 class Sampler(threading.Thread):
