@@ -258,6 +258,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as error:  # noqa: BLE001 - bad input is one line; anything else is re-raised
+        health = sys.modules.get("m2flow.runtime.errors")
+        if health is not None and health.health_stop(error):
+            # A limit of the run's own health (reward.max_error_rate...): one line, the traceback only when asked.
+            logging.getLogger("m2flow").debug("traceback of the error below", exc_info=True)
+            where = f"{error.group}[rank {error.rank}]: " if isinstance(error, health.WorkerError) else ""
+            message = error.message if isinstance(error, health.WorkerError) else str(error)
+            print(f"error: {where}{message}", file=sys.stderr)
+            return 1
         if not isinstance(error, _input_errors()):
             raise
         # Input the user can fix: one line naming the key, file or line; the traceback only when asked.

@@ -9,6 +9,11 @@ arrays at every step, which costs ~15-20% of the raw MuJoCo stepping rate on a s
 loop writes straight into arrays and gathers only the info keys asked for. The semantics are
 gymnasium's same-step autoreset (``AutoresetMode.SAME_STEP``) with the final observation kept.
 Async vector envs do not pay on a 2-core machine: the simulation is cheaper than the IPC.
+
+An env whose ``step`` raises ends its episode there (reward 0, ``terminated``; the broken episode
+is left out of the episode statistics) and is reset; one whose ``reset`` raises is reset again, up
+to ``RESET_ATTEMPTS`` times in a row. Each exception is counted (``pop_errors``); the env worker
+decides from the counts whether the run goes on (``env_worker.max_error_rate``).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from m2flow.envs.config import EnvConfig
 from m2flow.envs.factory import make_env
 from m2flow.envs.normalize import ObsNormalizer, RewardScaler
 from m2flow.envs.types import StepResult
+from m2flow.runtime.errors import RunHealthError
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +39,9 @@ _NO_INT = np.empty(0, dtype=np.int64)
 _NO_FLOAT = np.empty(0, dtype=np.float64)
 _NO_INT.flags.writeable = False
 _NO_FLOAT.flags.writeable = False
+
+RESET_ATTEMPTS = 3
+"""Resets of one env tried in a row before a raising ``reset`` stops the run."""
 
 
 class EnvGroup:
@@ -44,8 +53,12 @@ class EnvGroup:
         first_index: int,
         clip_actions: bool = True,
         info_keys: tuple[str, ...] = (),
+        env_id: str = "",
     ) -> None:
         self.envs = envs
+        self.env_id = env_id
+        self.errors = 0  # exceptions raised by step or reset since the last pop_errors
+        self.last_error = ""
         self.first_index = first_index
         self.num_envs = len(envs)
         self.observation_space = envs[0].observation_space
@@ -67,13 +80,28 @@ class EnvGroup:
         obs = np.empty((self.num_envs, *self.observation_space.shape), self.observation_space.dtype)
         for i, env in enumerate(self.envs):
             seed = None if seeds is None else seeds[i]
-            obs[i], _ = env.reset(seed=seed)
+            obs[i] = self._reset_env(i, seed)
             if seed is not None:
                 env.action_space.seed(seed)
         self._ep_return[:] = 0.0
         self._ep_length[:] = 0
         self._needs_reset = False
         return obs
+
+    def _failed(self, i: int, what: str, error: Exception) -> None:
+        self.errors += 1
+        self.last_error = f"env {self.first_index + i} ({self.env_id}) {what} raised {type(error).__name__}: {error}"
+        logger.warning("%s; counted (env/errors_count) and reset", self.last_error)
+
+    def _reset_env(self, i: int, seed: int | None = None) -> np.ndarray:
+        """Reset env ``i``: its first observation; a raising reset is counted and tried again."""
+        for _ in range(RESET_ATTEMPTS):
+            try:
+                return self.envs[i].reset(seed=seed)[0]
+            except Exception as error:  # noqa: BLE001 - a simulator may raise anything; counted
+                self._failed(i, "reset", error)
+        raise RunHealthError(f"env {self.first_index + i} ({self.env_id}) raised in reset {RESET_ATTEMPTS} times in "
+                             f"a row; the last: {self.last_error}")
 
     def running_episodes(self) -> tuple[np.ndarray, np.ndarray]:
         """Copies of the unfinished episodes' raw returns (n,) float64 and lengths (n,) int64."""
@@ -107,8 +135,17 @@ class EnvGroup:
         truncated = np.zeros(n, dtype=bool)
         infos = {k: np.full(n, np.nan) for k in self.info_keys}
         finals: dict[int, np.ndarray] = {}  # env -> last obs of the episode that ended there
+        broken: list[int] = []  # envs whose step raised: their episode ends without statistics
         for i, env in enumerate(self.envs):
-            o, r, term, trunc, info = env.step(actions[i])
+            try:
+                o, r, term, trunc, info = env.step(actions[i])
+            except Exception as error:  # noqa: BLE001 - a simulator may raise anything; counted
+                self._failed(i, "step", error)
+                broken.append(i)
+                reward[i] = 0.0
+                terminated[i] = True
+                obs[i] = self._reset_env(i)
+                continue
             reward[i] = r
             for key in self.info_keys:
                 if key in info:
@@ -117,10 +154,13 @@ class EnvGroup:
                 terminated[i] = term
                 truncated[i] = trunc
                 finals[i] = o
-                o, _ = env.reset()
+                o = self._reset_env(i)
             obs[i] = o
         self._ep_return += reward
         self._ep_length += 1
+        if broken:
+            self._ep_return[broken] = 0.0
+            self._ep_length[broken] = 0
         if finals:
             next_obs = obs.copy()
             for i, o in finals.items():
@@ -192,6 +232,7 @@ class VecEnv:
                 first_index=int(bounds[k]),
                 clip_actions=config.clip_actions,
                 info_keys=tuple(config.info_keys),
+                env_id=config.env_id,
             )
             for k in range(config.num_groups)
         ]
@@ -285,6 +326,14 @@ class VecEnv:
         if self._float_obs:
             return obs.astype(np.float32, copy=False)
         return obs
+
+    def pop_errors(self) -> tuple[int, str]:
+        """(exceptions raised by any env's step or reset since the last call, the last one's message)."""
+        count = sum(g.errors for g in self.groups)
+        last = next((g.last_error for g in reversed(self.groups) if g.errors), "")
+        for g in self.groups:
+            g.errors = 0
+        return count, last
 
     def recent_returns(self, n: int) -> list[float]:
         """Raw returns of the last ``n`` finished episodes (fewer if fewer finished)."""

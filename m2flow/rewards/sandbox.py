@@ -18,6 +18,7 @@ parser per worker.
 from __future__ import annotations
 
 import atexit
+import importlib
 import itertools
 import logging
 import multiprocessing as mp
@@ -36,6 +37,7 @@ from m2flow.rewards.math_verify import quick_verify, verify_answer
 logger = logging.getLogger(__name__)
 
 Status = Literal["ok", "error", "timeout", "crash"]
+_READY = "ready"  # a new worker's first message, once its imports are done
 
 
 @dataclass
@@ -48,6 +50,7 @@ class VerifyStats:
     timeouts: int = 0  # killed at the time limit (scored 0)
     errors: int = 0  # raised an exception (scored 0)
     crashes: int = 0  # the worker process died (scored 0)
+    invalid: int = 0  # returned NaN, an infinity or no number at all (scored 0)
     restarts: int = 0  # workers replaced after a timeout, a crash or recycling
     seconds: float = 0.0  # wall time spent
 
@@ -58,8 +61,8 @@ class VerifyStats:
 
     @property
     def failures(self) -> int:
-        """Checks that returned no verdict (timeouts, errors and crashes), all scored 0."""
-        return self.timeouts + self.errors + self.crashes
+        """Checks that returned no usable score (timeouts, errors, crashes, invalid values), all scored 0."""
+        return self.timeouts + self.errors + self.crashes + self.invalid
 
     def as_metrics(self, prefix: str = "reward/verify_") -> dict[str, float]:
         """Flat metric dict, e.g. {"reward/verify_timeouts": 0.0, ...}."""
@@ -75,13 +78,25 @@ class SandboxResult:
     error: str = ""
 
 
-def _worker_main(conn: Connection, memory_limit_mb: int | None) -> None:
-    """Worker loop: receive (task id, fn, args), send back (task id, status, payload); None stops."""
+def import_module(name: str) -> None:
+    """Import ``name`` in a worker (the warm-up of a new check's module, outside any check's time limit)."""
+    importlib.import_module(name)
+
+
+def _worker_main(conn: Connection, memory_limit_mb: int | None, imports: Sequence[str] = ()) -> None:
+    """Worker loop: import ``imports``, say ready, then receive (task id, fn, args) and send back
+    (task id, status, payload); None stops."""
     if memory_limit_mb:
         import resource
 
         limit = memory_limit_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    for name in imports:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the check itself will fail, and be counted, when it is called
+            pass
+    conn.send(_READY)
     while True:
         try:
             message = conn.recv()
@@ -100,15 +115,30 @@ def _worker_main(conn: Connection, memory_limit_mb: int | None) -> None:
             conn.send((task_id, "error", f"cannot send result: {type(exc).__name__}: {exc}"[:500]))
 
 
+START_TIMEOUT_S = 120.0
+"""How long a new worker may take to start and import its checks' modules (a loaded machine importing torch)."""
+
+
 class _Worker:
     """One worker process and the parent's end of its pipe."""
 
-    def __init__(self, ctx: mp.context.BaseContext, memory_limit_mb: int | None) -> None:
+    def __init__(self, ctx: mp.context.BaseContext, memory_limit_mb: int | None, imports: Sequence[str] = ()) -> None:
         self.conn, child_conn = ctx.Pipe(duplex=True)
-        self.process = ctx.Process(target=_worker_main, args=(child_conn, memory_limit_mb), daemon=True)
+        self.process = ctx.Process(target=_worker_main, args=(child_conn, memory_limit_mb, tuple(imports)),
+                                   daemon=True)
         self.process.start()
         child_conn.close()
         self.tasks_done = 0
+        self.ready = False
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Wait for the worker's imports (not part of any check's time limit); False if it died or took longer."""
+        if not self.ready:
+            try:
+                self.ready = self.conn.poll(timeout_s) and self.conn.recv() == _READY
+            except (EOFError, OSError):
+                return False
+        return self.ready
 
     def stop(self, kill: bool) -> None:
         if kill:
@@ -149,6 +179,10 @@ class SandboxPool:
         self._ctx.set_forkserver_preload(list(preload))
         self._lock = threading.Lock()
         self._task_ids = itertools.count()
+        # Modules the workers import before they say ready (those of the checks seen so far), so a
+        # check's time limit never pays for importing its own module.
+        self._imports: list[str] = []
+        self.start_timeout_s = START_TIMEOUT_S
         self._workers = [_Worker(self._ctx, memory_limit_mb) for _ in range(num_workers)]
         self._closed = False
 
@@ -158,9 +192,16 @@ class SandboxPool:
 
     def _replace(self, worker: _Worker, kill: bool) -> _Worker:
         worker.stop(kill=kill)
-        fresh = _Worker(self._ctx, self.memory_limit_mb)
+        fresh = _Worker(self._ctx, self.memory_limit_mb, self._imports)
         self._workers[self._workers.index(worker)] = fresh
         return fresh
+
+    def _warm_up(self, module: str, stats: VerifyStats) -> None:
+        """Import ``module`` in every worker now and in every later one at its start, outside any time limit."""
+        self._imports.append(module)
+        self._run_locked(import_module, [(module,)] * len(self._workers), self.start_timeout_s, stats)
+        for worker in self._workers:
+            worker.tasks_done = 0  # an import is not a check: recycling counts checks
 
     def map(
         self, fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], timeout_s: float | None = None
@@ -175,33 +216,47 @@ class SandboxPool:
         limit = self.timeout_s if timeout_s is None else timeout_s
         start = time.perf_counter()
         stats = VerifyStats(total=len(calls), sandboxed=len(calls))
-        results: list[SandboxResult | None] = [None] * len(calls)
+        module = getattr(fn, "__module__", None)
         with self._lock:
-            pending = deque(enumerate(calls))
-            busy: dict[_Worker, tuple[int, int, float]] = {}  # worker -> (call index, task id, deadline)
-            while pending or busy:
-                for worker in list(self._workers):
-                    if not pending:
-                        break
-                    if worker in busy:
-                        continue
-                    if not worker.process.is_alive():  # died while idle: replace quietly
-                        worker = self._replace(worker, kill=True)
-                        stats.restarts += 1
-                    index, args = pending.popleft()
-                    task_id = next(self._task_ids)
-                    try:
-                        worker.conn.send((task_id, fn, tuple(args)))
-                    except OSError:  # the worker died since the check above: retry on a fresh one
-                        pending.appendleft((index, args))
-                        self._replace(worker, kill=True)
-                        stats.restarts += 1
-                        continue
-                    busy[worker] = (index, task_id, time.monotonic() + limit)
-                if busy:
-                    self._collect(busy, results, stats)
+            if module and module not in self._imports and module != __name__:
+                warm = VerifyStats()
+                self._warm_up(module, warm)
+                stats.restarts += warm.restarts
+            results = self._run_locked(fn, calls, limit, stats)
         stats.seconds = time.perf_counter() - start
-        return [r if r is not None else SandboxResult("crash") for r in results], stats
+        return results, stats
+
+    def _run_locked(self, fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], limit: float,
+                    stats: VerifyStats) -> list[SandboxResult]:
+        """``map``'s loop, the lock held."""
+        results: list[SandboxResult | None] = [None] * len(calls)
+        pending = deque(enumerate(calls))
+        busy: dict[_Worker, tuple[int, int, float]] = {}  # worker -> (call index, task id, deadline)
+        while pending or busy:
+            for worker in list(self._workers):
+                if not pending:
+                    break
+                if worker in busy:
+                    continue
+                if not worker.process.is_alive():  # died while idle: replace quietly
+                    worker = self._replace(worker, kill=True)
+                    stats.restarts += 1
+                if not worker.wait_ready(self.start_timeout_s):
+                    raise RuntimeError(f"a sandbox worker did not start within {self.start_timeout_s:g}s "
+                                       f"(exit code {worker.process.exitcode})")
+                index, args = pending.popleft()
+                task_id = next(self._task_ids)
+                try:
+                    worker.conn.send((task_id, fn, tuple(args)))
+                except OSError:  # the worker died since the check above: retry on a fresh one
+                    pending.appendleft((index, args))
+                    self._replace(worker, kill=True)
+                    stats.restarts += 1
+                    continue
+                busy[worker] = (index, task_id, time.monotonic() + limit)
+            if busy:
+                self._collect(busy, results, stats)
+        return [r if r is not None else SandboxResult("crash") for r in results]
 
     def _collect(
         self,
@@ -320,7 +375,7 @@ def score_batch(
             try:
                 scores[i] = float(result.value)
             except (TypeError, ValueError):
-                stats.errors += 1
+                stats.invalid += 1
                 logger.warning("reward check returned a %s, not a number; scored 0", type(result.value).__name__)
     stats.seconds = time.perf_counter() - start
     return scores, stats

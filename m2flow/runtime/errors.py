@@ -53,6 +53,19 @@ class WorkerHungError(WorkerDiedError):
         return f"hung: {self.message}"
 
 
+class RunHealthError(RuntimeError):
+    """The run's own data went bad past a configured limit (failed reward checks, non-finite losses in a
+    row, environments that raise); the message names the limit, and the run stops without a restart."""
+
+
+def health_stop(error: BaseException) -> bool:
+    """Whether ``error`` is a ``RunHealthError``, raised here or in a worker (then wrapped in a
+    ``WorkerError``)."""
+    if isinstance(error, RunHealthError):
+        return True
+    return isinstance(error, WorkerError) and error.exc_type == RunHealthError.__name__
+
+
 _DEATHS = {"WorkerDiedError", "WorkerHungError", "PeerDiedError"}
 
 

@@ -20,6 +20,7 @@ waiting for a peer whose data still needs that device would deadlock a collocate
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections import deque
@@ -36,6 +37,7 @@ from m2flow.models.response_forward import create_response_forward
 from m2flow.models.tokenizer import load_tokenizer
 from m2flow.runtime.comm import send_weights
 from m2flow.runtime.comm.collectives import ExchangeSum
+from m2flow.runtime.errors import RunHealthError
 from m2flow.runtime.trace import trace_category
 from m2flow.workers.advantages import fill_advantages
 from m2flow.workers.common import ReasoningWorker, state_digest
@@ -93,6 +95,7 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
                                        cpu_offload=cfg.fsdp_cpu_offload)
         # (step, slot, dataset index, trained) of the latest groups taken, for checks and tests
         self.received: deque[tuple[int, int, int, bool]] = deque(maxlen=RECEIVED_LOG)
+        self.skipped_in_row = 0  # optimizer steps skipped one after the other for a non-finite loss or gradient
         self.streaming = (algo.group_local and self.critic is None and cfg.updates_once
                           and not self.policy.strategy.lockstep)
         if resume_dir:
@@ -177,7 +180,7 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         # The reduce below is a host-side collective: it is also the barrier before the device turn.
         count, metrics = StepTotals.summarize(all_reduce_sum(totals.as_vector()))
         with self.turn(), self.tracer.span("optimizer_step", cat="train", step=step):
-            metrics.update(self._update(count))
+            metrics.update(self._update(count, _losses_finite(metrics)))
         return metrics
 
     def _train_gathered(self, step: int, expected: int) -> dict[str, float]:
@@ -225,7 +228,7 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
             else:
                 self._backward(micro[0] if micro else _with_zero_advantages(dummy), totals, last, weight=0.0)
         count, metrics = StepTotals.summarize(all_reduce_sum(totals.as_vector()))
-        metrics.update(self._update(count))
+        metrics.update(self._update(count, _losses_finite(metrics)))
         return metrics
 
     def _backward(self, batch: RolloutBatch, totals: StepTotals, last: bool, weight: float = 1.0) -> None:
@@ -250,18 +253,27 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
             if weight:
                 totals.add(cobj, counted=False)
 
-    def _update(self, count: float) -> dict[str, float]:
-        """One optimizer step of the policy (and critic) with gradients scaled by 1 / ``count``."""
+    def _update(self, count: float, loss_finite: bool = True) -> dict[str, float]:
+        """One optimizer step of the policy (and critic) with gradients scaled by 1 / ``count``; a non-finite
+        loss or gradient skips it, and ``actor.max_skipped_updates`` skips in a row stop the run."""
         if count <= 0:  # every group was dropped on every rank: nothing to learn from
             for m in self._trained():
                 m.zero_grad()
-            return {"actor/skipped_steps_count": 1.0}
-        out = self.policy.apply_update(1.0 / count)
-        metrics = {"actor/grad_norm": out["grad_norm"], "actor/lr": out["lr"],
-                   "actor/skipped_steps_count": out["skipped"]}
+            return {"actor/skipped_steps_count": 1.0, "actor/skipped_updates_count": 0.0}
+        out = self.policy.apply_update(1.0 / count, loss_finite)
+        skipped = out["skipped"]
+        metrics = {"actor/grad_norm": out["grad_norm"], "actor/lr": out["lr"], "actor/skipped_steps_count": 0.0}
         if self.critic is not None:
-            cout = self.critic.apply_update(1.0 / count)
+            cout = self.critic.apply_update(1.0 / count, loss_finite)
+            skipped = max(skipped, cout["skipped"])
             metrics.update({"critic/grad_norm": cout["grad_norm"], "critic/lr": cout["lr"]})
+        metrics["actor/skipped_updates_count"] = skipped
+        self.skipped_in_row = self.skipped_in_row + 1 if skipped else 0
+        if self.skipped_in_row >= self.cfg.max_skipped_updates:
+            raise RunHealthError(
+                f"{self.skipped_in_row} optimizer steps in a row skipped for a non-finite loss or gradient "
+                f"(actor.max_skipped_updates={self.cfg.max_skipped_updates}); the last: loss "
+                f"{'finite' if loss_finite else 'not finite'}, gradient norm {out['grad_norm']}")
         return metrics
 
     @torch.no_grad()
@@ -322,6 +334,11 @@ def _save_value_model(model: Any, weights: dict[str, torch.Tensor], path: Path) 
 
     model.trunk.save_pretrained(str(path), state_dict=part("trunk."))
     save_file(part("value_head."), str(path / VALUE_HEAD_FILE))
+
+
+def _losses_finite(metrics: dict[str, float]) -> bool:
+    """Whether every loss among the (summed, so the same on every rank) step metrics is finite."""
+    return all(math.isfinite(v) for k, v in metrics.items() if k.endswith("loss"))
 
 
 def _split(batch: RolloutBatch | None, parts: int) -> list[RolloutBatch | None]:

@@ -94,7 +94,12 @@ class RewardConfig:
     """The reward workers: score each response against its reference answer."""
 
     fn: str = option("math", "reward: a registered name (math, format) or 'module:function'")
-    timeout_s: float = option(5.0, "time limit of one sandboxed check (math); a timeout scores 0 and is counted")
+    timeout_s: float = option(
+        5.0, "time limit of one sandboxed check (of a whole batch for a batched reward); a timeout scores 0 and "
+             "is counted")
+    max_error_rate: float = option(
+        0.1, "most failed checks (timeouts, errors, crashes, NaN/inf) per iteration and reward rank, as a fraction "
+             "of its checks, before the run stops with an error (1.0: never stop)")
     overlong_buffer: int | None = option(
         None, "DAPO overlong shaping: the penalty ramps up over the last this-many tokens before max_new_tokens")
     overlong_penalty: float = option(1.0, "the overlong penalty at max_new_tokens")
@@ -106,6 +111,8 @@ class RewardConfig:
     def validate(self) -> None:
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if not 0.0 <= self.max_error_rate <= 1.0:
+            raise ValueError(f"max_error_rate must lie in [0, 1], got {self.max_error_rate}")
         if self.overlong_buffer is not None and self.overlong_buffer < 1:
             raise ValueError(f"overlong_buffer must be >= 1 or None, got {self.overlong_buffer}")
         from m2flow.algorithms.registry import UnknownNameError
@@ -219,6 +226,8 @@ class ActorConfig:
     critic: CriticConfig = option(CriticConfig(), "the value model (used by the gae estimator)")
     num_threads: int = option(1, "torch threads of each actor rank")
     host_sum: Literal["auto", "comm", "gloo"] = option("auto", HOST_SUM_HELP)
+    max_skipped_updates: int = option(
+        3, "optimizer steps skipped in a row for a NaN/inf loss or gradient before the run stops with an error")
     forward: Literal["hf", "packed"] = option(
         "hf", "the policy's training forward: the HF model's ('hf'), or the packed functional one over the same "
               "parameters ('packed', formerly 'lean': Qwen2/Llama with strategy ddp; each prompt run once per "
@@ -230,7 +239,8 @@ class ActorConfig:
         return self.mini_batches == 1 and self.update_epochs == 1
 
     def validate(self) -> None:
-        for key in ("micro_batch_size", "mini_batches", "update_epochs", "weight_sync_bucket_mb", "num_threads"):
+        for key in ("micro_batch_size", "mini_batches", "update_epochs", "weight_sync_bucket_mb", "num_threads",
+                    "max_skipped_updates"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
         if self.forward == "packed" and self.strategy != "ddp":

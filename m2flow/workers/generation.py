@@ -115,7 +115,7 @@ class GeneratesGroups:
             with tracer.span("send", cat="generate", step=step, groups=len(samples)):
                 self.responses.put_many(samples)  # the chunk's groups: one message per next-stage rank
         n = max(1, len(lengths))
-        metrics = self.scorer.metrics() if self.scorer is not None else {}
+        metrics = self.scorer.metrics(step) if self.scorer is not None else {}
         return metrics | {
             "rollout/response_length": sum(lengths) / n,
             "rollout/response_length_max": float(max(lengths, default=0)),

@@ -1,9 +1,13 @@
 """``RewardWorker``: scores each response with a reward function, under time limits, group by group.
 
-The ``math`` reward runs its symbolic checks in a sandbox pool with a per-check time limit; checks
-that time out, crash or raise score 0 and are counted (``reward/timeouts_count``...). Groups are
-scored as they arrive, in batches of whatever is ready. With DAPO's dynamic sampling a group whose
-rewards are all equal is marked ``dropped`` and passed on (so every stage still sees every slot).
+Every reward runs in a sandbox pool with a per-check time limit (``reward.timeout_s``): the ``math``
+reward's symbolic checks, and any other reward through ``rewards/isolated.py``. Checks that time
+out, raise, crash their process or return NaN/inf score 0 and are counted by kind
+(``reward/timeouts_count``, ``reward/errors_count``, ``reward/crashes_count``,
+``reward/invalid_count``, and ``reward/error_rate`` of all checks); past ``reward.max_error_rate``
+of an iteration's checks on one rank the run stops with a ``RunHealthError``. Groups are scored as
+they arrive, in batches of whatever is ready. With DAPO's dynamic sampling a group whose rewards are
+all equal is marked ``dropped`` and passed on (so every stage still sees every slot).
 """
 
 from __future__ import annotations
@@ -14,8 +18,10 @@ import time
 import torch
 
 from m2flow.algorithms import overlong_penalty
+from m2flow.rewards.isolated import score_isolated
 from m2flow.rewards.registry import RewardEntry, RewardFunction, load_reward_fn
-from m2flow.rewards.sandbox import SandboxPool, score_batch
+from m2flow.rewards.sandbox import SandboxPool, VerifyStats, score_batch
+from m2flow.runtime.errors import RunHealthError
 from m2flow.runtime.trace import trace_category
 from m2flow.runtime.worker import Worker
 from m2flow.workers.config import RewardConfig
@@ -25,11 +31,26 @@ from m2flow.workers.streams import GroupStream
 
 
 def build_reward_fn(cfg: RewardConfig, pool: SandboxPool | None = None) -> RewardFunction:
-    """The configured reward; ``math`` gets the configured time limit (and ``pool`` when given)."""
+    """The configured reward, every check sandboxed under the configured time limit (in ``pool`` when given)."""
     if cfg.fn == "math":
         fn = functools.partial(score_batch, timeout_s=cfg.timeout_s, pool=pool)
         return RewardFunction("math", RewardEntry(fn, batched=True, returns_stats=True))
-    return load_reward_fn(cfg.fn)
+    user = load_reward_fn(cfg.fn)
+    if user.entry.returns_stats:  # a registered reward that keeps its own counts runs as it is
+        return user
+    fn = functools.partial(score_isolated, fn=user.entry.fn, batched=user.entry.batched, name=cfg.fn,
+                           pool=pool, timeout_s=cfg.timeout_s)
+    return RewardFunction(cfg.fn, RewardEntry(fn, batched=True, returns_stats=True))
+
+
+def check_error_rate(stats: VerifyStats, max_error_rate: float, where: str) -> None:
+    """Raise ``RunHealthError`` when more than ``max_error_rate`` of the checks in ``stats`` failed."""
+    if not stats.total or stats.failures <= max_error_rate * stats.total:
+        return
+    raise RunHealthError(
+        f"{stats.failures} of {stats.total} reward checks failed {where} ({stats.timeouts} timed out, "
+        f"{stats.errors} raised, {stats.crashes} crashed, {stats.invalid} returned no finite number), more than "
+        f"reward.max_error_rate={max_error_rate:g}; the rank's log names the first failure of each batch")
 
 
 class GroupScorer:
@@ -73,9 +94,10 @@ class GroupScorer:
         self.final.extend(final.tolist())
         self.busy += time.perf_counter() - t0
 
-    def metrics(self) -> dict[str, float]:
-        """Reward metrics of what was scored since ``reset``."""
+    def metrics(self, step: int | None = None) -> dict[str, float]:
+        """Reward metrics of what was scored since ``reset``; raises ``RunHealthError`` past the error rate."""
         stats = self.fn.pop_stats()
+        check_error_rate(stats, self.cfg.max_error_rate, "in iteration %d" % step if step is not None else "")
         n = max(1, len(self.raw))
         return {
             "reward/mean": sum(self.final) / n,
@@ -83,7 +105,10 @@ class GroupScorer:
             "reward/solved_frac": sum(1.0 for r in self.raw if r >= 1.0) / n,
             "reward/dropped_groups_count": float(self.dropped),
             "reward/timeouts_count": float(stats.timeouts),
-            "reward/errors_count": float(stats.errors + stats.crashes),
+            "reward/errors_count": float(stats.errors),
+            "reward/crashes_count": float(stats.crashes),
+            "reward/invalid_count": float(stats.invalid),
+            "reward/error_rate": stats.failures / max(1, stats.total),
             "time/reward": self.busy,
             WEIGHT_KEY: float(len(self.raw)),
         }
@@ -118,4 +143,4 @@ class RewardWorker(Worker):
             with self.tracer.span("reward", cat="reward", step=step, groups=len(groups)):
                 self.scorer.score(groups)
             self.out.put_many(groups)
-        return self.scorer.metrics()
+        return self.scorer.metrics(step)

@@ -34,15 +34,18 @@ class TrainedModel:
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
-    def apply_update(self, scale: float) -> dict[str, float]:
-        """Reduce the accumulated gradients x ``scale`` over ranks, clip, step; a non-finite norm skips."""
+    def apply_update(self, scale: float, loss_finite: bool = True) -> dict[str, float]:
+        """Reduce the accumulated gradients x ``scale`` over ranks, clip, step; a non-finite loss
+        (``loss_finite`` False, the same on every rank: it comes from summed totals) or gradient norm
+        skips the step, leaving weights and optimizer state as they were."""
         with get_tracer().span("reduce_gradients", cat="train"):
             self.strategy.reduce_gradients(scale)
         norm = self.strategy.clip_grad_norm(self.optim_cfg.grad_clip)
         lr = self.scheduler.get_last_lr()[0]
-        skipped = not math.isfinite(norm)
+        skipped = not (loss_finite and math.isfinite(norm))
         if skipped:
-            log.warning("gradient norm is %s: skipping this optimizer step", norm)
+            log.warning("%s: skipping this optimizer step",
+                        "the loss is not finite" if not loss_finite else f"the gradient norm is {norm}")
         else:
             self.optimizer.step()
         self.scheduler.step()

@@ -150,7 +150,8 @@ class EmbodiedFlow:
         self.env_ranks = ranks["env"]
         policy_holder = plan["rollout"].host
         env_kwargs: dict[str, Any] = dict(actor_group=self.names["actor"], actor_ranks=ranks["actor"],
-                                          imports=list(cfg.env_worker.imports))
+                                          imports=list(cfg.env_worker.imports),
+                                          max_error_rate=cfg.env_worker.max_error_rate)
         if self.fused:
             env_kwargs.update(fused_policy=cfg.policy, policy_seed=cfg.seed, shares_devices=plan["env"].shares_devices,
                               offload=plan["env"].offload)
@@ -227,6 +228,7 @@ class EmbodiedFlow:
             "faults/restarts": float(self.restarts),
             "env/total_steps": float(self.env_steps),
             "env/episodes": float(len(returns)),
+            "env/errors_count": float(sum(s.errors for s in stats)),
             "time/iteration_s": seconds,
             "time/weight_sync_s": sync_s,
             "time/env_steps_per_s": steps / seconds,

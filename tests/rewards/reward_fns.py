@@ -28,3 +28,32 @@ def short_batch_reward(responses: list[str], references: list[str]) -> list[floa
 
 
 NOT_CALLABLE = 3
+
+
+def flaky_reward(response: str, reference: str) -> float:
+    """1.0, except: "slow" never answers, "bad" raises, "nan" returns NaN, "inf" an infinity, "die" kills its process."""
+    import math
+    import os
+    import time
+
+    if response == "slow":
+        time.sleep(60)
+    if response == "bad":
+        raise ValueError("bad response")
+    if response == "die":
+        os._exit(3)
+    return {"nan": math.nan, "inf": math.inf}.get(response, 1.0)
+
+
+@batched_reward
+def sleeping_batch_reward(responses: list[str], references: list[str]) -> list[float]:
+    """Never answers in time."""
+    import time
+
+    time.sleep(60)
+    return [1.0] * len(responses)
+
+
+def raising_reward(response: str, reference: str) -> float:
+    """Always raises: a reward with a bug."""
+    raise KeyError("no such field")

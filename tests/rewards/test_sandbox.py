@@ -70,7 +70,7 @@ def test_errors_and_non_numbers_score_zero(pool: SandboxPool):
     results, _ = pool.map(checks.raising_check, [("a", "a")])
     assert results[0].status == "error" and "RuntimeError: checker bug" in results[0].error
     scores, stats = score_batch(["a"], ["a"], pool=pool, check=checks.text_check)
-    assert scores == [0.0] and stats.errors == 1
+    assert scores == [0.0] and stats.invalid == 1 and stats.errors == 0
 
 
 def test_math_batch_uses_the_fast_path_for_plain_integers(pool: SandboxPool):

@@ -85,3 +85,37 @@ def test_a_checkpoint_restores_policy_critic_optimizer_and_schedule(tiny_ckpt, t
         sa, sb = old.optimizer.state_dict(), new.optimizer.state_dict()
         assert all(torch.equal(sa["state"][i]["exp_avg"], sb["state"][i]["exp_avg"]) for i in sa["state"])
         assert new.scheduler.last_epoch == old.scheduler.last_epoch == 1
+
+
+@pytest.mark.parametrize("where", ["loss", "metric"])
+def test_a_nan_loss_skips_the_update_and_too_many_in_a_row_stop_the_run(tiny_ckpt, monkeypatch, where):
+    import m2flow.workers.actor as actor_module
+    from m2flow.runtime.errors import RunHealthError
+
+    algo = AlgorithmConfig(adv_estimator="grpo", old_logprobs="rollout")
+    pipe = Pipeline(tiny_ckpt, algo, actor=ActorConfig(micro_batch_size=8, max_skipped_updates=2))
+    original = actor_module.policy_objective
+    poisoned = {"on": True}
+
+    def nan_objective(*args, **kwargs):
+        obj = original(*args, **kwargs)
+        if poisoned["on"]:
+            if where == "loss":  # the gradient becomes NaN too
+                obj.loss = obj.loss * float("nan")
+            else:  # only the summed loss is NaN: the gradient alone would not tell
+                obj.metrics["actor/pg_loss"] = float("nan")
+        return obj
+
+    monkeypatch.setattr(actor_module, "policy_objective", nan_objective)
+    before = _params(pipe)
+    m = pipe.step(0)
+    assert m["actor/skipped_updates_count"] == 1.0 and pipe.actor.skipped_in_row == 1
+    assert all(torch.equal(v, before[k]) for k, v in _params(pipe).items())  # weights untouched
+    poisoned["on"] = False
+    m = pipe.step(1)  # a finite step resets the count of skips in a row
+    assert m["actor/skipped_updates_count"] == 0.0 and pipe.actor.skipped_in_row == 0
+    assert _max_diff(_params(pipe), before) > 0
+    poisoned["on"] = True
+    pipe.step(2)
+    with pytest.raises(RunHealthError, match=r"2 optimizer steps in a row skipped .*actor.max_skipped_updates=2"):
+        pipe.step(3)

@@ -8,6 +8,7 @@ import torch
 from m2flow.data.batch import RolloutBatch
 from m2flow.rewards.registry import RewardEntry, RewardFunction
 from m2flow.rewards.sandbox import VerifyStats
+from m2flow.runtime.errors import RunHealthError
 from m2flow.workers.config import RewardConfig
 from m2flow.workers.messages import GroupSample
 from m2flow.workers.reward import RewardWorker, build_reward_fn
@@ -61,7 +62,38 @@ def test_math_reward_uses_the_configured_time_limit_and_timeouts_are_counted():
     def slow_checks(responses, references):  # as score_batch reports a check killed at its limit
         return [0.0] * len(responses), VerifyStats(total=len(responses), sandboxed=1, timeouts=1)
 
-    worker, out = _worker(RewardConfig(fn="math"), [_group(0, ["\\sqrt{8}", "2"], [3, 1], answer="2\\sqrt{2}")])
+    worker, out = _worker(RewardConfig(fn="math", max_error_rate=1.0), [_group(0, ["\\sqrt{8}", "2"], [3, 1], answer="2\\sqrt{2}")])
     worker.scorer.fn = RewardFunction("math", RewardEntry(slow_checks, batched=True, returns_stats=True))
     m = worker.score(0, 1)
     assert m["reward/timeouts_count"] == 1 and out.take(0, 1)[0].batch.rewards.tolist() == [0.0, 0.0]
+
+
+FLAKY = "tests.rewards.reward_fns:flaky_reward"
+
+
+def test_a_user_reward_runs_under_the_time_limit_and_each_failure_is_counted_by_kind():
+    texts = ["ok", "slow", "bad", "nan", "inf", "die", "ok"]
+    worker, out = _worker(RewardConfig(fn=FLAKY, timeout_s=0.5, max_error_rate=1.0),
+                          [_group(0, texts, [2] * len(texts))])
+    m = worker.score(0, 1)
+    assert out.take(0, 1)[0].batch.rewards.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+    assert (m["reward/timeouts_count"], m["reward/errors_count"], m["reward/crashes_count"],
+            m["reward/invalid_count"]) == (1, 1, 1, 2)
+    assert m["reward/error_rate"] == pytest.approx(5 / 7)
+
+
+def test_a_batched_user_reward_that_sleeps_scores_zero_at_its_limit():
+    cfg = RewardConfig(fn="tests.rewards.reward_fns:sleeping_batch_reward", timeout_s=0.5, max_error_rate=1.0)
+    worker, out = _worker(cfg, [_group(0, ["a", "b", "c"], [1, 1, 1])])
+    m = worker.score(0, 1)
+    assert out.take(0, 1)[0].batch.rewards.tolist() == [0.0, 0.0, 0.0]
+    assert m["reward/timeouts_count"] == 3 and m["reward/errors_count"] == 0
+
+
+def test_past_the_error_rate_the_scorer_stops_with_one_clear_error():
+    texts = ["ok"] * 9 + ["bad"]
+    worker, _ = _worker(RewardConfig(fn=FLAKY, max_error_rate=0.1), [_group(0, texts, [2] * 10)])
+    assert worker.score(0, 1)["reward/errors_count"] == 1  # 1 of 10: at the limit, not past it
+    worker, _ = _worker(RewardConfig(fn=FLAKY, max_error_rate=0.1), [_group(0, texts[1:] + ["bad"], [2] * 10)])
+    with pytest.raises(RunHealthError, match=r"2 of 10 reward checks failed in iteration 0 \(0 timed out, 2 raised"):
+        worker.score(0, 1)

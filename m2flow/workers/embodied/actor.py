@@ -82,7 +82,7 @@ class ActorWorker(Worker):
             exchange = uses_exchange(actor.host_sum, self.world_size, self.device.type)
             all_reduce = ExchangeSum(self.comm, self.group_name, self.rank, self.world_size) if exchange else _all_reduce_sum
         self.updater = PPOUpdater(self.policy, ppo, self.rank, self.world_size, all_reduce, seed=seed,
-                                  compile=actor.compile)
+                                  compile=actor.compile, max_skipped_updates=actor.max_skipped_updates)
         if actor.compile and batch_size:  # compile now: start-up cost, not part of the first update
             self.updater.warm_up(zero_batch(obs_space, action_space, batch_size, self.device))
         self._host_state: dict[str, torch.Tensor] | None = None

@@ -61,10 +61,15 @@ class EnvWorkerConfig:
         True, "merge observation / reward statistics across env ranks after every iteration")
     imports: list[str] = option(
         [], "modules every env rank imports first, e.g. one registering a custom gymnasium id")
+    max_error_rate: float = option(
+        0.1, "most exceptions from env step/reset per iteration and env rank, as a fraction of its env steps, "
+             "before the run stops with an error naming the env id (each failing env is reset and counted)")
 
     def validate(self) -> None:
         if self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+        if not 0.0 <= self.max_error_rate <= 1.0:
+            raise ValueError(f"max_error_rate must lie in [0, 1], got {self.max_error_rate}")
 
 
 @dataclass
@@ -94,7 +99,11 @@ class ActorConfig:
     compile: bool = option(
         False, "run each PPO minibatch step torch.compile'd (MLP policies; compiled at start-up, ~3-11 s per "
         "actor rank, then ~1.5x faster updates on CPU)")
+    max_skipped_updates: int = option(
+        3, "PPO updates undone in a row for a NaN/inf loss or weight before the run stops with an error")
 
     def validate(self) -> None:
         if self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+        if self.max_skipped_updates < 1:
+            raise ValueError(f"max_skipped_updates must be >= 1, got {self.max_skipped_updates}")

@@ -28,6 +28,7 @@ import numpy as np
 
 from m2flow.envs import EnvConfig, VecEnv
 from m2flow.models.policies import PolicyConfig
+from m2flow.runtime.errors import RunHealthError
 from m2flow.runtime.trace import get_tracer, trace_category
 from m2flow.runtime.worker import Worker
 from m2flow.workers.embodied.env_state import env_state_file, get_env_state, load_env_state, set_env_state
@@ -55,11 +56,13 @@ class EnvWorker(Worker):
         shares_devices: bool = False,
         offload: bool = False,
         imports: Sequence[str] = (),
+        max_error_rate: float = 0.1,
     ) -> None:
         for module in imports:  # registers custom env ids in this process
             importlib.import_module(module)
         self.vec = VecEnv(env, rank=self.rank)
         self.T = rollout_steps
+        self.max_error_rate = max_error_rate
         self.actor_group = actor_group
         self.actor_ranks = actor_ranks
         self.shares_devices = shares_devices
@@ -183,6 +186,12 @@ class EnvWorker(Worker):
              np.concatenate(finals_env) if finals_env else np.zeros(0, dtype=np.int64)], axis=1)
         shape = self.obs.shape[2:]
         self._final_obs = np.concatenate(finals_obs) if finals_obs else np.zeros((0, *shape), self.obs.dtype)
+        stats.errors, last_error = vec.pop_errors()
+        if stats.errors > self.max_error_rate * stats.steps:
+            raise RunHealthError(
+                f"env {vec.config.env_id}: {stats.errors} exceptions in {stats.steps} env steps on env rank {self.rank} "
+                f"in iteration {iteration}, more than env_worker.max_error_rate={self.max_error_rate:g}; "
+                f"the last: {last_error}")
         stats.wall_s = time.perf_counter() - start
         stats.policy_s = link.policy_s - policy_before
         stats.wait_s = wait * 1e-9

@@ -64,3 +64,5 @@ class InteractStats:
     """moments of the observation / return samples normalised this iteration, for cross-rank merging."""
     successes: list[float] = field(default_factory=list)
     """``is_success`` of the ended episodes, when the env reports it."""
+    errors: int = 0
+    """exceptions raised by an env's step or reset (each env reset and the run going on)."""

@@ -34,6 +34,7 @@ from torch import Tensor
 
 from m2flow.algorithms.minibatch_ppo import MINIBATCH_PARTS, ppo_minibatch_loss
 from m2flow.models.policies import ActorCritic, GaussianHead
+from m2flow.runtime.errors import RunHealthError
 from m2flow.workers.embodied.closed_form import ClosedFormPPO, supports
 from m2flow.workers.embodied.compiled_step import CompiledStep
 from m2flow.workers.embodied.config import PPOConfig
@@ -126,6 +127,7 @@ class PPOUpdater:
         seed: int = 0,
         closed_form: bool = True,
         compile: bool = False,
+        max_skipped_updates: int = 3,
     ) -> None:
         if world_size > 1 and all_reduce is None:
             raise ValueError("a data-parallel update (world_size > 1) needs an all_reduce")
@@ -154,6 +156,8 @@ class PPOUpdater:
         self._eps = torch.zeros_like(self._step_size)
         # The same seed on every rank: all ranks draw the same permutation of the batch.
         self.generator = torch.Generator().manual_seed(seed)
+        self.max_skipped_updates = max_skipped_updates
+        self.skipped_in_row = 0  # updates undone one after the other for a non-finite loss or weight
 
     def _minibatches(self, size: int) -> list[tuple[int, int]]:
         step = self.cfg.minibatch_size
@@ -185,6 +189,7 @@ class PPOUpdater:
         weights: dict[int, Tensor] = {}
         count = 0.0  # sum over minibatches of this rank's share of it
         steps = 0
+        saved = self._snapshot()  # a non-finite loss anywhere in the update undoes all of it
         stopped = False
         for _ in range(cfg.epochs):
             perm = torch.randperm(size, generator=self.generator).to(batch.advantages.device)
@@ -213,8 +218,15 @@ class PPOUpdater:
         sums[-1] = count
         if self.all_reduce is not None:
             self.all_reduce(sums)  # each rank summed its share of every minibatch
-        pg, sq, ratio, log_ratio, clipped, count = (float(v) / max(steps, 1) for v in sums.tolist())
+        values = sums.tolist()
+        # Summed over ranks and applied to identical weights, so every rank decides alike.
+        skipped = not (all(map(math.isfinite, values)) and bool(torch.isfinite(self.flat.param).all()))
+        if skipped:
+            self._restore(saved)
+        self._count_skip(skipped)
+        pg, sq, ratio, log_ratio, clipped, count = (float(v) / max(steps, 1) for v in values)
         return {
+            "actor/skipped_updates_count": float(skipped),
             "actor/pg_loss": pg,
             "critic/value_loss": sq,
             "actor/approx_kl": ratio - count - log_ratio,  # the mean of (ratio - 1) - log ratio
@@ -222,6 +234,28 @@ class PPOUpdater:
             "actor/updates": float(steps),
             "actor/early_stop": float(stopped),
         }
+
+    def _snapshot(self) -> tuple[Tensor, Tensor, Tensor, int]:
+        """Copies of the weights and Adam's state (flat buffers: three copies of the parameter count)."""
+        opt = self.optimizer
+        return self.flat.param.detach().clone(), opt.exp_avg.clone(), opt.exp_avg_sq.clone(), opt.step_count
+
+    def _restore(self, saved: tuple[Tensor, Tensor, Tensor, int]) -> None:
+        param, exp_avg, exp_avg_sq, step_count = saved
+        with torch.no_grad():
+            self.flat.param.copy_(param)
+        self.optimizer.exp_avg.copy_(exp_avg)
+        self.optimizer.exp_avg_sq.copy_(exp_avg_sq)
+        self.optimizer.step_count = step_count
+        log.warning("a PPO update gave a non-finite loss or weight: undone (skipped), weights and optimizer state "
+                    "restored")
+
+    def _count_skip(self, skipped: bool) -> None:
+        """Count skips in a row; ``max_skipped_updates`` of them stop the run."""
+        self.skipped_in_row = self.skipped_in_row + 1 if skipped else 0
+        if self.skipped_in_row >= self.max_skipped_updates:
+            raise RunHealthError(f"{self.skipped_in_row} PPO updates in a row skipped for a non-finite loss or "
+                                 f"weight (actor.max_skipped_updates={self.max_skipped_updates})")
 
     @property
     def compiling(self) -> bool:

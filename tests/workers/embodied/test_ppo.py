@@ -290,3 +290,24 @@ def test_a_minibatch_of_equal_advantages_whitens_to_exact_zeros():
     out = whiten_minibatches(adv, [(0, 7), (7, 14), (14, 20)])
     assert torch.equal(out[:7], torch.zeros(7)) and torch.equal(out[14:], torch.zeros(6))
     torch.testing.assert_close(out[7:14], (spread - 4.0) / spread.std())
+
+
+@pytest.mark.parametrize("closed_form", [True, False])
+def test_a_nan_in_the_loss_undoes_the_update_and_too_many_in_a_row_stop_the_run(closed_form):
+    from m2flow.runtime.errors import RunHealthError
+
+    cfg = PPOConfig(epochs=2, minibatch_size=32)
+    updater = PPOUpdater(_policy(), cfg, closed_form=closed_form, max_skipped_updates=2)
+    before = [p.detach().clone() for p in updater.policy.parameters()]
+    poisoned = _batch(n=96)
+    poisoned.returns[70] = float("nan")  # one sample of the third minibatch: the value loss turns NaN
+    m = updater.update(poisoned)
+    assert m["actor/skipped_updates_count"] == 1.0 and updater.skipped_in_row == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, updater.policy.parameters()))
+    assert updater.optimizer.step_count == 0 and not updater.optimizer.exp_avg.any()
+    m = updater.update(_batch(n=96))  # a finite update goes through and resets the count
+    assert m["actor/skipped_updates_count"] == 0.0 and updater.skipped_in_row == 0
+    assert updater.optimizer.step_count == 6
+    updater.update(poisoned)
+    with pytest.raises(RunHealthError, match=r"2 PPO updates in a row skipped .*actor.max_skipped_updates=2"):
+        updater.update(poisoned)

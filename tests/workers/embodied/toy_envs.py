@@ -8,6 +8,8 @@
 - ``M2flowToy/Counter-v0``: the observation is (env id, steps this env has taken), so every
   transition names itself; episodes are truncated after 5 steps and terminated whenever the step
   count reaches a multiple of 7.
+- ``M2flowToy/Flaky-v0``: ContextMatch whose ``step`` raises on every ``step_every``-th step of an
+  env and whose ``reset`` raises on every ``reset_every``-th reset (0: never), as a flaky simulator would.
 """
 
 from __future__ import annotations
@@ -76,6 +78,28 @@ class CounterEnv(gym.Env):
         return self._obs(), float(self.count), self.count % 7 == 0, False, {}
 
 
+class SimulatorError(RuntimeError):
+    """What the flaky env raises."""
+
+
+class FlakyEnv(ContextMatchEnv):
+    def __init__(self, step_every: int = 0, reset_every: int = 0) -> None:
+        self.step_every, self.reset_every = step_every, reset_every
+        self.steps = self.resets = 0
+
+    def reset(self, *, seed=None, options=None):
+        self.resets += 1
+        if self.reset_every and self.resets % self.reset_every == 0:
+            raise SimulatorError(f"reset {self.resets} failed")
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        self.steps += 1
+        if self.step_every and self.steps % self.step_every == 0:
+            raise SimulatorError(f"step {self.steps} failed")
+        return super().step(action)
+
+
 def _register(env_id: str, entry: str, steps: int) -> None:
     if env_id not in gym.registry:
         gym.register(env_id, entry_point=f"{__name__}:{entry}", max_episode_steps=steps)
@@ -84,3 +108,4 @@ def _register(env_id: str, entry: str, steps: int) -> None:
 _register("M2flowToy/ContextMatch-v0", "ContextMatchEnv", 8)
 _register("M2flowToy/Target-v0", "TargetEnv", 8)
 _register("M2flowToy/Counter-v0", "CounterEnv", 5)
+_register("M2flowToy/Flaky-v0", "FlakyEnv", 8)
