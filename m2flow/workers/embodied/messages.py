@@ -33,6 +33,8 @@ class Trajectory:
     """(m, *obs_shape): the true last observation at each ``final_index``."""
     last_obs: np.ndarray
     """(n, *obs_shape): the observation after step T - 1, to bootstrap the unfinished tail."""
+    policy_version: int = 0
+    """the version of the weights that acted: the number of iterations the actor had trained on."""
 
     @property
     def num_steps(self) -> int:

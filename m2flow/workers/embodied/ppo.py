@@ -60,6 +60,9 @@ class PPOBatch:
     """(B,)"""
     returns: Tensor
     """(B,): advantages + values, the value targets."""
+    weights: Tensor | None = None
+    """(B,) decoupled-PPO importance weights pi_prox / pi_behav of stale samples
+    (``m2flow.algorithms.offpolicy``); None: every sample is on-policy (all weights 1)."""
 
     def __len__(self) -> int:
         return int(self.advantages.shape[0])
@@ -179,6 +182,8 @@ class PPOUpdater:
             if cfg.normalize_advantages and size > 1:
                 adv = whiten_minibatches(adv.contiguous(), bounds)
             neg_adv = adv * neg_scale
+            if batch.weights is not None:  # decoupled PPO: the surrogate of each sample times its weight
+                neg_adv = neg_adv * batch.weights[perm]
             obs, act = batch.obs[perm], actions[perm]
             for start, end in bounds:
                 lo, hi = self._my_share(start, end)
@@ -316,11 +321,14 @@ class PPOUpdater:
         return loss, parts
 
     def minibatch_loss(self, obs: Tensor, actions: Tensor, old_logprobs: Tensor, advantages: Tensor,
-                       returns: Tensor, old_values: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        """The loss of one whole minibatch (advantages as given) and its metrics; for checks and tools."""
+                       returns: Tensor, old_values: Tensor,
+                       weights: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """The loss of one whole minibatch (advantages as given, times ``weights`` when set) and its
+        metrics; for checks and tools."""
         n = advantages.shape[0]
+        neg_adv = -advantages / n if weights is None else -advantages * weights / n
         loss, parts = self._step_loss(obs, self.lean.prepare_actions(actions), self.lean.offset(old_logprobs),
-                                      -advantages / n, returns, old_values, 1.0 / n)
+                                      neg_adv, returns, old_values, 1.0 / n)
         return loss, {
             "actor/pg_loss": parts[0],
             "critic/value_loss": parts[1] / n,
