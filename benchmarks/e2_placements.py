@@ -9,6 +9,12 @@ process), and the update cannot start before the last trajectory arrives, so
 
     ideal = max(env stage busy, rollout stage busy) + actor busy     (per iteration)
 
+With ``--staleness S`` every plan but the baseline (``collocated-sequential``, synchronous) runs
+with ``algorithm.max_staleness: S``: the env ranks collect the next iteration while the actor
+trains, so the update no longer adds to the rollout phase, and the ideal becomes the busiest
+device: the busy time of every component on it, summed, the maximum over devices (the busiest
+component when components have devices of their own).
+
     python benchmarks/e2_placements.py                      # every plan, 6 iterations, 2 rounds
     python benchmarks/e2_placements.py --plans collocated-sequential,hybrid-pipelined --iterations 10
 
@@ -46,11 +52,15 @@ PLANS: dict[str, tuple[str, int, bool]] = {
     "hybrid-pipelined-2env": ("env: 0-1, rollout: 1, actor: 0", 2, True),
     # two fused env ranks of 4 envs, one per device; one actor rank (E1's plan)
     "collocated-fused-2ranks": ("env,rollout: 0-1, actor: 0", 1, True),
+    # the policy in the env process on one device, the actor on the other: with staleness the
+    # collection of iteration k + 1 overlaps the update on k
+    "hybrid-fused-split": ("env,rollout: 0, actor: 1", 1, True),
 }
+BASELINE = "collocated-sequential"  # always synchronous: what every plan is compared with
 
 
 def run_plan(name: str, iterations: int, env_id: str, seed: int, trace_dir: str | None = None,
-             compile: bool = False) -> dict:
+             compile: bool = False, staleness: int = 0) -> dict:
     """Train ``iterations`` iterations under plan ``name`` in this process; per-iteration stage times.
 
     With ``trace_dir`` the run is traced and its directory kept there (``m2flow report`` reads it).
@@ -63,8 +73,10 @@ def run_plan(name: str, iterations: int, env_id: str, seed: int, trace_dir: str 
 
     setup_logging(console=False)
     placement, stages, fused = PLANS[name]
-    cfg = from_dict(EmbodiedConfig, {"placement": placement})
-    env_ranks = cfg.placed()["env"].world_size
+    cfg = from_dict(EmbodiedConfig, {"placement": placement, "cluster": {"cpu_devices_per_node": 8}})
+    placed = cfg.placed()
+    env_ranks = placed["env"].world_size
+    devices = {c: placed[c].devices for c in ("env", "rollout", "actor")}
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="e2-") as tmp:
         run_dir = tmp if trace_dir is None else str(Path(trace_dir) / name)
@@ -79,6 +91,7 @@ def run_plan(name: str, iterations: int, env_id: str, seed: int, trace_dir: str 
             "total_env_steps": iterations * 2048,
             "rollout": {"fuse_with_env": fused},
             "actor": {"compile": compile},
+            "algorithm": {"max_staleness": staleness},
             "seed": seed,
             "run_dir": run_dir,
             "metrics": {"sinks": []},
@@ -89,12 +102,16 @@ def run_plan(name: str, iterations: int, env_id: str, seed: int, trace_dir: str 
     for h in result.history[1:]:  # the first iteration warms caches and connections up
         env_stage = h["time/env_busy_s"] + (h["time/rollout_busy_s"] if result.fused else 0.0)
         rollout_stage = 0.0 if result.fused else h["time/rollout_busy_s"]
-        ideal = max(env_stage, rollout_stage) + h["time/actor_busy_s"]
+        if staleness == 0:
+            ideal = max(env_stage, rollout_stage) + h["time/actor_busy_s"]
+        else:  # the busiest device: what runs on it adds up, the devices overlap
+            busy = {"env": env_stage, "rollout": rollout_stage, "actor": h["time/actor_busy_s"]}
+            ideal = max(sum(busy[c] for c in busy if d in devices[c]) for d in set().union(*devices.values()))
         rows.append({"step_s": h["time/iteration_s"], "env_stage_s": env_stage, "rollout_stage_s": rollout_stage,
                      "actor_s": h["time/actor_busy_s"], "ideal_s": ideal})
     # the machine is shared: the 1-minute load average around the run says how quiet it was
     return {"plan": name, "placement": placement, "stages": stages, "mode": result.mode, "fused": result.fused,
-            "compile": compile, "load": [round(load_before, 2), round(os.getloadavg()[0], 2)], "iterations": rows}
+            "compile": compile, "staleness": staleness, "load": [round(load_before, 2), round(os.getloadavg()[0], 2)], "iterations": rows}
 
 
 def summarize(runs: list[dict], plans: list[str]) -> dict:
@@ -108,9 +125,9 @@ def summarize(runs: list[dict], plans: list[str]) -> dict:
         first = next(run for run in runs if run["plan"] == name)
         loads = [x for run in runs if run["plan"] == name for x in run.get("load", [])]
         out[name] = {"placement": first["placement"], "stages": first["stages"], "mode": first["mode"],
-                     "fused": first["fused"], **med, "iterations": len(rows),
+                     "fused": first["fused"], "staleness": first.get("staleness", 0), **med, "iterations": len(rows),
                      "load_max": max(loads) if loads else None}
-    base = out.get("collocated-sequential")
+    base = out.get(BASELINE)
     if base:
         for entry in out.values():
             entry["speedup_vs_collocated_sequential"] = round(base["step_s"] / entry["step_s"], 3)
@@ -130,10 +147,13 @@ def main() -> None:
     p.add_argument("--trace-dir", default=None,
                    help="trace every run and keep its run directory here (DIR/PLAN; the last round's)")
     p.add_argument("--compile", action="store_true", help="actor.compile in every plan (compiled PPO steps)")
+    p.add_argument("--staleness", type=int, default=0,
+                   help=f"algorithm.max_staleness of every plan but {BASELINE} (which stays synchronous)")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # run one plan here, JSON out
     args = p.parse_args()
     if args.one:
-        print(json.dumps(run_plan(args.one, args.iterations, args.env, args.seed, args.trace_dir, args.compile)))
+        print(json.dumps(run_plan(args.one, args.iterations, args.env, args.seed, args.trace_dir, args.compile,
+                                  args.staleness)))
         return
     plans = [x for x in args.plans.split(",") if x]
     unknown = [x for x in plans if x not in PLANS]
@@ -149,6 +169,8 @@ def main() -> None:
                 cmd += ["--trace-dir", str(Path(args.trace_dir).resolve())]
             if args.compile:
                 cmd.append("--compile")
+            if args.staleness and name != BASELINE:
+                cmd += ["--staleness", str(args.staleness)]
             for attempt in range(args.retries + 1):  # a loaded machine can time Ray's start-up out
                 with tempfile.TemporaryDirectory(prefix="e2-cwd-") as cwd:
                     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,

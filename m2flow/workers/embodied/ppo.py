@@ -18,6 +18,10 @@ The losses are those of :mod:`m2flow.algorithms.losses` (``ppo_policy_loss`` ove
 and the unclipped / clipped squared value error), written out for an unmasked batch; the tests check
 one against the other. Deviation from that module, to match Stable-Baselines3 and CleanRL: the value
 loss is the mean squared error without the 1/2, so ``vf_coef`` means what it means there.
+
+Stale samples (bounded staleness) carry ``PPOBatch.weights``, pi_prox / pi_behav: each sample's
+surrogate is multiplied by its weight after the advantage whitening, which is the decoupled PPO
+objective of ``m2flow.algorithms.offpolicy`` with ``logprobs`` the proximal policy's.
 """
 
 from __future__ import annotations
