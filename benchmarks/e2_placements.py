@@ -9,11 +9,12 @@ process), and the update cannot start before the last trajectory arrives, so
 
     ideal = max(env stage busy, rollout stage busy) + actor busy     (per iteration)
 
-With ``--staleness S`` every plan but the baseline (``collocated-sequential``, synchronous) runs
-with ``algorithm.max_staleness: S``: the env ranks collect the next iteration while the actor
-trains, so the update no longer adds to the rollout phase, and the ideal becomes the busiest
-device: the busy time of every component on it, summed, the maximum over devices (the busiest
-component when components have devices of their own).
+With ``--staleness 0,1`` every plan but the baseline (``collocated-sequential``, always
+synchronous) runs once per value of ``algorithm.max_staleness`` in each round (``PLAN@s1`` in the
+results). With staleness the env ranks collect the next iteration while the actor trains, so the
+update no longer adds to the rollout phase: the ideal becomes the busiest device, the busy time of
+every component on it summed (waits for a turn on a shared device excluded), the maximum over
+devices; that is the busiest component when components have devices of their own.
 
     python benchmarks/e2_placements.py                      # every plan, 6 iterations, 2 rounds
     python benchmarks/e2_placements.py --plans collocated-sequential,hybrid-pipelined --iterations 10
@@ -108,9 +109,12 @@ def run_plan(name: str, iterations: int, env_id: str, seed: int, trace_dir: str 
             busy = {"env": env_stage, "rollout": rollout_stage, "actor": h["time/actor_busy_s"]}
             ideal = max(sum(busy[c] for c in busy if d in devices[c]) for d in set().union(*devices.values()))
         rows.append({"step_s": h["time/iteration_s"], "env_stage_s": env_stage, "rollout_stage_s": rollout_stage,
-                     "actor_s": h["time/actor_busy_s"], "ideal_s": ideal})
+                     "actor_s": h["time/actor_busy_s"], "ideal_s": ideal,
+                     "busiest_s": max(env_stage, rollout_stage, h["time/actor_busy_s"]),
+                     "actor_lock_wait_s": h.get("time/actor_lock_wait_s", 0.0)})
     # the machine is shared: the 1-minute load average around the run says how quiet it was
-    return {"plan": name, "placement": placement, "stages": stages, "mode": result.mode, "fused": result.fused,
+    key = name if staleness == 0 else f"{name}@s{staleness}"
+    return {"plan": key, "placement": placement, "stages": stages, "mode": result.mode, "fused": result.fused,
             "compile": compile, "staleness": staleness, "load": [round(load_before, 2), round(os.getloadavg()[0], 2)], "iterations": rows}
 
 
@@ -122,6 +126,7 @@ def summarize(runs: list[dict], plans: list[str]) -> dict:
             continue
         med = {k: round(statistics.median(r[k] for r in rows), 4) for k in rows[0]}
         med["step_over_ideal"] = round(statistics.median(r["step_s"] / r["ideal_s"] for r in rows), 3)
+        med["step_over_busiest"] = round(statistics.median(r["step_s"] / r["busiest_s"] for r in rows), 3)
         first = next(run for run in runs if run["plan"] == name)
         loads = [x for run in runs if run["plan"] == name for x in run.get("load", [])]
         out[name] = {"placement": first["placement"], "stages": first["stages"], "mode": first["mode"],
@@ -147,13 +152,14 @@ def main() -> None:
     p.add_argument("--trace-dir", default=None,
                    help="trace every run and keep its run directory here (DIR/PLAN; the last round's)")
     p.add_argument("--compile", action="store_true", help="actor.compile in every plan (compiled PPO steps)")
-    p.add_argument("--staleness", type=int, default=0,
-                   help=f"algorithm.max_staleness of every plan but {BASELINE} (which stays synchronous)")
+    p.add_argument("--staleness", default="0",
+                   help=f"comma-separated algorithm.max_staleness values for every plan but {BASELINE} "
+                        "(which stays synchronous)")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # run one plan here, JSON out
     args = p.parse_args()
     if args.one:
         print(json.dumps(run_plan(args.one, args.iterations, args.env, args.seed, args.trace_dir, args.compile,
-                                  args.staleness)))
+                                  int(args.staleness))))
         return
     plans = [x for x in args.plans.split(",") if x]
     unknown = [x for x in plans if x not in PLANS]
@@ -161,16 +167,16 @@ def main() -> None:
         raise SystemExit(f"unknown plans {unknown}; valid: {list(PLANS)}")
     runs = []
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    stalenesses = [int(x) for x in args.staleness.split(",")]
+    variants = [(name, s) for name in plans for s in ([0] if name == BASELINE else stalenesses)]
     for _ in range(args.rounds):
-        for name in plans:
+        for name, staleness in variants:
             cmd = [sys.executable, str(Path(__file__).resolve()), "--one", name, "--iterations",
-                   str(args.iterations), "--env", args.env, "--seed", str(args.seed)]
+                   str(args.iterations), "--env", args.env, "--seed", str(args.seed), "--staleness", str(staleness)]
             if args.trace_dir:
                 cmd += ["--trace-dir", str(Path(args.trace_dir).resolve())]
             if args.compile:
                 cmd.append("--compile")
-            if args.staleness and name != BASELINE:
-                cmd += ["--staleness", str(args.staleness)]
             for attempt in range(args.retries + 1):  # a loaded machine can time Ray's start-up out
                 with tempfile.TemporaryDirectory(prefix="e2-cwd-") as cwd:
                     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
@@ -185,7 +191,7 @@ def main() -> None:
                 raise RuntimeError(f"plan {name} failed {args.retries + 1} times")
             runs.append(json.loads(lines[-1]))
             print(json.dumps({k: v for k, v in runs[-1].items() if k != "iterations"}), file=sys.stderr)
-    summary = summarize(runs, plans)
+    summary = summarize(runs, list(dict.fromkeys(r["plan"] for r in runs)))
     record = {"benchmark": "E2", "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
               "cpus": os.cpu_count(), "load_max": max(x for r in runs for x in r["load"]),
               "summary": summary, "runs": runs}

@@ -295,6 +295,7 @@ class EmbodiedFlow:
             "time/env_busy_s": max(s.busy_s for s in stats),
             "time/env_wait_s": max(s.wait_s for s in stats),
             "time/env_wall_s": max(s.wall_s for s in stats),
+            "time/env_lock_wait_s": max(s.lock_wait_s for s in stats),
         })
         if returns:
             metrics["env/episode_return"] = sum(returns) / len(returns)

@@ -113,17 +113,20 @@ class ActorWorker(Worker):
                                    f"{traj.env_rank} sent iteration {traj.iteration}")
         t1 = time.perf_counter()
         kept, ages = self._fresh(trajs, iteration)
+        t2 = t1
         if not kept:  # every sample was too old: no update this iteration
             metrics = {"actor/updates": 0.0, "actor/batch_size": 0.0}
         elif self.shares_devices:
             with self.device_turn(offload_after=self.offload_after):
+                t2 = time.perf_counter()  # the device is ours from here
                 metrics = self._train(kept, iteration)
         else:
             metrics = self._train(kept, iteration)
         if self.max_staleness > 0:
             metrics.update(staleness_metrics(trajs, ages, self.max_staleness))
         metrics["time/actor_wait_s"] = t1 - t0
-        metrics["time/actor_busy_s"] = time.perf_counter() - t1
+        metrics["time/actor_lock_wait_s"] = t2 - t1  # waiting for a turn on shared devices
+        metrics["time/actor_busy_s"] = time.perf_counter() - t2
         return metrics
 
     def _fresh(self, trajs: list[Trajectory], iteration: int) -> tuple[list[Trajectory], list[int]]:

@@ -109,11 +109,15 @@ class EnvWorker(Worker):
         ``policy_version`` is the version of the weights the policy holds (stamped on the trajectory)."""
         if norm_deltas:
             self.norm.merge(norm_deltas)
+        t0 = time.perf_counter()
         if self.engine is not None and self.shares_devices:
             with self.device_turn(offload_after=self.offload_policy):
+                lock_wait = time.perf_counter() - t0
                 stats = self._run(iteration)
         else:
+            lock_wait = 0.0
             stats = self._run(iteration)
+        stats.lock_wait_s = lock_wait
         stats.norm_delta = self.norm.delta()
         traj = Trajectory(
             env_rank=self.rank, iteration=iteration, obs=self.obs[: self.T], actions=self.actions,

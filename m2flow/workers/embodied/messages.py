@@ -62,6 +62,8 @@ class InteractStats:
     wait_s: float = 0.0
     """seconds spent waiting for actions from a rollout rank."""
     wall_s: float = 0.0
+    lock_wait_s: float = 0.0
+    """seconds spent waiting for a turn on devices shared with the actor (fused plans)."""
     norm_delta: dict | None = None
     """moments of the observation / return samples normalised this iteration, for cross-rank merging."""
     successes: list[float] = field(default_factory=list)
