@@ -9,6 +9,13 @@ process), and the update cannot start before the last trajectory arrives, so
 
     ideal = max(env stage busy, rollout stage busy) + actor busy     (per iteration)
 
+With ``--staleness 0,1`` every plan but the baseline (``collocated-sequential``, always
+synchronous) runs once per value of ``algorithm.max_staleness`` in each round (``PLAN@s1`` in the
+results). With staleness the env ranks collect the next iteration while the actor trains, so the
+update no longer adds to the rollout phase: the ideal becomes the busiest device, the busy time of
+every component on it summed (waits for a turn on a shared device excluded), the maximum over
+devices; that is the busiest component when components have devices of their own.
+
     python benchmarks/e2_placements.py                      # every plan, 6 iterations, 2 rounds
     python benchmarks/e2_placements.py --plans collocated-sequential,hybrid-pipelined --iterations 10
 
@@ -46,11 +53,15 @@ PLANS: dict[str, tuple[str, int, bool]] = {
     "hybrid-pipelined-2env": ("env: 0-1, rollout: 1, actor: 0", 2, True),
     # two fused env ranks of 4 envs, one per device; one actor rank (E1's plan)
     "collocated-fused-2ranks": ("env,rollout: 0-1, actor: 0", 1, True),
+    # the policy in the env process on one device, the actor on the other: with staleness the
+    # collection of iteration k + 1 overlaps the update on k
+    "hybrid-fused-split": ("env,rollout: 0, actor: 1", 1, True),
 }
+BASELINE = "collocated-sequential"  # always synchronous: what every plan is compared with
 
 
 def run_plan(name: str, iterations: int, env_id: str, seed: int, trace_dir: str | None = None,
-             compile: bool = False) -> dict:
+             compile: bool = False, staleness: int = 0) -> dict:
     """Train ``iterations`` iterations under plan ``name`` in this process; per-iteration stage times.
 
     With ``trace_dir`` the run is traced and its directory kept there (``m2flow report`` reads it).
@@ -63,8 +74,10 @@ def run_plan(name: str, iterations: int, env_id: str, seed: int, trace_dir: str 
 
     setup_logging(console=False)
     placement, stages, fused = PLANS[name]
-    cfg = from_dict(EmbodiedConfig, {"placement": placement})
-    env_ranks = cfg.placed()["env"].world_size
+    cfg = from_dict(EmbodiedConfig, {"placement": placement, "cluster": {"cpu_devices_per_node": 8}})
+    placed = cfg.placed()
+    env_ranks = placed["env"].world_size
+    devices = {c: placed[c].devices for c in ("env", "rollout", "actor")}
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="e2-") as tmp:
         run_dir = tmp if trace_dir is None else str(Path(trace_dir) / name)
@@ -79,6 +92,7 @@ def run_plan(name: str, iterations: int, env_id: str, seed: int, trace_dir: str 
             "total_env_steps": iterations * 2048,
             "rollout": {"fuse_with_env": fused},
             "actor": {"compile": compile},
+            "algorithm": {"max_staleness": staleness},
             "seed": seed,
             "run_dir": run_dir,
             "metrics": {"sinks": []},
@@ -89,12 +103,19 @@ def run_plan(name: str, iterations: int, env_id: str, seed: int, trace_dir: str 
     for h in result.history[1:]:  # the first iteration warms caches and connections up
         env_stage = h["time/env_busy_s"] + (h["time/rollout_busy_s"] if result.fused else 0.0)
         rollout_stage = 0.0 if result.fused else h["time/rollout_busy_s"]
-        ideal = max(env_stage, rollout_stage) + h["time/actor_busy_s"]
+        if staleness == 0:
+            ideal = max(env_stage, rollout_stage) + h["time/actor_busy_s"]
+        else:  # the busiest device: what runs on it adds up, the devices overlap
+            busy = {"env": env_stage, "rollout": rollout_stage, "actor": h["time/actor_busy_s"]}
+            ideal = max(sum(busy[c] for c in busy if d in devices[c]) for d in set().union(*devices.values()))
         rows.append({"step_s": h["time/iteration_s"], "env_stage_s": env_stage, "rollout_stage_s": rollout_stage,
-                     "actor_s": h["time/actor_busy_s"], "ideal_s": ideal})
+                     "actor_s": h["time/actor_busy_s"], "ideal_s": ideal,
+                     "busiest_s": max(env_stage, rollout_stage, h["time/actor_busy_s"]),
+                     "actor_lock_wait_s": h.get("time/actor_lock_wait_s", 0.0)})
     # the machine is shared: the 1-minute load average around the run says how quiet it was
-    return {"plan": name, "placement": placement, "stages": stages, "mode": result.mode, "fused": result.fused,
-            "compile": compile, "load": [round(load_before, 2), round(os.getloadavg()[0], 2)], "iterations": rows}
+    key = name if staleness == 0 else f"{name}@s{staleness}"
+    return {"plan": key, "placement": placement, "stages": stages, "mode": result.mode, "fused": result.fused,
+            "compile": compile, "staleness": staleness, "load": [round(load_before, 2), round(os.getloadavg()[0], 2)], "iterations": rows}
 
 
 def summarize(runs: list[dict], plans: list[str]) -> dict:
@@ -105,12 +126,13 @@ def summarize(runs: list[dict], plans: list[str]) -> dict:
             continue
         med = {k: round(statistics.median(r[k] for r in rows), 4) for k in rows[0]}
         med["step_over_ideal"] = round(statistics.median(r["step_s"] / r["ideal_s"] for r in rows), 3)
+        med["step_over_busiest"] = round(statistics.median(r["step_s"] / r["busiest_s"] for r in rows), 3)
         first = next(run for run in runs if run["plan"] == name)
         loads = [x for run in runs if run["plan"] == name for x in run.get("load", [])]
         out[name] = {"placement": first["placement"], "stages": first["stages"], "mode": first["mode"],
-                     "fused": first["fused"], **med, "iterations": len(rows),
+                     "fused": first["fused"], "staleness": first.get("staleness", 0), **med, "iterations": len(rows),
                      "load_max": max(loads) if loads else None}
-    base = out.get("collocated-sequential")
+    base = out.get(BASELINE)
     if base:
         for entry in out.values():
             entry["speedup_vs_collocated_sequential"] = round(base["step_s"] / entry["step_s"], 3)
@@ -130,10 +152,14 @@ def main() -> None:
     p.add_argument("--trace-dir", default=None,
                    help="trace every run and keep its run directory here (DIR/PLAN; the last round's)")
     p.add_argument("--compile", action="store_true", help="actor.compile in every plan (compiled PPO steps)")
+    p.add_argument("--staleness", default="0",
+                   help=f"comma-separated algorithm.max_staleness values for every plan but {BASELINE} "
+                        "(which stays synchronous)")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # run one plan here, JSON out
     args = p.parse_args()
     if args.one:
-        print(json.dumps(run_plan(args.one, args.iterations, args.env, args.seed, args.trace_dir, args.compile)))
+        print(json.dumps(run_plan(args.one, args.iterations, args.env, args.seed, args.trace_dir, args.compile,
+                                  int(args.staleness))))
         return
     plans = [x for x in args.plans.split(",") if x]
     unknown = [x for x in plans if x not in PLANS]
@@ -141,10 +167,12 @@ def main() -> None:
         raise SystemExit(f"unknown plans {unknown}; valid: {list(PLANS)}")
     runs = []
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    stalenesses = [int(x) for x in args.staleness.split(",")]
+    variants = [(name, s) for name in plans for s in ([0] if name == BASELINE else stalenesses)]
     for _ in range(args.rounds):
-        for name in plans:
+        for name, staleness in variants:
             cmd = [sys.executable, str(Path(__file__).resolve()), "--one", name, "--iterations",
-                   str(args.iterations), "--env", args.env, "--seed", str(args.seed)]
+                   str(args.iterations), "--env", args.env, "--seed", str(args.seed), "--staleness", str(staleness)]
             if args.trace_dir:
                 cmd += ["--trace-dir", str(Path(args.trace_dir).resolve())]
             if args.compile:
@@ -163,7 +191,7 @@ def main() -> None:
                 raise RuntimeError(f"plan {name} failed {args.retries + 1} times")
             runs.append(json.loads(lines[-1]))
             print(json.dumps({k: v for k, v in runs[-1].items() if k != "iterations"}), file=sys.stderr)
-    summary = summarize(runs, plans)
+    summary = summarize(runs, list(dict.fromkeys(r["plan"] for r in runs)))
     record = {"benchmark": "E2", "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
               "cpus": os.cpu_count(), "load_max": max(x for r in runs for x in r["load"]),
               "summary": summary, "runs": runs}

@@ -10,7 +10,17 @@ placement; the plan decides how it runs:
 - components sharing devices take turns under the device lock, offloading when configured
   (context switching); disjoint ones simply overlap;
 - the actor consumes the trajectories as soon as the env ranks send them, data-parallel over its
-  ranks.
+  ranks;
+- with ``max_staleness`` s > 0 (a plan setting) the env ranks collect iterations k + 1 .. k + s
+  with the weights they hold while the actor trains on iteration k; the weights go to the policy
+  copies between collections, and every trajectory carries the version that produced it.
+
+Which iteration collects with which weights is fixed by the loop, not by timing: the collection
+of iteration j starts at step max(0, j - s) with the weights of that many trained iterations, so a
+run is reproducible and every sample is at most s iterations old. No collection runs past an
+iteration that is followed by a checkpoint or an evaluation (the pipeline drains there), so a
+checkpoint holds nothing in flight and a run resumed from it equals the uninterrupted run; a stop
+request (SIGTERM) starts no new collection, trains the at most s already collected, then saves.
 """
 
 from __future__ import annotations
@@ -86,28 +96,45 @@ def train_loop(flow: EmbodiedFlow, start: int, iterations: int, logger: Any, res
     """Iterations ``start .. iterations - 1`` of: sync weights, interact <-> act, train, log, checkpoint.
 
     ``stop()`` true after an iteration (SIGTERM) ends the loop there, with a checkpoint when configured."""
+    def evaluates(it: int) -> bool:
+        return bool(eval_every) and ((it + 1) % eval_every == 0 or it + 1 == iterations)
+
+    def checkpoints(it: int) -> bool:
+        return bool(checkpoint_every) and ((it + 1) % checkpoint_every == 0 or it + 1 == iterations)
+
+    def drains(it: int) -> bool:  # nothing may be in flight after it
+        return it + 1 == iterations or evaluates(it) or checkpoints(it)
+
     loop_start = time.perf_counter()
+    stopping = False
     for it in range(start, iterations):
         t0 = time.perf_counter()
         with get_tracer().span("step", cat="step", step=it):
-            sync_s = flow.sync_weights()                              # actor -> policy copies
-            outcome = flow.finish(
-                env=flow.env.interact(it, flow.pending_norm_deltas()),  # K stages, T steps, -> actor
-                rollout=flow.act(it),                                  # each stage's actions (none when fused)
-                actor=flow.actor.train(it),                            # GAE + PPO as trajectories land
-            )
+            horizon = it if stopping else collect_horizon(it, flow.max_staleness, drains)
+            sync_s = flow.collect(it, horizon)               # weights -> policy copies; interact <-> act, -> actor
+            outcome = flow.finish(it, actor=flow.actor.train(it))  # GAE + PPO as iteration it's trajectories land
         metrics = flow.iteration_metrics(outcome, time.perf_counter() - t0, sync_s)
-        if eval_every and ((it + 1) % eval_every == 0 or it + 1 == iterations):
+        if evaluates(it):
             metrics.update(flow.evaluate())
         logger.log(metrics, step=flow.env_steps)
         result.history.append(metrics)
-        result.stopped = stop()
-        if checkpoint_every and ((it + 1) % checkpoint_every == 0 or it + 1 == iterations or result.stopped):
+        stopping = stopping or stop()
+        result.stopped = stopping and not flow.in_flight(it)  # what was collected is trained first
+        if checkpoints(it) or (checkpoint_every and result.stopped):
             result.last_checkpoint = flow.save_checkpoint(it + 1)
         if result.stopped:
             break
     result.loop_s = time.perf_counter() - loop_start
     result.episodes = list(flow.episodes)
+
+
+def collect_horizon(it: int, max_staleness: int, drains: Callable[[int], bool]) -> int:
+    """The last iteration whose collection may have started by step ``it``: ``it + max_staleness``,
+    but none past an iteration after which nothing may be in flight (``drains``)."""
+    horizon = it
+    while horizon < it + max_staleness and not drains(horizon):
+        horizon += 1
+    return horizon
 
 
 # ----------------------------------------------------------------------------- the running system
@@ -144,6 +171,11 @@ class EmbodiedFlow:
         self.run_dir = Path(cfg.run_dir)
         self.mode = plan.mode
         self.fused = plan.fused("rollout")
+        self.max_staleness: int = plan.settings["max_staleness"]
+        # iteration -> the calls of its collection still to be waited for (and the weight sync before it)
+        self._pending: dict[int, dict[str, GroupHandle | None]] = {}
+        self._next_collect = 0  # the first iteration whose collection has not started
+        self._synced: int | None = None  # the version the policy copies hold (staleness > 0)
         rid = uuid.uuid4().hex[:8]
         self.names = {c: f"{c}-{rid}" for c in COMPONENTS}
         ranks = {c: plan[c].world_size for c in COMPONENTS}
@@ -168,7 +200,8 @@ class EmbodiedFlow:
                                dict(env_group=self.names["env"], env_ranks=self.env_ranks,
                                     total_iterations=self.iterations, seed=cfg.seed,
                                     shares_devices=plan["actor"].shares_devices,
-                                    batch_size=cfg.rollout_steps * cfg.env.num_envs * self.env_ranks),
+                                    batch_size=cfg.rollout_steps * cfg.env.num_envs * self.env_ranks,
+                                    max_staleness=self.max_staleness),
                                plan["actor"].threads),
         }
         if plan["rollout"].launched:
@@ -199,6 +232,36 @@ class EmbodiedFlow:
                  "holder": self.policy_holder.receive_weights(self.names["actor"], 0)}, self.timeout)
         return time.perf_counter() - t0
 
+    def collect(self, it: int, horizon: int) -> float:
+        """Start the collections of iterations up to ``horizon`` not yet started; returns the seconds
+        of a synchronous weight sync (0 when it runs on the workers between collections).
+
+        Staleness 0: the weights are synced (and waited for), then iteration ``it`` collects, as
+        in synchronous PPO. Otherwise the weights of version ``it`` (iterations trained) are queued
+        to the policy copies behind the collections already running, and each new collection is
+        queued behind them: the env ranks never wait for the actor's update, only for its weights.
+        """
+        if self.max_staleness == 0:
+            sync_s = self.sync_weights()
+            self._pending[it] = {"env": self.env.interact(it, self.pending_norm_deltas(), it), "rollout": self.act(it)}
+            self._next_collect = it + 1
+            return sync_s
+        for j in range(max(self._next_collect, it), horizon + 1):
+            handles: dict[str, GroupHandle | None] = {}
+            if self._synced != it:
+                handles["sync_actor"] = self.actor.send_weights(self.weight_targets, it)
+                handles["sync"] = self.policy_holder.receive_weights(self.names["actor"], 0)
+                self._synced = it
+            handles["env"] = self.env.interact(j, self.pending_norm_deltas(), self._synced)
+            handles["rollout"] = self.act(j)
+            self._pending[j] = handles
+        self._next_collect = max(self._next_collect, horizon + 1)
+        return 0.0
+
+    def in_flight(self, it: int) -> bool:
+        """Whether a collection past iteration ``it`` has started."""
+        return self._next_collect > it + 1
+
     def act(self, iteration: int) -> GroupHandle | None:
         """The rollout ranks' serving call for one iteration (None: the env ranks run the policy)."""
         return None if self.fused else self.rollout.act(iteration)
@@ -208,8 +271,9 @@ class EmbodiedFlow:
         deltas, self._deltas = self._deltas, None
         return deltas
 
-    def finish(self, **handles: GroupHandle | None) -> dict[str, list[Any]]:
-        """Wait for the iteration's calls; per component, the results of its ranks."""
+    def finish(self, it: int, **handles: GroupHandle | None) -> dict[str, list[Any]]:
+        """Wait for iteration ``it``'s collection and the given calls; per name, the results of its ranks."""
+        handles = {**self._pending.pop(it), **handles}
         return _gather({k: h for k, h in handles.items() if h is not None}, self.timeout)
 
     def iteration_metrics(self, outcome: dict[str, list[Any]], seconds: float, sync_s: float) -> dict[str, float]:
@@ -230,11 +294,12 @@ class EmbodiedFlow:
             "env/episodes": float(len(returns)),
             "env/errors_count": float(sum(s.errors for s in stats)),
             "time/iteration_s": seconds,
-            "time/weight_sync_s": sync_s,
+            "time/weight_sync_s": max(outcome["sync"]) if "sync" in outcome else sync_s,
             "time/env_steps_per_s": steps / seconds,
             "time/env_busy_s": max(s.busy_s for s in stats),
             "time/env_wait_s": max(s.wait_s for s in stats),
             "time/env_wall_s": max(s.wall_s for s in stats),
+            "time/env_lock_wait_s": max(s.lock_wait_s for s in stats),
         })
         if returns:
             metrics["env/episode_return"] = sum(returns) / len(returns)
@@ -263,6 +328,9 @@ class EmbodiedFlow:
     # -- checkpoints --------------------------------------------------------------------------
     def save_checkpoint(self, next_iteration: int) -> Path:
         """Actor (weights, optimizer, shuffling), env ranks (envs, statistics), noise generators, counters."""
+        if self._next_collect > next_iteration:
+            raise RuntimeError(f"checkpoint at iteration {next_iteration}: the collection of iteration "
+                               f"{self._next_collect - 1} has started (the loop drains before a checkpoint)")
         path = checkpoint_path(self.run_dir, next_iteration)
         handles = {"actor": self.actor.save_checkpoint(str(path)), "env": self.env.save_checkpoint(str(path))}
         if not self.fused:
@@ -292,7 +360,8 @@ class EmbodiedFlow:
         self.episodes = [(int(n), float(r)) for n, r in state["episodes"]]
         self.recent.extend(state["recent"])
         self._deltas = state["norm_deltas"]
-        return int(state["next_step"])
+        self._next_collect = int(state["next_step"])
+        return self._next_collect
 
     def shutdown(self) -> None:
         for group in (self.actor, self.rollout, self.env):

@@ -2,7 +2,8 @@
 
 Decisions made here and nowhere else: the devices of every rank, whether the policy runs inside
 the env processes (rollout fused into env), what each edge becomes, who takes turns on shared
-devices and offloads, and the pipeline stages of every env rank.
+devices and offloads, the pipeline stages of every env rank, and how many iterations the env ranks
+may collect ahead of the actor (``max_staleness``).
 """
 
 from __future__ import annotations
@@ -75,7 +76,9 @@ def plan_embodied(cfg: EmbodiedConfig, layout: NodeLayout) -> Plan:
     edges += (EdgePlan("trajectories", "env", "actor", "p2p", ranks["actor"]),
               EdgePlan("weights", "actor", holder, "p2p", ranks[holder]))
     settings = {"pipeline_stages": cfg.pipeline_stages, "rollout_steps": cfg.rollout_steps,
-                "envs_per_rank": cfg.env.num_envs, "minibatch_size": cfg.algorithm.minibatch_size}
+                "envs_per_rank": cfg.env.num_envs, "minibatch_size": cfg.algorithm.minibatch_size,
+                # iterations the env ranks may collect ahead of the actor (0: synchronous)
+                "max_staleness": cfg.algorithm.max_staleness}
     plan = Plan("embodied", executor_kind(cfg.placement), cfg.placement, components, edges, settings, tuple(notes))
     return plan.validate(GRAPH)
 

@@ -5,10 +5,18 @@ evaluate the old log-probabilities and values of the whole batch in one pass (th
 those the rollout acted with: weights are synced only after an update), compute GAE with
 truncation bootstrapping (``m2flow.algorithms``), and run the PPO epochs (``ppo.PPOUpdater``),
 with gradients summed across ranks by torch.distributed (gloo on CPU, NCCL on GPU).
+
+With ``max_staleness`` s > 0 the trajectories of iteration k may have been collected with older
+weights (``Trajectory.policy_version`` < k, the actor's version being the iterations it has
+trained on). Every rank keeps a copy of the weights of each version it sent within the bound;
+a trajectory older than s is dropped and counted, never trained on, and for the others the old
+log-probs are the current (proximal) weights' and each sample is weighted by pi_prox / pi_behav
+(decoupled PPO, ``m2flow.algorithms.offpolicy``), pi_behav scored with the copy that acted.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from pathlib import Path
@@ -17,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from m2flow.models.policies import GaussianHead, PolicyConfig, build_policy
+from m2flow.models.policies import ActorCritic, GaussianHead, PolicyConfig, build_policy
 from m2flow.runtime.comm.collectives import ExchangeSum
 from m2flow.runtime.trace import get_tracer, trace_category
 from m2flow.runtime.worker import Worker
@@ -65,8 +73,13 @@ class ActorWorker(Worker):
         seed: int = 0,
         shares_devices: bool = False,
         batch_size: int | None = None,
+        max_staleness: int = 0,
     ) -> None:
         self.cfg = ppo
+        self.max_staleness = max_staleness
+        # version -> the weights sent at that version, kept while samples of it may still arrive
+        self._sent: dict[int, dict[str, torch.Tensor]] = {}
+        self._scratch: list[ActorCritic] = []  # copies of the policy to score samples of older versions
         self.env_group = env_group
         self.env_ranks = env_ranks
         self.total_iterations = total_iterations
@@ -100,17 +113,56 @@ class ActorWorker(Worker):
                 raise RuntimeError(f"expected trajectories of iteration {iteration}, env rank "
                                    f"{traj.env_rank} sent iteration {traj.iteration}")
         t1 = time.perf_counter()
-        if self.shares_devices:
+        kept, ages = self._fresh(trajs, iteration)
+        t2 = t1
+        if not kept:  # every sample was too old: no update this iteration
+            metrics = {"actor/updates": 0.0, "actor/batch_size": 0.0}
+        elif self.shares_devices:
             with self.device_turn(offload_after=self.offload_after):
-                metrics = self._train(trajs, iteration)
+                t2 = time.perf_counter()  # the device is ours from here
+                metrics = self._train(kept, iteration)
         else:
-            metrics = self._train(trajs, iteration)
+            metrics = self._train(kept, iteration)
+        if self.max_staleness > 0:
+            metrics.update(staleness_metrics(trajs, ages, self.max_staleness))
         metrics["time/actor_wait_s"] = t1 - t0
-        metrics["time/actor_busy_s"] = time.perf_counter() - t1
+        metrics["time/actor_lock_wait_s"] = t2 - t1  # waiting for a turn on shared devices
+        metrics["time/actor_busy_s"] = time.perf_counter() - t2
         return metrics
 
+    def _fresh(self, trajs: list[Trajectory], iteration: int) -> tuple[list[Trajectory], list[int]]:
+        """The trajectories within the staleness bound (the others are dropped), and every one's age."""
+        ages = [iteration - t.policy_version for t in trajs]
+        kept = []
+        for t, age in zip(trajs, ages):
+            if age < 0:
+                raise RuntimeError(f"env rank {t.env_rank} sent iteration {iteration} collected with weights "
+                                   f"of version {t.policy_version}, newer than the actor's {iteration}")
+            if age <= self.max_staleness:
+                kept.append(t)
+        for version in [v for v in self._sent if v < iteration - self.max_staleness]:
+            del self._sent[version]  # no sample of it can be trained on any more
+        return kept, ages
+
+    def _behaviour_policies(self, trajs: list[Trajectory], iteration: int) -> list[ActorCritic | None] | None:
+        """Per trajectory, the policy that collected it where that is not the current one (None: current)."""
+        stale = sorted({t.policy_version for t in trajs if t.policy_version != iteration})
+        if not stale:
+            return None
+        while len(self._scratch) < len(stale):  # one scratch copy per version in use, reused
+            self._scratch.append(copy.deepcopy(self.policy))
+        loaded: dict[int, ActorCritic] = {}
+        for v, policy in zip(stale, self._scratch):
+            if v not in self._sent:
+                raise RuntimeError(f"iteration {iteration}: trajectories were collected with weights of "
+                                   f"version {v}, which this actor never sent")
+            policy.load_state_dict(self._sent[v])
+            loaded[v] = policy
+        return [loaded.get(t.policy_version) for t in trajs]
+
     def _train(self, trajs: list[Trajectory], iteration: int) -> dict[str, float]:
-        batch, extra = build_batch(self.policy, trajs, self.cfg, self.device)
+        behaviour = self._behaviour_policies(trajs, iteration) if self.max_staleness > 0 else None
+        batch, extra = build_batch(self.policy, trajs, self.cfg, self.device, behaviour)
         lr = self.cfg.lr
         if self.cfg.lr_schedule == "linear":
             lr *= 1.0 - iteration / max(self.total_iterations, 1)
@@ -134,10 +186,15 @@ class ActorWorker(Worker):
 
     # -- weights ---------------------------------------------------------------------------------
     @trace_category("weight_sync")
-    def send_weights(self, targets: list[tuple[str, list[int]]]) -> None:
-        """Rank 0 streams the current weights to each (group, ranks) target; other ranks do nothing."""
+    def send_weights(self, targets: list[tuple[str, list[int]]], version: int | None = None) -> None:
+        """Rank 0 streams the current weights to each (group, ranks) target; other ranks do nothing.
+
+        With staleness allowed, every rank keeps a copy of the weights as of ``version`` (the
+        iterations trained so far) to score the samples they will collect."""
         from m2flow.runtime.comm.weights import send_weights
 
+        if self.max_staleness > 0 and version is not None:
+            self._sent[version] = self.state_dict()
         if self.rank != 0:
             return
         for group, ranks in targets:
@@ -174,3 +231,22 @@ class ActorWorker(Worker):
             for name, tensor in self.policy.state_dict().items():
                 tensor.copy_(state["policy"][name])  # in place: the flat buffers stay shared
         self.updater.load_state_dict(state["updater"])
+
+
+def staleness_metrics(trajs: list[Trajectory], ages: list[int], max_staleness: int) -> dict[str, float]:
+    """``async/*``: the samples of the iteration by age (in actor iterations), the mean and maximum
+    age of those trained on, and the samples dropped for being older than ``max_staleness``."""
+    counts = [0] * (max_staleness + 1)
+    dropped = 0
+    for t, age in zip(trajs, ages):
+        n = t.num_steps * t.num_envs
+        if age > max_staleness:
+            dropped += n
+        else:
+            counts[age] += n
+    trained = sum(counts)
+    out = {f"async/age_{a}_samples": float(c) for a, c in enumerate(counts)}
+    out["async/dropped_samples"] = float(dropped)
+    out["async/staleness_mean"] = sum(a * c for a, c in enumerate(counts)) / trained if trained else float("nan")
+    out["async/staleness_max"] = float(max((a for a, c in enumerate(counts) if c), default=0))
+    return out

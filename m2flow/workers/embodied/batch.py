@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
 from m2flow.algorithms.advantages import compute_gae
+from m2flow.algorithms.offpolicy import decoupled_ppo_weights
 from m2flow.models.policies import ActorCritic
 from m2flow.workers.embodied.config import PPOConfig
 from m2flow.workers.embodied.messages import Trajectory
@@ -13,11 +16,15 @@ from m2flow.workers.embodied.ppo import PPOBatch, evaluate_actions
 
 
 def build_batch(policy: ActorCritic, trajs: list[Trajectory], cfg: PPOConfig,
-                device: torch.device | str = "cpu") -> tuple[PPOBatch, dict[str, float]]:
+                device: torch.device | str = "cpu",
+                behaviour: Sequence[ActorCritic | None] | None = None) -> tuple[PPOBatch, dict[str, float]]:
     """Join trajectories along the env axis ((T, N) with N = all envs) and flatten to T * N samples.
 
-    Old log-probabilities and values come from ``policy`` in one pass: it must hold the weights the
-    rollout acted with. GAE bootstraps time-limit truncations from V(true last observation) and
+    Old log-probabilities and values come from ``policy`` in one pass. Without ``behaviour`` it must
+    hold the weights the rollout acted with. With ``behaviour`` (one entry per trajectory: the
+    policy that acted, or None where that is ``policy`` itself) the old log-probs are the proximal
+    policy's (``policy``) and the batch carries the decoupled-PPO weights pi_prox / pi_behav
+    (``m2flow.algorithms.offpolicy``); values, and so GAE, are always ``policy``'s critic. GAE bootstraps time-limit truncations from V(true last observation) and
     treats terminations as value 0; with ``use_critic`` off, values are 0 and lambda 1, so the
     advantages are discounted returns. Also returns batch-level metrics.
     """
@@ -49,14 +56,31 @@ def build_batch(policy: ActorCritic, trajs: list[Trajectory], cfg: PPOConfig,
     advantages, returns = compute_gae(
         rewards, values, terminated | truncated, next_values, gamma=cfg.gamma,
         lam=cfg.gae_lambda if cfg.use_critic else 1.0, terminated=terminated, final_values=final_values)
+    weights = None
+    extra: dict[str, float] = {}
+    if behaviour is not None and any(b is not None for b in behaviour):
+        behaviour_logprobs = logprobs.view(T, N).clone()
+        offset = 0
+        with torch.no_grad():
+            for t, b in zip(trajs, behaviour):
+                cols = slice(offset, offset + t.num_envs)
+                offset += t.num_envs
+                if b is not None:  # (T, n) samples of this trajectory, scored by the weights that acted
+                    o, a = obs[:, cols], actions[:, cols]
+                    lp, _ = evaluate_actions(b, o.reshape(-1, *o.shape[2:]), a.reshape(-1, *a.shape[2:]))
+                    behaviour_logprobs[:, cols] = lp.view(T, -1)
+        weights = decoupled_ppo_weights(logprobs, behaviour_logprobs.reshape(-1))
+        extra = {"async/importance_weight_mean": float(weights.mean()),
+                 "async/importance_weight_max": float(weights.max())}
     flat_values, flat_returns = values.reshape(-1), returns.reshape(-1)
     var = flat_returns.var()
     explained = float(1.0 - (flat_returns - flat_values).var() / var) if var > 0 else float("nan")
-    batch = PPOBatch(flat_obs, flat_actions, logprobs, flat_values, advantages.reshape(-1), flat_returns)
+    batch = PPOBatch(flat_obs, flat_actions, logprobs, flat_values, advantages.reshape(-1), flat_returns, weights)
     metrics = {
         "critic/explained_variance": explained,
         "critic/value_mean": float(flat_values.mean()),
         "actor/advantage_mean": float(advantages.mean()),
         "actor/batch_size": float(T * N),
+        **extra,
     }
     return batch, metrics

@@ -30,6 +30,9 @@ class PPOConfig:
     target_kl: float | None = option(None, "stop an iteration's epochs once approx KL passes this (None: off)")
     use_critic: bool = option(
         True, "learn a value function for GAE; false: advantages are Monte-Carlo returns (no value loss)")
+    max_staleness: int = option(
+        0, "s: env ranks may collect up to s iterations ahead of the actor with older weights "
+        "(decoupled PPO against the behaviour policy); 0: synchronous")
 
     def validate(self) -> None:
         if not 0.0 <= self.gamma <= 1.0:
@@ -50,6 +53,8 @@ class PPOConfig:
             raise ValueError(f"value_clip must be > 0 or None, got {self.value_clip}")
         if self.target_kl is not None and self.target_kl <= 0:
             raise ValueError(f"target_kl must be > 0 or None, got {self.target_kl}")
+        if self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
 
 
 @dataclass

@@ -106,20 +106,27 @@ class EnvWorker(Worker):
 
     # -- the iteration -------------------------------------------------------------------------
     @trace_category("env_step")
-    def interact(self, iteration: int, norm_deltas: list | None = None) -> InteractStats:
-        """T steps of every stage; the trajectory goes to every actor rank, the statistics back here."""
+    def interact(self, iteration: int, norm_deltas: list | None = None, policy_version: int = 0) -> InteractStats:
+        """T steps of every stage; the trajectory goes to every actor rank, the statistics back here.
+
+        ``policy_version`` is the version of the weights the policy holds (stamped on the trajectory)."""
         if norm_deltas:
             self.norm.merge(norm_deltas)
+        t0 = time.perf_counter()
         if self.engine is not None and self.shares_devices:
             with self.device_turn(offload_after=self.offload_policy):
+                lock_wait = time.perf_counter() - t0
                 stats = self._run(iteration)
         else:
+            lock_wait = 0.0
             stats = self._run(iteration)
+        stats.lock_wait_s = lock_wait
         stats.norm_delta = self.norm.delta()
         traj = Trajectory(
             env_rank=self.rank, iteration=iteration, obs=self.obs[: self.T], actions=self.actions,
             rewards=self.rewards, terminated=self.terminated, truncated=self.truncated,
             final_index=self._final_index, final_obs=self._final_obs, last_obs=self.obs[self.T],
+            policy_version=policy_version,
         )
         self.comm.broadcast(traj, self.actor_group, list(range(self.actor_ranks)))
         # Sent: the next iteration may overwrite the buffers, since receivers in other processes got
@@ -201,14 +208,16 @@ class EnvWorker(Worker):
 
     # -- weights (fused plans: the policy copy lives here) --------------------------------------
     @trace_category("weight_sync")
-    def receive_weights(self, src_group: str, src_rank: int) -> None:
-        """Receive the actor's weights into the fused policy copy."""
+    def receive_weights(self, src_group: str, src_rank: int) -> float:
+        """Receive the actor's weights into the fused policy copy; returns the seconds it took."""
         from m2flow.runtime.comm.weights import recv_weights
 
         if self.engine is None:
             raise RuntimeError("this env worker runs no policy; weights go to the rollout workers")
+        t0 = time.perf_counter()
         recv_weights(self.comm, src_group, src_rank, into=self.engine.weights)
         self.engine.weights_changed()
+        return time.perf_counter() - t0
 
     def offload(self) -> None:
         if self.engine is not None:

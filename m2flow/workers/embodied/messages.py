@@ -33,6 +33,8 @@ class Trajectory:
     """(m, *obs_shape): the true last observation at each ``final_index``."""
     last_obs: np.ndarray
     """(n, *obs_shape): the observation after step T - 1, to bootstrap the unfinished tail."""
+    policy_version: int = 0
+    """the version of the weights that acted: the number of iterations the actor had trained on."""
 
     @property
     def num_steps(self) -> int:
@@ -60,6 +62,8 @@ class InteractStats:
     wait_s: float = 0.0
     """seconds spent waiting for actions from a rollout rank."""
     wall_s: float = 0.0
+    lock_wait_s: float = 0.0
+    """seconds spent waiting for a turn on devices shared with the actor (fused plans)."""
     norm_delta: dict | None = None
     """moments of the observation / return samples normalised this iteration, for cross-rank merging."""
     successes: list[float] = field(default_factory=list)

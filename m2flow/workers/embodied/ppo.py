@@ -20,6 +20,10 @@ error, for an unmasked batch; the tests check one against the other); the closed
 tested against autograd of that definition. Deviation from ``losses.py``, to match Stable-Baselines3
 and CleanRL: the value loss is the mean squared error without the 1/2, so ``vf_coef`` means what it
 means there.
+
+Stale samples (bounded staleness) carry ``PPOBatch.weights``, pi_prox / pi_behav: each sample's
+surrogate is multiplied by its weight after the advantage whitening, which is the decoupled PPO
+objective of ``m2flow.algorithms.offpolicy`` with ``logprobs`` the proximal policy's.
 """
 
 from __future__ import annotations
@@ -64,6 +68,9 @@ class PPOBatch:
     """(B,)"""
     returns: Tensor
     """(B,): advantages + values, the value targets."""
+    weights: Tensor | None = None
+    """(B,) decoupled-PPO importance weights pi_prox / pi_behav of stale samples
+    (``m2flow.algorithms.offpolicy``); None: every sample is on-policy (all weights 1)."""
 
     def __len__(self) -> int:
         return int(self.advantages.shape[0])
@@ -197,6 +204,8 @@ class PPOUpdater:
             if cfg.normalize_advantages and size > 1:
                 adv = whiten_minibatches(adv.contiguous(), bounds)
             neg_adv = adv * neg_scale
+            if batch.weights is not None:  # decoupled PPO: the surrogate of each sample times its weight
+                neg_adv = neg_adv * batch.weights[perm]
             obs, act = batch.obs[perm], actions[perm]
             for start, end in bounds:
                 lo, hi = self._my_share(start, end)
@@ -347,12 +356,15 @@ class PPOUpdater:
                                   value_clip=cfg.value_clip, ent_coef=cfg.ent_coef, entropy_sum=entropy)
 
     def minibatch_loss(self, obs: Tensor, actions: Tensor, old_logprobs: Tensor, advantages: Tensor,
-                       returns: Tensor, old_values: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        """The loss of one whole minibatch (advantages as given) and its metrics; for checks and tools."""
+                       returns: Tensor, old_values: Tensor,
+                       weights: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """The loss of one whole minibatch (advantages as given, times ``weights`` when set) and its
+        metrics; for checks and tools."""
         n = advantages.shape[0]
         forward = self.policy_forward
+        neg_adv = -advantages / n if weights is None else -advantages * weights / n
         loss, parts = self._step_loss(obs, forward.prepare_actions(actions), forward.offset(old_logprobs),
-                                      -advantages / n, returns, old_values, 1.0 / n)
+                                      neg_adv, returns, old_values, 1.0 / n)
         return loss, {
             "actor/pg_loss": parts[0],
             "critic/value_loss": parts[1] / n,

@@ -83,12 +83,14 @@ class RolloutWorker(Worker):
         return {"busy_s": busy * 1e-9, "wait_s": wait * 1e-9}
 
     @trace_category("weight_sync")
-    def receive_weights(self, src_group: str, src_rank: int) -> None:
-        """Receive the actor's weights into this rank's policy copy."""
+    def receive_weights(self, src_group: str, src_rank: int) -> float:
+        """Receive the actor's weights into this rank's policy copy; returns the seconds it took."""
         from m2flow.runtime.comm.weights import recv_weights
 
+        t0 = time.perf_counter()
         recv_weights(self.comm, src_group, src_rank, into=self.engine.weights)
         self.engine.weights_changed()
+        return time.perf_counter() - t0
 
     def offload(self) -> None:
         self.engine.to("cpu")

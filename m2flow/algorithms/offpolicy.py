@@ -1,0 +1,54 @@
+"""Bounded-staleness (asynchronous) PPO: sample ages and the decoupled PPO objective.
+
+With asynchronous collection a sample is produced by the *behaviour* policy pi_behav (the weights
+the env ranks acted with, some iterations old) and trained on by a learner whose weights at the
+start of the update are the *proximal* policy pi_prox. The decoupled PPO objective of Hilton et al.
+2021 ("Batch size-invariance for policy optimization", arXiv 2110.00641), as used by AReaL (Fu et
+al. 2025, arXiv 2505.24298), clips the ratio against the proximal policy and corrects for the
+behaviour policy with a constant importance weight:
+
+    L(theta) = E_{a ~ pi_behav} [ w * min(r * A, clip(r, 1 - eps, 1 + eps) * A) ],
+    r = pi_theta / pi_prox,   w = pi_prox / pi_behav   (no gradient through w)
+
+Since ``w > 0``, ``w * min(r A, clip(r) A) = min(r (w A), clip(r) (w A))``: the objective is the
+standard clipped surrogate against pi_prox with the advantage scaled by ``w`` per sample, which is
+how the embodied PPO update applies it. A fresh sample (pi_behav = pi_prox) has ``w = 1`` exactly,
+so with staleness 0 the objective is standard PPO.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def sample_ages(current_version: int, versions: Tensor) -> Tensor:
+    """(B,) int versions of the weights that produced each sample -> (B,) ages in learner updates."""
+    return current_version - versions
+
+
+def fresh_mask(ages: Tensor, max_staleness: int) -> Tensor:
+    """(B,) ages -> (B,) bool: the samples that may be trained on (0 <= age <= ``max_staleness``)."""
+    return (ages >= 0) & (ages <= max_staleness)
+
+
+def decoupled_ppo_weights(proximal_logprobs: Tensor, behaviour_logprobs: Tensor,
+                          cap: float | None = None) -> Tensor:
+    """(B,), (B,) -> (B,) importance weights ``w = pi_prox / pi_behav`` (Hilton et al. 2021), detached.
+
+    ``cap`` truncates the weights from above (AReaL's behaviour importance-weight cap); None: no cap.
+    """
+    w = torch.exp((proximal_logprobs - behaviour_logprobs).detach())
+    return w if cap is None else w.clamp(max=cap)
+
+
+def decoupled_ppo_loss(logprobs: Tensor, proximal_logprobs: Tensor, behaviour_logprobs: Tensor,
+                       advantages: Tensor, clip: float = 0.2) -> Tensor:
+    """The decoupled clipped surrogate of the module docstring, averaged; all tensors (B,).
+
+    The plain reference of what the embodied update computes in its fused form (tests compare them).
+    """
+    w = decoupled_ppo_weights(proximal_logprobs, behaviour_logprobs)
+    ratio = torch.exp(logprobs - proximal_logprobs.detach())
+    surrogate = torch.minimum(ratio * advantages, ratio.clamp(1.0 - clip, 1.0 + clip) * advantages)
+    return -(w * surrogate).mean()

@@ -1,0 +1,146 @@
+"""The embodied workflow with bounded staleness: the schedule, learning, exact equality with the
+synchronous flow where nothing may run ahead, and resume that loses and duplicates nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from m2flow.workflows.embodied import TrainResult, collect_horizon, train, train_loop
+from tests.workflows.test_embodied import LEARNING, toy_config
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    (last,) = sorted((Path(run_dir) / "checkpoints").iterdir())[-1:]
+    return torch.load(last / "actor.pt", weights_only=False)["policy"]
+
+
+def _learning(history: list[dict[str, float]]) -> list[dict[str, float]]:
+    return [{k: v for k, v in h.items() if not k.startswith(("time/", "async/"))} for h in history]
+
+
+# ----------------------------------------------------------------------------- the schedule
+
+
+def test_the_horizon_stops_at_the_bound_and_before_a_drain():
+    never = lambda it: False  # noqa: E731
+    assert [collect_horizon(it, 0, never) for it in range(3)] == [0, 1, 2]
+    assert [collect_horizon(it, 2, never) for it in range(3)] == [2, 3, 4]
+    assert collect_horizon(3, 2, lambda it: it == 4) == 4  # nothing past iteration 4 before it is saved
+    assert collect_horizon(4, 2, lambda it: it == 4) == 4
+
+
+class _FakeFlow:
+    """Records what the loop asks of a flow: which collections start at which step, with which weights."""
+
+    def __init__(self, max_staleness: int) -> None:
+        self.max_staleness = max_staleness
+        self.started: dict[int, tuple[int, int]] = {}  # iteration -> (step it started at, weights version)
+        self.trained: list[int] = []
+        self.saved: list[int] = []
+        self.env_steps = 0
+        self.episodes: list = []
+        self._next = 0
+        self.actor = self
+
+    def collect(self, it: int, horizon: int) -> float:
+        for j in range(max(self._next, it), horizon + 1):
+            self.started[j] = (it, it)
+        self._next = max(self._next, horizon + 1)
+        return 0.0
+
+    def in_flight(self, it: int) -> bool:
+        return self._next > it + 1
+
+    def train(self, it: int) -> int:
+        return it
+
+    def finish(self, it: int, actor: int) -> dict:
+        assert it in self.started and it not in self.trained
+        self.trained.append(actor)
+        return {}
+
+    def iteration_metrics(self, outcome, seconds, sync_s) -> dict:
+        return {}
+
+    def save_checkpoint(self, next_iteration: int) -> Path:
+        assert not self.in_flight(next_iteration - 1), "a checkpoint with a collection in flight"
+        self.saved.append(next_iteration)
+        return Path(".")
+
+
+class _Logger:
+    def log(self, metrics, step) -> None:
+        pass
+
+
+def test_every_iteration_is_collected_once_within_the_bound_and_drained_at_checkpoints():
+    flow = _FakeFlow(max_staleness=2)
+    train_loop(flow, 0, 10, _Logger(), TrainResult(Path(".")), checkpoint_every=4)
+    assert flow.trained == list(range(10)) and sorted(flow.started) == list(range(10))
+    ages = {j: j - version for j, (_, version) in flow.started.items()}
+    assert max(ages.values()) == 2 and all(a >= 0 for a in ages.values())
+    assert ages[4] == 0 and ages[8] == 0  # collected right after a checkpoint: the saved weights
+    assert flow.saved == [4, 8, 10]
+
+
+def test_a_stop_trains_what_was_collected_then_saves():
+    flow = _FakeFlow(max_staleness=2)
+    result = TrainResult(Path("."))
+    calls = iter(range(100))
+    train_loop(flow, 0, 10, _Logger(), result, checkpoint_every=100, stop=lambda: next(calls) >= 2)
+    # stop seen after iteration 2, when 3 and 4 were already collecting: both are trained, 5 never starts
+    assert result.stopped and flow.trained == [0, 1, 2, 3, 4] and sorted(flow.started) == [0, 1, 2, 3, 4]
+    assert flow.saved == [5]
+
+
+# ----------------------------------------------------------------------------- whole runs
+
+
+def test_staleness_1_learns_and_trains_every_sample_once(cluster, tmp_path):
+    # The policy in the env process, the actor on a device of its own: collection overlaps updates.
+    cfg = toy_config(tmp_path, placement="env,rollout: 0, actor: 1", **{"algorithm.max_staleness": 1})
+    result = train(cfg, cluster=cluster)
+    h = result.history
+    returns = [x["env/episode_return"] for x in h]
+    assert returns[0] < 1.0 and returns[-1] > 1.5, returns
+    assert [x["async/staleness_max"] for x in h] == [0.0] + [1.0] * 5  # iteration 0 has nothing older
+    assert all(x["async/dropped_samples"] == 0.0 for x in h)
+    assert sum(x["actor/batch_size"] for x in h) == h[-1]["env/total_steps"] == 6 * 512  # each sample once
+    assert all(x["async/importance_weight_mean"] > 0 for x in h[1:])
+
+
+def test_staleness_that_may_never_run_ahead_equals_the_synchronous_flow(tmp_path):
+    # Evaluating after every iteration drains the pipeline every iteration: with staleness 1 every
+    # collection then uses the newest weights, and the run must equal the synchronous one exactly.
+    sync = toy_config(tmp_path / "sync", placement="local", eval_every=1, eval_episodes=2, checkpoint_every=6)
+    drained = toy_config(tmp_path / "s1", placement="local", eval_every=1, eval_episodes=2, checkpoint_every=6,
+                         **{"algorithm.max_staleness": 1})
+    a, b = train(sync), train(drained)
+    assert _learning(a.history) == _learning(b.history) and a.episodes == b.episodes
+    assert all(x["async/staleness_max"] == 0.0 for x in b.history)
+    wa, wb = _weights(sync.run_dir), _weights(drained.run_dir)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_staleness_1_resumes_exactly(tmp_path):
+    full_cfg = toy_config(tmp_path / "full", placement="local", checkpoint_every=3, **{"algorithm.max_staleness": 1})
+    full = train(full_cfg)
+    checkpoint = Path(full_cfg.run_dir) / "checkpoints" / "step_000003"
+    resumed_cfg = toy_config(tmp_path / "resumed", placement="local", resume=str(checkpoint), checkpoint_every=3,
+                             **{"algorithm.max_staleness": 1})
+    resumed = train(resumed_cfg)
+    assert len(resumed.history) == 3
+    for a, b in zip(full.history[3:], resumed.history):
+        for key in LEARNING + ("async/staleness_max", "async/age_1_samples"):
+            assert a.get(key) == b.get(key), key
+    # nothing lost, nothing twice: the resumed run trains exactly the env steps after the checkpoint
+    assert sum(x["actor/batch_size"] for x in resumed.history) == 3 * 512
+    assert [x["env/total_steps"] for x in resumed.history] == [4 * 512, 5 * 512, 6 * 512]
+    assert resumed.episodes == full.episodes
+    wa, wb = _weights(full_cfg.run_dir), _weights(resumed_cfg.run_dir)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
