@@ -8,7 +8,7 @@ EXAMPLE = "examples/reasoning/arithmetic_grpo.yaml"
 
 
 def test_a_reward_failing_past_its_error_rate_stops_the_run_with_one_line(tmp_path, capsys):
-    code = main(["train", EXAMPLE, "placement=local", "steps=2", "model.warm_start_steps=0",
+    code = main(["train", EXAMPLE, "placement=local", "steps=2", "model.warm_start.steps=0", "model.warm_start.source=answers",
                  "reward.fn=tests.rewards.reward_fns:raising_reward", f"model.path={tmp_path}/model",
                  f"run_dir={tmp_path}/run", "metrics.sinks=[jsonl]"])
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
