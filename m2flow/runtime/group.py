@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,16 +19,16 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from m2flow.runtime.cluster import Cluster
 from m2flow.runtime.auth import adopt, secret_hex
-from m2flow.runtime.errors import WorkerError
 from m2flow.runtime.handle import CallFailure, GroupHandle
 from m2flow.runtime.logs import setup_logging
+from m2flow.runtime.rank_core import build_worker, failure, run_method
 from m2flow.runtime.placement import (
     ComponentPlacement,
     PlacementError,
     RankPlacement,
     parse_placement,
 )
-from m2flow.runtime.trace import ProcessInfo, category_of, configure_tracer, get_tracer
+from m2flow.runtime.trace import ProcessInfo, configure_tracer, get_tracer
 from m2flow.runtime.worker import Worker, WorkerContext, apply_thread_limits
 
 log = logging.getLogger(__name__)
@@ -54,13 +53,7 @@ class _RankHost:
                 ctx.group_name, ctx.rank, ctx.node_rank, ctx.devices, ctx.device_type))
 
     def _failure(self, exc: BaseException) -> CallFailure:
-        c = self.ctx
-        return CallFailure(
-            WorkerError(
-                c.group_name, c.rank, f"{c.node_rank} ({c.node_ip})", str(exc),
-                traceback.format_exc(), type(exc).__name__,
-            )
-        )
+        return failure(self.ctx, exc)
 
     def free_port(self) -> int:
         """A free port on this rank's own address, where rank 0 will serve torch's store."""
@@ -73,24 +66,14 @@ class _RankHost:
         self.ctx = self.ctx.with_master(master_addr, master_port)
         os.environ.update(self.ctx.dist_env())
         try:
-            worker = cls.__new__(cls)
-            worker._m2flow_ctx = self.ctx  # identity is known before the subclass __init__ runs
-            worker.__init__(*args, **kwargs)
-            # Listen from the start: a peer may send before this rank first touches comm.
-            worker.comm  # noqa: B018
+            self.worker = build_worker(cls, self.ctx, args, kwargs)
         except BaseException as e:  # noqa: BLE001 - every failure goes back to the caller
             return self._failure(e)
-        self.worker = worker
         return None
 
     def call(self, method: str, args: tuple, kwargs: dict) -> Any:
         try:
-            if self.worker is None:
-                raise RuntimeError("the worker was not constructed")
-            fn = getattr(self.worker, method)
-            # One span per call; a disabled tracer makes this a shared no-op.
-            with get_tracer().span(method, cat=category_of(fn, method)):
-                return fn(*args, **kwargs)
+            return run_method(self.worker, method, args, kwargs)
         except BaseException as e:  # noqa: BLE001
             return self._failure(e)
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import os
-import traceback
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -37,12 +36,12 @@ from typing import Any
 
 from m2flow.runtime import inprocess
 from m2flow.runtime.cluster import ClusterConfig, expected_layout
-from m2flow.runtime.errors import WorkerError
 from m2flow.runtime.executors.base import GroupSpec
 from m2flow.runtime.executors.threads import LocalHandle, RankThread
 from m2flow.runtime.handle import CallFailure
+from m2flow.runtime.rank_core import build_worker, failure, run_method
 from m2flow.runtime.placement import ComponentPlacement, NodeLayout, PlacementError, PlacementPlan, parse_placement
-from m2flow.runtime.trace import ProcessInfo, Tracer, category_of, get_tracer, set_thread_tracer
+from m2flow.runtime.trace import ProcessInfo, Tracer, set_thread_tracer
 from m2flow.runtime.worker import Worker, WorkerContext
 
 log = logging.getLogger(__name__)
@@ -83,9 +82,7 @@ class _LocalRank:
             self._handler = handler
 
     def _failure(self, exc: BaseException) -> CallFailure:
-        c = self.ctx
-        return CallFailure(WorkerError(c.group_name, c.rank, f"{c.node_rank} ({c.node_ip})", str(exc),
-                                       traceback.format_exc(), type(exc).__name__))
+        return failure(self.ctx, exc)
 
     def construct(self, cls: type[Worker], args: tuple, kwargs: dict) -> CallFailure | None:
         """Build the worker on this rank's thread, its context set before the subclass ``__init__``."""
@@ -94,22 +91,14 @@ class _LocalRank:
             self.tracer = Tracer(c.trace_dir, ProcessInfo(c.group_name, c.rank, c.node_rank, c.devices, c.device_type))
             set_thread_tracer(self.tracer)
         try:
-            worker = cls.__new__(cls)
-            worker._m2flow_ctx = self.ctx
-            worker.__init__(*args, **kwargs)
-            worker.comm  # noqa: B018 - listen from the start: a peer may send before this rank uses comm
+            self.worker = build_worker(cls, self.ctx, args, kwargs)
         except BaseException as e:  # noqa: BLE001 - every failure goes back to the caller
             return self._failure(e)
-        self.worker = worker
         return None
 
     def call(self, method: str, args: tuple, kwargs: dict) -> Any:
         try:
-            if self.worker is None:
-                raise RuntimeError("the worker was not constructed")
-            fn = getattr(self.worker, method)
-            with get_tracer().span(method, cat=category_of(fn, method)):
-                return fn(*args, **kwargs)
+            return run_method(self.worker, method, args, kwargs)
         except BaseException as e:  # noqa: BLE001
             return self._failure(e)
 

@@ -1,0 +1,38 @@
+"""What every rank host does, whatever hosts it (a Ray actor process, or a thread of the driver for
+the local executor): build the worker with its identity set first, run a method under a trace span,
+and hand a failure back as a value that names the rank."""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+from m2flow.runtime.errors import WorkerError
+from m2flow.runtime.handle import CallFailure
+from m2flow.runtime.trace import category_of, get_tracer
+from m2flow.runtime.worker import Worker, WorkerContext
+
+
+def failure(ctx: WorkerContext, exc: BaseException) -> CallFailure:
+    """``exc`` (being handled) as the value a rank returns: group, rank, node and its traceback."""
+    return CallFailure(WorkerError(ctx.group_name, ctx.rank, f"{ctx.node_rank} ({ctx.node_ip})", str(exc),
+                                   traceback.format_exc(), type(exc).__name__))
+
+
+def build_worker(cls: type[Worker], ctx: WorkerContext, args: tuple, kwargs: dict) -> Worker:
+    """An instance of ``cls`` whose identity is known before the subclass ``__init__`` runs."""
+    worker = cls.__new__(cls)
+    worker._m2flow_ctx = ctx
+    worker.__init__(*args, **kwargs)
+    # Listen from the start: a peer may send before this rank first touches comm.
+    worker.comm  # noqa: B018
+    return worker
+
+
+def run_method(worker: Worker | None, method: str, args: tuple, kwargs: dict) -> Any:
+    """``worker.method(*args, **kwargs)`` inside one trace span (a disabled tracer makes it a no-op)."""
+    if worker is None:
+        raise RuntimeError("the worker was not constructed")
+    fn = getattr(worker, method)
+    with get_tracer().span(method, cat=category_of(fn, method)):
+        return fn(*args, **kwargs)
