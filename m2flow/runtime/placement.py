@@ -29,6 +29,11 @@ ExecutionMode = Literal["collocated", "disaggregated", "hybrid"]
 LOCAL = "local"
 """The placement that runs every component, one rank each, on device 0 in the driver process."""
 
+
+def executor_kind(placement: str) -> str:
+    """``local`` (the in-process executor) for the ``local`` placement, else ``ray``."""
+    return "local" if placement.strip() == LOCAL else "ray"
+
 _NAMES_RE = re.compile(r"(?:^|,)\s*([A-Za-z_][\w-]*(?:\s*,\s*[A-Za-z_][\w-]*)*)\s*:")
 _RANGE_RE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+))?\s*$")
 

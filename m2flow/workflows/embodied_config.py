@@ -10,9 +10,8 @@ from m2flow.envs import EnvConfig
 from m2flow.metrics import MetricsConfig
 from m2flow.models.policies import PolicyConfig
 from m2flow.runtime.cluster import ClusterConfig, expected_layout
-from m2flow.planner.placing import resolve_placement
 from m2flow.workflows.run import FaultToleranceConfig
-from m2flow.runtime.placement import SYNTAX_LAYOUT_DEVICES, NodeLayout, PlacementError, PlacementPlan
+from m2flow.runtime.placement import SYNTAX_LAYOUT_DEVICES, NodeLayout, PlacementError, PlacementPlan, parse_placement
 from m2flow.workers.embodied.config import ActorConfig, EnvWorkerConfig, PPOConfig, RolloutConfig
 
 COMPONENTS = ("env", "rollout", "actor")
@@ -96,7 +95,7 @@ class EmbodiedConfig:
         """The placement resolved against the cluster this config will start (names checked)."""
         layout = expected_layout(self.cluster)
         try:
-            return resolve_placement(self.placement, layout or NodeLayout((SYNTAX_LAYOUT_DEVICES,)), COMPONENTS)
+            return parse_placement(self.placement, layout or NodeLayout((SYNTAX_LAYOUT_DEVICES,)), COMPONENTS)
         except PlacementError as e:
             raise ValueError(f"placement: {e}") from None
 

@@ -9,10 +9,9 @@ may collect ahead of the actor (``max_staleness``).
 from __future__ import annotations
 
 from m2flow.planner import Component, ComponentPlan, Edge, EdgePlan, Fusion, Plan, WorkflowGraph
-from m2flow.planner.placing import executor_kind, resolve_placement
 from m2flow.planner.search import SearchSpace
 from m2flow.planner.setup import Workload
-from m2flow.runtime.placement import NodeLayout
+from m2flow.runtime.placement import NodeLayout, executor_kind, parse_placement
 from m2flow.workflows.embodied_config import COMPONENTS, EmbodiedConfig
 
 GRAPH = WorkflowGraph(
@@ -51,7 +50,7 @@ WORKLOAD = Workload(
 
 def plan_embodied(cfg: EmbodiedConfig, layout: NodeLayout) -> Plan:
     """The plan of ``cfg`` on a cluster of ``layout``; a placement that cannot be met raises PlacementError."""
-    placed = resolve_placement(cfg.placement, layout, COMPONENTS)
+    placed = parse_placement(cfg.placement, layout, COMPONENTS)
     fused = cfg.rollout.fuse_with_env and placed["env"].same_devices(placed["rollout"])
     notes = []
     if cfg.rollout.fuse_with_env and not fused:

@@ -8,9 +8,8 @@ from typing import Literal
 from m2flow.config.schema import option
 from m2flow.metrics import MetricsConfig
 from m2flow.runtime.cluster import ClusterConfig, expected_layout
-from m2flow.planner.placing import resolve_placement
 from m2flow.workflows.run import FaultToleranceConfig
-from m2flow.runtime.placement import SYNTAX_LAYOUT_DEVICES, NodeLayout, PlacementError
+from m2flow.runtime.placement import SYNTAX_LAYOUT_DEVICES, NodeLayout, PlacementError, parse_placement
 from m2flow.workers.config import (
     ActorConfig,
     AlgorithmConfig,
@@ -167,7 +166,7 @@ class ReasoningConfig:
         # Attaching to a cluster, its devices are unknown until connected: check the syntax only.
         layout = expected_layout(self.cluster) or NodeLayout((SYNTAX_LAYOUT_DEVICES,))
         try:
-            plan = resolve_placement(self.placement, layout, COMPONENTS)
+            plan = parse_placement(self.placement, layout, COMPONENTS)
         except PlacementError as e:
             raise ValueError(f"placement: {e}") from None
         if self.model.warm_start.source == "teacher" and self.data.kind != "arithmetic":

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from m2flow.planner import Component, ComponentPlan, Edge, EdgePlan, Fusion, Plan, WorkflowGraph
 from m2flow.planner.graph import DRIVER
-from m2flow.planner.placing import executor_kind, resolve_placement
 from m2flow.planner.search import SearchSpace
 from m2flow.planner.setup import Workload
-from m2flow.runtime.placement import NodeLayout
+from m2flow.runtime.placement import NodeLayout, executor_kind, parse_placement
 from m2flow.workflows.reasoning_config import COMPONENTS, ReasoningConfig
 
 GRAPH = WorkflowGraph(
@@ -56,7 +55,7 @@ def plan_reasoning(cfg: ReasoningConfig, layout: NodeLayout) -> Plan:
     """The plan of ``cfg`` on a cluster of ``layout``; a placement that cannot be met raises PlacementError."""
     from m2flow.backends.generation import generation_backend_class
 
-    placed = resolve_placement(cfg.placement, layout, COMPONENTS)
+    placed = parse_placement(cfg.placement, layout, COMPONENTS)
     algo = cfg.algorithm
     notes = []
     infers = algo.old_logprobs == "inference" or algo.needs_reference

@@ -6,7 +6,7 @@ from m2flow.runtime.cluster import Cluster, ClusterConfig
 from m2flow.runtime.executors.base import Executor, GroupSpec
 from m2flow.runtime.executors.local import LocalExecutor, LocalGroup
 from m2flow.runtime.executors.ray import RayExecutor, launch_groups
-from m2flow.runtime.placement import LOCAL
+from m2flow.runtime.placement import executor_kind
 
 __all__ = ["Executor", "GroupSpec", "LocalExecutor", "LocalGroup", "RayExecutor", "launch_groups", "make_executor"]
 
@@ -14,6 +14,6 @@ __all__ = ["Executor", "GroupSpec", "LocalExecutor", "LocalGroup", "RayExecutor"
 def make_executor(placement: str, config: ClusterConfig | None = None, cluster: Cluster | None = None) -> Executor:
     """The executor a placement string asks for: ``"local"`` runs every component, one rank each, on
     device 0 in this process (no Ray); any other placement runs on Ray (``cluster``, or one started)."""
-    if placement.strip() == LOCAL:
+    if executor_kind(placement) == "local":
         return LocalExecutor(config)
     return RayExecutor(config, cluster)
