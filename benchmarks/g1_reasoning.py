@@ -220,7 +220,8 @@ def runner_config(w: dict, threads: int, plan: RunnerPlan, run_dir: str, trace: 
                     "prompts_per_chunk": plan.prompts_per_chunk, "num_threads": threads,
                     "backend": backend.partition("+")[0], "compile": backend.endswith("+compile")},
         # Reward and inference do next to nothing here: one thread each keeps them off the busy cores.
-        "reward": {"fn": f"{Path(__file__).stem}:parity_reward", "num_threads": 1},
+        # The reward is scored in process (no sandbox round trip), as TRL and the bare loop score theirs.
+        "reward": {"fn": f"{Path(__file__).stem}:parity_reward", "num_threads": 1, "isolate": False},
         "inference": {"num_threads": 1},
         # No KL (so no reference model) and the actor's own detached forward as the old policy (so no
         # extra pass): one forward/backward per response and one optimizer step per batch, as the others.

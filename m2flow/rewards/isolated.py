@@ -61,7 +61,8 @@ def score_isolated(
     n = len(responses)
     if batched:
         results, stats = pool.map(fn, [(list(responses), list(references))], timeout_s=timeout_s)
-        stats.total = stats.sandboxed = n
+        stats.total = n
+        stats.sandboxed, stats.in_process = (n, 0) if stats.sandboxed else (0, n)  # an InlinePool runs in process
         only = results[0]
         if only.status != "ok":
             _count_failed_batch(stats, only, n, name)

@@ -97,6 +97,10 @@ class RewardConfig:
     timeout_s: float = option(
         5.0, "time limit of one sandboxed check (of a whole batch for a batched reward); a timeout scores 0 and "
              "is counted")
+    isolate: bool = option(
+        True, "run every check in the sandbox pool (time limit, crash isolation); false scores in the worker's "
+              "own process: fastest for a cheap reward you trust, but a check that hangs or crashes takes its "
+              "worker with it (the run's iteration deadline and restarts are what recover)")
     max_error_rate: float = option(
         0.1, "most failed checks (timeouts, errors, crashes, NaN/inf) per iteration and reward rank, as a fraction "
              "of its checks, before the run stops with an error (1.0: never stop)")

@@ -1,7 +1,9 @@
 """``RewardWorker``: scores each response with a reward function, under time limits, group by group.
 
 Every reward runs in a sandbox pool with a per-check time limit (``reward.timeout_s``): the ``math``
-reward's symbolic checks, and any other reward through ``rewards/isolated.py``. Checks that time
+reward's symbolic checks, and any other reward through ``rewards/isolated.py``; ``reward.isolate:
+false`` runs the checks in the worker's own process instead (``rewards/inline.py``), for a cheap
+reward the run trusts. Checks that time
 out, raise, crash their process or return NaN/inf score 0 and are counted by kind
 (``reward/timeouts_count``, ``reward/errors_count``, ``reward/crashes_count``,
 ``reward/invalid_count``, and ``reward/error_rate`` of all checks); past ``reward.max_error_rate``
@@ -18,6 +20,7 @@ import time
 import torch
 
 from m2flow.algorithms import overlong_penalty
+from m2flow.rewards.inline import InlinePool
 from m2flow.rewards.isolated import score_isolated
 from m2flow.rewards.registry import RewardEntry, RewardFunction, load_reward_fn
 from m2flow.rewards.sandbox import SandboxPool, VerifyStats, score_batch
@@ -31,7 +34,10 @@ from m2flow.workers.streams import GroupStream
 
 
 def build_reward_fn(cfg: RewardConfig, pool: SandboxPool | None = None) -> RewardFunction:
-    """The configured reward, every check sandboxed under the configured time limit (in ``pool`` when given)."""
+    """The configured reward, every check sandboxed under the configured time limit (in ``pool`` when given),
+    or, with ``reward.isolate: false``, run in this process with the same scoring rules and counts."""
+    if not cfg.isolate:
+        pool = InlinePool()  # type: ignore[assignment] - the same map() interface
     if cfg.fn == "math":
         fn = functools.partial(score_batch, timeout_s=cfg.timeout_s, pool=pool)
         return RewardFunction("math", RewardEntry(fn, batched=True, returns_stats=True))

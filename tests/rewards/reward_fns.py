@@ -57,3 +57,10 @@ def sleeping_batch_reward(responses: list[str], references: list[str]) -> list[f
 def raising_reward(response: str, reference: str) -> float:
     """Always raises: a reward with a bug."""
     raise KeyError("no such field")
+
+
+def pid_reward(response: str, reference: str) -> float:
+    """The id of the process the check ran in: tells a sandboxed check from one run in process."""
+    import os
+
+    return float(os.getpid())

@@ -97,3 +97,30 @@ def test_past_the_error_rate_the_scorer_stops_with_one_clear_error():
     worker, _ = _worker(RewardConfig(fn=FLAKY, max_error_rate=0.1), [_group(0, texts[1:] + ["bad"], [2] * 10)])
     with pytest.raises(RunHealthError, match=r"2 of 10 reward checks failed in iteration 0 \(0 timed out, 2 raised"):
         worker.score(0, 1)
+
+
+def test_an_unisolated_reward_runs_in_the_worker_process_with_the_same_scores_and_counts():
+    import os
+
+    texts = ["ok", "bad", "nan", "inf", "ok"]
+    worker, out = _worker(RewardConfig(fn=FLAKY, isolate=False, max_error_rate=1.0), [_group(0, texts, [2] * 5)])
+    m = worker.score(0, 1)
+    assert out.take(0, 1)[0].batch.rewards.tolist() == [1.0, 0.0, 0.0, 0.0, 1.0]  # as sandboxed
+    assert (m["reward/errors_count"], m["reward/invalid_count"], m["reward/timeouts_count"]) == (1, 2, 0)
+    here = float(os.getpid())
+    inline, _ = _worker(RewardConfig(fn="tests.rewards.reward_fns:pid_reward", isolate=False), [_group(0, ["a"], [1])])
+    inline.score(0, 1)
+    sandboxed, out = _worker(RewardConfig(fn="tests.rewards.reward_fns:pid_reward"), [_group(0, ["a"], [1])])
+    sandboxed.score(0, 1)
+    assert inline.scorer.raw == [here] and out.take(0, 1)[0].batch.rewards.item() != here
+
+
+def test_an_unisolated_batched_and_math_reward_count_in_process():
+    fn = build_reward_fn(RewardConfig(fn="tests.rewards.reward_fns:batched_length_reward", isolate=False))
+    assert fn(["ab", "abc"], ["", ""]) == [2.0, 3.0]
+    stats = fn.pop_stats()
+    assert (stats.total, stats.in_process, stats.sandboxed) == (2, 2, 0)
+    math_fn = build_reward_fn(RewardConfig(fn="math", isolate=False))
+    assert math_fn(["\\frac{1}{2}", "0.5", "3"], ["1/2", "\\frac12", "4"]) == [1.0, 1.0, 0.0]
+    stats = math_fn.pop_stats()
+    assert (stats.total, stats.sandboxed, stats.failures) == (3, 0, 0)
