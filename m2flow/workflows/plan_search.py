@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -98,10 +97,9 @@ class _Context:
         return load_workflow_config(self.config, self.overrides + extra)[1]
 
     def config_hash(self) -> str:
-        from m2flow.planner.profile import config_hash
+        from m2flow.workflows.auto_config import profile_hash
 
-        varied = ("placement", "cluster", *self.space.knobs, *self.space.fusion_keys.values())
-        return config_hash(asdict(self.cfg), ignore=varied)
+        return profile_hash(self.cfg, self.space)
 
 
 def run_template(args: argparse.Namespace) -> int:
