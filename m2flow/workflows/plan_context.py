@@ -14,6 +14,18 @@ from typing import Any
 from m2flow.config.convert import from_dict, to_dict
 
 
+def layout_of(cfg: Any) -> Any:
+    """The device layout the config's cluster will have; attaching to a running cluster is refused."""
+    from m2flow.config.errors import ConfigError
+    from m2flow.runtime.cluster import expected_layout
+
+    layout = expected_layout(cfg.cluster)
+    if layout is None:
+        raise ConfigError("cluster.address", "planning attaches to no running cluster (its devices are known only "
+                          "once connected); plan without it (cluster.cpu_devices_per_node sets the devices per node)")
+    return layout
+
+
 def with_overrides(schema: type, cfg: Any, changes: Mapping[str, Any]) -> Any:
     """A validated copy of ``cfg`` with dotted ``changes`` applied (``{"rollout.prompts_per_chunk": 2}``)."""
     data = to_dict(cfg)
@@ -31,7 +43,6 @@ class PlanContext:
 
     def __init__(self, spec: Any, cfg: Any, layout: Any = None) -> None:
         from m2flow.runtime.placement import PlacementError
-        from m2flow.workflows.plan_search import layout_of
 
         if spec.plan is None or spec.search is None:
             raise ValueError(f"workflow {spec.name!r} declares no plan search")

@@ -37,13 +37,13 @@ def configure(sub: Any) -> None:
 
 def layout_of(cfg: Any) -> Any:
     """The device layout the config's cluster will have; attaching to a running cluster is refused."""
-    from m2flow.runtime.cluster import expected_layout
+    from m2flow.config.errors import ConfigError
+    from m2flow.workflows.plan_context import layout_of as layout
 
-    layout = expected_layout(cfg.cluster)
-    if layout is None:
-        raise CommandError("plan: cluster.address attaches to a running cluster whose devices are known only "
-                           "once connected; plan without it (cluster.cpu_devices_per_node sets the devices per node)")
-    return layout
+    try:
+        return layout(cfg)
+    except ConfigError as e:
+        raise CommandError(f"plan: {e.reason}") from None
 
 
 def _search_options(parser: argparse.ArgumentParser) -> None:

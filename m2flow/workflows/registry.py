@@ -26,7 +26,7 @@ from m2flow.config.yaml_io import read_yaml
 logger = logging.getLogger(__name__)
 
 RUNNERS_PACKAGE = "m2flow.workflows"
-_NOT_WORKFLOWS = {"registry", "run", "stop", "plan_command", "plan_search", "plan_context", "auto", "auto_config",
+_NOT_WORKFLOWS = {"registry", "run", "stop", "plan_command", "plan_search", "plan_context", "auto", "auto_choice", "auto_config",
                   "profiler", "profile_command", "replan"}
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 

@@ -71,7 +71,7 @@ class ReplanMonitor:
         return self._replan(it, done)
 
     def _replan(self, it: int, done: int) -> bool:
-        from m2flow.workflows.auto import choose, write_record
+        from m2flow.workflows import auto_choice
 
         ctx = self.choice.ctx
         ratios = self.detector.ratios()
@@ -83,7 +83,7 @@ class ReplanMonitor:
         def keep(cand: Any) -> bool:
             return cand.plan is not None and resumable(self.plan, cand.plan)
 
-        new = choose(ctx, cost, self.choice.profile, keep)
+        new = auto_choice.choose(ctx, cost, self.choice.profile, keep)
         remaining = self.total - done
         startup = sum(cost.component(c).startup_s for c in ctx.space.running)
         decision = worth_switching(current.iteration_time, new.seconds, remaining, startup + current.iteration_time)
@@ -95,7 +95,7 @@ class ReplanMonitor:
         record = {"iteration": it, "ratios": ratios, "current_s": current.iteration_time, "best_s": new.seconds,
                   "best": new.best.overrides, "gain_s": decision.gain_s, "switch_cost_s": decision.cost_s,
                   "switched": decision.switch and not same}
-        write_record(Path(self.cfg.run_dir), {}, record)
+        auto_choice.write_record(Path(self.cfg.run_dir), {}, record)
         if decision.switch and not same:
             self.switch = new
             return True

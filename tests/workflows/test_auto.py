@@ -12,7 +12,7 @@ import yaml
 from m2flow.cli import main
 from m2flow.planner.drift import SwitchDecision
 from m2flow.planner.profile import load_profile
-from m2flow.workflows import auto, replan
+from m2flow.workflows import auto, auto_choice, replan
 from m2flow.workflows.plan_context import PlanContext
 from m2flow.workflows.reasoning import train
 from m2flow.workflows.registry import get_workflow, load_workflow_config
@@ -120,7 +120,7 @@ def test_drift_replans_at_a_checkpoint_and_resumes_under_the_new_plan(tiny, tmp_
     # Force the decision (the gain of one tiny plan over another is noise) and exclude the running plan
     # from the re-search, so the switch itself is what is tested: stop at a checkpoint, resume elsewhere.
     monkeypatch.setattr(replan, "worth_switching", lambda *a: SwitchDecision(True, 1.0, 0.0))
-    real, first = auto.choose, []
+    real, first = auto_choice.choose, []
 
     def choose(ctx, cost, profile=None, keep=lambda c: True):
         if not first:  # the initial choice
@@ -129,7 +129,7 @@ def test_drift_replans_at_a_checkpoint_and_resumes_under_the_new_plan(tiny, tmp_
             return choice
         return real(ctx, cost, profile, lambda c: keep(c) and c.overrides != first[0])
 
-    monkeypatch.setattr(auto, "choose", choose)
+    monkeypatch.setattr(auto_choice, "choose", choose)
     caplog.set_level(logging.INFO, logger="m2flow")
     run_dir = tmp_path / "run"
     result = train(_cfg(config, f"run_dir={run_dir}", f"auto.profile={path}", "auto.max_replans=1"))
