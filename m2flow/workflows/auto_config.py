@@ -31,7 +31,8 @@ class AutoConfig:
 
     profile: str | None = option(
         None, "profile file to use, or to write when it is missing, stale or foreign (None: run_dir/profile.json)")
-    profile_iterations: int = option(3, "iterations of each profiling run; the first is a warm-up and not measured")
+    profile_iterations: int = option(
+        4, "iterations of each profiling run; the first is a warm-up, the median of the rest counts")
     profile_devices: int | None = option(
         None, "largest rank count profiled (None: the cluster's devices, on CPUs as far as the cores allow)")
     replan: bool = option(True, "re-plan at a checkpoint when measured times drift from the prediction "
@@ -43,7 +44,8 @@ class AutoConfig:
 
     def validate(self) -> None:
         if self.profile_iterations < 2:
-            raise ValueError(f"profile_iterations must be >= 2 (one warm-up, one measured), got {self.profile_iterations}")
+            raise ValueError(
+                f"profile_iterations must be >= 2 (one warm-up, one measured), got {self.profile_iterations}")
         if self.profile_devices is not None and self.profile_devices < 1:
             raise ValueError(f"profile_devices must be >= 1 or None, got {self.profile_devices}")
         if not self.drift_threshold > 0:

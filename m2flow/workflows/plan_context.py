@@ -21,8 +21,9 @@ def layout_of(cfg: Any) -> Any:
 
     layout = expected_layout(cfg.cluster)
     if layout is None:
-        raise ConfigError("cluster.address", "planning attaches to no running cluster (its devices are known only "
-                          "once connected); plan without it (cluster.cpu_devices_per_node sets the devices per node)")
+        raise ConfigError("cluster.address", "attaches to a running cluster whose devices are known only once "
+                          "connected, and planning needs them first; plan without it (cluster.cpu_devices_per_node "
+                          "sets the devices per node)")
     return layout
 
 

@@ -43,7 +43,7 @@ def layout_of(cfg: Any) -> Any:
     try:
         return layout(cfg)
     except ConfigError as e:
-        raise CommandError(f"plan: {e.reason}") from None
+        raise CommandError(f"plan: {e}") from None
 
 
 def _search_options(parser: argparse.ArgumentParser) -> None:
