@@ -157,3 +157,25 @@ def test_auto_embodied_end_to_end(tmp_path, caplog) -> None:
     assert {p[0] for p in profile["components"]["env"]["points"]} == {8, 4, 2}  # 1, 2, 4 stages of 8 envs
     record = json.loads((tmp_path / "run" / "auto.json").read_text())
     assert record["runs_with"]["placement"] == "local" and "auto: chose a" in caplog.text
+
+
+@pytest.mark.ray
+def test_profile_measures_two_ranks_under_ray(cluster, tmp_path) -> None:
+    import os
+
+    from m2flow.workflows.profiler import Profiler
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("two ranks of one thread need two cores to be measured without contention")
+
+    cfg = test_embodied.toy_config(tmp_path, placement="auto", **{"cluster.cpu_devices_per_node": 2,
+                                                                  "rollout_steps": 64})
+    ctx = PlanContext(get_workflow("embodied"), cfg)
+    lines: list[str] = []
+    profile = Profiler(ctx, iterations=2, work_dir=tmp_path / "work", say=lines.append).run(tmp_path / "p.json")
+    for name in ("env", "rollout", "actor"):
+        ranks = {p[1] for p in profile["components"][name]["points"]}
+        assert ranks == {1, 2}, (name, profile["components"][name]["points"])
+    assert any("2 rank(s)" in line for line in lines)
+    cost = load_profile(tmp_path / "p.json", "embodied", ctx.config_hash())
+    assert cost.component("actor").time(1024, 2) > 0
