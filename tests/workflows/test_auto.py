@@ -179,3 +179,17 @@ def test_profile_measures_two_ranks_under_ray(cluster, tmp_path) -> None:
     assert any("2 rank(s)" in line for line in lines)
     cost = load_profile(tmp_path / "p.json", "embodied", ctx.config_hash())
     assert cost.component("actor").time(1024, 2) > 0
+
+
+def test_auto_settings_and_the_runtime_parser_refuse_bad_input(tiny) -> None:
+    from m2flow.config.errors import ConfigError
+    from m2flow.runtime.placement import NodeLayout, PlacementError, parse_placement
+
+    config, _ = tiny
+    with pytest.raises(ConfigError, match=r"auto.drift_window: must be >= 1"):
+        _cfg(config, "auto.drift_window=0")
+    with pytest.raises(ConfigError, match=r"auto.profile_iterations: must be >= 2"):
+        _cfg(config, "auto.profile_iterations=1")
+    assert _cfg(config).placement == "auto"  # the config accepts it; the runtime does not place it
+    with pytest.raises(PlacementError, match="chosen by the planner before a run starts"):
+        parse_placement("auto", NodeLayout((2,)), ("rollout", "actor"))
