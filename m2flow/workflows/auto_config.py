@@ -32,7 +32,7 @@ class AutoConfig:
     profile: str | None = option(
         None, "profile file to use, or to write when it is missing, stale or foreign (None: run_dir/profile.json)")
     profile_iterations: int = option(
-        4, "iterations of each profiling run; the first is a warm-up, the median of the rest counts")
+        4, "iterations of each profiling run; the first is a warm-up, the least of the rest counts")
     profile_devices: int | None = option(
         None, "largest rank count profiled (None: the cluster's devices, on CPUs as far as the cores allow)")
     replan: bool = option(True, "re-plan at a checkpoint when measured times drift from the prediction "

@@ -2,8 +2,8 @@
 
 A *probe* is a short run of the workflow itself (its own worker classes, loop and metrics) for
 ``iterations`` iterations at one batch size and one rank count. The first iteration warms up and
-is not counted; of the others, the median of each component's busy-time metric (the slowest
-rank's) is its time per iteration, which ``planner.measure`` turns into ``[items, devices,
+is not counted; of the others, the least of each component's busy-time metric (the slowest
+rank's; other processes only add time) is its time per iteration, which ``planner.measure`` turns into ``[items, devices,
 seconds per call]`` points from the calls the probe's plan makes.
 
 Which probes run:
@@ -41,6 +41,8 @@ from m2flow.workflows.plan_context import PlanContext, with_overrides
 log = logging.getLogger(__name__)
 
 Say = Callable[[str], None]
+NOISY_SPREAD = 1.5
+"""A component whose slowest measured iteration took this many times its fastest: the machine was busy."""
 ITERATION_KEYS = ("time/step", "time/iteration_s")
 """Metrics holding an iteration's wall seconds (reasoning, embodied)."""
 
@@ -58,7 +60,9 @@ class Probe:
     placement: str
     ranks: int
     busy: dict[str, float] = field(default_factory=dict)
-    """median busy seconds per iteration of each component"""
+    """least busy seconds per iteration of each component over the measured iterations"""
+    spread: dict[str, float] = field(default_factory=dict)
+    """slowest / fastest measured iteration of each component (near 1 on a quiet machine)"""
     points: dict[str, tuple[float, int, float]] = field(default_factory=dict)
     startup_s: float = 0.0
     groups: int = 1
@@ -170,8 +174,13 @@ class Profiler:
         if len(history) < 2:
             raise RuntimeError(f"profile run {probe.label} ran {len(history)} iteration(s); it needs 2 or more")
         measured = history[1:]
-        probe.busy = {c: statistics.median(h[key] for h in measured if key in h)
-                      for c, key in s.timings.items() if c in self.ctx.space.running and any(key in h for h in measured)}
+        # The least of the measured iterations: other processes on the machine only ever add time, and
+        # the cost model's times are those of a process with its threads to itself (contention is added
+        # by the simulator). The spread says how busy the machine was.
+        seen = {c: [h[key] for h in measured if key in h] for c, key in s.timings.items()
+                if c in self.ctx.space.running}
+        probe.busy = {c: min(v) for c, v in seen.items() if v}
+        probe.spread = {c: max(v) / min(v) for c, v in seen.items() if v and min(v) > 0}
         probe.points = points(call_shapes(spec.graph, self.ctx.space.workload, setup_from_plan(plan)), probe.busy)
         loop = sum(h.get(k, 0.0) for h in history for k in ITERATION_KEYS)
         probe.groups = max(1, len(plan.launched))
@@ -205,6 +214,11 @@ class Profiler:
                 self.run_probe(probe, cluster)
                 times = ", ".join(f"{c} {t * 1e3:.1f} ms" for c, t in probe.busy.items())
                 self.say(f"  {time.perf_counter() - t0:.1f}s; busy per iteration: {times}")
+                noisy = {c: r for c, r in probe.spread.items() if r > NOISY_SPREAD}
+                if noisy:
+                    self.say("  the machine looks busy: " + ", ".join(f"{c} varied {r:.1f}x" for c, r in noisy.items())
+                             + " between iterations (the least time counts; profile on a quiet machine for a "
+                             "closer fit)")
                 done.append(probe)
         finally:
             if cluster is not None:
@@ -230,7 +244,7 @@ class Profiler:
             device={"memory_bytes": _device_memory(), "cores": self.cores}, link=link,
             offload_bandwidth=_offload_bandwidth(training), edge_bytes=self.support.edge_bytes(self.ctx.cfg),
             probes=[{"label": p.label, "ranks": p.ranks, "overrides": {k: v for k, v in p.overrides.items()},
-                     "busy_s": p.busy, "startup_s": p.startup_s, "peak_rss_bytes": p.peak_rss_bytes} for p in done])
+                     "busy_s": p.busy, "spread": p.spread, "startup_s": p.startup_s, "peak_rss_bytes": p.peak_rss_bytes} for p in done])
         try:
             out.write_text(json.dumps(profile, indent=1, default=str))
         except OSError as e:
