@@ -161,6 +161,9 @@ def split_spec(spec: str) -> dict[str, str]:
         return {"*": text}
     if text == LOCAL:
         return {"*": "0"}
+    if text == "auto":  # resolved above the runtime, by the planner, before anything is placed
+        raise PlacementError("placement 'auto' is chosen by the planner before a run starts; "
+                             "the runtime places concrete placements only")
     matches = list(_NAMES_RE.finditer(text))
     if not matches or matches[0].start() != 0:
         raise PlacementError(

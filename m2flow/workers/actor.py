@@ -151,11 +151,13 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         """Update on this rank's groups of iteration ``step``; returns actor (and critic) metrics."""
         expected = self.inp.expected(self.rank, num_slots)
         start = time.perf_counter()
+        self._busy = 0.0
         if self.streaming:
             metrics = self._train_streaming(step, expected)
         else:
             metrics = self._train_gathered(step, expected)
-        metrics["time/train"] = time.perf_counter() - start
+        metrics["time/train"] = time.perf_counter() - start  # waits for groups and device turns included
+        metrics["time/train_busy"] = self._busy  # computing only: what a cost model prices
         metrics[WEIGHT_KEY] = 1.0
         return metrics
 
@@ -176,11 +178,15 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
             fill_advantages(batch, self.algo)
             # Not the last turn: the devices are released between micro-batches, the memory is kept.
             with self.turn(last=False), self.tracer.span("train", cat="train", step=step, groups=len(live)):
+                t0 = time.perf_counter()
                 self._backward(batch, totals, last=False)
+                self._busy += time.perf_counter() - t0
         # The reduce below is a host-side collective: it is also the barrier before the device turn.
         count, metrics = StepTotals.summarize(all_reduce_sum(totals.as_vector()))
         with self.turn(), self.tracer.span("optimizer_step", cat="train", step=step):
+            t0 = time.perf_counter()
             metrics.update(self._update(count, _losses_finite(metrics)))
+            self._busy += time.perf_counter() - t0
         return metrics
 
     def _train_gathered(self, step: int, expected: int) -> dict[str, float]:
@@ -189,6 +195,7 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         barrier()  # every rank holds its data: nothing upstream needs a device from here on
         metrics: dict[str, float] = {}
         with self.turn(), self.tracer.span("train", cat="train", step=step, groups=len(live)):
+            t0 = time.perf_counter()
             batch = join_groups(live) if live else None
             dummy = join_groups(groups[:1]) if groups else None  # input for lockstep padding passes
             if self.critic is not None:
@@ -200,6 +207,7 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
             for _ in range(self.cfg.update_epochs):
                 for mini in _split(batch, self.cfg.mini_batches):
                     metrics = self._mini_batch_update(mini, dummy)
+            self._busy += time.perf_counter() - t0
         return metrics
 
     def _accept(self, step: int, groups: list[GroupSample]) -> list[GroupSample]:

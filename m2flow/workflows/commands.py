@@ -114,3 +114,13 @@ def _register_plan() -> None:
 
 
 _register_plan()
+
+
+def _register_profile() -> None:
+    from m2flow.workflows import profile_command
+
+    register_command("profile", "measure each component of a config through its workers and write a profile",
+                     profile_command.configure, profile_command.run)
+
+
+_register_profile()

@@ -46,7 +46,8 @@ from m2flow.planner import Plan
 from m2flow.runtime.executors import Executor, GroupSpec
 from m2flow.runtime.trace import get_tracer
 from m2flow.workers.embodied.messages import InteractStats
-from m2flow.workflows.embodied_plan import GRAPH, plan_embodied, search_space
+from m2flow.workflows.auto_config import is_auto
+from m2flow.workflows.embodied_plan import GRAPH, auto_support, plan_embodied, search_space
 from m2flow.workflows.stop import EXIT_TERMINATED
 from m2flow.workflows.run import (
     CheckpointError,
@@ -92,10 +93,12 @@ class TrainResult:
 
 
 def train_loop(flow: EmbodiedFlow, start: int, iterations: int, logger: Any, result: TrainResult,
-               eval_every: int = 0, checkpoint_every: int = 0, stop: Callable[[], bool] = lambda: False) -> None:
+               eval_every: int = 0, checkpoint_every: int = 0, stop: Callable[[], bool] = lambda: False,
+               watch: Callable[[int, dict[str, float]], bool] | None = None) -> None:
     """Iterations ``start .. iterations - 1`` of: sync weights, interact <-> act, train, log, checkpoint.
 
-    ``stop()`` true after an iteration (SIGTERM) ends the loop there, with a checkpoint when configured."""
+    ``stop()`` true after an iteration (SIGTERM) ends the loop there, with a checkpoint when configured;
+    so does ``watch(iteration, metrics)``, shown every iteration's metrics (re-planning of ``placement: auto``)."""
     def evaluates(it: int) -> bool:
         return bool(eval_every) and ((it + 1) % eval_every == 0 or it + 1 == iterations)
 
@@ -118,7 +121,7 @@ def train_loop(flow: EmbodiedFlow, start: int, iterations: int, logger: Any, res
             metrics.update(flow.evaluate())
         logger.log(metrics, step=flow.env_steps)
         result.history.append(metrics)
-        stopping = stopping or stop()
+        stopping = stopping or stop() or (watch is not None and watch(it, metrics))
         result.stopped = stopping and not flow.in_flight(it)  # what was collected is trained first
         if checkpoints(it) or (checkpoint_every and result.stopped):
             result.last_checkpoint = flow.save_checkpoint(it + 1)
@@ -154,6 +157,18 @@ def _spaces(env: EnvConfig) -> tuple[Any, Any]:
         return probe.observation_space, probe.action_space
     finally:
         probe.close()
+
+
+def edge_bytes(cfg: EmbodiedConfig) -> dict[str, float]:
+    """Bytes per env step on each data edge, from one env's spaces (float32 everywhere): an observation;
+    an action with its value and log-prob; a trajectory step (observation, action, reward, done, value,
+    log-prob)."""
+    import numpy as np
+
+    obs_space, act_space = _spaces(cfg.env)
+    obs = 4.0 * int(np.prod(obs_space.shape or (1,)))
+    act = 4.0 * int(np.prod(act_space.shape or (1,)))
+    return {"observations": obs, "actions": act + 8.0, "trajectories": obs + act + 16.0}
 
 
 class EmbodiedFlow:
@@ -372,16 +387,24 @@ class EmbodiedFlow:
 # ----------------------------------------------------------------------------- entry points
 
 
-def train(cfg: EmbodiedConfig, cluster: Cluster | None = None) -> TrainResult:
+def train(cfg: EmbodiedConfig, cluster: Cluster | None = None,
+          watch: Callable[[int, dict[str, float]], bool] | None = None) -> TrainResult:
     """Run (or resume) the workflow; ``cluster`` reuses a running one (else Ray starts here). A worker
-    that dies or hangs restarts the flow from the newest checkpoint (``fault_tolerance``)."""
+    that dies or hangs restarts the flow from the newest checkpoint (``fault_tolerance``). With
+    ``placement: auto`` the planner chooses the plan first (``auto.py``)."""
+    if is_auto(cfg.placement):
+        from m2flow.workflows.auto import train_auto
+
+        return train_auto("embodied", cfg, cluster)
+
     def attempt(resume: str | None, restarts: int) -> TrainResult:
-        return _train_once(replace(cfg, resume=resume), cluster, restarts)
+        return _train_once(replace(cfg, resume=resume), cluster, restarts, watch)
 
     return run_with_restarts(attempt, cfg.resume, cfg.run_dir, cfg.fault_tolerance)
 
 
-def _train_once(cfg: EmbodiedConfig, cluster: Cluster | None, restarts: int) -> TrainResult:
+def _train_once(cfg: EmbodiedConfig, cluster: Cluster | None, restarts: int,
+                watch: Callable[[int, dict[str, float]], bool] | None = None) -> TrainResult:
     from m2flow.metrics import MetricsLogger
 
     started = time.perf_counter()
@@ -406,7 +429,7 @@ def _train_once(cfg: EmbodiedConfig, cluster: Cluster | None, restarts: int) -> 
                                total_steps=flow.iterations * cfg.batch_size(flow.env_ranks),
                                description=description, run_config=to_dict(cfg)) as logger:
                 train_loop(flow, start, flow.iterations, logger, result, cfg.eval_every, cfg.checkpoint_every,
-                           run.stop)
+                           run.stop, watch)
         finally:
             flow.shutdown()
     (result.run_dir / "episodes.json").write_text(json.dumps(result.episodes))
@@ -447,7 +470,7 @@ def _register() -> None:
     from m2flow.workflows.registry import register_workflow
 
     register_workflow("embodied", EmbodiedConfig, run_embodied, plan=plan_embodied, graph=GRAPH,
-                      search=search_space)
+                      search=search_space, auto=auto_support(train, edge_bytes))
 
 
 _register()

@@ -10,6 +10,7 @@ from m2flow.envs import EnvConfig
 from m2flow.metrics import MetricsConfig
 from m2flow.models.policies import PolicyConfig
 from m2flow.runtime.cluster import ClusterConfig, expected_layout
+from m2flow.workflows.auto_config import AutoConfig, is_auto
 from m2flow.workflows.run import FaultToleranceConfig
 from m2flow.runtime.placement import SYNTAX_LAYOUT_DEVICES, NodeLayout, PlacementError, PlacementPlan, parse_placement
 from m2flow.workers.embodied.config import ActorConfig, EnvWorkerConfig, PPOConfig, RolloutConfig
@@ -25,7 +26,8 @@ class EmbodiedConfig:
     placement: str = option(
         "env,rollout,actor: 0",
         "devices of each component (env, rollout, actor); components on shared devices take turns; "
-        "'local': one rank each, all in this process (no Ray)")
+        "'local': one rank each, all in this process (no Ray); 'auto': the planner chooses (see auto)")
+    auto: AutoConfig = option(AutoConfig(), "how placement 'auto' profiles, chooses and re-plans")
     env: EnvConfig = option(EnvConfig(), "the environments of each env rank and their normalisation")
     pipeline_stages: int = option(
         1, "K: each env rank's envs form K stages; one simulates while another's actions are inferred")
@@ -74,6 +76,8 @@ class EmbodiedConfig:
             from m2flow.envs.factory import check_env_id
 
             check_env_id(self.env.env_id)  # fail before any worker starts
+        if is_auto(self.placement):  # the planner checks each plan it considers
+            return
         plan = self.placed()
         env_ranks, rollout_ranks = plan["env"].world_size, plan["rollout"].world_size
         if rollout_ranks > env_ranks:

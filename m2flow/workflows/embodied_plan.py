@@ -8,10 +8,15 @@ may collect ahead of the actor (``max_staleness``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 from m2flow.planner import Component, ComponentPlan, Edge, EdgePlan, Fusion, Plan, WorkflowGraph
 from m2flow.planner.search import SearchSpace
 from m2flow.planner.setup import Workload
 from m2flow.runtime.placement import NodeLayout, executor_kind, parse_placement
+from m2flow.workflows.auto_config import AutoSupport
 from m2flow.workflows.embodied_config import COMPONENTS, EmbodiedConfig
 
 GRAPH = WorkflowGraph(
@@ -91,3 +96,48 @@ def search_space(cfg: EmbodiedConfig, plan: Plan) -> SearchSpace:
         knobs={"pipeline_stages": tuple(stages)}, knob_settings={"pipeline_stages": "pipeline_stages"},
         fusion_keys={("rollout", "env"): "rollout.fuse_with_env"},
         threads={c.name: c.threads for c in plan.components})
+
+
+# ----------------------------------------------------------------------------- profiling and placement: auto
+
+TIMINGS = {"env": "time/env_busy_s", "rollout": "time/rollout_busy_s", "actor": "time/actor_busy_s"}
+"""The iteration metric that holds each component's busy seconds."""
+
+
+def profile_probes(cfg: EmbodiedConfig) -> list[dict[str, Any]]:
+    """Call sizes to profile: env and policy steps of 1, 2 or 4 stages (envs per call), the actor's batch
+    at the config's ``rollout_steps`` and half of it (while it still holds a minibatch)."""
+    envs, t = cfg.env.num_envs, cfg.rollout_steps
+    stages = sorted({k for k in (1, 2, 4) if k <= envs and envs % k == 0})
+    steps = [s for s in dict.fromkeys((t, max(1, t // 2))) if s * envs >= cfg.algorithm.minibatch_size] or [t]
+    n = max(len(stages), len(steps))
+    return [{"pipeline_stages": stages[i % len(stages)], "rollout_steps": steps[i % len(steps)]} for i in range(n)]
+
+
+def profile_length(cfg: EmbodiedConfig, iterations: int) -> dict[str, Any]:
+    """``iterations`` iterations, synchronous (no staleness), no evaluation."""
+    return {"total_env_steps": iterations * cfg.batch_size(cfg.placed()["env"].world_size), "eval_every": 0,
+            "algorithm.max_staleness": 0}
+
+
+def resumable(old: Plan, new: Plan) -> bool:
+    """A checkpoint holds every env rank's envs and, unless fused, the rollout ranks' generators."""
+    return old["env"].world_size == new["env"].world_size and (new.fused("rollout") or not old.fused("rollout"))
+
+
+def model_bytes(checkpoint: Path | None) -> tuple[float, float]:
+    """(the policy's weights, the actor's file: weights and optimizer state), from a checkpoint."""
+    if checkpoint is None:
+        return 0.0, 0.0
+    from m2flow.workers.embodied.actor import ACTOR_FILE
+    from m2flow.workers.state_file import load_state
+
+    path = checkpoint / ACTOR_FILE
+    weights = sum(t.numel() * t.element_size() for t in load_state(path)["policy"].values())
+    return float(weights), float(path.stat().st_size)
+
+
+def auto_support(train: Callable[..., Any], edge_bytes: Callable[[Any], dict[str, float]]) -> AutoSupport:
+    return AutoSupport(TIMINGS, profile_probes, profile_length, {"rollout.fuse_with_env": True}, train,
+                       lambda cfg, plan: cfg.iterations(plan["env"].world_size), edge_bytes, model_bytes,
+                       resumable)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +37,13 @@ def configure(sub: Any) -> None:
 
 def layout_of(cfg: Any) -> Any:
     """The device layout the config's cluster will have; attaching to a running cluster is refused."""
-    from m2flow.runtime.cluster import expected_layout
+    from m2flow.config.errors import ConfigError
+    from m2flow.workflows.plan_context import layout_of as layout
 
-    layout = expected_layout(cfg.cluster)
-    if layout is None:
-        raise CommandError("plan: cluster.address attaches to a running cluster whose devices are known only "
-                           "once connected; plan without it (cluster.cpu_devices_per_node sets the devices per node)")
-    return layout
+    try:
+        return layout(cfg)
+    except ConfigError as e:
+        raise CommandError(f"plan: {e}") from None
 
 
 def _search_options(parser: argparse.ArgumentParser) -> None:
@@ -98,10 +97,9 @@ class _Context:
         return load_workflow_config(self.config, self.overrides + extra)[1]
 
     def config_hash(self) -> str:
-        from m2flow.planner.profile import config_hash
+        from m2flow.workflows.auto_config import profile_hash
 
-        varied = ("placement", "cluster", *self.space.knobs, *self.space.fusion_keys.values())
-        return config_hash(asdict(self.cfg), ignore=varied)
+        return profile_hash(self.cfg, self.space)
 
 
 def run_template(args: argparse.Namespace) -> int:

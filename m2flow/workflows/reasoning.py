@@ -22,7 +22,8 @@ from m2flow.workflows.evaluation import score_responses
 from m2flow.workflows.reasoning_config import COMPONENTS, ReasoningConfig
 from m2flow.runtime import Cluster, GroupHandle, WorkerGroup
 from m2flow.planner import Plan
-from m2flow.workflows.reasoning_plan import GRAPH, plan_reasoning, search_space
+from m2flow.workflows.auto_config import is_auto
+from m2flow.workflows.reasoning_plan import GRAPH, auto_support, plan_reasoning, search_space
 from m2flow.workflows.stop import EXIT_TERMINATED
 from m2flow.workflows.run import (
     CHECKPOINTS,
@@ -65,10 +66,12 @@ class TrainResult:
 
 def train_loop(flow: ReasoningFlow, loader: PromptDataLoader, start: int, steps: int, logger: Any,
                eval_every: int = 0, checkpoint_every: int = 0,
-               stop: Callable[[], bool] = lambda: False) -> list[dict[str, float]]:
+               stop: Callable[[], bool] = lambda: False,
+               watch: Callable[[int, dict[str, float]], bool] | None = None) -> list[dict[str, float]]:
     """Iterations ``start .. steps - 1`` of: sync, generate, score, log-probs, train, log, checkpoint.
 
-    ``stop()`` true after an iteration (SIGTERM) ends the loop there, with a checkpoint when configured."""
+    ``stop()`` true after an iteration (SIGTERM) ends the loop there, with a checkpoint when configured;
+    so does ``watch(step, metrics)``, shown every iteration's metrics (re-planning of ``placement: auto``)."""
     history = []
     for step in range(start, steps):
         t0 = time.perf_counter()
@@ -88,7 +91,7 @@ def train_loop(flow: ReasoningFlow, loader: PromptDataLoader, start: int, steps:
         metrics.update(evaluated, **flow.rates(metrics, seconds))
         logger.log(metrics, step=step + 1)
         history.append(metrics)
-        stopping = stop()
+        stopping = stop() or (watch is not None and watch(step, metrics))
         if checkpoint_every and ((step + 1) % checkpoint_every == 0 or step + 1 == steps or stopping):
             flow.save_checkpoint(step + 1, loader)
         if stopping:
@@ -329,8 +332,9 @@ class ReasoningRun:
             raise
         return self
 
-    def train(self) -> TrainResult:
-        """Run the remaining iterations of the loop; metrics go to the configured sinks."""
+    def train(self, watch: Callable[[int, dict[str, float]], bool] | None = None) -> TrainResult:
+        """Run the remaining iterations of the loop; metrics go to the configured sinks (``watch``: see
+        ``train_loop``)."""
         from m2flow.metrics import MetricsLogger
 
         assert self.flow is not None, "use ReasoningRun as a context manager"
@@ -339,7 +343,7 @@ class ReasoningRun:
                            description=f"reasoning ({self.flow.mode})", run_config=to_dict(cfg)) as logger:
             start = time.perf_counter()
             history = train_loop(self.flow, self.loader, self.start, cfg.steps, logger, cfg.eval_every,
-                                 cfg.checkpoint_every, self.scaffold.stop)
+                                 cfg.checkpoint_every, self.scaffold.stop, watch)
             logger.print(summarize(history, self.flow.mode, time.perf_counter() - start, self.run_dir, self.restarts))
         done = sorted((self.run_dir / CHECKPOINTS).glob("step_*"))
         return TrainResult(self.run_dir, self.flow.mode, history, done[-1] if done else None,
@@ -354,12 +358,19 @@ class ReasoningRun:
             self.scaffold.__exit__(*exc)
 
 
-def train(cfg: ReasoningConfig, cluster: Cluster | None = None) -> TrainResult:
+def train(cfg: ReasoningConfig, cluster: Cluster | None = None,
+          watch: Callable[[int, dict[str, float]], bool] | None = None) -> TrainResult:
     """Run (or resume) the workflow; ``cluster`` reuses a running one (else Ray starts here). A worker
-    that dies or hangs restarts the flow from the newest checkpoint (``fault_tolerance``)."""
+    that dies or hangs restarts the flow from the newest checkpoint (``fault_tolerance``). With
+    ``placement: auto`` the planner chooses the plan first (``auto.py``)."""
+    if is_auto(cfg.placement):
+        from m2flow.workflows.auto import train_auto
+
+        return train_auto("reasoning", cfg, cluster)
+
     def attempt(resume: str | None, restarts: int) -> TrainResult:
         with ReasoningRun(replace(cfg, resume=resume), cluster, restarts) as run:
-            return run.train()
+            return run.train(watch)
 
     return run_with_restarts(attempt, cfg.resume, cfg.run_dir, cfg.fault_tolerance)
 
@@ -385,7 +396,7 @@ def _register() -> None:
     from m2flow.workflows.registry import register_workflow
 
     register_workflow("reasoning", ReasoningConfig, run_reasoning, plan=plan_reasoning, graph=GRAPH,
-                      search=search_space)
+                      search=search_space, auto=auto_support(train))
 
 
 _register()

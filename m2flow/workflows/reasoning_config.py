@@ -8,6 +8,7 @@ from typing import Literal
 from m2flow.config.schema import option
 from m2flow.metrics import MetricsConfig
 from m2flow.runtime.cluster import ClusterConfig, expected_layout
+from m2flow.workflows.auto_config import AutoConfig, is_auto
 from m2flow.workflows.run import FaultToleranceConfig
 from m2flow.runtime.placement import SYNTAX_LAYOUT_DEVICES, NodeLayout, PlacementError, parse_placement
 from m2flow.workers.config import (
@@ -128,7 +129,8 @@ class ReasoningConfig:
     placement: str = option(
         "actor,rollout,inference,reward: 0",
         "devices of each component (rollout, reward, inference, actor); shared devices are taken in turn; "
-        "'local': one rank each, all in this process (no Ray)")
+        "'local': one rank each, all in this process (no Ray); 'auto': the planner chooses (see auto)")
+    auto: AutoConfig = option(AutoConfig(), "how placement 'auto' profiles, chooses and re-plans")
     model: ModelConfig = option(ModelConfig(), "the policy model")
     data: DataConfig = option(DataConfig(), "prompts and answers")
     rollout: RolloutConfig = option(RolloutConfig(), "generation")
@@ -163,14 +165,16 @@ class ReasoningConfig:
             raise ValueError(
                 "algorithm.old_logprobs: 'actor' is exact only with one optimizer step per iteration "
                 "(actor.mini_batches = actor.update_epochs = 1)")
+        if self.model.warm_start.source == "teacher" and self.data.kind != "arithmetic":
+            raise ValueError(f"model.warm_start.source: 'teacher' needs data.kind 'arithmetic', got {self.data.kind!r}")
+        if is_auto(self.placement):  # the planner checks each plan it considers
+            return
         # Attaching to a cluster, its devices are unknown until connected: check the syntax only.
         layout = expected_layout(self.cluster) or NodeLayout((SYNTAX_LAYOUT_DEVICES,))
         try:
             plan = parse_placement(self.placement, layout, COMPONENTS)
         except PlacementError as e:
             raise ValueError(f"placement: {e}") from None
-        if self.model.warm_start.source == "teacher" and self.data.kind != "arithmetic":
-            raise ValueError(f"model.warm_start.source: 'teacher' needs data.kind 'arithmetic', got {self.data.kind!r}")
         actor_ranks = plan["actor"].world_size
         if self.actor.strategy == "fsdp" and self.data.prompts_per_step < actor_ranks:
             raise ValueError(

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from m2flow.workflows.auto_config import is_auto
 from m2flow.workflows.reasoning_config import ReasoningConfig
 
 if TYPE_CHECKING:  # the workflow (and torch) load only when the demo runs
@@ -127,6 +128,15 @@ def run_demo(overrides: Sequence[str] = (), say: Say = lambda text: None) -> Dem
     say(f"arithmetic demo, seed {cfg.seed}: run directory {run_dir.resolve()}")
     if cfg.data.kind == "arithmetic":
         say(describe_task(cfg))
+    if is_auto(cfg.placement):  # the planner chooses: profile (or reuse RUN_DIR/profile.json), search, say why
+        from m2flow.workflows.auto import resolve
+        from m2flow.workflows.registry import get_workflow
+
+        say("placement auto: profiling and searching the plans (the profile is reused on the next run)")
+        choice = resolve(get_workflow("reasoning"), cfg)
+        for line in choice.describe():
+            say(line)
+        cfg = choice.cfg
     with ReasoningRun(cfg) as run:  # builds the model and runs the warm start first
         assert run.plan is not None
         print_plan(run.plan, say)

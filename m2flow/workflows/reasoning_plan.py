@@ -8,11 +8,16 @@ generation chunk size.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 from m2flow.planner import Component, ComponentPlan, Edge, EdgePlan, Fusion, Plan, WorkflowGraph
 from m2flow.planner.graph import DRIVER
 from m2flow.planner.search import SearchSpace
 from m2flow.planner.setup import Workload
 from m2flow.runtime.placement import NodeLayout, executor_kind, parse_placement
+from m2flow.workflows.auto_config import AutoSupport
 from m2flow.workflows.reasoning_config import COMPONENTS, ReasoningConfig
 
 GRAPH = WorkflowGraph(
@@ -127,3 +132,48 @@ def search_space(cfg: ReasoningConfig, plan: Plan) -> SearchSpace:
         knob_settings={"rollout.prompts_per_chunk": "prompts_per_chunk"},
         fusion_keys={("reward", "rollout"): "reward.fuse_with_rollout", ("rollout", "actor"): "rollout.fuse_with_actor"},
         threads={c.name: c.threads for c in plan.components})
+
+
+# ----------------------------------------------------------------------------- profiling and placement: auto
+
+TIMINGS = {"rollout": "time/generate", "reward": "time/reward", "inference": "time/inference",
+           "actor": "time/train_busy"}
+"""The iteration metric that holds each component's busy seconds."""
+
+
+def profile_probes(cfg: ReasoningConfig) -> list[dict[str, Any]]:
+    """Batch sizes to profile: a quarter, half and all of ``prompts_per_step``, each generated as one chunk."""
+    p = cfg.data.prompts_per_step
+    return [{"data.prompts_per_step": s, "rollout.prompts_per_chunk": None}
+            for s in sorted({max(1, p // 4), max(1, p // 2), p})]
+
+
+def profile_length(cfg: ReasoningConfig, iterations: int) -> dict[str, Any]:
+    """``iterations`` iterations, no warm start and no held-out evaluation (a profile prices the loop)."""
+    return {"steps": iterations, "model.warm_start.steps": 0, "eval_every": 0}
+
+
+def edge_bytes(cfg: ReasoningConfig) -> dict[str, float]:
+    """Bytes per response on each data edge, from the sequence lengths: token ids and masks (8 bytes a
+    token each) of prompt and response, and per response token a log-prob or two (4 bytes each)."""
+    prompt = cfg.data.max_prompt_tokens or cfg.model.tiny.max_position_embeddings // 2
+    response = cfg.rollout.sampling.max_new_tokens
+    tokens = 16 * (prompt + response)
+    return {"responses": tokens, "scored": tokens + 4.0, "ready": tokens + 8.0 * response}
+
+
+def model_bytes(checkpoint: Path | None) -> tuple[float, float]:
+    """(the policy's weight files, the whole checkpoint: weights, optimizer and schedule state)."""
+    if checkpoint is None:
+        return 0.0, 0.0
+    from m2flow.workers.actor import ACTOR_DIR
+
+    weights = sum(f.stat().st_size for f in (checkpoint / ACTOR_DIR).glob("*.safetensors"))
+    total = sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file())
+    return float(weights), float(total)
+
+
+def auto_support(train: Callable[..., Any]) -> AutoSupport:
+    return AutoSupport(TIMINGS, profile_probes, profile_length,
+                       {"reward.fuse_with_rollout": True, "rollout.fuse_with_actor": True}, train,
+                       lambda cfg, plan: cfg.steps, edge_bytes, model_bytes)

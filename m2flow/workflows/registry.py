@@ -26,7 +26,8 @@ from m2flow.config.yaml_io import read_yaml
 logger = logging.getLogger(__name__)
 
 RUNNERS_PACKAGE = "m2flow.workflows"
-_NOT_WORKFLOWS = {"registry", "run", "stop", "plan_command", "plan_search"}
+_NOT_WORKFLOWS = {"registry", "run", "stop", "plan_command", "plan_search", "plan_context", "auto", "auto_choice", "auto_config",
+                  "profiler", "profile_command", "replan"}
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -44,6 +45,8 @@ class WorkflowSpec:
     """the workflow's ``WorkflowGraph`` (components and edges), when it declares one"""
     search: Callable[[Any, Any], Any] | None = None
     """``search(cfg, plan) -> planner.search.SearchSpace``: what ``m2flow plan search`` may vary"""
+    auto: Any = None
+    """``auto_config.AutoSupport``: what ``m2flow profile`` and ``placement: auto`` need of the workflow"""
 
 
 _WORKFLOWS: dict[str, WorkflowSpec] = {}
@@ -52,6 +55,7 @@ _WORKFLOWS: dict[str, WorkflowSpec] = {}
 def register_workflow(
     name: str, schema: type, run_fn: Callable[[Any], int], *, help: str = "",
     plan: Callable[[Any, Any], Any] | None = None, graph: Any = None, search: Callable[[Any, Any], Any] | None = None,
+    auto: Any = None,
 ) -> WorkflowSpec:
     """Register ``run_fn(cfg) -> int`` under ``name`` with config dataclass ``schema``; duplicates raise."""
     if not _NAME.match(name):
@@ -61,7 +65,7 @@ def register_workflow(
     if name in _WORKFLOWS:
         raise ValueError(f"workflow {name!r} is already registered ({_WORKFLOWS[name].schema!r})")
     doc = (schema.__doc__ or "").strip().splitlines()
-    spec = WorkflowSpec(name, schema, run_fn, help or (doc[0] if doc else ""), plan, graph, search)
+    spec = WorkflowSpec(name, schema, run_fn, help or (doc[0] if doc else ""), plan, graph, search, auto)
     _WORKFLOWS[name] = spec
     return spec
 

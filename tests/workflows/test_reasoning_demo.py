@@ -73,3 +73,15 @@ def test_the_demo_lifts_held_out_accuracy_well_above_its_warm_start(tmp_path):
     # The warm-started model answers carry/borrow problems the teacher's wrong way (seed 0: 46%).
     assert 0.2 < outcome.warm_start_accuracy < 0.6, outcome
     assert outcome.final_accuracy > outcome.warm_start_accuracy + 0.3, outcome
+
+
+def test_the_demo_with_placement_auto_prints_the_plan_it_chose(tmp_path, capsys):
+    run_dir = tmp_path / "demo"
+    auto = ["placement=auto", "cluster.cpu_devices_per_node=1", "auto.profile_iterations=2", "steps=2"]
+    assert main(["demo", *TINY, *auto, f"run_dir={run_dir}"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    chose = [line for line in out if line.startswith("auto: chose a collocated plan, predicted")]
+    assert len(chose) == 1 and 'placement="local"' in chose[0], out
+    header = next(line for line in out if line.startswith("plan: workflow reasoning"))
+    assert "placement 'local'" in header  # the plan it chose is the plan it ran
+    assert (run_dir / "profile.json").is_file() and json.loads((run_dir / "auto.json").read_text())["chosen"]

@@ -1,0 +1,302 @@
+"""Profiling: what each component of a config costs on this machine, measured through the real workers.
+
+A *probe* is a short run of the workflow itself (its own worker classes, loop and metrics) for
+``iterations`` iterations at one batch size and one rank count. The first iteration warms up and
+is not counted; of the others, the least of each component's busy-time metric (the slowest
+rank's; other processes only add time) is its time per iteration, which ``planner.measure`` turns into ``[items, devices,
+seconds per call]`` points from the calls the probe's plan makes.
+
+Which probes run:
+- at one rank, every batch size the workflow lists (``AutoSupport.probes``), with the
+  ``local`` placement: one process, the components one after another (the fusions of
+  ``profile_fusions`` make one process run them in turn), each with its configured threads,
+  which is what the cost model's contention rule assumes a measured time to be;
+- at 2, 4, ... ranks up to the cluster's devices (or ``max_devices``), the largest batch, every
+  component on the first d devices under Ray; on CPUs only while d ranks' threads fit on the
+  cores, so that no measured time already holds contention the simulator adds again.
+The costs plans add are recorded beside: start-up (a probe's wall time outside its iterations,
+split over its groups), model state (the bytes of the checkpoint the largest probe writes:
+weights and training state), weight-sync bandwidth (from a multi-process probe's sync time,
+where the workflow reports one), offload bandwidth (a copy of the state between device and
+host; nothing moves on CPUs), bytes per item of each edge (the workflow's sizes), and each
+probe's peak memory (the driver's resident peak, for local probes).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from m2flow.workflows.plan_context import PlanContext, with_overrides
+
+log = logging.getLogger(__name__)
+
+Say = Callable[[str], None]
+NOISY_SPREAD = 1.5
+"""A component whose slowest measured iteration took this many times its fastest: the machine was busy."""
+ITERATION_KEYS = ("time/step", "time/iteration_s")
+"""Metrics holding an iteration's wall seconds (reasoning, embodied)."""
+
+
+class ProfileWriteError(OSError):
+    """The profile file cannot be written where asked."""
+
+
+@dataclass
+class Probe:
+    """One profiling run: its settings and what it measured."""
+
+    label: str
+    overrides: dict[str, Any]
+    placement: str
+    ranks: int
+    busy: dict[str, float] = field(default_factory=dict)
+    """least busy seconds per iteration of each component over the measured iterations"""
+    spread: dict[str, float] = field(default_factory=dict)
+    """slowest / fastest measured iteration of each component (near 1 on a quiet machine)"""
+    points: dict[str, tuple[float, int, float]] = field(default_factory=dict)
+    startup_s: float = 0.0
+    groups: int = 1
+    sync_s: float | None = None
+    peak_rss_bytes: int | None = None
+    checkpoint: Path | None = None
+
+
+@contextmanager
+def kept_logging() -> Iterator[None]:
+    """Run a probe without losing this process's logging: a run sends the ``m2flow`` loggers to its
+    own log file; afterwards the handlers from before come back."""
+    logger = logging.getLogger("m2flow")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    try:
+        yield
+    finally:
+        for h in list(logger.handlers):
+            if h not in saved[0]:
+                logger.removeHandler(h)
+                h.close()
+        for h in saved[0]:
+            if h not in logger.handlers:
+                logger.addHandler(h)
+        logger.setLevel(saved[1])
+        logger.propagate = saved[2]
+
+
+def _reset_peak_rss() -> None:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # Linux: resets VmHWM
+    except OSError:
+        pass
+
+
+def _peak_rss() -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_writable(path: Path) -> None:
+    """Raise ProfileWriteError (one line) unless ``path`` can be written, before any probe runs."""
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ProfileWriteError(f"cannot write the profile to {path}: {e.strerror or e}") from None
+    if path.is_dir() or not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ProfileWriteError(f"cannot write the profile to {path}: "
+                                f"{'it is a directory' if path.is_dir() else 'permission denied'}")
+
+
+class Profiler:
+    """Runs the probes of one config and writes its profile."""
+
+    def __init__(self, ctx: PlanContext, *, iterations: int = 3, max_devices: int | None = None,
+                 work_dir: Path, say: Say = log.info) -> None:
+        if ctx.spec.auto is None:
+            raise ValueError(f"workflow {ctx.spec.name!r} cannot be profiled (it declares no AutoSupport)")
+        if iterations < 2:
+            raise ValueError(f"profiling needs at least 2 iterations per run (one warm-up), got {iterations}")
+        self.ctx, self.support = ctx, ctx.spec.auto
+        self.iterations, self.max_devices = iterations, max_devices
+        self.work_dir, self.say = Path(work_dir), say
+        self.cores = None if _on_gpus() else (os.cpu_count() or 1)
+
+    # -- which probes --------------------------------------------------------------------------
+    def probes(self) -> list[Probe]:
+        sizes = self.support.probes(self.ctx.cfg)
+        out = [Probe(f"b{i}", o, "local", 1) for i, o in enumerate(sizes)]
+        out[-1].overrides = {**out[-1].overrides, "checkpoint_every": self.iterations}
+        limit = min(self.ctx.devices, self.max_devices or self.ctx.devices)
+        threads = max(self.ctx.space.threads.values(), default=1)
+        names = ",".join(self.ctx.spec.graph.component_names)
+        d = 2
+        while d <= limit:
+            if self.cores is not None and d * threads > self.cores:
+                self.say(f"profile: not probing {d} ranks: {d} x {threads} thread(s) exceed the {self.cores} "
+                         "core(s), and a measured time must hold no contention")
+                break
+            out.append(Probe(f"d{d}", dict(sizes[-1]), f"{names}: 0-{d - 1}", d))
+            d *= 2
+        return out
+
+    # -- running one ---------------------------------------------------------------------------
+    def run_probe(self, probe: Probe, cluster: Any = None) -> Probe:
+        from m2flow.planner.measure import call_shapes, points
+        from m2flow.planner.setup import setup_from_plan
+
+        spec, s = self.ctx.spec, self.support
+        cfg = self.ctx.configure({**s.profile_fusions, **probe.overrides, "placement": probe.placement})
+        run_dir = self.work_dir / probe.label
+        cfg = with_overrides(spec.schema, cfg, {
+            **s.length(cfg, self.iterations), "run_dir": str(run_dir), "resume": None, "trace": False,
+            "metrics.sinks": ["jsonl"], "fault_tolerance.max_restarts": 0,
+            "checkpoint_every": probe.overrides.get("checkpoint_every", 0)})
+        plan = spec.plan(cfg, self.ctx.layout)
+        _reset_peak_rss()
+        start = time.perf_counter()
+        with kept_logging():
+            result = s.train(cfg, cluster, None)
+        wall = time.perf_counter() - start
+        history = result.history
+        if len(history) < 2:
+            raise RuntimeError(f"profile run {probe.label} ran {len(history)} iteration(s); it needs 2 or more")
+        measured = history[1:]
+        # The least of the measured iterations: other processes on the machine only ever add time, and
+        # the cost model's times are those of a process with its threads to itself (contention is added
+        # by the simulator). The spread says how busy the machine was.
+        seen = {c: [h[key] for h in measured if key in h] for c, key in s.timings.items()
+                if c in self.ctx.space.running}
+        probe.busy = {c: min(v) for c, v in seen.items() if v}
+        probe.spread = {c: max(v) / min(v) for c, v in seen.items() if v and min(v) > 0}
+        probe.points = points(call_shapes(spec.graph, self.ctx.space.workload, setup_from_plan(plan)), probe.busy)
+        loop = sum(h.get(k, 0.0) for h in history for k in ITERATION_KEYS)
+        probe.groups = max(1, len(plan.launched))
+        probe.startup_s = max(0.0, wall - loop)
+        syncs = [h["time/weight_sync_s"] for h in measured if h.get("time/weight_sync_s", 0) > 0]
+        probe.sync_s = statistics.median(syncs) if syncs and probe.placement != "local" else None
+        probe.peak_rss_bytes = _peak_rss() if probe.placement == "local" else None
+        done = sorted((run_dir / "checkpoints").glob("step_*"))
+        probe.checkpoint = done[-1] if done else None
+        return probe
+
+    # -- the whole profile ---------------------------------------------------------------------
+    def run(self, out: Path) -> dict[str, Any]:
+        """Run every probe, fit, and write the profile to ``out``; returns the profile."""
+        from m2flow.planner.cost import fit_component
+        from m2flow.planner.profile import new_profile
+
+        check_writable(out)
+        probes = self.probes()
+        cluster = None
+        done: list[Probe] = []
+        try:
+            for i, probe in enumerate(probes, start=1):
+                what = ", ".join(f"{k}={v}" for k, v in probe.overrides.items() if k != "checkpoint_every")
+                self.say(f"profile {i}/{len(probes)}: {probe.ranks} rank(s), {what} ({self.iterations} iterations)")
+                if probe.placement != "local" and cluster is None:
+                    from m2flow.runtime.cluster import Cluster
+
+                    cluster = Cluster(self.ctx.cfg.cluster)
+                t0 = time.perf_counter()
+                self.run_probe(probe, cluster)
+                times = ", ".join(f"{c} {t * 1e3:.1f} ms" for c, t in probe.busy.items())
+                self.say(f"  {time.perf_counter() - t0:.1f}s; busy per iteration: {times}")
+                noisy = {c: r for c, r in probe.spread.items() if r > NOISY_SPREAD}
+                if noisy:
+                    self.say("  the machine looks busy: " + ", ".join(f"{c} varied {r:.1f}x" for c, r in noisy.items())
+                             + " between iterations (the least time counts; profile on a quiet machine for a "
+                             "closer fit)")
+                done.append(probe)
+        finally:
+            if cluster is not None:
+                cluster.shutdown()
+        weights, training = self.support.model_bytes(next((p.checkpoint for p in done if p.checkpoint), None))
+        comps: dict[str, dict[str, Any]] = {}
+        holders = set(self.ctx.space.holders)
+        startup = min(p.startup_s / p.groups for p in done)
+        for c in self.ctx.space.running:
+            pts = [list(p.points[c]) for p in done if c in p.points]
+            if not pts:
+                raise RuntimeError(f"profile: no run measured {c!r} (metric {self.support.timings.get(c)!r})")
+            state = (training if c == "actor" else weights) if c in holders else 0.0
+            entry = {"points": pts, "mem_fixed": state + (weights if c == "actor" else 0.0), "mem_per_item": 0.0,
+                     "state_bytes": state, "startup_s": startup}
+            if c == "actor":
+                entry["weight_bytes"] = weights
+            entry["fit_error"] = fit_component([tuple(p) for p in pts]).error
+            comps[c] = entry
+        link = self._link(done, weights)
+        profile = new_profile(
+            self.ctx.spec.name, self.ctx.config_hash(), comps,
+            device={"memory_bytes": _device_memory(), "cores": self.cores}, link=link,
+            offload_bandwidth=_offload_bandwidth(training), edge_bytes=self.support.edge_bytes(self.ctx.cfg),
+            probes=[{"label": p.label, "ranks": p.ranks, "overrides": {k: v for k, v in p.overrides.items()},
+                     "busy_s": p.busy, "spread": p.spread, "startup_s": p.startup_s, "peak_rss_bytes": p.peak_rss_bytes} for p in done])
+        try:
+            out.write_text(json.dumps(profile, indent=1, default=str))
+        except OSError as e:
+            raise ProfileWriteError(f"cannot write the profile to {out}: {e.strerror or e}") from None
+        return profile
+
+    def _link(self, probes: list[Probe], weights: float) -> dict[str, Any]:
+        syncs = [p.sync_s for p in probes if p.sync_s]
+        if syncs and weights > 0:
+            latency = 1e-4
+            seconds = max(min(syncs) - latency, 1e-6)
+            return {"bandwidth": weights / seconds, "latency": latency, "measured": "weight sync"}
+        return {"bandwidth": 1e9, "latency": 1e-4, "measured": False}
+
+
+def fit_errors(profile: dict[str, Any]) -> dict[str, float]:
+    """The relative RMS error of each component's fit, from a profile this module wrote."""
+    return {c: float(e.get("fit_error", math.nan)) for c, e in profile["components"].items()}
+
+
+def _on_gpus() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False
+
+
+def _device_memory() -> float | None:
+    if _on_gpus():
+        import torch
+
+        return float(torch.cuda.get_device_properties(0).total_memory)
+    return None  # CPU devices are slots on one host's memory: no per-device limit
+
+
+def _offload_bandwidth(nbytes: float) -> float:
+    """Bytes per second of moving state between device and host: measured by a copy on GPUs; on CPUs an
+    offload moves nothing (``TrainingStrategy.offload``), so it is free."""
+    if not _on_gpus():
+        return 1e15
+    import torch
+
+    n = int(max(nbytes, 64 << 20) // 4)
+    x = torch.empty(n, dtype=torch.float32, device="cuda")
+    host = torch.empty(n, dtype=torch.float32, pin_memory=True)
+    host.copy_(x)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(3):
+        host.copy_(x)
+        x.copy_(host)
+    torch.cuda.synchronize()
+    return 6 * 4 * n / (time.perf_counter() - t0)
