@@ -87,6 +87,8 @@ class GenerationBackend(Protocol):
     built over a model another component trains (`generation_backend_over`)."""
     compiles: ClassVar[bool]
     """Whether it accepts `GenerationOptions.compile`."""
+    continuous: ClassVar[bool]
+    """Whether it has `generate_stream` (continuous batching, groups handed out as they finish)."""
 
     @property
     def module(self) -> nn.Module | None:
@@ -110,6 +112,13 @@ class GenerationBackend(Protocol):
         prompts_per_chunk: int | None = None,
     ) -> Iterator[ResponseGroup]:
         """Yield each prompt's group as soon as it is finished (prompts are processed in chunks)."""
+        ...
+
+    def generate_stream(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int],
+                        max_running: int) -> Iterator[list[ResponseGroup]]:
+        """Only where `continuous` is set: at most `max_running` responses in the running batch, each
+        prompt's group yielded (in a list of the groups that finished together) once all its responses
+        ended, waiting prompts taking the freed rows; prompt p's draws are seeded by `seeds[p]` alone."""
         ...
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
