@@ -43,7 +43,7 @@ from m2flow.workers.advantages import fill_advantages
 from m2flow.workers.common import ReasoningWorker, state_digest
 from m2flow.workers.config import ActorConfig, AlgorithmConfig, RolloutConfig, torch_dtype, uses_exchange
 from m2flow.workers.generation import GeneratesGroups
-from m2flow.workers.messages import GroupSample, join_groups
+from m2flow.workers.messages import GroupSample, group_tokens, join_groups
 from m2flow.workers.objective import StepTotals, critic_objective, policy_objective
 from m2flow.workers.state_file import load_state, save_state
 from m2flow.workers.stats import WEIGHT_KEY
@@ -163,11 +163,7 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         totals = StepTotals()
         remaining = expected
         while remaining:
-            limit = min(self.groups_per_micro_batch, remaining)
-            # On devices shared with generation a pass overlaps nothing, so a partial micro-batch only
-            # adds passes: wait for a full one. On devices of its own, train on whatever is ready.
-            take = self.inp.take if self.shares_devices else self.inp.take_ready
-            groups = self._accept(step, take(self.rank, limit))
+            groups = self._accept(step, self._take_micro_batch(remaining))
             remaining -= len(groups)
             live = [g for g in groups if not g.dropped]
             if not live:
@@ -182,6 +178,18 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         with self.turn(), self.tracer.span("optimizer_step", cat="train", step=step):
             metrics.update(self._update(count, _losses_finite(metrics)))
         return metrics
+
+    def _take_micro_batch(self, remaining: int) -> list[GroupSample]:
+        """The groups of the next streamed micro-batch: ``micro_batch_tokens`` tokens' worth when set, else
+        ``micro_batch_size`` responses' worth. On devices shared with generation a pass overlaps nothing,
+        so a partial micro-batch only adds passes: wait for a full one. On devices of its own, train on
+        whatever is ready."""
+        budget = self.cfg.micro_batch_tokens
+        if budget is not None:
+            return self.inp.take_tokens(self.rank, remaining, budget, group_tokens, wait=self.shares_devices)
+        limit = min(self.groups_per_micro_batch, remaining)
+        take = self.inp.take if self.shares_devices else self.inp.take_ready
+        return take(self.rank, limit)
 
     def _train_gathered(self, step: int, expected: int) -> dict[str, float]:
         groups = self._accept(step, self.inp.take(self.rank, expected))
@@ -216,7 +224,10 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         return list(self.received)
 
     def _mini_batch_update(self, mini: RolloutBatch | None, dummy: RolloutBatch | None) -> dict[str, float]:
-        micro = mini.split(self.cfg.micro_batch_size) if mini is not None and len(mini) else []
+        micro: list[RolloutBatch] = []
+        if mini is not None and len(mini):
+            budget = self.cfg.micro_batch_tokens
+            micro = mini.split_tokens(budget) if budget is not None else mini.split(self.cfg.micro_batch_size)
         rounds = len(micro)
         if self.policy.strategy.lockstep:  # every rank runs as many passes as the busiest one
             rounds = int(all_reduce_max([len(micro)])[0])
