@@ -104,7 +104,7 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
             self._fuse_rollout(**generation)
 
     def _fuse_rollout(self, cfg: RolloutConfig, prompts: GroupStream, responses: GroupStream, *, seed: int,
-                      scorer: dict[str, Any] | None = None) -> None:
+                      scorer: dict[str, Any] | None = None, emit_each_group: bool = True) -> None:
         """Generate with a backend over the trained policy itself (the rollout fused into this process)."""
         from m2flow.backends.generation import GenerationOptions, generation_backend_over
 
@@ -112,7 +112,8 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         options = GenerationOptions(device=self.torch_device, dtype=cfg.dtype, seed=seed, compile=cfg.compile)
         backend = generation_backend_over(cfg.backend, module, self.tokenizer, options)
         module.train()  # backends put their model in eval mode; generation does so per call instead
-        self.setup_generation(backend, cfg, prompts, responses, seed=seed, scorer=scorer, shared_model=module)
+        self.setup_generation(backend, cfg, prompts, responses, seed=seed, scorer=scorer, shared_model=module,
+                              emit_each_group=emit_each_group)
         if responses.name == self.inp.name and responses.consumers == prompts.consumers == self.world_size:
             # Generation feeds this rank's own training: rank r generates the slots r (mod ranks) and
             # trains on exactly those, after generating them. They need not leave the process.

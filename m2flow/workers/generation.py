@@ -79,9 +79,11 @@ class GeneratesGroups:
 
     def setup_generation(self, backend: GenerationBackend, cfg: RolloutConfig, prompts: GroupStream,
                          responses: GroupStream, *, seed: int, scorer: dict[str, Any] | None = None,
-                         shared_model: nn.Module | None = None) -> None:
+                         shared_model: nn.Module | None = None, emit_each_group: bool = True) -> None:
         """Generate with ``backend`` the prompts taken from ``prompts`` into ``responses``; with ``scorer``
-        (``GroupScorer`` keyword arguments) groups leave scored."""
+        (``GroupScorer`` keyword arguments) groups leave scored. ``emit_each_group`` (continuous batching):
+        send each group as it finishes; False: all at the end of the turn (the plan's ``emit``, for a
+        next stage that could not take them earlier anyway)."""
         self.backend = backend
         self.rollout_cfg = cfg
         self.prompts = prompts
@@ -91,6 +93,7 @@ class GeneratesGroups:
         self.params = sampling_params(cfg)
         self.pad_id = int(backend.pad_id)
         self.generation_model = shared_model
+        self.emit_each_group = emit_each_group
         self.batching = batching_mode(cfg)
         if self.batching == "continuous" and not getattr(backend, "continuous", False):
             raise ValueError(f"batching 'continuous' needs a backend with continuous batching, not {cfg.backend!r}")
@@ -155,11 +158,18 @@ class GeneratesGroups:
             with tracer.span("generate", cat="generate", step=step, prompts=len(tasks)):
                 stream = self.backend.generate_stream([t.prompt_ids for t in tasks], self.params, seeds,
                                                       self.rollout_cfg.max_running)
+                held: list[tuple[PromptTask, ResponseGroup]] = []
                 for groups in stream:
-                    # The streams are unbounded (an iteration's data always fits): putting inside the
-                    # turn cannot block on a consumer that waits for these devices.
-                    self._emit(step, [(tasks[g.prompt_index], g) for g in groups])
+                    done = [(tasks[g.prompt_index], g) for g in groups]
+                    if self.emit_each_group:
+                        # The streams are unbounded (an iteration's data always fits): putting inside
+                        # the turn cannot block on a consumer that waits for these devices.
+                        self._emit(step, done)
+                    else:
+                        held.extend(done)
             self._tally.busy += time.perf_counter() - t0
+        if held:
+            self._emit(step, sorted(held, key=lambda d: d[0].slot))
 
     def _emit(self, step: int, done: list[tuple[PromptTask, ResponseGroup]]) -> None:
         """Score (when fused) and send finished groups downstream, one message per next-stage rank."""

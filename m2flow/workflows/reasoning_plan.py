@@ -111,6 +111,12 @@ def plan_reasoning(cfg: ReasoningConfig, layout: NodeLayout) -> Plan:
     )
     settings = {"prompts_per_step": cfg.data.prompts_per_step, "group_size": cfg.rollout.sampling.n,
                 **granularity(cfg, infers)}
+    if settings["generation"] == "continuous":
+        # Groups leave one by one only where the next stage can take them during generation: not when it
+        # is the generating process itself (the fused actor), nor when it waits for the rollout's devices.
+        nxt = "reward" if not reward_fused else scored_target
+        waits = hosts[nxt] == rollout_host or (nxt in holders and placed[nxt].devices <= placed["rollout"].devices)
+        settings["emit"] = "end of turn" if waits else "each group"
     plan = Plan("reasoning", executor_kind(cfg.placement), cfg.placement, components, edges, settings, tuple(notes))
     return plan.validate(GRAPH)
 

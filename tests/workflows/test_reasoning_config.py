@@ -96,3 +96,22 @@ def test_the_plan_records_how_finely_data_streams(overrides, settings):
     plan = plan_reasoning(cfg, NodeLayout((2,)))
     assert {k: plan.settings.get(k) for k in settings} == settings
     assert ("actor_micro_batch" in plan.settings) != ("actor_micro_batch_tokens" in plan.settings)
+
+
+@pytest.mark.parametrize(("placement", "overrides", "emit"), [
+    ("actor,rollout,inference,reward: 0", {}, "end of turn"),  # the actor generates, then trains
+    ("actor,rollout,inference,reward: 0", {"rollout": {"fuse_with_actor": False}}, "end of turn"),  # device turns
+    ("rollout,reward,inference: 0, actor: 1", {"algorithm": {"old_logprobs": "actor"}}, "each group"),
+    ("rollout,reward: 0, inference,actor: 1", {}, "each group"),
+    ("rollout: 0, reward: 1, inference,actor: 1", {}, "each group"),  # reward needs no device turn
+    ("actor,rollout,reward: 0, inference: 1", {}, "each group"),  # inference takes them during generation
+])
+def test_continuous_generation_sends_groups_one_by_one_where_the_next_stage_can_take_them(placement, overrides,
+                                                                                         emit):
+    from m2flow.runtime.placement import NodeLayout
+    from m2flow.workflows.reasoning_plan import plan_reasoning
+
+    overrides = {**overrides, "rollout": {"backend": "lean", **overrides.get("rollout", {})}}
+    cfg = from_dict(ReasoningConfig, {"placement": placement, **overrides})
+    plan = plan_reasoning(cfg, NodeLayout((2,)))
+    assert plan.settings["generation"] == "continuous" and plan.settings["emit"] == emit
