@@ -13,6 +13,7 @@ from torch import nn
 from m2flow.data.batch import Response, ResponseGroup
 
 __all__ = [
+    "ContinuousBatching",
     "GenerationBackend",
     "GenerationOptions",
     "Response",
@@ -88,7 +89,7 @@ class GenerationBackend(Protocol):
     compiles: ClassVar[bool]
     """Whether it accepts `GenerationOptions.compile`."""
     continuous: ClassVar[bool]
-    """Whether it has `generate_stream` (continuous batching, groups handed out as they finish)."""
+    """Whether it has `ContinuousBatching.generate_stream` (groups handed out as they finish)."""
 
     @property
     def module(self) -> nn.Module | None:
@@ -114,13 +115,6 @@ class GenerationBackend(Protocol):
         """Yield each prompt's group as soon as it is finished (prompts are processed in chunks)."""
         ...
 
-    def generate_stream(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int],
-                        max_running: int) -> Iterator[list[ResponseGroup]]:
-        """Only where `continuous` is set: at most `max_running` responses in the running batch, each
-        prompt's group yielded (in a list of the groups that finished together) once all its responses
-        ended, waiting prompts taking the freed rows; prompt p's draws are seeded by `seeds[p]` alone."""
-        ...
-
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Copy (possibly a subset of) the policy weights in, by parameter name."""
         ...
@@ -131,6 +125,18 @@ class GenerationBackend(Protocol):
 
     def onload(self) -> None:
         """Bring the weights back onto the device after `offload`."""
+        ...
+
+
+@runtime_checkable
+class ContinuousBatching(Protocol):
+    """What a backend with `continuous` set adds to `GenerationBackend`."""
+
+    def generate_stream(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int],
+                        max_running: int) -> Iterator[list[ResponseGroup]]:
+        """At most `max_running` responses in the running batch, each prompt's group yielded (in a list of
+        the groups that finished together) once all its responses ended, waiting prompts taking the
+        freed rows; prompt p's draws are seeded by `seeds[p]` alone."""
         ...
 
 

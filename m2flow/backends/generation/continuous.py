@@ -20,33 +20,24 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from m2flow.backends.generation.base import SamplingParams
+from m2flow.backends.generation.sampling import inverse_cdf_sample, warp_logits
 from m2flow.data.batch import ResponseGroup, left_pad
 from m2flow.models.functional_lm import DecodeState
 
-if TYPE_CHECKING:
-    from m2flow.backends.generation.lean import LeanGenerationBackend
+Backend = Any
+"""The `LeanGenerationBackend` whose decoder, tokenizer and cuts the loop uses (not imported: it imports this)."""
 
 __all__ = ["inverse_cdf_sample", "stream_groups"]
 
 
-def inverse_cdf_sample(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Tokens (B,) drawn from probs (B, V) (rows need not sum to 1) at uniforms (B,) in [0, 1)."""
-    cdf = probs.cumsum(-1)
-    target = (uniforms.to(cdf.dtype) * cdf[:, -1]).unsqueeze(-1)
-    token = torch.searchsorted(cdf, target, right=True).squeeze(-1)
-    return token.clamp_(max=probs.shape[-1] - 1)
-
-
-def stream_groups(backend: LeanGenerationBackend, prompt_ids: Sequence[Sequence[int]], params: SamplingParams,
+def stream_groups(backend: Backend, prompt_ids: Sequence[Sequence[int]], params: SamplingParams,
                   seeds: Sequence[int], max_running: int) -> Iterator[list[ResponseGroup]]:
     """The groups of `prompt_ids` (prompt_index = position in it), yielded in batches as they finish."""
-    from m2flow.backends.generation.lean import warp_logits
-
     n, steps, device = params.n, params.max_new_tokens, backend.device
     if len(seeds) != len(prompt_ids):
         raise ValueError(f"one seed per prompt: {len(seeds)} seeds for {len(prompt_ids)} prompts")
@@ -123,7 +114,7 @@ def stream_groups(backend: LeanGenerationBackend, prompt_ids: Sequence[Sequence[
         logits = backend.decoder.decode(token, state)
 
 
-def _stopped(backend: LeanGenerationBackend, stops: Sequence[str], generated: torch.Tensor, rows: torch.Tensor,
+def _stopped(backend: Backend, stops: Sequence[str], generated: torch.Tensor, rows: torch.Tensor,
              made: torch.Tensor, stopped_at: list[int]) -> torch.Tensor:
     """(B,) whether each running row's text now holds a stop string; records the token count where it did."""
     tail = 4 * max(len(s) for s in stops) + 4  # as `_StopStrings`: enough tokens for the longest stop string
@@ -137,7 +128,7 @@ def _stopped(backend: LeanGenerationBackend, stops: Sequence[str], generated: to
     return out
 
 
-def _group(backend: LeanGenerationBackend, prompt: Sequence[int], p: int, params: SamplingParams,
+def _group(backend: Backend, prompt: Sequence[int], p: int, params: SamplingParams,
            generated: torch.Tensor, logprobs: torch.Tensor, stopped_at: list[int]) -> ResponseGroup:
     n = params.n
     responses = [backend._cut(generated[g], logprobs[g], stopped_at[g], params.stop) for g in range(p * n, (p + 1) * n)]

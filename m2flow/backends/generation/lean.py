@@ -31,25 +31,10 @@ from transformers import PreTrainedModel
 
 from m2flow.backends.generation.base import GenerationOptions, SamplingParams, register_generation_backend
 from m2flow.backends.generation.continuous import stream_groups
+from m2flow.backends.generation.sampling import warp_logits
 from m2flow.backends.generation.hf import HFGenerationBackend, _StopStrings
 from m2flow.data.batch import ResponseGroup, left_pad
 from m2flow.models.functional_lm import FunctionalLM, check_supported
-
-
-def warp_logits(scores: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Scores (B, V) to sample from, as HF's warpers make them: / temperature, then top-k, then top-p."""
-    if params.temperature != 1.0:
-        scores = scores / params.temperature
-    if params.top_k:
-        kth = torch.topk(scores, min(params.top_k, scores.shape[-1]))[0][..., -1, None]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, descending=False)
-        # Drop the low tail whose total probability stays within 1 - top_p; the top token always stays.
-        drop = sorted_scores.softmax(dim=-1).cumsum(dim=-1) <= 1 - params.top_p
-        drop[..., -1:] = False
-        scores = scores.masked_fill(drop.scatter(1, order, drop), float("-inf"))
-    return scores
 
 
 @register_generation_backend("lean")
