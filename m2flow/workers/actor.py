@@ -12,8 +12,9 @@ Two ways through an iteration, chosen once from the config:
   epochs, or FSDP's lockstep passes): all groups are taken first, then values, advantages and the
   mini-batch updates run in one device turn.
 
-Losses are sums scaled once by the global token or sequence count (see ``objective.py``), so both
-ways, and any micro-batching, give the same update. Before any step that synchronises ranks, every
+Micro-batches hold ``micro_batch_size`` responses or, with ``micro_batch_tokens``, whole groups up to
+that many real tokens (gathered: rows). Losses are sums scaled once by the global token or sequence
+count (see ``objective.py``), so both ways, and any micro-batching, give the same update. Before any step that synchronises ranks, every
 rank waits on a host barrier without holding its devices: a rank holding the device lock while
 waiting for a peer whose data still needs that device would deadlock a collocated placement.
 """
