@@ -38,3 +38,18 @@ def test_generation_overlaps_training_in_the_trace_and_every_group_is_trained_on
     # The actor trained on a micro-batch while generation still ran, in at least one iteration (on a
     # loaded machine the actor may start late; generation then takes longer too, so it is all but certain).
     assert overlapped >= 1
+
+
+def test_a_collocated_continuous_run_sends_at_the_end_of_the_turn_and_repeats_itself(tmp_path):
+    # placement local: the rollout fused into the actor, which trains only after generating.
+    def run(root):
+        cfg = toy_config(root, "local", steps=3, rollout={"backend": "lean", "max_running": 16})
+        with ReasoningRun(cfg) as r:
+            assert r.plan.settings["generation"] == "continuous" and r.plan.settings["emit"] == "end of turn"
+            return r.train().history
+
+    first, again = run(tmp_path / "a"), run(tmp_path / "b")
+    assert [h["rollout/emits_count"] for h in first] == [1.0, 1.0, 1.0]  # one send per iteration
+    assert [h["rollout/responses_count"] for h in first] == [64.0] * 3
+    keys = ("reward/mean", "rollout/tokens_count", "actor/pg_loss")
+    assert [[h[k] for k in keys] for h in first] == [[h[k] for k in keys] for h in again]  # same seed, same run
