@@ -167,6 +167,21 @@ class RolloutBatch:
         """A copy with every tensor on `device`."""
         return replace(self, **{name: getattr(self, name).to(device) for name in self._tensor_fields()})
 
+    def split_tokens(self, budget: int) -> list[RolloutBatch]:
+        """Consecutive micro-batches of at most `budget` real tokens (prompt + response) each; a row above
+        the budget makes a micro-batch of its own."""
+        if budget <= 0:
+            raise ValueError(f"token budget must be positive, got {budget}")
+        sizes = (self.prompt_mask.sum(-1) + self.response_mask.sum(-1)).tolist()
+        cuts, used = [0], 0
+        for i, size in enumerate(sizes):
+            if i > cuts[-1] and used + size > budget:
+                cuts.append(i)
+                used = 0
+            used += size
+        cuts.append(len(sizes))
+        return [self.select(range(a, b)) for a, b in zip(cuts, cuts[1:]) if b > a]
+
     @staticmethod
     def cat(batches: Sequence[RolloutBatch]) -> RolloutBatch:
         """Join batches row-wise, re-padding prompts (left) and responses (right) to the longest."""

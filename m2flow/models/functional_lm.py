@@ -110,6 +110,44 @@ class DecodeState:
         self.key_bias = self.key_bias.index_select(0, rows)
         self.next_position = self.next_position.index_select(0, rows)
 
+    def trim(self) -> None:
+        """Drop the leading cache slots that no row attends to (after rows left, or after a merge)."""
+        used = (self.key_bias[:, 0, 0, : self.length] == 0).any(0).nonzero()
+        first = int(used[0]) if len(used) else self.length
+        if first:
+            self.keys, self.values = self.keys[:, :, :, first:], self.values[:, :, :, first:]
+            self.key_bias = self.key_bias[..., first:]
+            self.length -= first
+
+    @staticmethod
+    def merge(a: DecodeState, b: DecodeState, room: int) -> DecodeState:
+        """One state with a's rows, then b's, and space for ``room`` more tokens in every row.
+
+        Rows keep their positions; only their cache slots move: each state's filled slots end at the
+        merged length (the shorter one left-padded with slots nobody attends to, -inf in key_bias), so
+        a row attends to exactly the keys it attended to before.
+        """
+        length = max(a.length, b.length)
+        layers, _, kv, _, d = a.keys.shape
+        rows = a.keys.shape[1] + b.keys.shape[1]
+        shape = (layers, rows, kv, length + room, d)
+        keys = torch.zeros(shape, dtype=a.keys.dtype, device=a.keys.device)
+        values = torch.zeros_like(keys)
+        key_bias = torch.full((rows, 1, 1, length + room), float("-inf"), dtype=a.key_bias.dtype,
+                              device=a.key_bias.device)
+        row = 0
+        for s in (a, b):
+            n, at = s.keys.shape[1], length - s.length
+            keys[:, row : row + n, :, at:length] = s.keys[:, :, :, : s.length]
+            values[:, row : row + n, :, at:length] = s.values[:, :, :, : s.length]
+            key_bias[row : row + n, ..., at:length] = s.key_bias[..., : s.length]
+            row += n
+        # The rotary tables hold the same values per position; the longer covers both states' rows.
+        table = a if a.cos.shape[0] >= b.cos.shape[0] else b
+        return DecodeState(keys=keys, values=values, key_bias=key_bias,
+                           next_position=torch.cat((a.next_position, b.next_position)), length=length,
+                           cos=table.cos, sin=table.sin)
+
 
 class FunctionalLM:
     """Generation with a preallocated KV cache over fused copies of a Qwen2/Llama model's weights."""

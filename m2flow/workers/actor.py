@@ -12,8 +12,9 @@ Two ways through an iteration, chosen once from the config:
   epochs, or FSDP's lockstep passes): all groups are taken first, then values, advantages and the
   mini-batch updates run in one device turn.
 
-Losses are sums scaled once by the global token or sequence count (see ``objective.py``), so both
-ways, and any micro-batching, give the same update. Before any step that synchronises ranks, every
+Micro-batches hold ``micro_batch_size`` responses or, with ``micro_batch_tokens``, whole groups up to
+that many real tokens (gathered: rows). Losses are sums scaled once by the global token or sequence
+count (see ``objective.py``), so both ways, and any micro-batching, give the same update. Before any step that synchronises ranks, every
 rank waits on a host barrier without holding its devices: a rank holding the device lock while
 waiting for a peer whose data still needs that device would deadlock a collocated placement.
 """
@@ -43,7 +44,7 @@ from m2flow.workers.advantages import fill_advantages
 from m2flow.workers.common import ReasoningWorker, state_digest
 from m2flow.workers.config import ActorConfig, AlgorithmConfig, RolloutConfig, torch_dtype, uses_exchange
 from m2flow.workers.generation import GeneratesGroups
-from m2flow.workers.messages import GroupSample, join_groups
+from m2flow.workers.messages import GroupSample, group_tokens, join_groups
 from m2flow.workers.objective import StepTotals, critic_objective, policy_objective
 from m2flow.workers.state_file import load_state, save_state
 from m2flow.workers.stats import WEIGHT_KEY
@@ -104,7 +105,7 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
             self._fuse_rollout(**generation)
 
     def _fuse_rollout(self, cfg: RolloutConfig, prompts: GroupStream, responses: GroupStream, *, seed: int,
-                      scorer: dict[str, Any] | None = None) -> None:
+                      scorer: dict[str, Any] | None = None, emit_each_group: bool = True) -> None:
         """Generate with a backend over the trained policy itself (the rollout fused into this process)."""
         from m2flow.backends.generation import GenerationOptions, generation_backend_over
 
@@ -112,7 +113,8 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         options = GenerationOptions(device=self.torch_device, dtype=cfg.dtype, seed=seed, compile=cfg.compile)
         backend = generation_backend_over(cfg.backend, module, self.tokenizer, options)
         module.train()  # backends put their model in eval mode; generation does so per call instead
-        self.setup_generation(backend, cfg, prompts, responses, seed=seed, scorer=scorer, shared_model=module)
+        self.setup_generation(backend, cfg, prompts, responses, seed=seed, scorer=scorer, shared_model=module,
+                              emit_each_group=emit_each_group)
         if responses.name == self.inp.name and responses.consumers == prompts.consumers == self.world_size:
             # Generation feeds this rank's own training: rank r generates the slots r (mod ranks) and
             # trains on exactly those, after generating them. They need not leave the process.
@@ -165,11 +167,7 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         totals = StepTotals()
         remaining = expected
         while remaining:
-            limit = min(self.groups_per_micro_batch, remaining)
-            # On devices shared with generation a pass overlaps nothing, so a partial micro-batch only
-            # adds passes: wait for a full one. On devices of its own, train on whatever is ready.
-            take = self.inp.take if self.shares_devices else self.inp.take_ready
-            groups = self._accept(step, take(self.rank, limit))
+            groups = self._accept(step, self._take_micro_batch(remaining))
             remaining -= len(groups)
             live = [g for g in groups if not g.dropped]
             if not live:
@@ -188,6 +186,18 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
             metrics.update(self._update(count, _losses_finite(metrics)))
             self._busy += time.perf_counter() - t0
         return metrics
+
+    def _take_micro_batch(self, remaining: int) -> list[GroupSample]:
+        """The groups of the next streamed micro-batch: ``micro_batch_tokens`` tokens' worth when set, else
+        ``micro_batch_size`` responses' worth. On devices shared with generation a pass overlaps nothing,
+        so a partial micro-batch only adds passes: wait for a full one. On devices of its own, train on
+        whatever is ready."""
+        budget = self.cfg.micro_batch_tokens
+        if budget is not None:
+            return self.inp.take_tokens(self.rank, remaining, budget, group_tokens, wait=self.shares_devices)
+        limit = min(self.groups_per_micro_batch, remaining)
+        take = self.inp.take if self.shares_devices else self.inp.take_ready
+        return take(self.rank, limit)
 
     def _train_gathered(self, step: int, expected: int) -> dict[str, float]:
         groups = self._accept(step, self.inp.take(self.rank, expected))
@@ -224,7 +234,10 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         return list(self.received)
 
     def _mini_batch_update(self, mini: RolloutBatch | None, dummy: RolloutBatch | None) -> dict[str, float]:
-        micro = mini.split(self.cfg.micro_batch_size) if mini is not None and len(mini) else []
+        micro: list[RolloutBatch] = []
+        if mini is not None and len(mini):
+            budget = self.cfg.micro_batch_tokens
+            micro = mini.split_tokens(budget) if budget is not None else mini.split(self.cfg.micro_batch_size)
         rounds = len(micro)
         if self.policy.strategy.lockstep:  # every rank runs as many passes as the busiest one
             rounds = int(all_reduce_max([len(micro)])[0])

@@ -10,6 +10,7 @@ from m2flow.config.schema import option
 
 DType = Literal["float32", "bfloat16", "float16"]
 OldLogprobSource = Literal["inference", "rollout", "actor"]
+Batching = Literal["auto", "continuous", "chunked"]
 
 # Estimators whose advantage of a response depends only on its own group: the actor may train on
 # groups as they arrive instead of waiting for the whole batch.
@@ -63,8 +64,17 @@ class RolloutConfig:
     backend: str = option(
         "hf", "generation backend: 'hf' (CPU or GPU), 'lean' (small Qwen2/Llama models on a CPU) or 'vllm' (CUDA)")
     sampling: SamplingConfig = option(SamplingConfig(), "sampling parameters")
+    batching: Batching = option(
+        "auto", "'continuous': a running batch of at most max_running responses, each prompt's group sent "
+                "downstream the moment its last response ends, waiting prompts taking the freed rows (backends "
+                "with continuous batching: lean); 'chunked': prompts_per_chunk prompts per generate call, a "
+                "chunk's groups sent when it ends; 'auto': continuous where the backend has it and "
+                "prompts_per_chunk is unset, else chunked")
+    max_running: int = option(
+        256, "continuous batching: most responses decoded at once (at least sampling.n: a group starts whole)")
     prompts_per_chunk: int | None = option(
-        None, "prompts per generate call; a chunk's groups go downstream as soon as it ends (None: all at once)")
+        None, "chunked batching: prompts per generate call; a chunk's groups go downstream as soon as it ends "
+              "(None: all at once)")
     dtype: DType = option("float32", "weight dtype of the generation model")
     num_threads: int = option(1, "torch threads of each rollout rank")
     compile: bool = option(
@@ -84,9 +94,37 @@ class RolloutConfig:
         from m2flow.backends.generation import backends_that_compile, generation_backend_class
 
         backend = generation_backend_class(self.backend)  # an unknown name raises, listing the valid ones
+        if self.batching not in ("auto", "continuous", "chunked"):
+            raise ValueError(f"batching must be 'auto', 'continuous' or 'chunked', got {self.batching!r}")
+        if self.max_running < self.sampling.n:
+            raise ValueError(f"max_running ({self.max_running}) must be >= sampling.n ({self.sampling.n}): "
+                             "a group's responses start together")
+        if self.batching == "continuous":
+            if not backend.continuous:
+                streaming = sorted(n for n in _backend_names() if generation_backend_class(n).continuous)
+                raise ValueError(f"batching 'continuous' needs a backend with continuous batching "
+                                 f"({', '.join(streaming)}), not {self.backend!r}")
+            if self.prompts_per_chunk is not None:
+                raise ValueError("prompts_per_chunk applies to batching 'chunked', not 'continuous'")
         if self.compile and not backend.compiles:
             raise ValueError(f"compile is an option of the {', '.join(map(repr, backends_that_compile()))} "
                              f"backend, not of {self.backend!r}")
+
+
+def _backend_names() -> list[str]:
+    from m2flow.backends.generation.base import GENERATION_BACKENDS
+
+    return sorted(GENERATION_BACKENDS)
+
+
+def batching_mode(cfg: RolloutConfig) -> Literal["continuous", "chunked"]:
+    """How a rollout rank batches its prompts under ``cfg`` (``batching: auto`` resolved)."""
+    if cfg.batching != "auto":
+        return cfg.batching  # type: ignore[return-value]
+    from m2flow.backends.generation import generation_backend_class
+
+    streams = generation_backend_class(cfg.backend).continuous and cfg.prompts_per_chunk is None
+    return "continuous" if streams else "chunked"
 
 
 @dataclass
@@ -133,6 +171,9 @@ class InferenceConfig:
     """The inference workers: old-policy and reference log-probs."""
 
     micro_batch_size: int = option(32, "most responses per forward pass; fewer when fewer are ready")
+    micro_batch_tokens: int | None = option(
+        None, "most tokens (real prompt + response tokens of its rows) per forward pass, whole groups, in place "
+              "of micro_batch_size (a group above it goes alone; None: micro_batch_size counts responses)")
     dtype: DType = option("float32", "weight dtype of the policy and reference copies")
     num_threads: int = option(1, "torch threads of each inference rank")
     forward: Literal["hf", "packed"] = option(
@@ -143,6 +184,7 @@ class InferenceConfig:
     def validate(self) -> None:
         if self.micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        _check_tokens(self.micro_batch_tokens)
 
 
 @dataclass
@@ -223,6 +265,10 @@ class ActorConfig:
     fsdp_cpu_offload: bool = option(False, "fsdp: keep parameters in host memory between uses")
     optim: OptimConfig = option(OptimConfig(), "the policy's optimizer and learning-rate schedule")
     micro_batch_size: int = option(16, "most responses per forward/backward (gradients accumulate over them)")
+    micro_batch_tokens: int | None = option(
+        None, "most tokens (real prompt + response tokens of its rows) per forward/backward, in place of "
+              "micro_batch_size (streaming: whole groups, a group above it goes alone; gathered: rows; None: "
+              "micro_batch_size counts responses)")
     mini_batches: int = option(1, "optimizer steps per iteration (the batch is split into this many)")
     update_epochs: int = option(1, "passes over the iteration's batch")
     dtype: DType = option("float32", "weight dtype of the trained policy")
@@ -247,9 +293,15 @@ class ActorConfig:
                     "max_skipped_updates"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        _check_tokens(self.micro_batch_tokens)
         if self.forward == "packed" and self.strategy != "ddp":
             # FSDP2 gathers the shards in the module's forward hooks, which the packed forward skips.
             raise ValueError(f"forward 'packed' needs strategy 'ddp', got {self.strategy!r}")
+
+
+def _check_tokens(budget: int | None) -> None:
+    if budget is not None and budget < 1:
+        raise ValueError(f"micro_batch_tokens must be >= 1 or None, got {budget}")
 
 
 def torch_dtype(name: DType):  # -> torch.dtype; torch is imported lazily to keep this module light

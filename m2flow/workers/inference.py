@@ -2,7 +2,8 @@
 
 It holds a copy of the policy, refreshed by weight sync each iteration (when ``old_logprobs`` is
 ``"inference"``), and the frozen reference model (when a KL term needs it). It blocks for the first
-group, then takes whatever else is queued up to ``micro_batch_size`` responses: early in an
+group, then takes whatever else is queued up to ``micro_batch_size`` responses (or
+``micro_batch_tokens`` tokens): early in an
 iteration micro-batches are small and latency is low, later they grow and throughput is high.
 With nothing to compute it only passes groups on, so the workflow is the same for every algorithm.
 """
@@ -19,7 +20,7 @@ from m2flow.models.response_forward import create_response_forward
 from m2flow.runtime.trace import trace_category
 from m2flow.workers.common import ReasoningWorker, state_digest
 from m2flow.workers.config import AlgorithmConfig, InferenceConfig, torch_dtype
-from m2flow.workers.messages import GroupSample, join_groups, scatter_rows
+from m2flow.workers.messages import GroupSample, group_tokens, join_groups, scatter_rows
 from m2flow.workers.stats import WEIGHT_KEY
 from m2flow.workers.streams import GroupStream
 
@@ -86,7 +87,7 @@ class InferenceWorker(ReasoningWorker):
         busy = 0.0
         sizes: list[int] = []
         while remaining:
-            groups: list[GroupSample] = self.inp.take_ready(self.rank, min(self.groups_per_batch, remaining))
+            groups: list[GroupSample] = self._take_micro_batch(remaining)
             remaining -= len(groups)
             live = [g for g in groups if not g.dropped]
             if live and self._models():
@@ -102,6 +103,12 @@ class InferenceWorker(ReasoningWorker):
             "time/inference": busy,
             WEIGHT_KEY: float(max(1, len(sizes))),
         }
+
+    def _take_micro_batch(self, remaining: int) -> list[GroupSample]:
+        """What is ready, up to ``micro_batch_tokens`` tokens when set, else ``micro_batch_size`` responses."""
+        if self.cfg.micro_batch_tokens is not None:
+            return self.inp.take_tokens(self.rank, remaining, self.cfg.micro_batch_tokens, group_tokens)
+        return self.inp.take_ready(self.rank, min(self.groups_per_batch, remaining))
 
     @torch.no_grad()
     def _logprobs(self, groups: list[GroupSample]) -> None:

@@ -45,6 +45,16 @@ class GroupSample:
     def size(self) -> int:
         return len(self.batch)
 
+    @property
+    def tokens(self) -> int:
+        """Real tokens of its rows, prompt and response (what a micro-batch token budget counts)."""
+        return int(self.batch.prompt_mask.sum()) + int(self.batch.response_mask.sum())
+
+
+def group_tokens(group: GroupSample) -> int:
+    """``group.tokens``, as a function (the weight of a token-budget take)."""
+    return group.tokens
+
 
 def join_groups(groups: Sequence[GroupSample]) -> RolloutBatch:
     """One padded batch of the groups' rows, in the given order."""

@@ -1,6 +1,7 @@
 """``RolloutWorker``: n responses per prompt from a model of its own, kept current by weight sync.
 
-The generation itself (chunks, seeds, fused scoring, one message per chunk and consumer rank) is
+The generation itself (continuous or chunked batching, seeds, fused scoring, one message per emission
+and consumer rank) is
 ``GeneratesGroups`` (``generation.py``), shared with an actor that generates with its own policy
 when the rollout is fused into it.
 """
@@ -23,14 +24,16 @@ class RolloutWorker(GeneratesGroups, ReasoningWorker):
     """Generates response groups for the prompts routed to this rank."""
 
     def __init__(self, model_path: str, cfg: RolloutConfig, prompts: GroupStream, responses: GroupStream,
-                 *, seed: int = 0, shares_devices: bool = False, scorer: dict[str, Any] | None = None) -> None:
+                 *, seed: int = 0, shares_devices: bool = False, scorer: dict[str, Any] | None = None,
+                 emit_each_group: bool = True) -> None:
         self.cfg = cfg
         self.seed = seed
         self.shares_devices = shares_devices
         options = GenerationOptions(device=self.torch_device, dtype=cfg.dtype, seed=seed, compile=cfg.compile)
         backend = create_generation_backend(cfg.backend, model_path, options)
         # Reward fused into this process (``GroupScorer`` keyword arguments): groups leave scored.
-        self.setup_generation(backend, cfg, prompts, responses, seed=seed, scorer=scorer)
+        self.setup_generation(backend, cfg, prompts, responses, seed=seed, scorer=scorer,
+                              emit_each_group=emit_each_group)
         self._offloaded = False
 
     # -- context switching ------------------------------------------------------------------

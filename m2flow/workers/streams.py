@@ -17,7 +17,7 @@ process, never serialised or sent through the channel host.
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from m2flow.runtime.channel import Channel
@@ -135,7 +135,8 @@ class GroupStream:
     def take_ready(self, rank: int, limit: int) -> list[Any]:
         """Between 1 and ``limit`` items for ``rank``: blocks for the first, then adds what is already queued.
 
-        This is the elastic micro-batch: big when producers are ahead, small when they are behind.
+        This is the elastic micro-batch: big when producers are ahead, small when they are behind
+        (``take_tokens``: the same, sized by tokens).
         """
         if limit <= 0:
             return []
@@ -150,6 +151,34 @@ class GroupStream:
         while len(held) < limit and self.channel.qsize(key=rank) > 0:
             held.extend(_unpack(self.channel.get(key=rank)))
         return [held.popleft() for _ in range(min(limit, len(held)))]
+
+    def take_tokens(self, rank: int, limit: int, budget: int, weigh: Callable[[Any], int], *,
+                    wait: bool = False) -> list[Any]:
+        """Between 1 and ``limit`` items for ``rank`` weighing at most ``budget`` together by ``weigh``
+        (a token count), the first one whatever it weighs. Blocks for the first; then adds what is
+        already queued (``wait``: blocks for more until the budget or ``limit`` is reached). An item that
+        would overshoot the budget stays with this consumer for its next take."""
+        if limit <= 0:
+            return []
+        held, local = self._box(rank)
+        out: list[Any] = []
+        used = 0
+        while len(out) < limit:
+            if not held:
+                if local:
+                    if out:
+                        break
+                    raise RuntimeError(f"stream {self.name!r}: rank {rank} takes from an empty local box (kept local)")
+                if out and not wait and self.channel.qsize(key=rank) == 0:
+                    break
+                with get_tracer().span(f"wait {self.name}", cat="wait_channel"):
+                    held.extend(_unpack(self.channel.get(key=rank)))
+            w = weigh(held[0])
+            if out and used + w > budget:
+                break
+            out.append(held.popleft())
+            used += w
+        return out
 
     def close(self) -> None:
         """End the stream (consumers blocked on it get ``ChannelClosed``); local boxes are forgotten."""

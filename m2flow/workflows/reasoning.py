@@ -147,9 +147,11 @@ class ReasoningFlow:
         scoring = {"max_new_tokens": cfg.rollout.sampling.max_new_tokens, "dynamic_sampling": algo.dynamic_sampling}
         fused_scorer = {"cfg": cfg.reward, **scoring} if self.reward_fused else None
         turns = {c.name: c.shares_devices for c in plan.components}
+        emit = {"emit_each_group": plan.settings.get("emit", "each group") == "each group"}  # continuous batching
         specs: dict[str, GroupSpec] = {
             "rollout": GroupSpec(RolloutWorker, (path, cfg.rollout, self.prompts, responses),
-                                 {"seed": cfg.seed, "shares_devices": turns["rollout"], "scorer": fused_scorer}),
+                                 {"seed": cfg.seed, "shares_devices": turns["rollout"], "scorer": fused_scorer,
+                                  **emit}),
             "reward": GroupSpec(RewardWorker, (cfg.reward, responses, scored), scoring),
             "inference": GroupSpec(InferenceWorker, (path, cfg.inference, cfg.algorithm, temperature, n, scored, ready),
                                    {"shares_devices": turns["inference"]}),
@@ -159,7 +161,7 @@ class ReasoningFlow:
         }
         if self.rollout_fused:
             specs["actor"].kwargs["generation"] = {"cfg": cfg.rollout, "prompts": self.prompts, "responses": responses,
-                                                   "seed": cfg.seed, "scorer": fused_scorer}
+                                                   "seed": cfg.seed, "scorer": fused_scorer, **emit}
         specs = {c: replace(specs[c], threads=plan[c].threads) for c in plan.launched}
         self.names = {c: f"{c}-{rid}" for c in COMPONENTS}
         groups = executor.launch(self.names, plan.placements(), specs, self.run_dir / "logs", trace_dir)

@@ -2,8 +2,8 @@
 
 Decisions made here and nowhere else: the devices of every rank, whether inference runs at all,
 whether reward scores inside the rollout processes and the rollout generates inside the actor
-processes, what each edge becomes, who takes turns on shared devices and offloads, and the
-generation chunk size.
+processes, what each edge becomes, who takes turns on shared devices and offloads, and how finely
+data streams (continuous or chunked generation, the consumers' micro-batch sizes: ``granularity``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from m2flow.planner.graph import DRIVER
 from m2flow.planner.search import SearchSpace
 from m2flow.planner.setup import Workload
 from m2flow.runtime.placement import NodeLayout, executor_kind, parse_placement
+from m2flow.workers.config import batching_mode
 from m2flow.workflows.auto_config import AutoSupport
 from m2flow.workflows.reasoning_config import COMPONENTS, ReasoningConfig
 
@@ -45,7 +46,8 @@ GRAPH = WorkflowGraph(
 )
 assert GRAPH.component_names == COMPONENTS
 
-# An item is one response; chunks of prompts_per_chunk prompts stream down the chain.
+# An item is one response; chunks of prompts_per_chunk prompts stream down the chain (continuous
+# generation: the prompts decoded at once, see ``granularity``).
 WORKLOAD = Workload(
     chain=("rollout", "reward", "inference", "actor"),
     items=("prompts_per_step", "group_size"),
@@ -112,14 +114,42 @@ def plan_reasoning(cfg: ReasoningConfig, layout: NodeLayout) -> Plan:
         EdgePlan("policy_weights", "actor", "inference", "p2p", ranks["inference"]) if infers
         else EdgePlan("policy_weights", "actor", "inference", "unused", 0),
     )
-    # Granularity: a chunk's groups go downstream when it ends; consumers take micro-batches as they come.
     settings = {"prompts_per_step": cfg.data.prompts_per_step, "group_size": cfg.rollout.sampling.n,
-                "prompts_per_chunk": cfg.rollout.prompts_per_chunk or cfg.data.prompts_per_step,
-                "actor_micro_batch": cfg.actor.micro_batch_size}
-    if infers:
-        settings["inference_micro_batch"] = cfg.inference.micro_batch_size
+                **granularity(cfg, infers)}
+    if settings["generation"] == "continuous":
+        # Groups leave one by one only where the next stage can take them during generation: not when it
+        # is the generating process itself (the fused actor), nor when it waits for the rollout's devices.
+        nxt = "reward" if not reward_fused else scored_target
+        waits = hosts[nxt] == rollout_host or (nxt in holders and placed[nxt].devices <= placed["rollout"].devices)
+        settings["emit"] = "end of turn" if waits else "each group"
     plan = Plan("reasoning", executor_kind(cfg.placement), cfg.placement, components, edges, settings, tuple(notes))
     return plan.validate(GRAPH)
+
+
+def granularity(cfg: ReasoningConfig, infers: bool) -> dict[str, int | str]:
+    """How finely data streams: the generation mode and the micro-batch sizes of the consumers.
+
+    ``continuous``: each group goes downstream the moment its last response ends, at most
+    ``max_running`` responses decoding at once; ``prompts_per_chunk`` is then what the simulator costs
+    as one generation call (the prompts decoded together). ``chunked``: a chunk's groups go downstream
+    when it ends. Consumers take micro-batches of what is ready, by responses or, when set, by tokens.
+    """
+    rollout, prompts = cfg.rollout, cfg.data.prompts_per_step
+    mode = batching_mode(rollout)
+    out: dict[str, int | str] = {"generation": mode}
+    if mode == "continuous":
+        out["max_running"] = rollout.max_running
+        out["prompts_per_chunk"] = max(1, min(prompts, rollout.max_running // rollout.sampling.n))
+    else:
+        out["prompts_per_chunk"] = rollout.prompts_per_chunk or prompts
+    for name, section in (("actor", cfg.actor), ("inference", cfg.inference if infers else None)):
+        if section is None:
+            continue
+        if section.micro_batch_tokens is not None:
+            out[f"{name}_micro_batch_tokens"] = section.micro_batch_tokens
+        else:
+            out[f"{name}_micro_batch"] = section.micro_batch_size
+    return out
 
 
 def search_space(cfg: ReasoningConfig, plan: Plan) -> SearchSpace:

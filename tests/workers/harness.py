@@ -51,6 +51,16 @@ class MemoryStream:
         return self.take(rank, min(limit, len(q)))
 
 
+    def take_tokens(self, rank: int, limit: int, budget: int, weigh: Any, *, wait: bool = False) -> list[Any]:
+        q = self.queues[rank]
+        assert q, f"stream is empty for rank {rank} (would block)"
+        count, used = 0, 0
+        while count < min(limit, len(q)) and (not count or used + weigh(q[count]) <= budget):
+            used += weigh(q[count])
+            count += 1
+        return self.take(rank, count)
+
+
 def local_worker(cls: type[Worker], *args: Any, group: str = "local", rank: int = 0, world_size: int = 1,
                  **kwargs: Any) -> Any:
     """Construct a worker here, with the identity a ``WorkerGroup`` would have given it."""

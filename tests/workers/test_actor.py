@@ -37,6 +37,41 @@ def test_streamed_micro_batches_and_one_gathered_batch_give_the_same_update(tiny
     assert _max_diff(_params(small), _params(whole)) < 1e-6
 
 
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum"])
+def test_token_budget_micro_batches_give_the_full_batch_update(tiny_ckpt, agg):
+    algo = AlgorithmConfig(adv_estimator="grpo", loss_agg=agg, old_logprobs="rollout")
+    opt = OptimConfig(name="sgd", lr=0.5, grad_clip=None)
+    budget = 70  # a group here is 4 x (prompt + response) = 40-60 tokens: one group per micro-batch mostly
+    streamed = Pipeline(tiny_ckpt, algo, actor=ActorConfig(micro_batch_tokens=budget, optim=opt), micro_batch_size=64)
+    rows = Pipeline(tiny_ckpt, algo, actor=ActorConfig(micro_batch_tokens=budget // 4, optim=opt), micro_batch_size=64)
+    rows.actor.streaming = False  # gathered: the batch cut into row micro-batches by tokens
+    whole = Pipeline(tiny_ckpt, algo, actor=ActorConfig(micro_batch_size=64, optim=opt), micro_batch_size=64)
+    whole.actor.streaming = False
+    before = _params(streamed)
+    m_streamed, m_rows, m_whole = streamed.step(0), rows.step(0), whole.step(0)
+    takes = streamed.streams[3].taken
+    assert sum(takes) == 4 and len(takes) > 1  # every group once, in several micro-batches
+    assert sorted(g[1] for g in streamed.actor.received) == [0, 1, 2, 3]
+    for m in (m_streamed, m_rows):
+        assert m["actor/pg_loss"] == pytest.approx(m_whole["actor/pg_loss"], abs=1e-6)
+    assert _max_diff(_params(streamed), before) > 1e-4
+    assert _max_diff(_params(streamed), _params(whole)) < 1e-6
+    assert _max_diff(_params(rows), _params(whole)) < 1e-6
+
+
+def test_split_tokens_cuts_rows_by_budget_and_keeps_every_row():
+    batch = RolloutBatch(
+        prompt_ids=torch.ones(5, 3, dtype=torch.long), prompt_mask=torch.tensor([[1, 1, 1]] * 5),
+        response_ids=torch.ones(5, 4, dtype=torch.long),
+        response_mask=torch.tensor([[1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 1, 0]]),
+        group_ids=torch.arange(5), truncated=torch.zeros(5, dtype=torch.bool))
+    parts = batch.split_tokens(9)  # rows weigh 4, 7, 5, 7, 6
+    assert [len(p) for p in parts] == [1, 1, 1, 1, 1]
+    assert [len(p) for p in batch.split_tokens(11)] == [2, 1, 1, 1]
+    assert [len(p) for p in batch.split_tokens(3)] == [1] * 5  # a row above the budget goes alone
+    assert sum(len(p) for p in batch.split_tokens(1000)) == 5 and len(batch.split_tokens(1000)) == 1
+
+
 def test_the_packed_training_forward_gives_the_hf_forwards_update(tiny_ckpt):
     algo = AlgorithmConfig(adv_estimator="grpo", old_logprobs="rollout", entropy_coef=0.01)
     opt = OptimConfig(name="sgd", lr=0.5, grad_clip=None)

@@ -83,3 +83,81 @@ def test_a_fused_scorer_sends_the_groups_on_scored_with_the_reward_metrics(tiny_
         # The iteration's metrics cover this iteration's 12 responses only.
         assert metrics["_weight"] == 12 and metrics["reward/mean"] == pytest.approx(sum(expected) / 12)
         assert metrics["rollout/responses_count"] == 12 and metrics["reward/dropped_groups_count"] == 0
+
+
+class _TimedStream(MemoryStream):
+    """A MemoryStream that notes when each put happened."""
+
+    def __init__(self, consumers: int = 1) -> None:
+        super().__init__(consumers)
+        self.put_times: list[tuple[float, list[int]]] = []
+
+    def put_many(self, items):
+        import time
+
+        items = list(items)
+        self.put_times.append((time.perf_counter(), [i.slot for i in items]))
+        super().put_many(items)
+
+
+def _continuous(ckpt, step, *, max_running=256, ranks=1, prompts=PROMPTS, seed=0):
+    """Groups (by slot) of a continuous-batching lean rollout over ``ranks`` ranks, and the last rank's out stream."""
+    cfg = RolloutConfig(backend="lean", sampling=SamplingConfig(n=3, max_new_tokens=5), max_running=max_running)
+    groups = {}
+    for rank in range(ranks):
+        inp, out = MemoryStream(ranks), _TimedStream()
+        worker = local_worker(RolloutWorker, ckpt, cfg, inp, out, seed=seed, rank=rank, world_size=ranks)
+        assert worker.batching == "continuous"  # 'auto' resolves to it for the lean backend
+        for slot, ids in enumerate(prompts):
+            inp.put(PromptTask(step, slot, 100 + slot, ids, str(slot)))
+        worker.generate(step, len(prompts))
+        mine = out.take(0, inp.expected(rank, len(prompts)))
+        groups.update({g.slot: g for g in mine})
+    return groups, out
+
+
+def test_continuous_batching_draws_per_prompt_whatever_the_ranks_and_batch_size(tiny_ckpt):
+    def ids(groups):
+        return {slot: g.batch.response_ids.tolist() for slot, g in groups.items()}
+
+    one, _ = _continuous(tiny_ckpt, step=2, max_running=256)
+    assert ids(one) == ids(_continuous(tiny_ckpt, step=2, max_running=3)[0])  # one prompt at a time
+    assert ids(one) == ids(_continuous(tiny_ckpt, step=2, ranks=2)[0])  # slots split over two ranks
+    assert ids(one) != ids(_continuous(tiny_ckpt, step=3)[0])  # another iteration, other draws
+    assert sorted(one) == list(range(len(PROMPTS)))
+
+
+def test_continuous_batching_sends_groups_before_generation_ends(tiny_ckpt):
+    import time
+
+    prompts = [PROMPTS[k % 4] for k in range(200)]
+    cfg = RolloutConfig(backend="lean", sampling=SamplingConfig(n=2, max_new_tokens=5), max_running=8)
+    inp, out = MemoryStream(), _TimedStream()
+    worker = local_worker(RolloutWorker, tiny_ckpt, cfg, inp, out, seed=0)
+    for slot, ids in enumerate(prompts):
+        inp.put(PromptTask(0, slot, slot, ids, None))
+    metrics = worker.generate(0, len(prompts))
+    end = time.perf_counter()
+    groups = out.take(0, len(prompts))
+    assert sorted(g.slot for g in groups) == list(range(200))  # nothing lost, nothing twice
+    assert not out.queues[0]
+    first_put, _ = out.put_times[0]
+    last_put, _ = out.put_times[-1]
+    # The first groups left while most of the batch was still to generate (at most 4 prompts run at once).
+    assert len(out.put_times) == metrics["rollout/emits_count"] > 50
+    assert first_put < last_put < end and len(out.put_times[0][1]) <= 4
+    assert metrics["rollout/responses_count"] == 400
+
+
+def test_chunked_batching_stays_selectable_and_is_the_old_path(tiny_ckpt):
+    hf, _ = _generate(tiny_ckpt, step=2, seed=1, chunk=3)
+    cfg = RolloutConfig(backend="lean", batching="chunked", sampling=SamplingConfig(n=3, max_new_tokens=5),
+                        prompts_per_chunk=3)
+    prompts, out = MemoryStream(), MemoryStream()
+    worker = local_worker(RolloutWorker, tiny_ckpt, cfg, prompts, out, seed=1)
+    assert worker.batching == "chunked"
+    for slot, ids in enumerate(PROMPTS):
+        prompts.put(PromptTask(2, slot, 100 + slot, ids, str(slot)))
+    worker.generate(2, len(PROMPTS))
+    lean = out.take(0, len(PROMPTS))
+    assert [g.batch.response_ids.tolist() for g in lean] == [g.batch.response_ids.tolist() for g in hf]

@@ -97,3 +97,32 @@ def test_a_rank_kept_local_gets_its_items_without_the_channel(stream):
     copy = pickle.loads(pickle.dumps(stream))
     copy.put(Item(1, 7))
     assert [i.slot for i in stream.take(1, 1)] == [7]
+
+
+def test_take_tokens_fills_a_budget_keeps_the_overshooting_item_and_loses_none(stream):
+    weight = {s: (s % 4 + 1) * 10 for s in range(0, 300, 3)}  # rank 0's 100 items weigh 10..40 tokens
+    stream.put_many([Item(0, s) for s in range(150)])
+    stream.put_many([Item(0, s) for s in range(150, 300)])
+    taken: list[list[int]] = []
+    remaining = 100
+    while remaining:
+        part = stream.take_tokens(0, remaining, 60, lambda i: weight[i.slot])
+        taken.append([i.slot for i in part])
+        remaining -= len(part)
+    assert [s for part in taken for s in part] == sorted(weight)  # every item once, in order
+    for part in taken:
+        total = sum(weight[s] for s in part)
+        assert total <= 60 or len(part) == 1
+        assert len(part) >= 1
+    # Full: each take stopped because the next item would not fit.
+    flat = [s for part in taken for s in part]
+    cut = 0
+    for part in taken[:-1]:
+        cut += len(part)
+        assert sum(weight[s] for s in part) + weight[flat[cut]] > 60
+
+
+def test_take_tokens_returns_what_is_queued_without_waiting_for_the_budget(stream):
+    stream.put(Item(0, 0))
+    stream.put(Item(0, 3))
+    assert [i.slot for i in stream.take_tokens(0, 5, 1000, lambda i: 1)] == [0, 3]  # does not block for more

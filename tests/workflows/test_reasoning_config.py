@@ -43,6 +43,13 @@ def test_there_are_arithmetic_and_gsm8k_examples():
     ({"rollout": {"sampling": {"n": 0}}}, "rollout.sampling.n", "must be >= 1, got 0"),
     ({"rollout": {"compile": True}}, "rollout.compile", "is an option of the 'lean' backend, not of 'hf'"),
     ({"actor": {"optim": {"lr": -1}}}, "actor.optim.lr", "must be > 0"),
+    ({"rollout": {"batching": "continuous"}}, "rollout", "needs a backend with continuous batching (lean), not 'hf'"),
+    ({"rollout": {"batching": "streaming"}}, "rollout.batching", "streaming"),
+    ({"rollout": {"backend": "lean", "batching": "continuous", "prompts_per_chunk": 4}}, "rollout.prompts_per_chunk",
+     "applies to batching 'chunked'"),
+    ({"rollout": {"max_running": 3}}, "rollout.max_running", "must be >= sampling.n (4)"),
+    ({"actor": {"micro_batch_tokens": 0}}, "actor.micro_batch_tokens", "must be >= 1 or None, got 0"),
+    ({"inference": {"micro_batch_tokens": -5}}, "inference.micro_batch_tokens", "must be >= 1 or None, got -5"),
     ({"steps": 0}, "steps", "must be >= 1"),
 ])
 def test_impossible_settings_fail_naming_the_key(data, key, message):
@@ -71,3 +78,40 @@ def test_the_rollout_fuses_into_the_actor_only_where_it_can_share_the_policy(pla
     plan = plan_reasoning(cfg, NodeLayout((2,)))
     assert plan.fused("rollout") == fused
     assert plan["rollout"].launched != fused and plan.launched.count("rollout") == (not fused)
+
+
+@pytest.mark.parametrize(("overrides", "settings"), [
+    ({}, {"generation": "chunked", "prompts_per_chunk": 8, "actor_micro_batch": 16}),  # hf: no continuous batching
+    ({"rollout": {"backend": "lean"}}, {"generation": "continuous", "max_running": 256, "prompts_per_chunk": 8}),
+    ({"rollout": {"backend": "lean", "max_running": 8}}, {"generation": "continuous", "prompts_per_chunk": 2}),
+    ({"rollout": {"backend": "lean", "prompts_per_chunk": 2}}, {"generation": "chunked", "prompts_per_chunk": 2}),
+    ({"rollout": {"backend": "lean", "batching": "chunked"}}, {"generation": "chunked", "prompts_per_chunk": 8}),
+    ({"actor": {"micro_batch_tokens": 512}}, {"actor_micro_batch_tokens": 512}),
+])
+def test_the_plan_records_how_finely_data_streams(overrides, settings):
+    from m2flow.runtime.placement import NodeLayout
+    from m2flow.workflows.reasoning_plan import plan_reasoning
+
+    cfg = from_dict(ReasoningConfig, {"data": {"prompts_per_step": 8}, **overrides})
+    plan = plan_reasoning(cfg, NodeLayout((2,)))
+    assert {k: plan.settings.get(k) for k in settings} == settings
+    assert ("actor_micro_batch" in plan.settings) != ("actor_micro_batch_tokens" in plan.settings)
+
+
+@pytest.mark.parametrize(("placement", "overrides", "emit"), [
+    ("actor,rollout,inference,reward: 0", {}, "end of turn"),  # the actor generates, then trains
+    ("actor,rollout,inference,reward: 0", {"rollout": {"fuse_with_actor": False}}, "end of turn"),  # device turns
+    ("rollout,reward,inference: 0, actor: 1", {"algorithm": {"old_logprobs": "actor"}}, "each group"),
+    ("rollout,reward: 0, inference,actor: 1", {}, "each group"),
+    ("rollout: 0, reward: 1, inference,actor: 1", {}, "each group"),  # reward needs no device turn
+    ("actor,rollout,reward: 0, inference: 1", {}, "each group"),  # inference takes them during generation
+])
+def test_continuous_generation_sends_groups_one_by_one_where_the_next_stage_can_take_them(placement, overrides,
+                                                                                         emit):
+    from m2flow.runtime.placement import NodeLayout
+    from m2flow.workflows.reasoning_plan import plan_reasoning
+
+    overrides = {**overrides, "rollout": {"backend": "lean", **overrides.get("rollout", {})}}
+    cfg = from_dict(ReasoningConfig, {"placement": placement, **overrides})
+    plan = plan_reasoning(cfg, NodeLayout((2,)))
+    assert plan.settings["generation"] == "continuous" and plan.settings["emit"] == emit

@@ -13,6 +13,7 @@ from torch import nn
 from m2flow.data.batch import Response, ResponseGroup
 
 __all__ = [
+    "ContinuousBatching",
     "GenerationBackend",
     "GenerationOptions",
     "Response",
@@ -87,6 +88,8 @@ class GenerationBackend(Protocol):
     built over a model another component trains (`generation_backend_over`)."""
     compiles: ClassVar[bool]
     """Whether it accepts `GenerationOptions.compile`."""
+    continuous: ClassVar[bool]
+    """Whether it has `ContinuousBatching.generate_stream` (groups handed out as they finish)."""
 
     @property
     def module(self) -> nn.Module | None:
@@ -122,6 +125,18 @@ class GenerationBackend(Protocol):
 
     def onload(self) -> None:
         """Bring the weights back onto the device after `offload`."""
+        ...
+
+
+@runtime_checkable
+class ContinuousBatching(Protocol):
+    """What a backend with `continuous` set adds to `GenerationBackend`."""
+
+    def generate_stream(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int],
+                        max_running: int) -> Iterator[list[ResponseGroup]]:
+        """At most `max_running` responses in the running batch, each prompt's group yielded (in a list of
+        the groups that finished together) once all its responses ended, waiting prompts taking the
+        freed rows; prompt p's draws are seeded by `seeds[p]` alone."""
         ...
 
 

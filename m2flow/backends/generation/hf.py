@@ -86,6 +86,7 @@ class HFGenerationBackend:
 
     in_process: ClassVar[bool] = True
     compiles: ClassVar[bool] = False
+    continuous: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -12,6 +12,9 @@ then top-k, then top-p, and draws with one `torch.multinomial` over the whole ba
 that ended leave the forward but still take part in that draw, so the random stream is consumed as
 by HF and the same seed gives HF's samples whenever the logits agree (they match to float rounding).
 
+`generate_stream` is continuous batching over the same decoder (`continuous.py`): a running batch of
+at most `max_running` rows, each group handed out when its last row ends, with per-prompt seeds.
+
 Limits: only what `FunctionalLM` supports (Qwen2/Llama, default RoPE, full attention, SiLU); one process and
 one device; no speculative or beam decoding. The fused copies of the q/k/v and gate/up weights take
 about two thirds of the layers' memory again; they are rebuilt after `load_weights`, and after any
@@ -20,32 +23,18 @@ in-place update of `model`'s parameters, which the next `generate` notices.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
 from transformers import PreTrainedModel
 
 from m2flow.backends.generation.base import GenerationOptions, SamplingParams, register_generation_backend
+from m2flow.backends.generation.continuous import stream_groups
+from m2flow.backends.generation.sampling import warp_logits
 from m2flow.backends.generation.hf import HFGenerationBackend, _StopStrings
 from m2flow.data.batch import ResponseGroup, left_pad
 from m2flow.models.functional_lm import FunctionalLM, check_supported
-
-
-def warp_logits(scores: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Scores (B, V) to sample from, as HF's warpers make them: / temperature, then top-k, then top-p."""
-    if params.temperature != 1.0:
-        scores = scores / params.temperature
-    if params.top_k:
-        kth = torch.topk(scores, min(params.top_k, scores.shape[-1]))[0][..., -1, None]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, descending=False)
-        # Drop the low tail whose total probability stays within 1 - top_p; the top token always stays.
-        drop = sorted_scores.softmax(dim=-1).cumsum(dim=-1) <= 1 - params.top_p
-        drop[..., -1:] = False
-        scores = scores.masked_fill(drop.scatter(1, order, drop), float("-inf"))
-    return scores
 
 
 @register_generation_backend("lean")
@@ -53,6 +42,7 @@ class LeanGenerationBackend(HFGenerationBackend):
     """A `GenerationBackend` over a Qwen2/Llama HF model, decoding with `FunctionalLM` (ValueError for others)."""
 
     compiles: ClassVar[bool] = True
+    continuous: ClassVar[bool] = True
 
     drop_finished: bool = True
     """Take rows that ended (end-of-sequence token or stop string) out of the decoding batch. It copies the
@@ -136,6 +126,18 @@ class LeanGenerationBackend(HFGenerationBackend):
                 held = keep if held is None else held[keep]
             logits = self.decoder.decode(token if held is None else token[held], state)
         return generated, logprobs, (stopper.stopped_at if stopper is not None else None)
+
+    @torch.no_grad()
+    def generate_stream(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int],
+                        max_running: int) -> Iterator[list[ResponseGroup]]:
+        """Continuous batching (`m2flow.backends.generation.continuous`): at most `max_running` rows decode
+        at once; each prompt's group is yielded as soon as all its rows ended, in batches of the groups
+        that ended at the same token; prompt p samples from a generator seeded with `seeds[p]`."""
+        if self.offloaded:
+            raise RuntimeError("generation backend is offloaded; call onload() first")
+        if any(len(p) == 0 for p in prompt_ids):
+            raise ValueError("every prompt needs at least one token")
+        yield from stream_groups(self, prompt_ids, params, seeds, max_running)
 
     # ---- weights and memory -----------------------------------------------------------------
 

@@ -37,6 +37,7 @@ class VLLMGenerationBackend:
 
     in_process: ClassVar[bool] = False  # the engine holds its own copy of the weights
     compiles: ClassVar[bool] = False
+    continuous: ClassVar[bool] = False  # LLM.generate returns a call's requests together (see the user guide)
 
     def __init__(self, llm: Any) -> None:
         self.llm = llm

@@ -1,0 +1,135 @@
+"""Continuous batching for the lean backend: a running batch of at most `max_running` rows, each prompt's
+group handed out the moment its last response ends, waiting prompts admitted into the freed rows.
+
+The loop, once per generated token: admit waiting prompts while their `n` rows fit (one prefill for
+all admitted together, its KV cache merged into the running one, `DecodeState.merge`); sample a token
+for every running row; take the rows that ended (end-of-sequence token, stop string, `max_new_tokens`)
+out of the batch; yield the groups all of whose rows have ended; decode one step for the rest.
+
+Seeding: prompt p draws from a generator of its own, seeded with `seeds[p]`, which fills a
+(n, max_new_tokens) table of uniforms when the prompt is admitted; row j of p samples its t-th token by
+inverting the cumulative distribution at `u[j, t]`. A row's draws therefore depend on its prompt's
+seed and on its own logits only, not on which other rows share the batch, on `max_running` or on
+the order of admission: the same seeds give the same responses (to float rounding of the logits,
+which the batch's shape can move in the last bits). These are not the chunked path's draws (one
+`torch.multinomial` over the whole chunk, as HF), so the two modes sample different responses from
+the same seed; greedy decoding gives the same tokens in both.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from m2flow.backends.generation.base import SamplingParams
+from m2flow.backends.generation.sampling import inverse_cdf_sample, warp_logits
+from m2flow.data.batch import ResponseGroup, left_pad
+from m2flow.models.functional_lm import DecodeState
+
+Backend = Any
+"""The `LeanGenerationBackend` whose decoder, tokenizer and cuts the loop uses (not imported: it imports this)."""
+
+__all__ = ["inverse_cdf_sample", "stream_groups"]
+
+
+def stream_groups(backend: Backend, prompt_ids: Sequence[Sequence[int]], params: SamplingParams,
+                  seeds: Sequence[int], max_running: int) -> Iterator[list[ResponseGroup]]:
+    """The groups of `prompt_ids` (prompt_index = position in it), yielded in batches as they finish."""
+    n, steps, device = params.n, params.max_new_tokens, backend.device
+    if len(seeds) != len(prompt_ids):
+        raise ValueError(f"one seed per prompt: {len(seeds)} seeds for {len(prompt_ids)} prompts")
+    if max_running < n:
+        raise ValueError(f"max_running ({max_running}) must hold one group of n={n} rows")
+    greedy = params.temperature == 0
+    temperature = 1.0 if greedy else params.temperature  # the recorded policy's (see the hf backend)
+    total = len(prompt_ids) * n
+    # Global row g = p * n + j (sample j of prompt p), prompt-major as in the chunked path.
+    generated = torch.full((total, steps), backend.pad_id, dtype=torch.long)
+    logprobs = torch.zeros(total, steps)
+    stopped_at = [0] * total
+    left = [n] * len(prompt_ids)  # rows of each prompt still running
+    eos = torch.tensor(backend.eos_ids, device=device)
+    waiting = deque(range(len(prompt_ids)))
+    state: DecodeState | None = None
+    logits = torch.empty(0, device=device)
+    rows = torch.empty(0, dtype=torch.long)  # (B,) global row of each running row
+    made = torch.empty(0, dtype=torch.long)  # (B,) tokens each running row has sampled
+    draws = torch.empty(0, steps)  # (B, T) each running row's uniforms
+    while waiting or len(rows):
+        admit = []
+        while waiting and len(rows) + (len(admit) + 1) * n <= max_running:
+            admit.append(waiting.popleft())
+        if admit:
+            ids, mask = left_pad([prompt_ids[p] for p in admit], backend.pad_id)
+            new_logits, new_state = backend.decoder.prefill(ids.to(device), mask.to(device), steps, repeats=n)
+            if state is None:
+                state = new_state
+            else:
+                state.trim()
+                state = DecodeState.merge(state, new_state, steps)
+            logits = torch.cat((logits, new_logits)) if len(logits) else new_logits
+            rows = torch.cat((rows, torch.tensor([p * n + j for p in admit for j in range(n)])))
+            made = torch.cat((made, torch.zeros(len(admit) * n, dtype=torch.long)))
+            if not greedy:
+                tables = []
+                for p in admit:
+                    g = torch.Generator().manual_seed(int(seeds[p]))
+                    tables.append(torch.rand(n, steps, generator=g))
+                draws = torch.cat((draws, *tables))
+        assert state is not None
+        scores = logits.float()
+        if greedy:
+            token = scores.argmax(-1)
+        else:
+            u = draws[torch.arange(len(rows)), made].to(device)
+            token = inverse_cdf_sample(torch.softmax(warp_logits(scores, params), dim=-1), u)
+        policy = torch.log_softmax(scores / temperature if temperature != 1.0 else scores, dim=-1)
+        token_lp = policy.gather(-1, token[:, None]).squeeze(-1)
+        generated[rows, made] = token.cpu()
+        logprobs[rows, made] = token_lp.float().cpu()
+        made += 1
+        ended = torch.isin(token, eos).cpu() | (made >= steps)
+        if params.stop:
+            ended |= _stopped(backend, params.stop, generated, rows, made, stopped_at)
+        finished: list[int] = []
+        for g in rows[ended].tolist():
+            p = g // n
+            left[p] -= 1
+            if not left[p]:
+                finished.append(p)
+        if finished:
+            yield [_group(backend, prompt_ids[p], p, params, generated, logprobs, stopped_at) for p in sorted(finished)]
+        if bool(ended.all()):
+            state, logits = None, torch.empty(0, device=device)
+            rows, made, draws = rows[:0], made[:0], draws[:0]
+            continue
+        if bool(ended.any()):
+            keep = (~ended).nonzero().squeeze(1)
+            state.select(keep.to(device))
+            rows, made, draws, token = rows[keep], made[keep], draws[keep] if len(draws) else draws, \
+                token[keep.to(device)]
+        logits = backend.decoder.decode(token, state)
+
+
+def _stopped(backend: Backend, stops: Sequence[str], generated: torch.Tensor, rows: torch.Tensor,
+             made: torch.Tensor, stopped_at: list[int]) -> torch.Tensor:
+    """(B,) whether each running row's text now holds a stop string; records the token count where it did."""
+    tail = 4 * max(len(s) for s in stops) + 4  # as `_StopStrings`: enough tokens for the longest stop string
+    pieces = [generated[g, max(0, t - tail) : t].tolist() for g, t in zip(rows.tolist(), made.tolist())]
+    texts = backend.tokenizer.batch_decode(pieces, skip_special_tokens=True)
+    out = torch.zeros(len(texts), dtype=torch.bool)
+    for i, (g, t, text) in enumerate(zip(rows.tolist(), made.tolist(), texts)):
+        if any(s in text for s in stops):
+            stopped_at[g] = t
+            out[i] = True
+    return out
+
+
+def _group(backend: Backend, prompt: Sequence[int], p: int, params: SamplingParams,
+           generated: torch.Tensor, logprobs: torch.Tensor, stopped_at: list[int]) -> ResponseGroup:
+    n = params.n
+    responses = [backend._cut(generated[g], logprobs[g], stopped_at[g], params.stop) for g in range(p * n, (p + 1) * n)]
+    return ResponseGroup(prompt_index=p, prompt_ids=list(prompt), responses=responses)
