@@ -1,6 +1,7 @@
 """Exact resume beyond one collocated process: a run resumed from its checkpoint logs the same metrics
 and ends with the same weights (``torch.equal``) as the run that went straight through, with the
-rollout in processes of its own (disaggregated) and with two actor ranks (hybrid).
+rollout in processes of its own (disaggregated), with two actor ranks (hybrid; reasoning with DDP and
+with FSDP, embodied with eager and with compiled steps).
 
 What these catch that the collocated resume tests cannot: state held by a rank of its own, such as
 the generator of a separate embodied rollout rank or the sampling seeds of a separate reasoning
@@ -92,14 +93,24 @@ def test_a_corrupted_shard_is_named_before_anything_loads(cluster, tmp_path):
     assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
 
 
-def test_a_resumed_disaggregated_embodied_run_equals_the_run_that_went_through(cluster, tmp_path):
-    placement = {"placement": "env: 0, rollout: 1, actor: 2", "pipeline_stages": 2, "checkpoint_every": 3}
+EMBODIED = {
+    "disaggregated": {"placement": "env: 0, rollout: 1, actor: 2"},
+    # Env and rollout pipelined on devices of their own, the actor's two ranks over both (DDP).
+    "hybrid": {"placement": "env: 0, rollout: 1, actor: 0-1"},
+    "hybrid-compiled": {"placement": "env: 0, rollout: 1, actor: 0-1", "actor.compile": True},
+}
+
+
+@pytest.mark.parametrize("case", sorted(EMBODIED))
+def test_a_resumed_embodied_run_equals_the_run_that_went_through(cluster, tmp_path, case):
+    placement = {**EMBODIED[case], "pipeline_stages": 2, "checkpoint_every": 3}
+    mode = case.split("-")[0]
     full_cfg = test_embodied.toy_config(tmp_path / "full", **placement)
     full = embodied.train(full_cfg, cluster=cluster)
     checkpoint = Path(full_cfg.run_dir) / CHECKPOINTS / "step_000003"
     resumed_cfg = test_embodied.toy_config(tmp_path / "resumed", resume=str(checkpoint), **placement)
     resumed = embodied.train(resumed_cfg, cluster=cluster)
-    assert (full.mode, full.fused) == ("disaggregated", False) and len(resumed.history) == 3
+    assert (full.mode, full.fused) == (mode, False) and len(resumed.history) == 3
     for a, b in zip(full.history[3:], resumed.history):
         for key in test_embodied.LEARNING:
             assert a.get(key) == b.get(key), key
