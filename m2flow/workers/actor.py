@@ -66,8 +66,8 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
 
     def __init__(self, model_path: str, cfg: ActorConfig, algo: AlgorithmConfig, temperature: float,
                  group_size: int, ready: GroupStream, *, total_steps: int, seed: int = 0,
-                 resume_dir: str | None = None, shares_devices: bool = False,
-                 generation: dict[str, Any] | None = None) -> None:
+                 resume_dir: str | None = None, counters: dict[str, int] | None = None,
+                 shares_devices: bool = False, generation: dict[str, Any] | None = None) -> None:
         self.cfg = cfg
         self.algo = algo
         self.inp = ready
@@ -98,7 +98,9 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
                                        cpu_offload=cfg.fsdp_cpu_offload)
         # (step, slot, dataset index, trained) of the latest groups taken, for checks and tests
         self.received: deque[tuple[int, int, int, bool]] = deque(maxlen=RECEIVED_LOG)
-        self.skipped_in_row = 0  # optimizer steps skipped one after the other for a non-finite loss or gradient
+        # optimizer steps skipped one after the other for a non-finite loss or gradient (kept by the driver
+        # in trainer_state.json: ``counters`` are what ``save_checkpoint`` returned)
+        self.skipped_in_row = int((counters or {}).get("skipped_in_row", 0))
         self.streaming = (algo.group_local and self.critic is None and cfg.updates_once
                           and not self.policy.strategy.lockstep)
         if resume_dir:
@@ -296,9 +298,10 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         return torch.cat(out) if out else None
 
     # -- checkpoints -------------------------------------------------------------------------
-    def save_checkpoint(self, path: str) -> None:
+    def save_checkpoint(self, path: str) -> dict[str, int]:
         """Write weights, optimizer and schedule state and RNG state under ``path``: whole weights in HF
-        format, or under a sharded strategy each rank's own shards (``actor/shards/``, nothing gathered)."""
+        format, or under a sharded strategy each rank's own shards (``actor/shards/``, nothing gathered).
+        Returns the counters the driver keeps (the same on every rank), for ``counters`` at resume."""
         root = Path(path)
         if self.policy.sharded:
             self._save_sharded(root)
@@ -306,6 +309,7 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
             self._save_whole(root)
         barrier()
         save_state(_rng_state(), root / f"rng_actor{self.rank}.pt")
+        return {"skipped_in_row": self.skipped_in_row}
 
     def _named(self) -> list[tuple[str, str, TrainedModel]]:
         return [("policy", ACTOR_DIR, self.policy)] + ([("critic", CRITIC_DIR, self.critic)] if self.critic else [])
