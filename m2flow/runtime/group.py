@@ -51,6 +51,7 @@ class _RankHost:
         if ctx.trace_dir:
             configure_tracer(ctx.trace_dir, ProcessInfo(
                 ctx.group_name, ctx.rank, ctx.node_rank, ctx.devices, ctx.device_type))
+        _keep_process_title(f"ray::{ctx.group_name}[{ctx.rank}]")
 
     def _failure(self, exc: BaseException) -> CallFailure:
         return failure(self.ctx, exc)
@@ -88,6 +89,29 @@ class _RankHost:
 
 
 _RemoteHost = ray.remote(_RankHost)
+
+
+def _keep_process_title(idle: str) -> None:
+    """Title this process ``idle`` between calls, where Ray would put back ``ray::_RankHost``.
+
+    Ray titles a worker process after each task it runs and, once the task returns, after the actor's
+    class; it does both through ``ray._private.worker._changeproctitle(title, next_title)``, looked up
+    at each task. Wrapping it keeps the task's own title during a call (``ray::group[rank].method``)
+    and names the rank afterwards. Takes effect from the end of the next call (the host's first call,
+    ``construct``, follows at once). Should Ray drop that function, titles are Ray's again: nothing
+    else depends on them.
+    """
+    from ray._private import worker as ray_worker
+
+    change = getattr(ray_worker, "_changeproctitle", None)
+    if change is None or getattr(change, "m2flow_idle", None) is not None:
+        return
+
+    def changeproctitle(title: str, next_title: str) -> Any:
+        return change(title, idle)
+
+    changeproctitle.m2flow_idle = idle  # type: ignore[attr-defined]
+    ray_worker._changeproctitle = changeproctitle
 
 
 def _actor_name(group: str, rank: int) -> str:

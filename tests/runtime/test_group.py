@@ -211,9 +211,18 @@ class _Titled(Worker):
             return f.read().split(b"\0")[0].decode().strip()
 
 
+def _cmdline(pid: int) -> str:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().split(b"\0")[0].decode().strip()
+
+
 def test_a_rank_process_is_titled_by_its_group_and_rank(cluster):
     group = WorkerGroup(_Titled, cluster, "titled", num_ranks=2)
     try:
-        assert group.title().wait(timeout=60) == ["ray::titled[0].title", "ray::titled[1].title"]
+        assert group.title().wait(timeout=60) == ["ray::titled[0].title", "ray::titled[1].title"]  # during a call
+        pids = group.pids()
+        assert [_cmdline(pid) for pid in pids] == ["ray::titled[0]", "ray::titled[1]"]  # and between calls
+        group.title().wait(timeout=60)
+        assert [_cmdline(pid) for pid in pids] == ["ray::titled[0]", "ray::titled[1]"]
     finally:
         group.shutdown()
