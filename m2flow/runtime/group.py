@@ -302,9 +302,16 @@ class WorkerGroup:
                 for r, a in zip(chosen, per_rank_args)]
         return GroupHandle(refs, chosen, self._describe, method)
 
+    @property
+    def _task_events(self) -> bool:
+        cluster = getattr(self, "cluster", None)
+        return bool(cluster is not None and cluster.config.task_events)
+
     def _call(self, rank: int, method: str) -> Any:
         # Named per call: Ray titles the process after the task, so ``ps`` shows the group and rank.
-        return self._hosts[rank].call.options(name=_task_name(self.name, rank, method))
+        # Without task events Ray's GCS keeps no record of the call (it would keep up to 100,000).
+        return self._hosts[rank].call.options(name=_task_name(self.name, rank, method),
+                                              enable_task_events=self._task_events)
 
     def __getattr__(self, method: str) -> Any:
         if method.startswith("_"):
