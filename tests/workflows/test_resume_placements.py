@@ -1,7 +1,7 @@
 """Exact resume beyond one collocated process: a run resumed from its checkpoint logs the same metrics
 and ends with the same weights (``torch.equal``) as the run that went straight through, with the
 rollout in processes of its own (disaggregated), with two actor ranks (hybrid; reasoning with DDP and
-with FSDP, embodied with eager and with compiled steps).
+with FSDP, GRPO and PPO, embodied with eager and with compiled steps).
 
 What these catch that the collocated resume tests cannot: state held by a rank of its own, such as
 the generator of a separate embodied rollout rank or the sampling seeds of a separate reasoning
@@ -27,11 +27,12 @@ from tests.workflows import reasoning_setup, test_embodied
 
 pytestmark = pytest.mark.timeout(900)
 
-REASONING = {  # case: (placement, actor strategy)
-    "disaggregated": ("rollout: 0, reward: 1, inference: 2, actor: 3", "ddp"),
-    "hybrid": ("rollout,reward: 0, inference: 1, actor: 0-1", "ddp"),
-    # Two FSDP2 ranks: each saves its own shards (actor/shards/), nothing gathered.
-    "hybrid-fsdp": ("rollout,reward: 0, inference: 1, actor: 0-1", "fsdp"),
+REASONING = {  # case: (placement, actor strategy, algorithm)
+    "disaggregated": ("rollout: 0, reward: 1, inference: 2, actor: 3", "ddp", "grpo"),
+    "hybrid": ("rollout,reward: 0, inference: 1, actor: 0-1", "ddp", "grpo"),
+    # Two FSDP2 ranks: each saves its own shards (actor/shards/, and critic/shards/ with PPO), nothing gathered.
+    "hybrid-fsdp": ("rollout,reward: 0, inference: 1, actor: 0-1", "fsdp", "grpo"),
+    "hybrid-fsdp-ppo": ("rollout,reward: 0, inference: 1, actor: 0-1", "fsdp", "gae"),
 }
 # Each stage passes an iteration's groups on in one bundle (one chunk, micro-batches as large as the
 # batch), so the actor's micro-batches, and with them the float sums, are the same in both runs.
@@ -49,9 +50,10 @@ def _reasoning_weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
 
 
 def _reasoning_config(root: Path, case: str, **overrides):
-    placement, strategy = REASONING[case]
+    placement, strategy, estimator = REASONING[case]
     bundled = {**BUNDLED, "actor": {**BUNDLED["actor"], "strategy": strategy}}
-    return reasoning_setup.toy_config(root, placement, steps=4, checkpoint_every=2, **bundled, **overrides)
+    return reasoning_setup.toy_config(root, placement, steps=4, checkpoint_every=2,
+                                      algorithm={"adv_estimator": estimator}, **bundled, **overrides)
 
 
 @pytest.mark.parametrize("case", sorted(REASONING))
@@ -69,9 +71,11 @@ def test_a_resumed_reasoning_run_equals_the_run_that_went_through(cluster, tmp_p
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert not all(torch.equal(a[k], v) for k, v in _reasoning_weights(Path(full_cfg.run_dir), 2).items())
     if REASONING[case][1] == "fsdp":
-        assert sorted(p.name for p in (checkpoint / "actor" / SHARDS).glob("*.distcp")) == ["__0_0.distcp",
-                                                                                           "__1_0.distcp"]
-        assert not (checkpoint / "actor" / "model.safetensors").exists()  # nothing was gathered
+        folders = ["actor", "critic"] if REASONING[case][2] == "gae" else ["actor"]
+        for folder in folders:
+            assert sorted(p.name for p in (checkpoint / folder / SHARDS).glob("*.distcp")) == ["__0_0.distcp",
+                                                                                              "__1_0.distcp"]
+        assert not list(checkpoint.rglob("*.safetensors"))  # nothing was gathered
 
 
 def test_a_corrupted_shard_is_named_before_anything_loads(cluster, tmp_path):
