@@ -41,6 +41,11 @@ class ClusterConfig:
     include_dashboard: bool = field(
         default=False, metadata={"doc": "start Ray's dashboard with a locally started Ray"}
     )
+    task_events: bool = field(
+        default=False,
+        metadata={"doc": "record every worker call in Ray's task table (Ray's dashboard, `ray list tasks`); off: "
+                         "Ray's control store would keep a record of each call for the whole run"},
+    )
     node_groups: dict[str, list[int]] = field(
         default_factory=dict,
         metadata={"doc": "named sets of node ranks, used as 'component: 0-3@group' in placements"},

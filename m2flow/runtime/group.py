@@ -51,6 +51,7 @@ class _RankHost:
         if ctx.trace_dir:
             configure_tracer(ctx.trace_dir, ProcessInfo(
                 ctx.group_name, ctx.rank, ctx.node_rank, ctx.devices, ctx.device_type))
+        _keep_process_title(f"ray::{ctx.group_name}[{ctx.rank}]")
 
     def _failure(self, exc: BaseException) -> CallFailure:
         return failure(self.ctx, exc)
@@ -88,6 +89,29 @@ class _RankHost:
 
 
 _RemoteHost = ray.remote(_RankHost)
+
+
+def _keep_process_title(idle: str) -> None:
+    """Title this process ``idle`` between calls, where Ray would put back ``ray::_RankHost``.
+
+    Ray titles a worker process after each task it runs and, once the task returns, after the actor's
+    class; it does both through ``ray._private.worker._changeproctitle(title, next_title)``, looked up
+    at each task. Wrapping it keeps the task's own title during a call (``ray::group[rank].method``)
+    and names the rank afterwards. Takes effect from the end of the next call (the host's first call,
+    ``construct``, follows at once). Should Ray drop that function, titles are Ray's again: nothing
+    else depends on them.
+    """
+    from ray._private import worker as ray_worker
+
+    change = getattr(ray_worker, "_changeproctitle", None)
+    if change is None or getattr(change, "m2flow_idle", None) is not None:
+        return
+
+    def changeproctitle(title: str, next_title: str) -> Any:
+        return change(title, idle)
+
+    changeproctitle.m2flow_idle = idle  # type: ignore[attr-defined]
+    ray_worker._changeproctitle = changeproctitle
 
 
 def _actor_name(group: str, rank: int) -> str:
@@ -278,9 +302,16 @@ class WorkerGroup:
                 for r, a in zip(chosen, per_rank_args)]
         return GroupHandle(refs, chosen, self._describe, method)
 
+    @property
+    def _task_events(self) -> bool:
+        cluster = getattr(self, "cluster", None)
+        return bool(cluster is not None and cluster.config.task_events)
+
     def _call(self, rank: int, method: str) -> Any:
         # Named per call: Ray titles the process after the task, so ``ps`` shows the group and rank.
-        return self._hosts[rank].call.options(name=_task_name(self.name, rank, method))
+        # Without task events Ray's GCS keeps no record of the call (it would keep up to 100,000).
+        return self._hosts[rank].call.options(name=_task_name(self.name, rank, method),
+                                              enable_task_events=self._task_events)
 
     def __getattr__(self, method: str) -> Any:
         if method.startswith("_"):

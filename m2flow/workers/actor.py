@@ -54,6 +54,7 @@ from m2flow.workers.trainable import TrainedModel
 ACTOR_DIR = "actor"
 CRITIC_DIR = "critic"
 TRAINING_STATE = "training_state.pt"
+SHARDS = "shards"  # a sharded strategy's per-rank checkpoint files (torch.distributed.checkpoint)
 RECEIVED_LOG = 1 << 16  # groups kept in the log of taken groups (a long run would grow it without end)
 
 
@@ -66,8 +67,8 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
 
     def __init__(self, model_path: str, cfg: ActorConfig, algo: AlgorithmConfig, temperature: float,
                  group_size: int, ready: GroupStream, *, total_steps: int, seed: int = 0,
-                 resume_dir: str | None = None, shares_devices: bool = False,
-                 generation: dict[str, Any] | None = None) -> None:
+                 resume_dir: str | None = None, counters: dict[str, int] | None = None,
+                 shares_devices: bool = False, generation: dict[str, Any] | None = None) -> None:
         self.cfg = cfg
         self.algo = algo
         self.inp = ready
@@ -79,7 +80,9 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
             self.init_process_group()
             if uses_exchange(cfg.host_sum, self.world_size, self.torch_device.type):
                 use_host_sum(ExchangeSum(self.comm, self.group_name, self.rank, self.world_size))
-        source = Path(resume_dir) / ACTOR_DIR if resume_dir else Path(model_path)
+        # A sharded checkpoint holds no whole weights: build from the model, then fill in the shards.
+        whole = resume_dir is not None and not _is_sharded(Path(resume_dir))
+        source = Path(resume_dir) / ACTOR_DIR if whole else Path(model_path)
         device, dtype = self.torch_device, torch_dtype(cfg.dtype)
         updates = total_steps * cfg.mini_batches * cfg.update_epochs
         self.tokenizer = load_tokenizer(model_path)
@@ -90,13 +93,15 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         self.policy = TrainedModel(model, cfg.strategy, device, cfg.optim, updates, cpu_offload=cfg.fsdp_cpu_offload)
         self.critic: TrainedModel | None = None
         if algo.uses_critic:
-            critic_source = Path(resume_dir) / CRITIC_DIR if resume_dir else Path(cfg.critic.path or model_path)
+            critic_source = Path(resume_dir) / CRITIC_DIR if whole else Path(cfg.critic.path or model_path)
             value_model = CausalLMWithValueHead.from_pretrained(critic_source, dtype=dtype).to(device)
             self.critic = TrainedModel(value_model, cfg.strategy, device, cfg.critic.optim, updates,
                                        cpu_offload=cfg.fsdp_cpu_offload)
         # (step, slot, dataset index, trained) of the latest groups taken, for checks and tests
         self.received: deque[tuple[int, int, int, bool]] = deque(maxlen=RECEIVED_LOG)
-        self.skipped_in_row = 0  # optimizer steps skipped one after the other for a non-finite loss or gradient
+        # optimizer steps skipped one after the other for a non-finite loss or gradient (kept by the driver
+        # in trainer_state.json: ``counters`` are what ``save_checkpoint`` returned)
+        self.skipped_in_row = int((counters or {}).get("skipped_in_row", 0))
         self.streaming = (algo.group_local and self.critic is None and cfg.updates_once
                           and not self.policy.strategy.lockstep)
         if resume_dir:
@@ -314,9 +319,30 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         return torch.cat(out) if out else None
 
     # -- checkpoints -------------------------------------------------------------------------
-    def save_checkpoint(self, path: str) -> None:
-        """Write weights (HF format), optimizer and schedule state and RNG state under ``path``."""
+    def save_checkpoint(self, path: str) -> dict[str, int]:
+        """Write weights, optimizer and schedule state and RNG state under ``path``: whole weights in HF
+        format, or under a sharded strategy each rank's own shards (``actor/shards/``, nothing gathered).
+        Returns the counters the driver keeps (the same on every rank), for ``counters`` at resume."""
         root = Path(path)
+        if self.policy.sharded:
+            self._save_sharded(root)
+        else:
+            self._save_whole(root)
+        barrier()
+        save_state(_rng_state(), root / f"rng_actor{self.rank}.pt")
+        return {"skipped_in_row": self.skipped_in_row}
+
+    def _named(self) -> list[tuple[str, str, TrainedModel]]:
+        return [("policy", ACTOR_DIR, self.policy)] + ([("critic", CRITIC_DIR, self.critic)] if self.critic else [])
+
+    def _save_sharded(self, root: Path) -> None:
+        saved = {name: model.save_sharded(root / folder / SHARDS) for name, folder, model in self._named()}
+        if self.rank == 0:
+            self.policy.module.config.save_pretrained(str(root / ACTOR_DIR))  # what the shards fill
+            self.tokenizer.save_pretrained(str(root / ACTOR_DIR))
+            save_state(saved, root / TRAINING_STATE)
+
+    def _save_whole(self, root: Path) -> None:
         states = {}
         for name, model in (("policy", self.policy), ("critic", self.critic)):
             if model is not None:
@@ -331,17 +357,45 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
                 weights, saved["critic"] = states["critic"]
                 _save_value_model(self.critic.module, weights, root / CRITIC_DIR)  # type: ignore[union-attr]
             save_state(saved, root / TRAINING_STATE)
-        barrier()
-        save_state(_rng_state(), root / f"rng_actor{self.rank}.pt")
 
     def _load_training_state(self, root: Path) -> None:
         saved = load_state(root / TRAINING_STATE)
-        self.policy.load_training_state(saved["policy"])
-        if self.critic is not None:
-            self.critic.load_training_state(saved["critic"])
+        if _is_sharded(root):
+            if not self.policy.sharded:
+                raise ValueError(f"{root / ACTOR_DIR / SHARDS}: a sharded checkpoint (actor.strategy=fsdp); "
+                                 f"resume it with actor.strategy=fsdp, not {self.cfg.strategy}")
+            for name, folder, model in self._named():
+                model.load_sharded(root / folder / SHARDS, saved[name])
+        else:
+            self.policy.load_training_state(saved["policy"])
+            if self.critic is not None:
+                self.critic.load_training_state(saved["critic"])
         rng = root / f"rng_actor{self.rank}.pt"
         if rng.is_file():
             _set_rng_state(load_state(rng))
+
+
+def _is_sharded(checkpoint: Path) -> bool:
+    """Whether the actor checkpoint in ``checkpoint`` holds per-rank shards rather than whole weights."""
+    return (checkpoint / ACTOR_DIR / SHARDS).is_dir()
+
+
+def whole_model_dir(actor_dir: Path, out: Path) -> Path:
+    """A Hugging Face model directory at ``out`` from a sharded actor checkpoint ``actor_dir`` (its config and
+    tokenizer, the shards put together in this process); returns ``out``."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from m2flow.backends.training import sharded_checkpoint
+
+    out.mkdir(parents=True, exist_ok=True)
+    for f in actor_dir.iterdir():
+        if f.is_file():
+            shutil.copy2(f, out / f.name)
+    weights = sharded_checkpoint.load_full(actor_dir / SHARDS, "model")
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
 
 
 def _save_value_model(model: Any, weights: dict[str, torch.Tensor], path: Path) -> None:

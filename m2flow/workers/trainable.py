@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from m2flow.backends.training import sharded_checkpoint
 from m2flow.backends.training import OptimConfig, build_optimizer, build_scheduler, create_strategy
 from m2flow.runtime.trace import get_tracer
 
@@ -65,6 +67,25 @@ class TrainedModel:
     def training_state(self) -> dict[str, Any]:
         """Optimizer and schedule state to checkpoint (a collective under FSDP; complete on rank 0)."""
         return {"optimizer": self.strategy.optim_state_dict(self.optimizer), "scheduler": self.scheduler.state_dict()}
+
+    @property
+    def sharded(self) -> bool:
+        """Whether checkpoints are written per rank (``save_sharded``) rather than gathered."""
+        return self.strategy.sharded
+
+    def save_sharded(self, path: Path) -> dict[str, Any]:
+        """Write this rank's shards of weights and optimizer state under ``path`` (every rank calls; nothing is
+        gathered); returns the plain part (param groups, schedule) for the caller to save."""
+        tensors, param_groups = self.strategy.sharded_state(self.optimizer)  # type: ignore[attr-defined]
+        sharded_checkpoint.save(path, tensors)
+        return {"param_groups": param_groups, "scheduler": self.scheduler.state_dict()}
+
+    def load_sharded(self, path: Path, plain: dict[str, Any]) -> None:
+        """Restore what ``save_sharded`` wrote (any number of ranks may have written it)."""
+        tensors, _ = self.strategy.sharded_state(self.optimizer)  # type: ignore[attr-defined]
+        sharded_checkpoint.load(path, tensors)  # fills this rank's shards in place
+        self.strategy.load_sharded_state(self.optimizer, tensors, plain["param_groups"])  # type: ignore[attr-defined]
+        self.scheduler.load_state_dict(plain["scheduler"])
 
     def load_training_state(self, state: dict[str, Any]) -> None:
         """Restore ``training_state()``; every rank passes the saved state."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,7 @@ def _run_embodied(args: argparse.Namespace) -> int:
 def _run_reasoning(args: argparse.Namespace) -> int:
     from m2flow.config import from_dict
     from m2flow.config.loader import compose
+    from m2flow.workers.actor import SHARDS, whole_model_dir
     from m2flow.workflows.evaluation import EvalConfig, evaluate_checkpoint
 
     base = _defaults_from_training(args.config) if args.config is not None else {}
@@ -96,7 +98,11 @@ def _run_reasoning(args: argparse.Namespace) -> int:
     path = model_dir(args.checkpoint)
     if not (path / "config.json").is_file():
         raise CommandError(f"{args.checkpoint} holds no model (no config.json)")
-    results = evaluate_checkpoint(str(path), cfg)
+    if (path / SHARDS).is_dir():  # a sharded (FSDP) checkpoint: put its weights together in a scratch copy
+        with tempfile.TemporaryDirectory(prefix="m2flow-eval-") as scratch:
+            results = evaluate_checkpoint(str(whole_model_dir(path, Path(scratch))), cfg)
+    else:
+        results = evaluate_checkpoint(str(path), cfg)
     say(f"{path}: accuracy {results['eval/accuracy']:.4f}, mean length {results['eval/response_length']:.2f} "
         f"tokens over {int(results['eval/prompts_count'])} prompts ({cfg.data.kind}, {cfg.split})")
     _write(results, args.output)

@@ -350,9 +350,10 @@ class EmbodiedFlow:
         handles = {"actor": self.actor.save_checkpoint(str(path)), "env": self.env.save_checkpoint(str(path))}
         if not self.fused:
             handles["rollout"] = self.rollout.save_checkpoint(str(path))
-        _gather(handles, self.timeout)
+        saved = _gather(handles, self.timeout)
         save_config(self.cfg, path / CONFIG_FILE, workflow="embodied")  # what evaluation needs
         write_state(path, {"workflow": "embodied", "next_step": next_iteration, "env_steps": self.env_steps,
+                           "actor": saved["actor"][0],  # counters such as the skipped updates in a row
                            "episodes": self.episodes, "recent": list(self.recent), "norm_deltas": self._deltas,
                            "seed": self.cfg.seed, "env_ranks": self.env_ranks, "fused": self.fused})
         log.info("checkpoint %s", path)
@@ -365,7 +366,8 @@ class EmbodiedFlow:
         if state["env_ranks"] != self.env_ranks:
             raise ValueError(f"resume: {path} was written by {state['env_ranks']} env ranks, "
                              f"this placement has {self.env_ranks}")
-        handles = {"actor": self.actor.load_checkpoint(str(path)), "env": self.env.load_checkpoint(str(path))}
+        handles = {"actor": self.actor.load_checkpoint(str(path), state.get("actor")),
+                   "env": self.env.load_checkpoint(str(path))}
         if not self.fused:
             if state["fused"]:
                 raise ValueError(f"resume: {path} holds no rollout ranks' generators (written by a fused plan)")

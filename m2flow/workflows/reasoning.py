@@ -111,7 +111,8 @@ class ReasoningFlow:
     """The launched system of one run: worker groups, the streams between them, and the data."""
 
     def __init__(self, cfg: ReasoningConfig, plan: Plan, executor: Executor, model_path: Path, train: PromptDataset,
-                 test: PromptDataset | None, resume_dir: Path | None = None, trace_dir: Path | None = None) -> None:
+                 test: PromptDataset | None, resume_dir: Path | None = None, trace_dir: Path | None = None,
+                 actor_counters: dict[str, int] | None = None) -> None:
         from m2flow.workers.actor import ActorWorker
         from m2flow.workers.inference import InferenceWorker
         from m2flow.workers.reward import RewardWorker
@@ -157,7 +158,8 @@ class ReasoningFlow:
                                    {"shares_devices": turns["inference"]}),
             "actor": GroupSpec(ActorWorker, (path, cfg.actor, cfg.algorithm, temperature, n, ready),
                                {"total_steps": cfg.steps, "seed": cfg.seed, "shares_devices": turns["actor"],
-                                "resume_dir": str(resume_dir) if resume_dir else None}),
+                                "resume_dir": str(resume_dir) if resume_dir else None,
+                                "counters": actor_counters}),
         }
         if self.rollout_fused:
             specs["actor"].kwargs["generation"] = {"cfg": cfg.rollout, "prompts": self.prompts, "responses": responses,
@@ -261,9 +263,9 @@ class ReasoningFlow:
     def save_checkpoint(self, next_step: int, loader: PromptDataLoader) -> Path:
         """Actor weights + optimizer + RNG (by the actor), data position and step (here)."""
         path = checkpoint_path(self.run_dir, next_step)
-        self.actor.save_checkpoint(str(path)).wait()
+        counters = self.actor.save_checkpoint(str(path)).wait()[0]
         write_state(path, {"workflow": "reasoning", "next_step": next_step, "loader": loader.state_dict(),
-                           "seed": self.cfg.seed})
+                           "seed": self.cfg.seed, "actor": counters})
         log.info("checkpoint %s", path)
         prune_checkpoints(self.run_dir, self.cfg.keep_checkpoints)
         return path
@@ -318,6 +320,7 @@ class ReasoningRun:
             self.loader: PromptDataLoader = PromptDataLoader(train_set, cfg.data.prompts_per_step, seed=cfg.seed,
                                                              shuffle=cfg.data.shuffle)
             resume = find_checkpoint(cfg.resume, cfg.run_dir)
+            state: dict[str, Any] = {}
             if resume is not None:
                 state = read_state(resume)
                 self.start = int(state["next_step"])
@@ -327,7 +330,7 @@ class ReasoningRun:
             executor = self.scaffold.executor()
             self.plan = self.scaffold.adopt(plan_reasoning(cfg, executor.layout))
             self.flow = ReasoningFlow(cfg, self.plan, executor, model_path, train_set, test_set, resume,
-                                      self.scaffold.trace_dir)
+                                      self.scaffold.trace_dir, actor_counters=state.get("actor"))
             self.flow.restarts = self.restarts
         except BaseException as e:
             self.__exit__(type(e), e, None)

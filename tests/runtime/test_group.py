@@ -211,9 +211,43 @@ class _Titled(Worker):
             return f.read().split(b"\0")[0].decode().strip()
 
 
+def _cmdline(pid: int) -> str:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().split(b"\0")[0].decode().strip()
+
+
 def test_a_rank_process_is_titled_by_its_group_and_rank(cluster):
     group = WorkerGroup(_Titled, cluster, "titled", num_ranks=2)
     try:
-        assert group.title().wait(timeout=60) == ["ray::titled[0].title", "ray::titled[1].title"]
+        assert group.title().wait(timeout=60) == ["ray::titled[0].title", "ray::titled[1].title"]  # during a call
+        pids = group.pids()
+        assert [_cmdline(pid) for pid in pids] == ["ray::titled[0]", "ray::titled[1]"]  # and between calls
+        group.title().wait(timeout=60)
+        assert [_cmdline(pid) for pid in pids] == ["ray::titled[0]", "ray::titled[1]"]
     finally:
         group.shutdown()
+
+
+def test_calls_leave_no_record_in_rays_task_table_unless_asked(cluster, monkeypatch):
+    """Ray's control store keeps a record of every task it hears of; m2flow's calls are not reported
+    (``cluster.task_events``: False), which kept its memory from growing with the number of calls."""
+    import time
+
+    def recorded() -> set[str]:
+        return {str(e.get("cat")) for e in ray.timeline()}
+
+    quiet = WorkerGroup(_Titled, cluster, "untracked", num_ranks=1)
+    quiet.title().wait(timeout=60)
+    monkeypatch.setattr(cluster.config, "task_events", True)
+    tracked = WorkerGroup(_Titled, cluster, "tracked", num_ranks=1)
+    try:
+        tracked.title().wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while "task::tracked[0].title" not in recorded() and time.monotonic() < deadline:
+            time.sleep(0.5)  # task events reach the control store in batches, about once a second
+        seen = recorded()
+        assert "task::tracked[0].title" in seen
+        assert "task::untracked[0].title" not in seen  # reported before the tracked one, had it been
+    finally:
+        quiet.shutdown()
+        tracked.shutdown()

@@ -39,3 +39,62 @@ def test_an_env_that_raises_now_and_then_is_counted_and_one_that_raises_often_st
         assert "more than env_worker.max_error_rate=0.1" in str(error)
     else:
         raise AssertionError("the run went on past env_worker.max_error_rate")
+
+
+def test_the_count_of_skipped_updates_in_a_row_survives_a_resume(tmp_path, monkeypatch):
+    """Every loss NaN, at most 3 skips in a row: 2 before the checkpoint, so the first resumed one is the third."""
+    import json
+
+    import pytest
+
+    import m2flow.workers.actor as actor_module
+    from m2flow.runtime.errors import health_stop
+    from m2flow.workflows.reasoning import train
+    from m2flow.workflows.run import TRAINER_STATE
+    from tests.workflows.reasoning_setup import toy_config
+
+    original = actor_module.policy_objective
+
+    def nan_objective(*args, **kwargs):
+        obj = original(*args, **kwargs)
+        obj.loss = obj.loss * float("nan")
+        return obj
+
+    monkeypatch.setattr(actor_module, "policy_objective", nan_objective)  # placement local: the actor is here
+    cfg = {"actor": {"max_skipped_updates": 3, "micro_batch_size": 16}, "checkpoint_every": 2}
+    first = train(toy_config(tmp_path, "local", steps=2, **cfg))
+    assert [h["actor/skipped_updates_count"] for h in first.history] == [1.0, 1.0]
+    checkpoint = first.last_checkpoint
+    assert json.loads((checkpoint / TRAINER_STATE).read_text())["actor"] == {"skipped_in_row": 2}
+    with pytest.raises(Exception) as caught:
+        train(toy_config(tmp_path, "local", steps=4, resume=str(checkpoint), **cfg))
+    assert health_stop(caught.value) and "3 optimizer steps in a row skipped" in str(caught.value)
+
+
+def test_the_count_of_skipped_ppo_updates_in_a_row_survives_a_resume(tmp_path, monkeypatch):
+    """The embodied counterpart: every PPO update sees a NaN return, at most 3 skips in a row."""
+    import json
+
+    import pytest
+
+    from m2flow.runtime.errors import health_stop
+    from m2flow.workers.embodied.ppo import PPOUpdater
+    from m2flow.workflows.embodied import train
+    from m2flow.workflows.run import TRAINER_STATE
+    from tests.workflows.test_embodied import toy_config
+
+    original = PPOUpdater.update
+
+    def poisoned(self, batch, lr=None):
+        batch.returns[0] = float("nan")  # the value loss turns NaN
+        return original(self, batch, lr)
+
+    monkeypatch.setattr(PPOUpdater, "update", poisoned)  # placement local: the actor is here
+    cfg = {"placement": "local", "checkpoint_every": 2, "actor.max_skipped_updates": 3}
+    first = train(toy_config(tmp_path / "a", total_env_steps=2 * 512, **cfg))
+    assert [h["actor/skipped_updates_count"] for h in first.history] == [1.0, 1.0]
+    checkpoint = first.last_checkpoint
+    assert json.loads((checkpoint / TRAINER_STATE).read_text())["actor"] == {"skipped_in_row": 2}
+    with pytest.raises(Exception) as caught:
+        train(toy_config(tmp_path / "b", total_env_steps=4 * 512, resume=str(checkpoint), **cfg))
+    assert health_stop(caught.value) and "3 PPO updates in a row skipped" in str(caught.value)

@@ -116,7 +116,8 @@ class GenerationBackend(Protocol):
         ...
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Copy (possibly a subset of) the policy weights in, by parameter name."""
+        """Copy (possibly a subset of) the policy weights in, by parameter name; also between `offload` and
+        `onload`, and then they are the weights generated from after `onload`."""
         ...
 
     def offload(self) -> None:

@@ -41,7 +41,8 @@ class VLLMGenerationBackend:
 
     def __init__(self, llm: Any) -> None:
         self.llm = llm
-        self.asleep = False
+        self.asleep: set[str] = set()
+        """What sleeps: {"weights", "kv_cache"} after ``offload``, {"kv_cache"} once new weights went in."""
 
     @classmethod
     def from_options(cls, path: str | Path, options: GenerationOptions) -> VLLMGenerationBackend:
@@ -119,7 +120,8 @@ class VLLMGenerationBackend:
     ) -> Iterator[ResponseGroup]:
         """Yield each chunk's groups as soon as the engine returns them."""
         if self.asleep:
-            raise RuntimeError("generation backend is offloaded; call onload() first")
+            raise RuntimeError(f"generation backend is offloaded ({', '.join(sorted(self.asleep))} asleep); "
+                               "call onload() first")
         size = prompts_per_chunk or len(prompt_ids) or 1
         for k, start in enumerate(range(0, len(prompt_ids), size)):
             chunk = prompt_ids[start : start + size]
@@ -141,7 +143,14 @@ class VLLMGenerationBackend:
                 yield ResponseGroup(prompt_index=start + i, prompt_ids=list(chunk[i]), responses=responses)
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Hand the named tensors to the engine's model (`model.load_weights`, HF parameter names)."""
+        """Hand the named tensors to the engine's model (`model.load_weights`, HF parameter names).
+
+        A sleeping engine has no device memory behind its weights: what is written there is lost, and
+        waking up copies the old weights back from host memory. So the weights wake first, alone
+        (``wake_up(tags=["weights"])``, the KV cache stays released until ``onload``), then load.
+        """
+        if "weights" in self.asleep:
+            self._wake(["weights"])
         items = list(state_dict.items())
         if hasattr(self.llm, "apply_model"):
             self.llm.apply_model(lambda model: model.load_weights(items))
@@ -151,10 +160,27 @@ class VLLMGenerationBackend:
 
     def offload(self) -> None:
         """Sleep level 1: weights to host memory, KV cache freed."""
+        if self.asleep == {"weights", "kv_cache"}:
+            return
+        if self.asleep:  # half awake (new weights, no KV cache): sleep from fully awake
+            self._wake(sorted(self.asleep))
         self.llm.sleep(level=1)
-        self.asleep = True
+        self.asleep = {"weights", "kv_cache"}
 
     def onload(self) -> None:
-        """Wake the engine: weights back on the device, KV cache reallocated."""
-        self.llm.wake_up()
-        self.asleep = False
+        """Wake what still sleeps: the weights (unless new ones were loaded since) and the KV cache."""
+        if self.asleep:
+            self._wake(sorted(self.asleep))
+
+    def _wake(self, tags: list[str]) -> None:
+        if set(tags) == {"weights", "kv_cache"}:
+            self.llm.wake_up()
+            self.asleep.clear()
+            return
+        try:
+            self.llm.wake_up(tags=tags)
+        except TypeError:  # a vLLM without tags wakes everything at once
+            self.llm.wake_up()
+            self.asleep.clear()
+            return
+        self.asleep.difference_update(tags)

@@ -28,6 +28,9 @@ class TrainingStrategy(Protocol):
     world_size: int
     lockstep: bool
     """True when every forward pass is a collective: all ranks must run the same number of micro-batches."""
+    sharded: bool
+    """True when each rank holds a shard of the state: checkpoints are written per rank (``sharded_state``)
+    instead of gathered (``full_state_dict``)."""
 
     def parameters(self) -> Iterator[nn.Parameter]:
         """The trainable parameters (local shards under FSDP), for the optimizer."""

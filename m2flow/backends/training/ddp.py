@@ -28,6 +28,7 @@ class DataParallelStrategy:
     """Every rank holds the full model; gradients are summed over ranks in flat buckets."""
 
     lockstep = False
+    sharded = False
 
     def __init__(self, module: nn.Module, device: torch.device, bucket_bytes: int = _BUCKET_BYTES) -> None:
         self.module = module

@@ -36,6 +36,7 @@ class FSDP2Strategy:
     """Parameters, gradients and optimizer state sharded over the ranks of the group."""
 
     lockstep = True
+    sharded = True
 
     def __init__(self, module: nn.Module, device: torch.device, cpu_offload: bool = False) -> None:
         from torch.distributed.device_mesh import init_device_mesh
@@ -99,6 +100,25 @@ class FSDP2Strategy:
         # torch builds the local state to fill by a zero step, which it skips while gradients exist.
         optimizer.zero_grad(set_to_none=True)
         set_optimizer_state_dict(self.module, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+    def sharded_state(self, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """This rank's shards of the weights and optimizer state (DTensors, nothing gathered), and the
+        optimizer's param groups (plain values, the same on every rank)."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        # torch builds the optimizer's state by a zero step when it has none yet, which gradients block.
+        if not optimizer.state:
+            optimizer.zero_grad(set_to_none=True)
+        model, optim = get_state_dict(self.module, optimizer)
+        return {"model": model, "optim": optim["state"]}, optim["param_groups"]
+
+    def load_sharded_state(self, optimizer: torch.optim.Optimizer, tensors: dict[str, Any],
+                           param_groups: list[dict[str, Any]]) -> None:
+        """Restore what ``sharded_state`` returned (the tensors as loaded into its own tree)."""
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        set_state_dict(self.module, optimizer, model_state_dict=tensors["model"],
+                       optim_state_dict={"state": tensors["optim"], "param_groups": param_groups})
 
     def offload(self, optimizer: torch.optim.Optimizer | None) -> None:
         if self.device.type != "cpu" and optimizer is not None:

@@ -216,21 +216,23 @@ class ActorWorker(Worker):
         self.updater.to(self.device)
 
     # -- checkpoint ------------------------------------------------------------------------------
-    def save_checkpoint(self, directory: str) -> str | None:
-        """Rank 0 writes weights, optimizer state and the shuffling generator (all ranks agree)."""
-        if self.rank != 0:
-            return None
-        path = Path(directory) / ACTOR_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_state({"policy": self.state_dict(), "updater": self.updater.state_dict()}, path)
-        return str(path)
+    def save_checkpoint(self, directory: str) -> dict[str, int]:
+        """Rank 0 writes weights, optimizer state and the shuffling generator (all ranks agree); every rank
+        returns the counters the driver keeps in ``trainer_state.json`` (the same on every rank)."""
+        if self.rank == 0:
+            path = Path(directory) / ACTOR_FILE
+            path.parent.mkdir(parents=True, exist_ok=True)
+            save_state({"policy": self.state_dict(), "updater": self.updater.state_dict()}, path)
+        return {"skipped_in_row": self.updater.skipped_in_row}
 
-    def load_checkpoint(self, directory: str) -> None:
+    def load_checkpoint(self, directory: str, counters: dict[str, int] | None = None) -> None:
+        """Restore what ``save_checkpoint`` wrote, and the ``counters`` it returned."""
         state = load_state(Path(directory) / ACTOR_FILE, map_location=self.device)
         with torch.no_grad():
             for name, tensor in self.policy.state_dict().items():
                 tensor.copy_(state["policy"][name])  # in place: the flat buffers stay shared
         self.updater.load_state_dict(state["updater"])
+        self.updater.skipped_in_row = int((counters or {}).get("skipped_in_row", 0))
 
 
 def staleness_metrics(trajs: list[Trajectory], ages: list[int], max_staleness: int) -> dict[str, float]:

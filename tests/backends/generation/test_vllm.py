@@ -31,3 +31,14 @@ def test_groups_stop_strings_and_lengths(ckpt, tok):
     backend.offload()
     backend.onload()
     assert backend.generate(prompts[:1], SamplingParams(max_new_tokens=2))[0].responses
+
+
+def test_weights_loaded_while_asleep_are_generated_from_after_waking(ckpt, tok, taught):
+    """The collocated order: sleep after the last chunk, the next weight sync, wake for the first chunk."""
+    backend = VLLMGenerationBackend.from_pretrained(ckpt, gpu_memory_utilization=0.2, enforce_eager=True)
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=3)
+    prompt = [tok("12+7=")["input_ids"]]
+    backend.offload()
+    backend.load_weights({k: v.detach().cuda() for k, v in taught.state_dict().items()})
+    backend.onload()
+    assert backend.generate(prompt, greedy)[0].responses[0].text.startswith("19")
