@@ -13,7 +13,12 @@ Two ways through an iteration, chosen once from the config:
   mini-batch updates run in one device turn.
 
 Losses are sums scaled once by the global token or sequence count (see ``objective.py``), so both
-ways, and any micro-batching, give the same update. Before any step that synchronises ranks, every
+ways, and any micro-batching, give the same update.
+
+Bounded staleness (``algorithm.max_staleness`` s): every group carries the policy version that
+generated it; a group more than s versions older than this actor (the iterations it has trained) is
+marked dropped and counted, never trained on, and the others are trained with the decoupled PPO
+objective against their behaviour log-probs (``objective.policy_objective(decoupled=True)``). Before any step that synchronises ranks, every
 rank waits on a host barrier without holding its devices: a rank holding the device lock while
 waiting for a peer whose data still needs that device would deadlock a collocated placement.
 """
@@ -30,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from m2flow.algorithms.offpolicy import fresh_mask, sample_ages
 from m2flow.backends.training.collectives import all_reduce_max, all_reduce_sum, barrier, use_host_sum
 from m2flow.data.batch import RolloutBatch
 from m2flow.models.causal_lm import CausalLMWithValueHead, load_causal_lm, response_logprobs
@@ -66,9 +72,11 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
     def __init__(self, model_path: str, cfg: ActorConfig, algo: AlgorithmConfig, temperature: float,
                  group_size: int, ready: GroupStream, *, total_steps: int, seed: int = 0,
                  resume_dir: str | None = None, shares_devices: bool = False,
-                 generation: dict[str, Any] | None = None) -> None:
+                 generation: dict[str, Any] | None = None, start_step: int = 0) -> None:
         self.cfg = cfg
         self.algo = algo
+        self.max_staleness = algo.max_staleness
+        self.policy_version = start_step  # iterations trained: the version a fused rollout generates with
         self.inp = ready
         self.shares_devices = shares_devices
         self.temperature = temperature if temperature > 0 else 1.0
@@ -151,13 +159,28 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         """Update on this rank's groups of iteration ``step``; returns actor (and critic) metrics."""
         expected = self.inp.expected(self.rank, num_slots)
         start = time.perf_counter()
+        self.policy_version = step  # iterations trained so far
+        self._ages = [0] * (self.max_staleness + 2)  # responses by age 0..s, then those dropped as too old
+        self._waited = 0.0
         if self.streaming:
             metrics = self._train_streaming(step, expected)
         else:
             metrics = self._train_gathered(step, expected)
         metrics["time/train"] = time.perf_counter() - start
+        metrics["time/actor_wait_s"] = self._waited
+        if self.max_staleness > 0:
+            metrics.update(staleness_metrics(all_reduce_sum([float(c) for c in self._ages])))
         metrics[WEIGHT_KEY] = 1.0
+        self.policy_version = step + 1
         return metrics
+
+    def _take(self, step: int, count: int, ready: bool = False) -> list[GroupSample]:
+        """``count`` groups of iteration ``step`` (``ready``: 1 to ``count`` of what is there), checked and
+        logged; the time spent waiting for them counts in ``time/actor_wait_s``."""
+        t0 = time.perf_counter()
+        groups = (self.inp.take_ready if ready else self.inp.take)(self.rank, count, step)
+        self._waited += time.perf_counter() - t0
+        return self._accept(step, groups)
 
     def _train_streaming(self, step: int, expected: int) -> dict[str, float]:
         totals = StepTotals()
@@ -166,8 +189,7 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
             limit = min(self.groups_per_micro_batch, remaining)
             # On devices shared with generation a pass overlaps nothing, so a partial micro-batch only
             # adds passes: wait for a full one. On devices of its own, train on whatever is ready.
-            take = self.inp.take if self.shares_devices else self.inp.take_ready
-            groups = self._accept(step, take(self.rank, limit))
+            groups = self._take(step, limit, ready=not self.shares_devices)
             remaining -= len(groups)
             live = [g for g in groups if not g.dropped]
             if not live:
@@ -184,7 +206,7 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         return metrics
 
     def _train_gathered(self, step: int, expected: int) -> dict[str, float]:
-        groups = self._accept(step, self.inp.take(self.rank, expected))
+        groups = self._take(step, expected)
         live = [g for g in groups if not g.dropped]
         barrier()  # every rank holds its data: nothing upstream needs a device from here on
         metrics: dict[str, float] = {}
@@ -203,10 +225,21 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         return metrics
 
     def _accept(self, step: int, groups: list[GroupSample]) -> list[GroupSample]:
-        """Check that the groups belong to this iteration and log them in ``received``."""
-        for g in groups:
+        """Check that the groups belong to this iteration, drop those older than ``max_staleness`` and
+        log them in ``received``."""
+        if groups:
+            ages = sample_ages(step, torch.tensor([g.version for g in groups]))  # version = iterations trained
+            fresh = fresh_mask(ages, self.max_staleness).tolist()
+        for i, g in enumerate(groups):
             if g.step != step:
                 raise RuntimeError(f"actor rank {self.rank} got a group of iteration {g.step} during {step}")
+            age = int(ages[i])
+            if age < 0:
+                raise RuntimeError(f"actor rank {self.rank} at version {step} got a group of "
+                                   f"iteration {step} generated by the newer version {g.version}")
+            if not fresh[i]:
+                g.dropped = True  # older than the bound: passed over, never trained on
+            self._ages[age if fresh[i] else -1] += g.size
             self.received.append((g.step, g.slot, g.index, not g.dropped))
         return groups
 
@@ -240,7 +273,8 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
                 self.policy.module, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
                 batch.response_mask, temperature=self.temperature, return_entropy=need_entropy,
                 forward=self.forward)
-            obj = policy_objective(logp, entropy, batch, self.algo)
+            obj = policy_objective(logp, entropy, batch, self.algo,
+                                   version=self.policy_version if self.max_staleness > 0 else None)
             (obj.loss * weight).backward()
         if weight:
             totals.add(obj)
@@ -321,6 +355,18 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         rng = root / f"rng_actor{self.rank}.pt"
         if rng.is_file():
             _set_rng_state(load_state(rng))
+
+
+def staleness_metrics(counts: list[float]) -> dict[str, float]:
+    """``async/*`` from the responses of an iteration by age (``counts[a]``, a = 0..s) and the number
+    dropped as older than s (``counts[-1]``): the names the embodied actor logs."""
+    by_age, dropped = counts[:-1], counts[-1]
+    trained = sum(by_age)
+    out = {f"async/age_{a}_samples": float(c) for a, c in enumerate(by_age)}
+    out["async/dropped_samples"] = float(dropped)
+    out["async/staleness_mean"] = sum(a * c for a, c in enumerate(by_age)) / trained if trained else float("nan")
+    out["async/staleness_max"] = float(max((a for a, c in enumerate(by_age) if c), default=0))
+    return out
 
 
 def _save_value_model(model: Any, weights: dict[str, torch.Tensor], path: Path) -> None:

@@ -86,7 +86,7 @@ class InferenceWorker(ReasoningWorker):
         busy = 0.0
         sizes: list[int] = []
         while remaining:
-            groups: list[GroupSample] = self.inp.take_ready(self.rank, min(self.groups_per_batch, remaining))
+            groups: list[GroupSample] = self.inp.take_ready(self.rank, min(self.groups_per_batch, remaining), step)
             remaining -= len(groups)
             live = [g for g in groups if not g.dropped]
             if live and self._models():

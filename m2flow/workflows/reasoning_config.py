@@ -163,6 +163,10 @@ class ReasoningConfig:
             raise ValueError(
                 "algorithm.old_logprobs: 'actor' is exact only with one optimizer step per iteration "
                 "(actor.mini_batches = actor.update_epochs = 1)")
+        if self.algorithm.max_staleness > 0 and not self.actor.updates_once:
+            raise ValueError(
+                "algorithm.max_staleness > 0 needs one optimizer step per iteration (actor.mini_batches = "
+                "actor.update_epochs = 1): the proximal policy is then the actor's own forward")
         # Attaching to a cluster, its devices are unknown until connected: check the syntax only.
         layout = expected_layout(self.cluster) or NodeLayout((SYNTAX_LAYOUT_DEVICES,))
         try:
