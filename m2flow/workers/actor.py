@@ -13,14 +13,15 @@ Two ways through an iteration, chosen once from the config:
   mini-batch updates run in one device turn.
 
 Losses are sums scaled once by the global token or sequence count (see ``objective.py``), so both
-ways, and any micro-batching, give the same update.
-
-Bounded staleness (``algorithm.max_staleness`` s): every group carries the policy version that
-generated it; a group more than s versions older than this actor (the iterations it has trained) is
-marked dropped and counted, never trained on, and the others are trained with the decoupled PPO
-objective against their behaviour log-probs (``objective.policy_objective(decoupled=True)``). Before any step that synchronises ranks, every
+ways, and any micro-batching, give the same update. Before any step that synchronises ranks, every
 rank waits on a host barrier without holding its devices: a rank holding the device lock while
 waiting for a peer whose data still needs that device would deadlock a collocated placement.
+
+Bounded staleness (``algorithm.max_staleness`` s > 0): every group carries the policy version that
+generated it; a group more than s versions older than this actor (the iterations it has trained) is
+marked dropped and counted (``async/dropped_samples``), never trained on, and the others are trained
+with the decoupled PPO objective against their behaviour log-probs
+(``objective.policy_objective(version=...)``).
 """
 
 from __future__ import annotations

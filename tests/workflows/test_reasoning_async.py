@@ -250,3 +250,13 @@ def test_disaggregated_staleness_2_with_two_rollout_ranks_trains_every_group_onc
     assert [h["async/staleness_max"] for h in history] == [0.0, 1.0, 2.0, 2.0, 2.0, 2.0]
     assert all(h["async/dropped_samples"] == 0.0 for h in history)
     assert improved(history), [h["reward/mean"] for h in history]
+
+
+def test_collocated_staleness_1_takes_turns_and_trains_every_group_once(cluster, tmp_path):
+    # One device for everything, one process per component: generation ahead takes turns with
+    # training under the device lock (no deadlock with groups of two iterations in flight).
+    cfg = _config(tmp_path, 1, "actor,rollout,inference,reward: 0", steps=4, rollout={"prompts_per_chunk": 4})
+    history, received, _ = _run(cfg, cluster)
+    assert _taken(received) == [(s, k) for s in range(4) for k in range(8)]
+    assert all(trained for rank in received for *_, trained in rank)
+    assert [h["async/staleness_max"] for h in history] == [0.0, 1.0, 1.0, 1.0]
