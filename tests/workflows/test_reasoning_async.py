@@ -260,3 +260,11 @@ def test_collocated_staleness_1_takes_turns_and_trains_every_group_once(cluster,
     assert _taken(received) == [(s, k) for s in range(4) for k in range(8)]
     assert all(trained for rank in received for *_, trained in rank)
     assert [h["async/staleness_max"] for h in history] == [0.0, 1.0, 1.0, 1.0]
+
+
+def test_behaviour_log_probs_reported_by_the_rollout_serve_as_well(tmp_path):
+    # No inference workers: the generator's own log-probs are the behaviour policy's.
+    history, received, _ = _run(_config(tmp_path, 1, steps=3, algorithm={"old_logprobs": "rollout"}))
+    assert _taken(received) == [(s, k) for s in range(3) for k in range(8)]
+    assert [h["async/staleness_max"] for h in history] == [0.0, 1.0, 1.0]
+    assert all(0.5 < h["async/importance_weight_mean"] < 2.0 for h in history)
