@@ -86,6 +86,8 @@ class RolloutBatch:
     pad_id: int = 0
     """Token id used for padding ids."""
     rewards: torch.Tensor | None = None
+    versions: torch.Tensor | None = None
+    """(B,) long, the policy version (iterations trained) that generated each response (bounded staleness)."""
     """(B,) float, one scalar reward per response."""
     rollout_logprobs: torch.Tensor | None = None
     """(B, Lr) float, log-probs reported by the generator (0 on padding)."""

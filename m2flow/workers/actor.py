@@ -17,6 +17,12 @@ that many real tokens (gathered: rows). Losses are sums scaled once by the globa
 count (see ``objective.py``), so both ways, and any micro-batching, give the same update. Before any step that synchronises ranks, every
 rank waits on a host barrier without holding its devices: a rank holding the device lock while
 waiting for a peer whose data still needs that device would deadlock a collocated placement.
+
+Bounded staleness (``algorithm.max_staleness`` s > 0): every group carries the policy version that
+generated it; a group more than s versions older than this actor (the iterations it has trained) is
+marked dropped and counted (``async/dropped_samples``), never trained on, and the others are trained
+with the decoupled PPO objective against their behaviour log-probs
+(``objective.policy_objective(version=...)``).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from m2flow.algorithms.offpolicy import fresh_mask, sample_ages
 from m2flow.backends.training.collectives import all_reduce_max, all_reduce_sum, barrier, use_host_sum
 from m2flow.data.batch import RolloutBatch
 from m2flow.models.causal_lm import CausalLMWithValueHead, load_causal_lm, response_logprobs
@@ -68,9 +75,12 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
     def __init__(self, model_path: str, cfg: ActorConfig, algo: AlgorithmConfig, temperature: float,
                  group_size: int, ready: GroupStream, *, total_steps: int, seed: int = 0,
                  resume_dir: str | None = None, counters: dict[str, int] | None = None,
-                 shares_devices: bool = False, generation: dict[str, Any] | None = None) -> None:
+                 shares_devices: bool = False, generation: dict[str, Any] | None = None,
+                 start_step: int = 0) -> None:
         self.cfg = cfg
         self.algo = algo
+        self.max_staleness = algo.max_staleness
+        self.policy_version = start_step  # iterations trained: the version a fused rollout generates with
         self.inp = ready
         self.shares_devices = shares_devices
         self.temperature = temperature if temperature > 0 else 1.0
@@ -159,20 +169,35 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         expected = self.inp.expected(self.rank, num_slots)
         start = time.perf_counter()
         self._busy = 0.0
+        self.policy_version = step  # iterations trained so far
+        self._ages = [0] * (self.max_staleness + 2)  # responses by age 0..s, then those dropped as too old
+        self._waited = 0.0
         if self.streaming:
             metrics = self._train_streaming(step, expected)
         else:
             metrics = self._train_gathered(step, expected)
         metrics["time/train"] = time.perf_counter() - start  # waits for groups and device turns included
         metrics["time/train_busy"] = self._busy  # computing only: what a cost model prices
+        metrics["time/actor_wait_s"] = self._waited
+        if self.max_staleness > 0:
+            metrics.update(staleness_metrics(all_reduce_sum([float(c) for c in self._ages])))
         metrics[WEIGHT_KEY] = 1.0
+        self.policy_version = step + 1
         return metrics
+
+    def _take(self, step: int, count: int, ready: bool = False) -> list[GroupSample]:
+        """``count`` groups of iteration ``step`` (``ready``: 1 to ``count`` of what is there), checked and
+        logged; the time spent waiting for them counts in ``time/actor_wait_s``."""
+        t0 = time.perf_counter()
+        groups = (self.inp.take_ready if ready else self.inp.take)(self.rank, count, step)
+        self._waited += time.perf_counter() - t0
+        return self._accept(step, groups)
 
     def _train_streaming(self, step: int, expected: int) -> dict[str, float]:
         totals = StepTotals()
         remaining = expected
         while remaining:
-            groups = self._accept(step, self._take_micro_batch(remaining))
+            groups = self._take_micro_batch(step, remaining)
             remaining -= len(groups)
             live = [g for g in groups if not g.dropped]
             if not live:
@@ -192,20 +217,26 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
             self._busy += time.perf_counter() - t0
         return metrics
 
-    def _take_micro_batch(self, remaining: int) -> list[GroupSample]:
-        """The groups of the next streamed micro-batch: ``micro_batch_tokens`` tokens' worth when set, else
-        ``micro_batch_size`` responses' worth. On devices shared with generation a pass overlaps nothing,
-        so a partial micro-batch only adds passes: wait for a full one. On devices of its own, train on
-        whatever is ready."""
+    def _take_micro_batch(self, step: int, remaining: int) -> list[GroupSample]:
+        """The groups of iteration ``step``'s next streamed micro-batch, checked and logged:
+        ``micro_batch_tokens`` tokens' worth when set, else ``micro_batch_size`` responses' worth. On
+        devices shared with generation a pass overlaps nothing, so a partial micro-batch only adds
+        passes: wait for a full one. On devices of its own, train on whatever is ready. The time spent
+        waiting counts in ``time/actor_wait_s``."""
+        t0 = time.perf_counter()
         budget = self.cfg.micro_batch_tokens
         if budget is not None:
-            return self.inp.take_tokens(self.rank, remaining, budget, group_tokens, wait=self.shares_devices)
-        limit = min(self.groups_per_micro_batch, remaining)
-        take = self.inp.take if self.shares_devices else self.inp.take_ready
-        return take(self.rank, limit)
+            groups = self.inp.take_tokens(self.rank, remaining, budget, group_tokens, wait=self.shares_devices,
+                                          step=step)
+        else:
+            limit = min(self.groups_per_micro_batch, remaining)
+            take = self.inp.take if self.shares_devices else self.inp.take_ready
+            groups = take(self.rank, limit, step)
+        self._waited += time.perf_counter() - t0
+        return self._accept(step, groups)
 
     def _train_gathered(self, step: int, expected: int) -> dict[str, float]:
-        groups = self._accept(step, self.inp.take(self.rank, expected))
+        groups = self._take(step, expected)
         live = [g for g in groups if not g.dropped]
         barrier()  # every rank holds its data: nothing upstream needs a device from here on
         metrics: dict[str, float] = {}
@@ -226,10 +257,23 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         return metrics
 
     def _accept(self, step: int, groups: list[GroupSample]) -> list[GroupSample]:
-        """Check that the groups belong to this iteration and log them in ``received``."""
+        """Check that the groups belong to this iteration, drop those older than ``max_staleness`` and
+        log them in ``received``. (Staleness 0 is the synchronous flow: every group is fresh by
+        construction, since generation waits for the weight sync, so versions are not consulted.)"""
         for g in groups:
             if g.step != step:
                 raise RuntimeError(f"actor rank {self.rank} got a group of iteration {g.step} during {step}")
+        if self.max_staleness > 0 and groups:
+            ages = sample_ages(step, torch.tensor([g.version for g in groups]))  # version = iterations trained
+            fresh = fresh_mask(ages, self.max_staleness).tolist()
+            for g, age, ok in zip(groups, ages.tolist(), fresh):
+                if age < 0:
+                    raise RuntimeError(f"actor rank {self.rank} at version {step} got a group of iteration "
+                                       f"{step} generated by the newer version {g.version}")
+                if not ok:
+                    g.dropped = True  # older than the bound: passed over, never trained on
+                self._ages[age if ok else -1] += g.size
+        for g in groups:
             self.received.append((g.step, g.slot, g.index, not g.dropped))
         return groups
 
@@ -266,7 +310,8 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
                 self.policy.module, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
                 batch.response_mask, temperature=self.temperature, return_entropy=need_entropy,
                 forward=self.forward)
-            obj = policy_objective(logp, entropy, batch, self.algo)
+            obj = policy_objective(logp, entropy, batch, self.algo,
+                                   version=self.policy_version if self.max_staleness > 0 else None)
             (obj.loss * weight).backward()
         if weight:
             totals.add(obj)
@@ -395,6 +440,18 @@ def whole_model_dir(actor_dir: Path, out: Path) -> Path:
             shutil.copy2(f, out / f.name)
     weights = sharded_checkpoint.load_full(actor_dir / SHARDS, "model")
     save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def staleness_metrics(counts: list[float]) -> dict[str, float]:
+    """``async/*`` from the responses of an iteration by age (``counts[a]``, a = 0..s) and the number
+    dropped as older than s (``counts[-1]``): the names the embodied actor logs."""
+    by_age, dropped = counts[:-1], counts[-1]
+    trained = sum(by_age)
+    out = {f"async/age_{a}_samples": float(c) for a, c in enumerate(by_age)}
+    out["async/dropped_samples"] = float(dropped)
+    out["async/staleness_mean"] = sum(a * c for a, c in enumerate(by_age)) / trained if trained else float("nan")
+    out["async/staleness_max"] = float(max((a for a, c in enumerate(by_age) if c), default=0))
     return out
 
 

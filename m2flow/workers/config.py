@@ -212,6 +212,9 @@ class AlgorithmConfig:
         "inference",
         "behaviour log-probs: recomputed by inference, as reported by rollout, or the actor's own "
         "detached forward ('actor': exact when each iteration makes one optimizer step)")
+    max_staleness: int = option(
+        0, "s: the rollout may generate up to s iterations ahead of the actor with older weights (decoupled PPO "
+        "against the behaviour policy; needs old_logprobs 'inference' or 'rollout'); 0: synchronous")
 
     @property
     def uses_critic(self) -> bool:
@@ -242,6 +245,11 @@ class AlgorithmConfig:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
         if self.clip_low <= 0:
             raise ValueError(f"clip_low must be > 0, got {self.clip_low}")
+        if self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
+        if self.max_staleness > 0 and self.old_logprobs == "actor":
+            raise ValueError("max_staleness > 0 needs the behaviour policy's log-probs: old_logprobs 'inference' "
+                             "or 'rollout' (the actor's own forward is the proximal policy, not the one that generated)")
         if self.kl_reward_coef > 0 and self.adv_estimator not in ("gae", "reinforce_pp", "reinforce_pp_baseline"):
             raise ValueError(
                 f"kl_reward_coef: estimator {self.adv_estimator!r} takes no KL in the reward; "

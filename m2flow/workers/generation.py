@@ -76,6 +76,8 @@ class GeneratesGroups:
     backend: GenerationBackend | None = None
     generation_model: nn.Module | None = None
     """A model shared with training, put in eval mode while generating (None: the backend's own)."""
+    policy_version: int = 0
+    """The version of the weights generated from (iterations trained); stamped on every group."""
 
     def setup_generation(self, backend: GenerationBackend, cfg: RolloutConfig, prompts: GroupStream,
                          responses: GroupStream, *, seed: int, scorer: dict[str, Any] | None = None,
@@ -178,7 +180,8 @@ class GeneratesGroups:
         for task, group in done:
             batch = RolloutBatch.from_groups([group], self.pad_id, group_ids=[task.slot])
             texts = [r.text or "" for r in group.responses]
-            samples.append(GroupSample(step, task.slot, task.index, task.answer, texts, batch))
+            samples.append(GroupSample(step, task.slot, task.index, task.answer, texts, batch,
+                                       version=self.policy_version))
             t.lengths.extend(len(r.token_ids) for r in group.responses)
             t.truncated += sum(r.finish_reason == "length" for r in group.responses)
         if self.scorer is not None:

@@ -87,7 +87,7 @@ class InferenceWorker(ReasoningWorker):
         busy = 0.0
         sizes: list[int] = []
         while remaining:
-            groups: list[GroupSample] = self._take_micro_batch(remaining)
+            groups: list[GroupSample] = self._take_micro_batch(remaining, step)
             remaining -= len(groups)
             live = [g for g in groups if not g.dropped]
             if live and self._models():
@@ -104,11 +104,12 @@ class InferenceWorker(ReasoningWorker):
             WEIGHT_KEY: float(max(1, len(sizes))),
         }
 
-    def _take_micro_batch(self, remaining: int) -> list[GroupSample]:
-        """What is ready, up to ``micro_batch_tokens`` tokens when set, else ``micro_batch_size`` responses."""
+    def _take_micro_batch(self, remaining: int, step: int) -> list[GroupSample]:
+        """What is ready of iteration ``step``, up to ``micro_batch_tokens`` tokens when set, else
+        ``micro_batch_size`` responses."""
         if self.cfg.micro_batch_tokens is not None:
-            return self.inp.take_tokens(self.rank, remaining, self.cfg.micro_batch_tokens, group_tokens)
-        return self.inp.take_ready(self.rank, min(self.groups_per_batch, remaining))
+            return self.inp.take_tokens(self.rank, remaining, self.cfg.micro_batch_tokens, group_tokens, step=step)
+        return self.inp.take_ready(self.rank, min(self.groups_per_batch, remaining), step)
 
     @torch.no_grad()
     def _logprobs(self, groups: list[GroupSample]) -> None:

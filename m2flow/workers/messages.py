@@ -39,7 +39,10 @@ class GroupSample:
     batch: RolloutBatch
     """The n responses as a padded batch; ``group_ids`` are all ``slot``."""
     dropped: bool = False
-    """Set by dynamic sampling when the group's rewards are all equal: it is passed on, never trained on."""
+    """Set by dynamic sampling when the group's rewards are all equal, or by the actor when the group is
+    older than ``algorithm.max_staleness``: it is passed on, never trained on."""
+    version: int = 0
+    """The policy version that generated it: the iterations the generating weights had been trained on."""
 
     @property
     def size(self) -> int:
@@ -57,8 +60,10 @@ def group_tokens(group: GroupSample) -> int:
 
 
 def join_groups(groups: Sequence[GroupSample]) -> RolloutBatch:
-    """One padded batch of the groups' rows, in the given order."""
-    return RolloutBatch.cat([g.batch for g in groups])
+    """One padded batch of the groups' rows, in the given order, each row with its group's version."""
+    batch = RolloutBatch.cat([g.batch for g in groups])
+    batch.versions = torch.tensor([g.version for g in groups for _ in range(g.size)], dtype=torch.long)
+    return batch
 
 
 def scatter_rows(groups: Sequence[GroupSample], field: str, values: torch.Tensor) -> None:

@@ -144,7 +144,7 @@ class RewardWorker(Worker):
         remaining = self.inp.expected(self.rank, num_slots)
         self.scorer.reset()
         while remaining:
-            groups: list[GroupSample] = self.inp.take_ready(self.rank, remaining)
+            groups: list[GroupSample] = self.inp.take_ready(self.rank, remaining, step)
             remaining -= len(groups)
             with self.tracer.span("reward", cat="reward", step=step, groups=len(groups)):
                 self.scorer.score(groups)

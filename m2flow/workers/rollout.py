@@ -8,6 +8,7 @@ when the rollout is fused into it.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from torch import nn
@@ -35,6 +36,17 @@ class RolloutWorker(GeneratesGroups, ReasoningWorker):
         self.setup_generation(backend, cfg, prompts, responses, seed=seed, scorer=scorer,
                               emit_each_group=emit_each_group)
         self._offloaded = False
+        self._idle_since: float | None = None  # when the last generate call ended
+
+    def generate(self, step: int, num_slots: int) -> dict[str, float]:
+        """``GeneratesGroups.generate``, plus ``time/rollout_wait_s``: how long this rank sat idle since its
+        previous iteration's generation ended (waiting for prompts, weights or the actor), its first excluded."""
+        start = time.perf_counter()
+        metrics = super().generate(step, num_slots)
+        if self._idle_since is not None:
+            metrics["time/rollout_wait_s"] = start - self._idle_since
+        self._idle_since = time.perf_counter()
+        return metrics
 
     # -- context switching ------------------------------------------------------------------
     def offload(self) -> None:
@@ -52,8 +64,11 @@ class RolloutWorker(GeneratesGroups, ReasoningWorker):
         return self.backend.module
 
     @trace_category("weight_sync")
-    def receive_weights(self, src_group: str, src_rank: int = 0) -> int:
-        """Load the policy weights streamed by the actor (in place for an in-process model)."""
+    def receive_weights(self, src_group: str, src_rank: int = 0, version: int | None = None) -> int:
+        """Load the policy weights streamed by the actor (in place for an in-process model); ``version``
+        (iterations trained) is stamped on the groups generated from them."""
+        if version is not None:
+            self.policy_version = version
         module = self._module()
         if module is not None:
             return self.receive_weights_into(module, src_group, src_rank)

@@ -12,6 +12,11 @@ bundles; what a ``take_ready`` unpacked beyond its limit stays with that consume
 ``keep_local(rank)`` is for a consumer rank that lives in the process producing all of its items and
 takes them after they are put (the rollout fused into an actor rank): its items then stay in the
 process, never serialised or sent through the channel host.
+
+With ``lanes`` L > 1 (bounded staleness: up to L iterations in flight at once) each consumer rank
+has L sub-queues and an item goes to lane ``step % L``: a consumer taking iteration k's items never
+gets a faster producer rank's items of iteration k + 1. Iteration k + L starts only after iteration
+k has been consumed, so L lanes are enough.
 """
 
 from __future__ import annotations
@@ -48,24 +53,27 @@ _LOCAL: dict[tuple[str, int], deque[Any]] = {}
 class GroupStream:
     """Put routed items in; consumer ``rank`` takes its own, all at once or as they become ready."""
 
-    def __init__(self, channel: Channel, consumers: int) -> None:
+    def __init__(self, channel: Channel, consumers: int, lanes: int = 1) -> None:
         if consumers < 1:
             raise ValueError(f"a stream needs at least one consumer rank, got {consumers}")
+        if lanes < 1:
+            raise ValueError(f"a stream needs at least one lane, got {lanes}")
         self.channel = channel
         self.consumers = consumers
-        self._held: dict[int, deque[Any]] = defaultdict(deque)  # unpacked, not yet taken (this process)
+        self.lanes = lanes
+        self._held: dict[Any, deque[Any]] = defaultdict(deque)  # unpacked, not yet taken (this process)
 
     def __getstate__(self) -> dict[str, Any]:
         # Held items belong to the process that unpacked them; a copy sent elsewhere starts empty.
-        return {"channel": self.channel, "consumers": self.consumers}
+        return {"channel": self.channel, "consumers": self.consumers, "lanes": self.lanes}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["channel"], state["consumers"])  # type: ignore[misc]
+        self.__init__(state["channel"], state["consumers"], state.get("lanes", 1))  # type: ignore[misc]
 
     @classmethod
-    def create(cls, name: str, consumers: int) -> GroupStream:
+    def create(cls, name: str, consumers: int, lanes: int = 1) -> GroupStream:
         """A stream over a new channel called ``name`` (unbounded: an iteration's data always fits)."""
-        return cls(Channel.create(name), consumers)
+        return cls(Channel.create(name), consumers, lanes)
 
     @property
     def name(self) -> str:
@@ -75,6 +83,14 @@ class GroupStream:
         """The consumer rank of ``slot``."""
         return slot % self.consumers
 
+    def _queue(self, rank: int, step: int | None) -> Any:
+        """The channel key of ``rank``'s items of iteration ``step`` (its rank alone with one lane)."""
+        if self.lanes == 1:
+            return rank
+        if step is None:
+            raise ValueError(f"stream {self.name!r} has {self.lanes} lanes: a take names the iteration")
+        return (rank, step % self.lanes)
+
     def expected(self, rank: int, num_slots: int) -> int:
         """How many of an iteration's ``num_slots`` items go to consumer ``rank``."""
         return len(range(rank, num_slots, self.consumers))
@@ -83,12 +99,15 @@ class GroupStream:
         """Keep the items for consumer ``rank`` in this process: it produces all of them itself, and
         takes them only after putting them (a take that finds too few then raises, as nothing else
         could bring the rest)."""
+        if self.lanes != 1:
+            raise ValueError(f"stream {self.name!r}: items kept local need a single lane")
         _LOCAL.setdefault((self.name, rank), self._held[rank])
 
-    def _box(self, rank: int) -> tuple[deque[Any], bool]:
-        """The items of ``rank`` held in this process, and whether that is all it will ever get."""
+    def _box(self, rank: int, key: Any) -> tuple[deque[Any], bool]:
+        """The items of ``rank`` (channel key ``key``) held in this process, and whether that is all it
+        will ever get."""
         local = _LOCAL.get((self.name, rank))
-        return (local, True) if local is not None else (self._held[rank], False)
+        return (local, True) if local is not None else (self._held[key], False)
 
     def put(self, item: _Routed) -> None:
         """Send ``item`` to the consumer rank of its slot."""
@@ -96,23 +115,26 @@ class GroupStream:
 
     def put_many(self, items: Iterable[_Routed]) -> None:
         """Send ``items``, one message per consumer rank (in slot order within each)."""
-        by_rank: dict[int, list[Any]] = defaultdict(list)
+        by_key: dict[Any, list[Any]] = defaultdict(list)
         for item in items:
-            by_rank[self.key(item.slot)].append(item)
-        for rank, mine in by_rank.items():
+            rank = self.key(item.slot)
+            by_key[(rank, self._queue(rank, getattr(item, "step", None)))].append(item)
+        for (rank, key), mine in by_key.items():
             local = _LOCAL.get((self.name, rank))
             if local is not None:
                 local.extend(mine)
             elif len(mine) == 1:
-                self.channel.put(mine[0], weight=1, key=rank)
+                self.channel.put(mine[0], weight=1, key=key)
             else:
-                self.channel.put(_Bundle(mine), weight=len(mine), key=rank)
+                self.channel.put(_Bundle(mine), weight=len(mine), key=key)
 
-    def take(self, rank: int, count: int) -> list[Any]:
-        """Exactly ``count`` items for ``rank``, blocking until they are all there."""
+    def take(self, rank: int, count: int, step: int | None = None) -> list[Any]:
+        """Exactly ``count`` items for ``rank`` (of iteration ``step``, with several lanes), blocking
+        until they are all there."""
         if count <= 0:
             return []
-        held, local = self._box(rank)
+        key = self._queue(rank, step)
+        held, local = self._box(rank, key)
         if local and len(held) < count:
             raise RuntimeError(f"stream {self.name!r}: rank {rank} takes {count} items, but only {len(held)} "
                                "were put in this process (kept local)")
@@ -122,7 +144,7 @@ class GroupStream:
                 # A batch stops short of the target when the next bundle would overshoot it; the next
                 # request then gets that bundle whole (an item heavier than the target comes alone).
                 while len(out) < count:
-                    got = self.channel.get_batch(count - len(out), key=rank)
+                    got = self.channel.get_batch(count - len(out), key=key)
                     if not got:
                         raise RuntimeError(f"stream {self.name!r} ended with {len(out)} of {count} items for rank {rank}")
                     for item in got:
@@ -132,35 +154,39 @@ class GroupStream:
             del out[count:]
         return out
 
-    def take_ready(self, rank: int, limit: int) -> list[Any]:
-        """Between 1 and ``limit`` items for ``rank``: blocks for the first, then adds what is already queued.
+    def take_ready(self, rank: int, limit: int, step: int | None = None) -> list[Any]:
+        """Between 1 and ``limit`` items for ``rank`` (of iteration ``step``, with several lanes): blocks
+        for the first, then adds what is already queued.
 
         This is the elastic micro-batch: big when producers are ahead, small when they are behind
         (``take_tokens``: the same, sized by tokens).
         """
         if limit <= 0:
             return []
-        held, local = self._box(rank)
+        key = self._queue(rank, step)
+        held, local = self._box(rank, key)
         if local:
             if not held:
                 raise RuntimeError(f"stream {self.name!r}: rank {rank} takes from an empty local box (kept local)")
             return [held.popleft() for _ in range(min(limit, len(held)))]
         if not held:
             with get_tracer().span(f"wait {self.name}", cat="wait_channel"):
-                held.extend(_unpack(self.channel.get(key=rank)))
-        while len(held) < limit and self.channel.qsize(key=rank) > 0:
-            held.extend(_unpack(self.channel.get(key=rank)))
+                held.extend(_unpack(self.channel.get(key=key)))
+        while len(held) < limit and self.channel.qsize(key=key) > 0:
+            held.extend(_unpack(self.channel.get(key=key)))
         return [held.popleft() for _ in range(min(limit, len(held)))]
 
     def take_tokens(self, rank: int, limit: int, budget: int, weigh: Callable[[Any], int], *,
-                    wait: bool = False) -> list[Any]:
+                    wait: bool = False, step: int | None = None) -> list[Any]:
         """Between 1 and ``limit`` items for ``rank`` weighing at most ``budget`` together by ``weigh``
         (a token count), the first one whatever it weighs. Blocks for the first; then adds what is
         already queued (``wait``: blocks for more until the budget or ``limit`` is reached). An item that
-        would overshoot the budget stays with this consumer for its next take."""
+        would overshoot the budget stays with this consumer for its next take. ``step`` names the
+        iteration, as for ``take_ready``."""
         if limit <= 0:
             return []
-        held, local = self._box(rank)
+        key = self._queue(rank, step)
+        held, local = self._box(rank, key)
         out: list[Any] = []
         used = 0
         while len(out) < limit:
@@ -169,10 +195,10 @@ class GroupStream:
                     if out:
                         break
                     raise RuntimeError(f"stream {self.name!r}: rank {rank} takes from an empty local box (kept local)")
-                if out and not wait and self.channel.qsize(key=rank) == 0:
+                if out and not wait and self.channel.qsize(key=key) == 0:
                     break
                 with get_tracer().span(f"wait {self.name}", cat="wait_channel"):
-                    held.extend(_unpack(self.channel.get(key=rank)))
+                    held.extend(_unpack(self.channel.get(key=key)))
             w = weigh(held[0])
             if out and used + w > budget:
                 break
@@ -187,4 +213,5 @@ class GroupStream:
         self.channel.close()
 
     def __repr__(self) -> str:
-        return f"GroupStream({self.name!r}, consumers={self.consumers})"
+        lanes = f", lanes={self.lanes}" if self.lanes != 1 else ""
+        return f"GroupStream({self.name!r}, consumers={self.consumers}{lanes})"

@@ -53,6 +53,7 @@ from m2flow.workflows.run import (
     CheckpointError,
     RunScaffold,
     checkpoint_path,
+    collect_horizon,
     find_checkpoint,
     gather,
     prune_checkpoints,
@@ -129,15 +130,6 @@ def train_loop(flow: EmbodiedFlow, start: int, iterations: int, logger: Any, res
             break
     result.loop_s = time.perf_counter() - loop_start
     result.episodes = list(flow.episodes)
-
-
-def collect_horizon(it: int, max_staleness: int, drains: Callable[[int], bool]) -> int:
-    """The last iteration whose collection may have started by step ``it``: ``it + max_staleness``,
-    but none past an iteration after which nothing may be in flight (``drains``)."""
-    horizon = it
-    while horizon < it + max_staleness and not drains(horizon):
-        horizon += 1
-    return horizon
 
 
 # ----------------------------------------------------------------------------- the running system

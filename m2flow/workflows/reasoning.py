@@ -4,6 +4,16 @@
 placement: collocated components take turns on their shared devices (the device lock), while
 disaggregated or hybrid ones overlap, each consuming the groups the previous stage emits as soon
 as they are ready. Which of those happens is decided by the placement alone.
+
+Bounded staleness (``algorithm.max_staleness`` s, a plan setting): the generation of iteration j
+is queued at step max(0, j - s), behind the weights of that many trained iterations, so the rollout
+(and reward, inference) work on iterations k + 1 .. k + s while the actor trains on k. Each worker
+runs its calls in order, so the weights reach the rollout between two of its iterations, and which
+weights generate which iteration is fixed by the loop, not by timing: a run is reproducible and
+every group is at most s versions old (the actor drops and counts any older one). No generation
+starts past an iteration followed by a checkpoint or a held-out evaluation: the pipeline drains
+there, so a checkpoint holds nothing in flight (nothing to save or regenerate) and a run resumed
+from it equals the uninterrupted run. Staleness 0 is the synchronous flow.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from m2flow.workflows.run import (
     CHECKPOINTS,
     RunScaffold,
     checkpoint_path,
+    collect_horizon,
     find_checkpoint,
     gather,
     prune_checkpoints,
@@ -70,38 +81,60 @@ def train_loop(flow: ReasoningFlow, loader: PromptDataLoader, start: int, steps:
                watch: Callable[[int, dict[str, float]], bool] | None = None) -> list[dict[str, float]]:
     """Iterations ``start .. steps - 1`` of: sync, generate, score, log-probs, train, log, checkpoint.
 
-    ``stop()`` true after an iteration (SIGTERM) ends the loop there, with a checkpoint when configured;
-    so does ``watch(step, metrics)``, shown every iteration's metrics (re-planning of ``placement: auto``)."""
+    With ``max_staleness`` s > 0 (a plan setting) step k queues the generation of every iteration up
+    to k + s not yet started (``collect_horizon``), behind the weights of version k: the rollout
+    generates ahead while the actor trains on k. ``stop()`` true after an iteration (SIGTERM) starts
+    no new generation; once what was generated is trained the loop ends, with a checkpoint when
+    configured. ``watch(step, metrics)``, shown every iteration's metrics (re-planning of ``placement:
+    auto``), stops the loop the same way when it returns true."""
+    def evaluates(step: int) -> bool:  # held-out evaluation before iteration ``step``
+        return bool(eval_every) and step % eval_every == 0
+
+    def checkpoints(step: int) -> bool:
+        return bool(checkpoint_every) and ((step + 1) % checkpoint_every == 0 or step + 1 == steps)
+
+    def drains(step: int) -> bool:  # nothing may be in flight after it
+        return step + 1 >= steps or checkpoints(step) or evaluates(step + 1)
+
     history = []
+    stopping = False
     for step in range(start, steps):
         t0 = time.perf_counter()
         with get_tracer().span("step", cat="step", step=step):
-            syncing = flow.sync_weights()                            # actor -> rollout, inference
-            evaluated = flow.evaluate(syncing) if eval_every and step % eval_every == 0 else {}
-            slots = flow.put_prompts(step, loader.next_batch())      # channel "prompts"
-            metrics = flow.finish(
-                syncing,                                             # each worker loads, then goes on
-                rollout=flow.rollout.generate(step, slots),          # emits each group when done
-                reward=flow.score(step, slots),                      # scores what is ready (or fused)
-                inference=flow.log_probs(step, slots),               # old / reference log-probs, if any
-                actor=flow.actor.train(step, slots),                 # trains on micro-batches as they come
-            )
+            horizon = step if stopping else collect_horizon(step, flow.max_staleness, drains)
+            syncing = flow.sync_weights(step) if flow.starts_by(horizon) else []  # actor -> rollout, inference
+            evaluated = flow.evaluate(syncing) if evaluates(step) else {}
+            slots = flow.start(step, horizon, loader, syncing)       # prompts; rollout emits each group when
+                                                                     # done, reward scores what is ready,
+                                                                     # inference adds log-probs, if any
+            metrics = flow.finish(step, actor=flow.actor.train(step, slots))  # trains on micro-batches as they come
         # Held-out evaluation is timed on its own, so time/step and the rates describe training only.
         seconds = time.perf_counter() - t0 - evaluated.get("time/eval", 0.0)
         metrics.update(evaluated, **flow.rates(metrics, seconds))
         logger.log(metrics, step=step + 1)
         history.append(metrics)
-        stopping = stop() or (watch is not None and watch(step, metrics))
-        if checkpoint_every and ((step + 1) % checkpoint_every == 0 or step + 1 == steps or stopping):
+        wants_stop = watch is not None and watch(step, metrics)
+        stopping = stopping or stop() or wants_stop
+        stopped = stopping and not flow.in_flight(step)  # what was generated is trained first
+        if checkpoint_every and (checkpoints(step) or stopped):
             flow.save_checkpoint(step + 1, loader)
-        if stopping:
+        if stopped:
             return history
     if eval_every:
-        final = flow.evaluate(flow.sync_weights())
+        final = flow.evaluate(flow.sync_weights(steps))
         logger.log(final, step=steps)
         if history:  # the last entry describes the policy after the last update
             history[-1].update(final)
     return history
+
+
+@dataclass
+class _Started:
+    """An iteration whose generation is queued: its prompt count, its calls and the weight sync before them."""
+
+    slots: int
+    calls: dict[str, GroupHandle]
+    syncing: list[GroupHandle]
 
 
 # ----------------------------------------------------------------------------- the running system
@@ -112,7 +145,7 @@ class ReasoningFlow:
 
     def __init__(self, cfg: ReasoningConfig, plan: Plan, executor: Executor, model_path: Path, train: PromptDataset,
                  test: PromptDataset | None, resume_dir: Path | None = None, trace_dir: Path | None = None,
-                 actor_counters: dict[str, int] | None = None) -> None:
+                 actor_counters: dict[str, int] | None = None, start_step: int = 0) -> None:
         from m2flow.workers.actor import ActorWorker
         from m2flow.workers.inference import InferenceWorker
         from m2flow.workers.reward import RewardWorker
@@ -127,10 +160,18 @@ class ReasoningFlow:
         self.run_dir = Path(cfg.run_dir)
         self.mode = plan.mode
         rid = uuid.uuid4().hex[:8]
+        self.max_staleness = int(plan.settings.get("max_staleness", 0))
+        """How many iterations the rollout may generate ahead of the actor (0: synchronous)."""
+        self._started: dict[int, _Started] = {}
+        self._next = start_step  # the first iteration whose generation is not queued yet
+        # Up to s + 1 iterations are in flight at once: the streams downstream of generation, which
+        # several ranks feed, keep each iteration in a lane of its own (the prompts have one producer).
         # One stream per data edge the plan uses; a fused reward scores inside the rollout, so the
         # rollout emits scored groups and "responses" needs none. (A stream whose producer and
         # consumer share a process keeps its items there: ``GroupStream.keep_local``.)
-        streams = {e.name: GroupStream.create(f"{e.name}-{rid}", e.consumers) for e in plan.edges
+        streams = {e.name: GroupStream.create(f"{e.name}-{rid}", e.consumers,
+                                              1 if e.name == "prompts" else self.max_staleness + 1)
+                   for e in plan.edges
                    if GRAPH.edge(e.name).kind == "stream" and e.transport != "unused"
                    and not (e.name == "responses" and e.transport == "in-process")}
         self.prompts = streams["prompts"]
@@ -159,7 +200,7 @@ class ReasoningFlow:
             "actor": GroupSpec(ActorWorker, (path, cfg.actor, cfg.algorithm, temperature, n, ready),
                                {"total_steps": cfg.steps, "seed": cfg.seed, "shares_devices": turns["actor"],
                                 "resume_dir": str(resume_dir) if resume_dir else None,
-                                "counters": actor_counters}),
+                                "counters": actor_counters, "start_step": start_step}),
         }
         if self.rollout_fused:
             specs["actor"].kwargs["generation"] = {"cfg": cfg.rollout, "prompts": self.prompts, "responses": responses,
@@ -184,14 +225,15 @@ class ReasoningFlow:
         log.info("%s", self.launched)
 
     # -- the named steps of the loop ---------------------------------------------------------
-    def sync_weights(self) -> list[GroupHandle]:
-        """Start streaming the actor's weights to every rollout rank (and inference's policy copy).
+    def sync_weights(self, version: int | None = None) -> list[GroupHandle]:
+        """Start streaming the actor's weights (``version``: the iterations it has trained) to every
+        rollout rank (and inference's policy copy).
 
         Returns the calls' handles without waiting: each worker runs its calls in order, so the
         iteration's work queued behind them starts on the new weights, and the driver saves a round
         trip. ``finish`` (or ``evaluate``) waits for them.
         """
-        receivers = [] if self.rollout_fused else [self.rollout.receive_weights(self.names["actor"], 0)]
+        receivers = [] if self.rollout_fused else [self.rollout.receive_weights(self.names["actor"], 0, version)]
         if self.syncs_inference:
             assert self.inference is not None
             receivers.append(self.inference.receive_weights(self.names["actor"], 0))
@@ -213,11 +255,32 @@ class ReasoningFlow:
                               for slot, item in enumerate(items))
         return len(items)
 
-    def finish(self, syncing: Sequence[GroupHandle] = (), **handles: GroupHandle | None) -> dict[str, float]:
-        """Wait for the weight sync and the iteration's calls; one dict of metrics (actor: rank 0's,
-        already global)."""
-        named = {k: h for k, h in handles.items() if h is not None}
-        results = dict(zip(named, gather([*named.values(), *syncing], self.timeout)))
+    def starts_by(self, horizon: int) -> bool:
+        """Whether an iteration up to ``horizon`` still has to start (then weights are synced first)."""
+        return self._next <= horizon
+
+    def start(self, step: int, horizon: int, loader: PromptDataLoader, syncing: Sequence[GroupHandle] = ()) -> int:
+        """Queue prompts, generation, scoring and log-probs of every iteration up to ``horizon`` not yet
+        started (the first of them behind ``syncing``); returns iteration ``step``'s prompt count."""
+        for j in range(max(self._next, step), horizon + 1):
+            slots = self.put_prompts(j, loader.next_batch())  # channel "prompts"
+            calls = {"rollout": self.rollout.generate(j, slots), "reward": self.score(j, slots),
+                     "inference": self.log_probs(j, slots)}
+            self._started[j] = _Started(slots, {k: h for k, h in calls.items() if h is not None}, list(syncing))
+            syncing = ()
+        self._next = max(self._next, horizon + 1)
+        return self._started[step].slots
+
+    def in_flight(self, step: int) -> bool:
+        """Whether the generation of an iteration past ``step`` has started."""
+        return self._next > step + 1
+
+    def finish(self, step: int, **handles: GroupHandle | None) -> dict[str, float]:
+        """Wait for iteration ``step``'s generation (and the weight sync before it) and the given calls; one
+        dict of metrics (actor: rank 0's, already global)."""
+        started = self._started.pop(step)
+        named = {**started.calls, **{k: h for k, h in handles.items() if h is not None}}
+        results = dict(zip(named, gather([*named.values(), *started.syncing], self.timeout)))
         metrics: dict[str, float] = {}
         for component, per_rank in results.items():
             merged = per_rank[0] if component == "actor" else merge_rank_metrics(per_rank)
@@ -261,7 +324,11 @@ class ReasoningFlow:
         return metrics
 
     def save_checkpoint(self, next_step: int, loader: PromptDataLoader) -> Path:
-        """Actor weights + optimizer + RNG (by the actor), data position and step (here)."""
+        """Actor weights + optimizer + RNG (by the actor), data position and step (here). Nothing may be in
+        flight (the loop drains first): a checkpoint holds no generated-but-untrained group."""
+        if self._next > next_step:
+            raise RuntimeError(f"checkpoint at iteration {next_step}: the generation of iteration "
+                               f"{self._next - 1} has started (the loop drains before a checkpoint)")
         path = checkpoint_path(self.run_dir, next_step)
         counters = self.actor.save_checkpoint(str(path)).wait()[0]
         write_state(path, {"workflow": "reasoning", "next_step": next_step, "loader": loader.state_dict(),
@@ -330,7 +397,8 @@ class ReasoningRun:
             executor = self.scaffold.executor()
             self.plan = self.scaffold.adopt(plan_reasoning(cfg, executor.layout))
             self.flow = ReasoningFlow(cfg, self.plan, executor, model_path, train_set, test_set, resume,
-                                      self.scaffold.trace_dir, actor_counters=state.get("actor"))
+                                      self.scaffold.trace_dir, actor_counters=state.get("actor"),
+                                      start_step=self.start)
             self.flow.restarts = self.restarts
         except BaseException as e:
             self.__exit__(type(e), e, None)

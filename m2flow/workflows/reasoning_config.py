@@ -167,6 +167,10 @@ class ReasoningConfig:
                 "(actor.mini_batches = actor.update_epochs = 1)")
         if self.model.warm_start.source == "teacher" and self.data.kind != "arithmetic":
             raise ValueError(f"model.warm_start.source: 'teacher' needs data.kind 'arithmetic', got {self.data.kind!r}")
+        if self.algorithm.max_staleness > 0 and not self.actor.updates_once:
+            raise ValueError(
+                "algorithm.max_staleness > 0 needs one optimizer step per iteration (actor.mini_batches = "
+                "actor.update_epochs = 1): the proximal policy is then the actor's own forward")
         if is_auto(self.placement):  # the planner checks each plan it considers
             return
         # Attaching to a cluster, its devices are unknown until connected: check the syntax only.

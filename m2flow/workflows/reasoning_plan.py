@@ -2,8 +2,10 @@
 
 Decisions made here and nowhere else: the devices of every rank, whether inference runs at all,
 whether reward scores inside the rollout processes and the rollout generates inside the actor
-processes, what each edge becomes, who takes turns on shared devices and offloads, and how finely
-data streams (continuous or chunked generation, the consumers' micro-batch sizes: ``granularity``).
+processes, what each edge becomes, who takes turns on shared devices and offloads, how finely
+data streams (continuous or chunked generation, the consumers' micro-batch sizes: ``granularity``),
+and how many iterations the rollout may generate ahead of the actor (``max_staleness``) and whether
+that overlaps anything.
 """
 
 from __future__ import annotations
@@ -74,12 +76,18 @@ def plan_reasoning(cfg: ReasoningConfig, layout: NodeLayout) -> Plan:
         notes.append("reward runs as its own group: it is not on the rollout's devices rank for rank")
     wants = cfg.rollout.fuse_with_actor
     same = placed["rollout"].same_devices(placed["actor"])
-    rollout_fused = (wants and same and cfg.actor.strategy == "ddp"
-                     and generation_backend_class(cfg.rollout.backend).in_process
-                     and cfg.rollout.dtype == cfg.actor.dtype)
-    if wants and same and not rollout_fused:
+    staleness = algo.max_staleness
+    fusable = (wants and same and cfg.actor.strategy == "ddp"
+               and generation_backend_class(cfg.rollout.backend).in_process
+               and cfg.rollout.dtype == cfg.actor.dtype)
+    # An actor process runs one call at a time: a rollout inside it could never generate ahead of training.
+    rollout_fused = fusable and staleness == 0
+    if wants and same and not fusable:
         notes.append("rollout runs as its own group: fusing into the actor needs actor.strategy ddp, an in-process "
                      "backend and the actor's dtype")
+    elif fusable and not rollout_fused:
+        notes.append(f"rollout runs as its own group: with max_staleness {staleness} it generates ahead of the "
+                     "actor, which it cannot do inside the actor's processes")
     rollout_host = "actor" if rollout_fused else "rollout"
     reward_host = rollout_host if reward_fused else "reward"
     hosts = {"rollout": rollout_host, "reward": reward_host, "inference": "inference", "actor": "actor"}
@@ -122,6 +130,10 @@ def plan_reasoning(cfg: ReasoningConfig, layout: NodeLayout) -> Plan:
         nxt = "reward" if not reward_fused else scored_target
         waits = hosts[nxt] == rollout_host or (nxt in holders and placed[nxt].devices <= placed["rollout"].devices)
         settings["emit"] = "end of turn" if waits else "each group"
+    # iterations the rollout may generate ahead of the actor (0: synchronous)
+    settings["max_staleness"] = staleness
+    if staleness:
+        notes.append(_overlap_note(staleness, placed, holders))
     plan = Plan("reasoning", executor_kind(cfg.placement), cfg.placement, components, edges, settings, tuple(notes))
     return plan.validate(GRAPH)
 
@@ -150,6 +162,17 @@ def granularity(cfg: ReasoningConfig, infers: bool) -> dict[str, int | str]:
         else:
             out[f"{name}_micro_batch"] = section.micro_batch_size
     return out
+
+
+def _overlap_note(staleness: int, placed: dict, holders: list[str]) -> str:
+    """What generating ahead overlaps on this placement, in one line."""
+    ahead = (f"max_staleness {staleness}: iteration{'s' if staleness > 1 else ''} k+1"
+             f"{f'..k+{staleness}' if staleness > 1 else ''} generate{'' if staleness > 1 else 's'} while the actor trains on k")
+    shared = [c for c in holders if c != "actor" and placed[c].devices & placed["actor"].devices]
+    if not shared:
+        return ahead + " (on devices of their own: generation and training overlap)"
+    return (ahead + f", but {' and '.join(shared)} share devices with the actor: they take turns under the device "
+            "lock, so their compute does not overlap (only waits, scoring and transfers do)")
 
 
 def search_space(cfg: ReasoningConfig, plan: Plan) -> SearchSpace:

@@ -183,6 +183,16 @@ def truncate_metrics(run_dir: str | Path, last_step: int) -> int:
 # ----------------------------------------------------------------------------- waiting and restarting
 
 
+def collect_horizon(it: int, max_staleness: int, drains: Callable[[int], bool]) -> int:
+    """The last iteration whose generation (collection) may have started by step ``it`` under bounded
+    staleness: ``it + max_staleness``, but none past an iteration after which nothing may be in flight
+    (``drains``: a checkpoint, an evaluation, the last iteration). Both workflows schedule with it."""
+    horizon = it
+    while horizon < it + max_staleness and not drains(horizon):
+        horizon += 1
+    return horizon
+
+
 def gather(handles: Sequence[Any], timeout: float | None = None) -> list[list[Any]]:
     """Results of every handle, in order; the first failure anywhere raises at once (the others would
     wait forever). Past ``timeout`` seconds the handles still running raise ``WorkerHungError``."""

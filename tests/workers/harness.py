@@ -38,20 +38,20 @@ class MemoryStream:
         for item in items:
             self.put(item)
 
-    def take(self, rank: int, count: int) -> list[Any]:
+    def take(self, rank: int, count: int, step: int | None = None) -> list[Any]:  # one lane: step unused
         q = self.queues[rank]
         assert len(q) >= count, f"stream has {len(q)} items for rank {rank}, {count} wanted (would block)"
         out = [q.popleft() for _ in range(count)]
         self.taken.append(len(out))
         return out
 
-    def take_ready(self, rank: int, limit: int) -> list[Any]:
+    def take_ready(self, rank: int, limit: int, step: int | None = None) -> list[Any]:
         q = self.queues[rank]
         assert q, f"stream is empty for rank {rank} (would block)"
         return self.take(rank, min(limit, len(q)))
 
-
-    def take_tokens(self, rank: int, limit: int, budget: int, weigh: Any, *, wait: bool = False) -> list[Any]:
+    def take_tokens(self, rank: int, limit: int, budget: int, weigh: Any, *, wait: bool = False,
+                    step: int | None = None) -> list[Any]:  # one lane: step unused
         q = self.queues[rank]
         assert q, f"stream is empty for rank {rank} (would block)"
         count, used = 0, 0
