@@ -8,7 +8,7 @@ A profile is JSON::
      "device": {"memory_bytes": 2.4e10, "cores": 2},          # cores: null on GPUs
      "link": {"bandwidth": 1e9, "latency": 1e-4}, "offload_bandwidth": 5e9,
      "edge_bytes": {"responses": 4096},                      # bytes per item per edge
-     "components": {"rollout": {"points": [[items, devices, seconds], ...],
+     "components": {"rollout": {"points": [[items, devices, seconds(, threads)], ...],
                                 "mem_fixed": ..., "mem_per_item": ..., "state_bytes": ...,
                                 "startup_s": ...}}}
 

@@ -111,11 +111,14 @@ class Simulator:
 
     # -- the task graph ----------------------------------------------------------------------------
     def _call(self, setup: SimSetup, name: str, items: float) -> float:
-        """Seconds of one call of ``name`` on ``items`` items, receiving them over its crossing edges
-        (a latency per message, one message per sender rank it serves, and the bytes)."""
+        """Seconds of one call of ``name`` on ``items`` items: the driver's message to its processes
+        (none when everything runs in the driver), and its crossing edges (a latency per message, one
+        message per sender rank it serves, and the bytes; in the driver, none)."""
         p = setup.components[name]
-        seconds = self.cost.component(name).time(items, p.ranks)
-        for edge in input_edges(self.workload, self.graph, setup, name):
+        seconds = self.cost.call_time(name, items, p.ranks, p.threads)
+        if not setup.in_driver:  # the driver's call is a message to the component's processes
+            seconds += self.cost.link.latency
+        for edge in () if setup.in_driver else input_edges(self.workload, self.graph, setup, name):
             # A rank receives one message from each sender rank it serves (fan-in).
             senders = setup.components[self.graph.edge(edge).source].ranks
             fan_in = max(1, math.ceil(senders / p.ranks))
