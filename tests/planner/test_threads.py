@@ -93,3 +93,16 @@ def test_cpu_searches_try_fewer_devices_and_gpu_searches_all():
     # On GPUs the collocated plan still spans every device ("all").
     gpu = search(SPACE, _model(measured_threads=2, cores=None), 2, top=50)
     assert {c.placement for c in gpu.ranked if c.shape.mode == "collocated"} == {"all"}
+
+
+def test_a_profile_the_older_profiler_wrote_is_stale_one_entered_by_hand_is_read():
+    from m2flow.planner.profile import ProfileError, check_profile, new_profile
+
+    machine = {"hostname": "vm", "cores": 2, "torch": "t", "m2flow": "m"}
+    current = new_profile("toy", "h", {}, machine=machine)
+    check_profile(current, "toy", "h", machine)
+    check_profile({**current, "format": 1}, "toy", "h", machine)  # by hand: no probes
+    with pytest.raises(ProfileError, match="older m2flow profile .*profile again"):
+        check_profile({**current, "format": 1, "probes": []}, "toy", "h", machine)
+    with pytest.raises(ProfileError, match="not a profile of format 2"):
+        check_profile({**current, "format": 7}, "toy", "h", machine)
