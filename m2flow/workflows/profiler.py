@@ -81,7 +81,7 @@ class Probe:
     iteration_s: float | None = None
     """least wall seconds of a measured iteration"""
     calls: int = 0
-    """component calls per iteration under its plan"""
+    """the driver's calls per iteration under its plan: one per running component"""
 
 
 @contextmanager
@@ -208,7 +208,7 @@ class Profiler:
         # host's; the local executor's one process takes the most any component asks).
         shapes = call_shapes(spec.graph, self.ctx.space.workload, setup)
         probe.points = {c: (*pt, setup.components[c].threads) for c, pt in points(shapes, probe.busy).items()}
-        probe.calls = sum(shape.calls for c, shape in shapes.items() if c in self.ctx.space.running)
+        probe.calls = sum(1 for c, shape in shapes.items() if c in self.ctx.space.running and shape.calls)
         steps = [sum(h.get(k, 0.0) for k in ITERATION_KEYS) for h in measured]
         probe.iteration_s = min(steps) if steps and min(steps) > 0 else None
         loop = sum(h.get(k, 0.0) for h in history for k in ITERATION_KEYS)
@@ -297,8 +297,9 @@ class Profiler:
 
 
 def dispatch_latency(probes: list[Probe]) -> float | None:
-    """Seconds a call to another process adds: the dispatch probe's least iteration time over that of the
-    in-driver probe of the same batch, per call (at least 0.1 ms); None without both probes."""
+    """Seconds the driver's call to another process adds (once per component and iteration): the dispatch
+    probe's least iteration time over that of the in-driver probe of the same batch, per call (at least
+    0.1 ms); None without both probes."""
     for p in probes:
         if p.kind != "dispatch" or p.iteration_s is None or not p.calls:
             continue
