@@ -13,6 +13,8 @@ A task runs when its inputs are done and its resources are free:
   busy processes of its node want (processor sharing), so the simulation is fluid: the time of
   the next event is recomputed whenever a task starts or ends.
 
+Outside the driver (any executor but the local one), a component's first call or step of an
+iteration also pays the driver's call to its processes (``Simulator.dispatch``: one link latency).
 Ready tasks start in creation order (earlier iterations, steps and micro-batches first). Simulated
 iterations are identical but for the first, which starts with cold locks; ``simulate`` plays two and
 reports the second. Times are seconds.
