@@ -37,10 +37,11 @@ class FastBound:
         # Per component: (curve, messages per call, bytes per item received across processes).
         self.calls = {}
         for c in self.names:
-            edges = input_edges(workload, graph, template, c)
+            edges = [] if template.in_driver else input_edges(workload, graph, template, c)
             self.calls[c] = (cost.component(c), [graph.edge(e).source for e in edges],
                              sum(cost.edge_bytes.get(e, 0.0) for e in edges))
         self.link_latency, self.link_bw = link.latency, link.bandwidth
+        self.dispatch = 0.0 if template.in_driver else link.latency  # as Simulator.dispatch: once per iteration
         groups: dict[object, list[str]] = {}
         for c, p in comps.items():
             groups.setdefault(("group", p.host), []).append(c)
@@ -74,7 +75,7 @@ class FastBound:
     def _t(self, c: str, items: float, ranks: Mapping[str, int]) -> float:
         curve, senders, per_item = self.calls[c]
         mine = ranks[c]
-        seconds = curve.time(items, mine)
+        seconds = curve.time(items, mine, self.threads[c] if self.cost.cores is not None else 0)
         if senders:  # as Simulator._call: a message per sender rank served, then the bytes
             messages = sum(max(1, -(-ranks[s] // mine)) for s in senders)
             seconds += messages * self.link_latency + per_item * items / mine / self.link_bw
@@ -90,17 +91,18 @@ class FastBound:
         """(lower bound on the iteration time in seconds, items per iteration) for these rank counts."""
         items, micro, n = self.sizes(ranks)
         rest = items - micro * (n - 1)
-        first = {c: self._t(c, micro, ranks) for c in self.chain}
-        last = {c: self._t(c, rest, ranks) for c in self.chain}
-        work = {c: (n - 1) * first[c] + last[c] for c in self.chain}
+        first = {c: self._t(c, micro, ranks) + self.dispatch for c in self.chain}
+        last = {c: self._t(c, rest, ranks) + (self.dispatch if n == 1 else 0.0) for c in self.chain}
+        work = {c: (n - 1) * first[c] + last[c] - (self.dispatch * (n - 2) if n > 1 else 0.0) for c in self.chain}
         loop = 0.0
         if self.loop:
             scale = ranks[self.w.items_per_rank_of] if self.w.items_per_rank_of in ranks else 1
             per_stage = self.loop_items0 * scale / self.stages
             env, policy = self.loop
             t_env, t_pol = self._t(env, per_stage, ranks), self._t(policy, per_stage, ranks)
-            loop_work = {env: self.stages * self.steps * t_env, policy: self.stages * self.steps * t_pol}
-            loop = self.steps * (t_env + t_pol)
+            loop_work = {env: self.stages * self.steps * t_env + self.dispatch,
+                         policy: self.stages * self.steps * t_pol + self.dispatch}
+            loop = self.steps * (t_env + t_pol) + 2 * self.dispatch
             for g in self.groups:
                 loop = max(loop, sum(loop_work.get(c, 0.0) for c in g))
         chain = 0.0

@@ -10,6 +10,10 @@ in reasoning RL, one environment step of one env in embodied RL).
   the ranks (a gradient all-reduce: a tree of log2(d) steps). ``fit_component`` fits ``a, c, s``
   (all >= 0) by least squares on relative error for each ``alpha`` of a grid and keeps the best,
   reporting the relative RMS error.
+* Threads (CPUs): the curve holds for a process with ``threads`` torch threads (those of the process
+  that measured it). A rank with ``n`` threads takes ``speedup(threads) / speedup(n)`` times as long,
+  ``speedup(n) = 1 / ((1 - f) + f / n)`` (Amdahl, ``f = parallel``; 1 unless a point at another thread
+  count was measured), so a 2-thread measurement is not credited to 1-thread ranks.
 * Component memory per rank: ``m(b, d) = fixed + per_item * b / d`` bytes (weights, optimiser
   state and buffers, then activations / KV cache that split across ranks).
 * Transfer on an edge: ``latency + bytes / bandwidth``; nothing inside one process.
@@ -19,7 +23,7 @@ in reasoning RL, one environment step of one env in embodied RL).
 * CPU contention: on a CPU machine a "device" is a slot on cores shared by every process of a
   node. When busy processes demanding ``k`` threads in all run on ``cores`` cores, each runs at
   ``min(1, cores / k)`` of its measured speed (processor sharing; measured times assume the
-  process had its threads to itself). GPUs have no contention: ``cores`` is None.
+  process had its threads to itself, on free cores). GPUs have no contention: ``cores`` is None.
 """
 
 from __future__ import annotations
@@ -57,10 +61,24 @@ class ComponentCost:
     """seconds to start the group (once per run)"""
     fit_error: float = 0.0
     """relative RMS error of the fit this came from (0 when entered by hand)"""
+    threads: int = 0
+    """torch threads of the process the curve was measured in (0: unknown, taken as the plan's)"""
+    parallel: float = 1.0
+    """fraction of the work that spreads over a process's threads (Amdahl); 1: all of it (the default,
+    which never lets a rank with fewer threads than measured run faster per core)"""
 
-    def time(self, b: float, d: int) -> float:
-        """Seconds for one call on ``b`` items over ``d`` devices."""
-        return self.a + self.c * b / d ** self.alpha + self.s * math.log2(d)
+    def speedup(self, threads: int) -> float:
+        """Speed of a process with ``threads`` threads on free cores, relative to one thread."""
+        f = min(1.0, max(0.0, self.parallel))
+        return 1.0 / ((1.0 - f) + f / max(1, threads))
+
+    def time(self, b: float, d: int, threads: int = 0) -> float:
+        """Seconds for one call on ``b`` items over ``d`` devices; ``threads`` (when both it and the
+        measured ``self.threads`` are known) rescales from the measured thread count to it."""
+        t = self.a + self.c * b / d ** self.alpha + self.s * math.log2(d)
+        if threads and self.threads and threads != self.threads:
+            t *= self.speedup(self.threads) / self.speedup(threads)
+        return t
 
     def memory(self, b: float, d: int) -> float:
         """Bytes per rank for a call on ``b`` items over ``d`` ranks."""
@@ -99,6 +117,11 @@ class CostModel:
         if name not in self.components:
             raise KeyError(f"the cost model has no component {name!r}; it has {sorted(self.components)}")
         return self.components[name]
+
+    def call_time(self, name: str, b: float, d: int, threads: int = 0) -> float:
+        """Seconds of one call of ``name`` on ``b`` items over ``d`` ranks of ``threads`` threads each. On
+        CPUs the measured curve is rescaled to the rank's threads; GPUs' times do not depend on them."""
+        return self.component(name).time(b, d, threads if self.cores is not None else 0)
 
     def speed(self, demand: float) -> float:
         """Fraction of full speed of each busy process when the busy ones want ``demand`` threads in all."""
@@ -167,19 +190,30 @@ def _fit_nonnegative(columns: Sequence[Sequence[float]], ts: Sequence[float]) ->
     return best
 
 
-def fit_component(points: Iterable[tuple[float, int, float]], alphas: Sequence[float] = ALPHA_GRID,
+def fit_component(points: Iterable[Sequence[float]], alphas: Sequence[float] = ALPHA_GRID,
                   **memory: float) -> Fit:
-    """Fit ``t(b, d) = a + c * b / d**alpha + s * log2(d)`` to measured ``(b, d, seconds)`` points.
+    """Fit ``t(b, d) = a + c * b / d**alpha + s * log2(d)`` to measured ``(b, d, seconds[, threads])`` points.
 
     ``alpha`` is taken from ``alphas`` (1.0 alone, and ``s = 0``, when every point has the same
     ``d``: the data cannot tell); ``memory`` passes ``mem_fixed``, ``mem_per_item``, ``state_bytes``, ``startup_s``
-    through to the returned cost.
+    through to the returned cost. A point's ``threads`` are those of the process that measured it: the
+    curve is fitted on the points of the most common thread count (its ``threads``), and points at
+    other thread counts give ``parallel`` (the mean Amdahl fraction they imply); without such points
+    ``parallel`` is 1 (perfect thread scaling).
     """
-    pts = [(float(b), int(d), float(t)) for b, d, t in points]
-    if not pts:
+    raw = [tuple(p) for p in points]
+    if not raw:
         raise ValueError("fit_component needs at least one (items, devices, seconds) point")
-    if any(t <= 0 or b < 0 or d < 1 for b, d, t in pts):
-        raise ValueError(f"points need items >= 0, devices >= 1 and seconds > 0: {pts}")
+    if any(len(p) not in (3, 4) for p in raw):
+        raise ValueError(f"points are (items, devices, seconds) or (items, devices, seconds, threads): {raw}")
+    pts4 = [(float(p[0]), int(p[1]), float(p[2]), int(p[3]) if len(p) == 4 else 0) for p in raw]
+    if any(t <= 0 or b < 0 or d < 1 or n < 0 for b, d, t, n in pts4):
+        raise ValueError(f"points need items >= 0, devices >= 1, seconds > 0 and threads >= 0: {raw}")
+    counts: dict[int, int] = {}
+    for *_, n in pts4:
+        counts[n] = counts.get(n, 0) + 1
+    main = max(counts, key=lambda n: (counts[n], n))
+    pts = [(b, d, t) for b, d, t, n in pts4 if n == main]
     one_d = len({d for _, d, _ in pts}) == 1
     if one_d:
         alphas = (1.0,)
@@ -191,9 +225,23 @@ def fit_component(points: Iterable[tuple[float, int, float]], alphas: Sequence[f
             columns.append([math.log2(d) for _, d, _ in pts])
         coef = _fit_nonnegative(columns, ts) + [0.0]
         a, c, s = coef[0], coef[1], coef[2]
-        cost = ComponentCost(a, c, alpha, s, **memory)
+        cost = ComponentCost(a, c, alpha, s, **memory, threads=main)
         err = math.sqrt(sum(((cost.time(b, d) - t) / t) ** 2 for b, d, t in pts) / len(pts))
         if best is None or err < best.error - 1e-12:
-            best = Fit(replace(cost, fit_error=err), err, len(pts))
+            best = Fit(cost, err, len(pts))
     assert best is not None
-    return best
+    cost = best.cost
+    fractions = [_amdahl(t / cost.time(b, d), main, n) for b, d, t, n in pts4 if n and main and n != main]
+    if fractions:
+        cost = replace(cost, parallel=sum(fractions) / len(fractions))
+    err = math.sqrt(sum(((cost.time(b, d, n) - t) / t) ** 2 for b, d, t, n in pts4) / len(pts4))
+    return Fit(replace(cost, fit_error=err), err, len(pts4))
+
+
+def _amdahl(ratio: float, measured: int, other: int) -> float:
+    """The parallel fraction f, in [0, 1], under which a process of ``other`` threads takes ``ratio``
+    times as long as one of ``measured`` threads: ``ratio = ((1-f) + f/other) / ((1-f) + f/measured)``."""
+    den = ratio * (1.0 - 1.0 / measured) - (1.0 - 1.0 / other)
+    if abs(den) < 1e-12:
+        return 1.0
+    return min(1.0, max(0.0, (ratio - 1.0) / den))

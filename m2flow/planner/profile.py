@@ -2,13 +2,13 @@
 
 A profile is JSON::
 
-    {"format": 1, "workflow": "reasoning",
+    {"format": 2, "workflow": "reasoning",
      "machine": {"hostname": ..., "cores": 2, "torch": "2.5.1", "m2flow": "0.1.0"},
      "config_hash": "<sha256 of the config minus the keys a search varies>",
      "device": {"memory_bytes": 2.4e10, "cores": 2},          # cores: null on GPUs
      "link": {"bandwidth": 1e9, "latency": 1e-4}, "offload_bandwidth": 5e9,
      "edge_bytes": {"responses": 4096},                      # bytes per item per edge
-     "components": {"rollout": {"points": [[items, devices, seconds], ...],
+     "components": {"rollout": {"points": [[items, devices, seconds(, threads)], ...],
                                 "mem_fixed": ..., "mem_per_item": ..., "state_bytes": ...,
                                 "startup_s": ...}}}
 
@@ -30,7 +30,9 @@ from typing import Any
 
 from m2flow.planner.cost import ComponentCost, CostModel, Link, fit_component
 
-PROFILE_FORMAT = 1
+PROFILE_FORMAT = 2
+"""2: points may carry the threads that measured them; measured link latency (format 1 is read when
+entered by hand)."""
 _MEMORY_KEYS = ("mem_fixed", "mem_per_item", "state_bytes", "weight_bytes", "startup_s")
 
 
@@ -73,7 +75,11 @@ def config_hash(config: Mapping[str, Any], ignore: tuple[str, ...] = ()) -> str:
 def check_profile(profile: Mapping[str, Any], workflow: str, cfg_hash: str,
                   machine: Mapping[str, Any] | None = None, source: str = "profile") -> None:
     """Raise ProfileError unless ``profile`` was taken for ``workflow`` on ``machine`` and this config."""
-    if profile.get("format") != PROFILE_FORMAT:
+    fmt = profile.get("format")
+    if fmt == 1 and "probes" in profile:
+        raise ProfileError(f"{source} is stale: measured by an older m2flow profile (format 1: its points do not "
+                           "record threads, its link latency was not measured); profile again")
+    if fmt not in (1, PROFILE_FORMAT):  # format 1 entered by hand reads as format 2 without threads
         raise ProfileError(f"{source}: not a profile of format {PROFILE_FORMAT}")
     if profile.get("workflow") != workflow:
         raise ProfileError(f"{source} profiles workflow {profile.get('workflow')!r}, the config is {workflow!r}")

@@ -120,7 +120,7 @@ class SearchResult:
     unfit: int = 0
     """candidates whose memory does not fit (the first few are in ``rejected``, with the reason)"""
     collocated: Candidate | None = None
-    """the fastest collocated plan (every component on every device), the reference of speed-ups"""
+    """the fastest collocated plan (every component on the same devices), the reference of speed-ups"""
 
 
 def set_partitions(items: Sequence[str]) -> Iterator[tuple[tuple[str, ...], ...]]:
@@ -169,8 +169,11 @@ class Searcher:
     """Enumerates, bounds, simulates and ranks the candidates of one ``SearchSpace``."""
 
     def __init__(self, space: SearchSpace, cost: CostModel, devices: int, *, devices_per_node: int | None = None,
-                 build_plan: Callable[[Mapping[str, Any]], Plan] | None = None, exact_limit: int = 16) -> None:
+                 build_plan: Callable[[Mapping[str, Any]], Plan] | None = None, exact_limit: int = 16,
+                 cluster_devices: int | None = None) -> None:
         self.space, self.cost, self.devices = space, cost, devices
+        self.cluster_devices = cluster_devices or devices
+        """the cluster's devices; plans use the first ``devices`` of them"""
         self.devices_per_node = devices_per_node or devices
         self.build_plan = build_plan
         self.exact = devices <= exact_limit
@@ -186,8 +189,10 @@ class Searcher:
         return hosts
 
     def _placement(self, shape: Shape, parts: Sequence[int]) -> str:
-        if shape.mode == "collocated":
+        if shape.mode == "collocated" and self.devices == self.cluster_devices:
             return "all"
+        if shape.mode == "collocated" and self.devices == 1:
+            return "local"  # one device of several: every component in the driver, no Ray
         idle = [c for c in self.space.graph.component_names if c not in self.space.running]
         items, lo = [], 0
         last_chain = next((c for c in reversed(self.space.workload.chain) if c in self.space.running), None)
@@ -422,11 +427,33 @@ class Searcher:
         return min(found, key=lambda c: c.seconds_per_item, default=None)
 
 
+def device_counts(devices: int, cores: int | None, exact_limit: int = 16) -> list[int]:
+    """Device counts a search tries: all the cluster's on GPUs; on CPUs, where every process shares the
+    node's cores and fewer processes can be faster, also fewer: every count up to ``exact_limit``
+    devices, above it halvings of the cluster."""
+    if cores is None or devices <= 1:
+        return [devices]
+    if devices <= exact_limit:
+        return list(range(1, devices + 1))
+    return sorted({devices} | {max(1, devices >> j) for j in range(1, 5)})
+
+
+def merge_results(results: Sequence[SearchResult], keep_rejected: int = 20) -> SearchResult:
+    """One ranking of the searches of several device counts (each the simulated optimum of its own set)."""
+    ranked = sorted((c for r in results for c in r.ranked), key=lambda c: c.seconds_per_item)
+    collocated = [r.collocated for r in results if r.collocated is not None]
+    return SearchResult(ranked, [c for r in results for c in r.rejected][:keep_rejected],
+                        sum(r.considered for r in results), sum(r.simulated for r in results),
+                        all(r.exact for r in results), sum(r.unfit for r in results),
+                        min(collocated, key=lambda c: c.seconds_per_item, default=None))
+
+
 def search(space: SearchSpace, cost: CostModel, devices: int, *, top: int = 5,
            devices_per_node: int | None = None, plan_fn: Callable[[Any, Any], Plan] | None = None,
            configure: Callable[[Mapping[str, Any]], Any] | None = None, layout: Any = None,
            exact_limit: int = 16) -> SearchResult:
-    """Rank the plans of ``space`` on ``devices`` devices by predicted seconds per item.
+    """Rank the plans of ``space`` on ``devices`` devices by predicted seconds per item (on CPU nodes,
+    ``cost.cores`` set, plans on the first 1, 2, ... of them too: see ``device_counts``).
 
     With ``plan_fn`` and ``configure`` (config overrides -> config), candidates become Plans through
     ``plan_fn(configure(overrides), layout)``: every simulated one on small clusters, the top ones on
@@ -440,5 +467,6 @@ def search(space: SearchSpace, cost: CostModel, devices: int, *, top: int = 5,
             return make_plan(make_cfg(overrides), layout)
 
         build = _build
-    return Searcher(space, cost, devices, devices_per_node=devices_per_node, build_plan=build,
-                    exact_limit=exact_limit).run(top)
+    counts = device_counts(devices, cost.cores, exact_limit)
+    return merge_results([Searcher(space, cost, n, devices_per_node=devices_per_node, build_plan=build,
+                                   exact_limit=exact_limit, cluster_devices=devices).run(top) for n in counts])

@@ -62,6 +62,7 @@ class Placed:
     ranks: int
     """data-parallel ranks: the ``d`` of its cost curve"""
     threads: int = 1
+    """torch threads of its process (a fused component runs on its host's)"""
     takes_turns: bool = False
     """takes the device lock of its devices (a model holder sharing devices with another)"""
     offload: bool = False
@@ -92,6 +93,9 @@ class SimSetup:
     components: Mapping[str, Placed]
     classes: tuple[DeviceClass, ...]
     settings: Mapping[str, Any]
+    in_driver: bool = False
+    """every component runs in the driver process (the local executor): no call is a message to another
+    process, no edge a transfer"""
 
     def setting(self, keys: Sequence[str]) -> float:
         try:
@@ -135,14 +139,16 @@ def setup_from_plan(plan: Plan) -> SimSetup:
                                 tuple(devs[:_LISTED])) for key, devs in by_members.items())
     comps = {}
     for c in running:
+        threads = process_threads(c.name, {x.name: x.host for x in running}, {x.name: x.threads for x in running},
+                                  plan.executor == "local")
         nodes: dict[int, int] = {}
         for r in c.placement.ranks:
             nodes[r.node_rank] = nodes.get(r.node_rank, 0) + 1
-        comps[c.name] = Placed(c.name, c.host, c.world_size, c.threads, c.shares_devices and not c.fused,
+        comps[c.name] = Placed(c.name, c.host, c.world_size, threads, c.shares_devices and not c.fused,
                                c.offload and not c.fused,
                                frozenset(i for i, k in enumerate(classes) if c.name in k.members),
                                tuple(sorted(nodes.items())))
-    return SimSetup(comps, classes, dict(plan.settings))
+    return SimSetup(comps, classes, dict(plan.settings), plan.executor == "local")
 
 
 def build_setup(blocks: Sequence[tuple[Sequence[str], int, int]], hosts: Mapping[str, str],
@@ -173,8 +179,17 @@ def build_setup(blocks: Sequence[tuple[Sequence[str], int, int]], hosts: Mapping
                 for dev in range(lo, lo + n):
                     counts[dev // devices_per_node] = counts.get(dev // devices_per_node, 0) + 1
                 nodes = tuple(sorted(counts.items()))
-            comps[c] = Placed(c, hosts.get(c, c), n, threads.get(c, 1), shares, shares and offload, mine, nodes)
-    return SimSetup(comps, tuple(classes), dict(settings))
+            comps[c] = Placed(c, hosts.get(c, c), n, process_threads(c, hosts, threads), shares, shares and offload,
+                              mine, nodes)
+    return SimSetup(comps, tuple(classes), dict(settings), all(lo == 0 and n == 1 for _, lo, n in blocks))
+
+
+def process_threads(name: str, hosts: Mapping[str, str], threads: Mapping[str, int], local: bool = False) -> int:
+    """Torch threads of the process ``name`` runs in: its host's (a fused component runs on its host's
+    threads); under the local executor every component shares the driver, which takes the most any asks."""
+    if local:
+        return max((threads.get(c, 1) for c in hosts), default=1)
+    return threads.get(hosts.get(name, name), 1)
 
 
 def input_edges(workload: Workload, graph: WorkflowGraph, setup: SimSetup, name: str) -> list[str]:

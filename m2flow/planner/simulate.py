@@ -13,6 +13,8 @@ A task runs when its inputs are done and its resources are free:
   busy processes of its node want (processor sharing), so the simulation is fluid: the time of
   the next event is recomputed whenever a task starts or ends.
 
+Outside the driver (any executor but the local one), a component's first call or step of an
+iteration also pays the driver's call to its processes (``Simulator.dispatch``: one link latency).
 Ready tasks start in creation order (earlier iterations, steps and micro-batches first). Simulated
 iterations are identical but for the first, which starts with cold locks; ``simulate`` plays two and
 reports the second. Times are seconds.
@@ -112,16 +114,22 @@ class Simulator:
     # -- the task graph ----------------------------------------------------------------------------
     def _call(self, setup: SimSetup, name: str, items: float) -> float:
         """Seconds of one call of ``name`` on ``items`` items, receiving them over its crossing edges
-        (a latency per message, one message per sender rank it serves, and the bytes)."""
+        (a latency per message, one message per sender rank it serves, and the bytes; none when
+        everything runs in the driver)."""
         p = setup.components[name]
-        seconds = self.cost.component(name).time(items, p.ranks)
-        for edge in input_edges(self.workload, self.graph, setup, name):
+        seconds = self.cost.call_time(name, items, p.ranks, p.threads)
+        for edge in () if setup.in_driver else input_edges(self.workload, self.graph, setup, name):
             # A rank receives one message from each sender rank it serves (fan-in).
             senders = setup.components[self.graph.edge(edge).source].ranks
             fan_in = max(1, math.ceil(senders / p.ranks))
             nbytes = self.cost.edge_bytes.get(edge, 0.0) * items / p.ranks
             seconds += fan_in * self.cost.link.latency + nbytes / self.cost.link.bandwidth
         return seconds
+
+    def dispatch(self, setup: SimSetup) -> float:
+        """Seconds of the driver's call to a component's processes, once per iteration (its first
+        call or step pays it); nothing when everything runs in the driver."""
+        return 0.0 if setup.in_driver else self.cost.link.latency
 
     def build_tasks(self, setup: SimSetup, iterations: int = 2) -> list[Task]:
         """The tasks of ``iterations`` back-to-back iterations, in start priority order."""
@@ -139,6 +147,7 @@ class Simulator:
         items, micro, n_micro = self.sizes(setup)
         chain = [c for c in w.chain if c in comps]
         last_of: dict[str, int] = {}
+        once = self.dispatch(setup)
         for it in range(iterations):
             # On-policy: the next iteration starts from the weights the last one trained.
             barrier = [last_of[chain[-1]]] if chain and chain[-1] in last_of else []
@@ -160,8 +169,9 @@ class Simulator:
                         deps = [d for d in (prev[k],) if d is not None]
                         if step == 0:
                             deps += synced.get(policy, []) + barrier
-                        pol = add(policy, t_pol, deps, it, f"{policy} s{k}", w.categories.get(policy, policy))
-                        prev[k] = add(env, t_env, [pol], it, f"{env} s{k}", w.categories.get(env, env))
+                        first = once if step == 0 and k == 0 else 0.0
+                        pol = add(policy, t_pol + first, deps, it, f"{policy} s{k}", w.categories.get(policy, policy))
+                        prev[k] = add(env, t_env + first, [pol], it, f"{env} s{k}", w.categories.get(env, env))
                 after_loop = [p for p in prev if p is not None]
                 last_of[env] = max(after_loop)
             upstream: list[int | None] = [None] * n_micro
@@ -175,7 +185,7 @@ class Simulator:
                         deps += synced.get(c, []) + after_loop + (barrier if not w.loop else [])
                         if c in last_of:
                             deps.append(last_of[c])
-                    work = t_full if m < n_micro - 1 else self._call(setup, c, rest)
+                    work = (t_full if m < n_micro - 1 else self._call(setup, c, rest)) + (once if m == 0 else 0.0)
                     mine = add(c, work, deps, it, f"{c} mb{m}", w.categories.get(c, c))
                     upstream[m] = mine
                 last_of[c] = mine  # type: ignore[assignment]
@@ -219,11 +229,11 @@ class Simulator:
         for c in self.workload.chain:
             if c in out:
                 rest = items - micro * (n_micro - 1)
-                out[c] = (n_micro - 1) * self._call(setup, c, micro) + self._call(setup, c, rest)
+                out[c] = (n_micro - 1) * self._call(setup, c, micro) + self._call(setup, c, rest) + self.dispatch(setup)
         if self._has_loop(setup):
             stages, steps, per_stage = self.loop_sizes(setup)
             for c in self.workload.loop:  # type: ignore[union-attr]
-                out[c] += stages * steps * self._call(setup, c, per_stage)
+                out[c] += stages * steps * self._call(setup, c, per_stage) + self.dispatch(setup)
         return out
 
     # -- playing it --------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ predicted ones. These settings say how.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from m2flow.config.schema import option
@@ -89,3 +89,5 @@ class AutoSupport:
     state) read from a checkpoint directory a profiling run wrote (None: none was written; zeros)"""
     resumable: Callable[[Any, Any], bool] = lambda old, new: True
     """``resumable(old_plan, new_plan)``: a checkpoint written under the old plan can be resumed under the new"""
+    thread_keys: Mapping[str, str] = field(default_factory=dict)
+    """component -> the config key of its torch threads (a probe at one thread measures how it scales)"""

@@ -140,4 +140,5 @@ def model_bytes(checkpoint: Path | None) -> tuple[float, float]:
 def auto_support(train: Callable[..., Any], edge_bytes: Callable[[Any], dict[str, float]]) -> AutoSupport:
     return AutoSupport(TIMINGS, profile_probes, profile_length, {"rollout.fuse_with_env": True}, train,
                        lambda cfg, plan: cfg.iterations(plan["env"].world_size), edge_bytes, model_bytes,
-                       resumable)
+                       resumable, thread_keys={"env": "env_worker.num_threads", "rollout": "rollout.num_threads",
+                                               "actor": "actor.num_threads"})

@@ -11,6 +11,11 @@ Which probes run:
   ``local`` placement: one process, the components one after another (the fusions of
   ``profile_fusions`` make one process run them in turn), each with its configured threads,
   which is what the cost model's contention rule assumes a measured time to be;
+- on CPUs, when a component has more than one thread, the largest batch on one thread (how each
+  component's time scales with its process's threads; every point records those threads);
+- when the cluster has more than one device, the largest batch with every component in one Ray
+  process on device 0: its extra iteration time over the in-driver probe, per call, prices the
+  message a call to another process is (the link latency);
 - at 2, 4, ... ranks up to the cluster's devices (or ``max_devices``), the largest batch, every
   component on the first d devices under Ray; on CPUs only while d ranks' threads fit on the
   cores, so that no measured time already holds contention the simulator adds again.
@@ -63,12 +68,20 @@ class Probe:
     """least busy seconds per iteration of each component over the measured iterations"""
     spread: dict[str, float] = field(default_factory=dict)
     """slowest / fastest measured iteration of each component (near 1 on a quiet machine)"""
-    points: dict[str, tuple[float, int, float]] = field(default_factory=dict)
+    points: dict[str, tuple[float, int, float, int]] = field(default_factory=dict)
+    """per component: (items, devices, seconds per call, threads of the process that ran it)"""
     startup_s: float = 0.0
     groups: int = 1
     sync_s: float | None = None
     peak_rss_bytes: int | None = None
     checkpoint: Path | None = None
+    kind: str = "cost"
+    """``cost``: its points fit the components; ``dispatch``: the same work in a Ray process, whose extra
+    iteration time over the in-driver probe prices a message (its points are not fitted)"""
+    iteration_s: float | None = None
+    """least wall seconds of a measured iteration"""
+    calls: int = 0
+    """the driver's calls per iteration under its plan: one per running component"""
 
 
 @contextmanager
@@ -141,6 +154,11 @@ class Profiler:
         out[-1].overrides = {**out[-1].overrides, "checkpoint_every": self.iterations}
         limit = min(self.ctx.devices, self.max_devices or self.ctx.devices)
         threads = max(self.ctx.space.threads.values(), default=1)
+        if self.cores is not None and threads > 1 and self.support.thread_keys:
+            # The largest batch again on one thread: how each component's time scales with its
+            # process's threads, for ranks that run with fewer threads than the probes' process.
+            one = {key: 1 for c, key in self.support.thread_keys.items() if c in self.ctx.space.threads}
+            out.append(Probe("t1", {**sizes[-1], **one}, "local", 1))
         names = ",".join(self.ctx.spec.graph.component_names)
         d = 2
         while d <= limit:
@@ -150,6 +168,10 @@ class Profiler:
                 break
             out.append(Probe(f"d{d}", dict(sizes[-1]), f"{names}: 0-{d - 1}", d))
             d *= 2
+        if self.ctx.devices > 1:
+            # The largest batch again, every component in one Ray process on device 0: what a call to
+            # another process adds (plans over more than one device run on Ray; one device, in the driver).
+            out.append(Probe("r1", dict(sizes[-1]), f"{names}: 0", 1, kind="dispatch"))
         return out
 
     # -- running one ---------------------------------------------------------------------------
@@ -181,7 +203,14 @@ class Profiler:
                 if c in self.ctx.space.running}
         probe.busy = {c: min(v) for c, v in seen.items() if v}
         probe.spread = {c: max(v) / min(v) for c, v in seen.items() if v and min(v) > 0}
-        probe.points = points(call_shapes(spec.graph, self.ctx.space.workload, setup_from_plan(plan)), probe.busy)
+        setup = setup_from_plan(plan)
+        # Each point carries the threads of the process that measured it (a fused component's are its
+        # host's; the local executor's one process takes the most any component asks).
+        shapes = call_shapes(spec.graph, self.ctx.space.workload, setup)
+        probe.points = {c: (*pt, setup.components[c].threads) for c, pt in points(shapes, probe.busy).items()}
+        probe.calls = sum(1 for c, shape in shapes.items() if c in self.ctx.space.running and shape.calls)
+        steps = [sum(h.get(k, 0.0) for k in ITERATION_KEYS) for h in measured]
+        probe.iteration_s = min(steps) if steps and min(steps) > 0 else None
         loop = sum(h.get(k, 0.0) for h in history for k in ITERATION_KEYS)
         probe.groups = max(1, len(plan.launched))
         probe.startup_s = max(0.0, wall - loop)
@@ -228,7 +257,7 @@ class Profiler:
         holders = set(self.ctx.space.holders)
         startup = min(p.startup_s / p.groups for p in done)
         for c in self.ctx.space.running:
-            pts = [list(p.points[c]) for p in done if c in p.points]
+            pts = [list(p.points[c]) for p in done if c in p.points and p.kind == "cost"]
             if not pts:
                 raise RuntimeError(f"profile: no run measured {c!r} (metric {self.support.timings.get(c)!r})")
             state = (training if c == "actor" else weights) if c in holders else 0.0
@@ -244,7 +273,9 @@ class Profiler:
             device={"memory_bytes": _device_memory(), "cores": self.cores}, link=link,
             offload_bandwidth=_offload_bandwidth(training), edge_bytes=self.support.edge_bytes(self.ctx.cfg),
             probes=[{"label": p.label, "ranks": p.ranks, "overrides": {k: v for k, v in p.overrides.items()},
-                     "busy_s": p.busy, "spread": p.spread, "startup_s": p.startup_s, "peak_rss_bytes": p.peak_rss_bytes} for p in done])
+                     "kind": p.kind, "iteration_s": p.iteration_s, "calls": p.calls, "busy_s": p.busy,
+                     "spread": p.spread, "startup_s": p.startup_s, "peak_rss_bytes": p.peak_rss_bytes}
+                    for p in done])
         try:
             out.write_text(json.dumps(profile, indent=1, default=str))
         except OSError as e:
@@ -252,12 +283,31 @@ class Profiler:
         return profile
 
     def _link(self, probes: list[Probe], weights: float) -> dict[str, Any]:
+        latency, measured = 1e-4, []
+        gap = dispatch_latency(probes)
+        if gap is not None:
+            latency = gap
+            measured.append("dispatch")
+        bandwidth = 1e9
         syncs = [p.sync_s for p in probes if p.sync_s]
         if syncs and weights > 0:
-            latency = 1e-4
-            seconds = max(min(syncs) - latency, 1e-6)
-            return {"bandwidth": weights / seconds, "latency": latency, "measured": "weight sync"}
-        return {"bandwidth": 1e9, "latency": 1e-4, "measured": False}
+            bandwidth = weights / max(min(syncs) - latency, 1e-6)
+            measured.append("weight sync")
+        return {"bandwidth": bandwidth, "latency": latency, "measured": " and ".join(measured) or False}
+
+
+def dispatch_latency(probes: list[Probe]) -> float | None:
+    """Seconds the driver's call to another process adds (once per component and iteration): the dispatch
+    probe's least iteration time over that of the in-driver probe of the same batch, per call (at least
+    0.1 ms); None without both probes."""
+    for p in probes:
+        if p.kind != "dispatch" or p.iteration_s is None or not p.calls:
+            continue
+        same = [q for q in probes if q.kind == "cost" and q.placement == "local" and q.iteration_s is not None
+                and {k: v for k, v in q.overrides.items() if k != "checkpoint_every"} == p.overrides]
+        if same:
+            return max(1e-4, (p.iteration_s - min(q.iteration_s for q in same)) / p.calls)  # type: ignore[type-var]
+    return None
 
 
 def fit_errors(profile: dict[str, Any]) -> dict[str, float]:

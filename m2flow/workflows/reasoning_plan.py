@@ -229,4 +229,5 @@ def model_bytes(checkpoint: Path | None) -> tuple[float, float]:
 def auto_support(train: Callable[..., Any]) -> AutoSupport:
     return AutoSupport(TIMINGS, profile_probes, profile_length,
                        {"reward.fuse_with_rollout": True, "rollout.fuse_with_actor": True}, train,
-                       lambda cfg, plan: cfg.steps, edge_bytes, model_bytes)
+                       lambda cfg, plan: cfg.steps, edge_bytes, model_bytes,
+                       thread_keys={c: f"{c}.num_threads" for c in TIMINGS})

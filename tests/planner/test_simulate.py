@@ -78,7 +78,8 @@ def test_cpu_contention_slows_overlapping_calls():
 
 
 def test_loop_stages_overlap_env_and_policy():
-    model = CostModel({"env": ComponentCost(a=2.0), "policy": ComponentCost(a=1.0), "train": ComponentCost(a=5.0)})
+    model = CostModel({"env": ComponentCost(a=2.0), "policy": ComponentCost(a=1.0), "train": ComponentCost(a=5.0)},
+                      link=Link(latency=0.0))
     blocks = [(("env",), 0, 1), (("policy",), 1, 1), (("train",), 0, 2)]
     sim = Simulator(LOOP_GRAPH, LOOP, model)
     one = sim.simulate(build_setup(blocks, {}, {"envs": 4, "steps": 3, "stages": 1}), 1)
@@ -113,5 +114,10 @@ def test_a_receiver_pays_a_message_per_sender_rank_it_serves():
     work = Workload(chain=("gen", "train"), items=("batch",), inputs={"train": ("items",)})
     model = CostModel({"gen": ComponentCost(a=1.0), "train": ComponentCost(a=1.0)}, link=Link(latency=0.5))
     setup = build_setup([(("gen",), 0, 4), (("train",), 4, 1)], {}, {"batch": 4})
-    # Four gen ranks send to one train rank: four latencies before it trains.
-    assert Simulator(graph, work, model).simulate(setup, 1).iteration_time == pytest.approx(1 + 4 * 0.5 + 1)
+    # Four gen ranks send to one train rank: four latencies before it trains; and the driver's call to
+    # each component's processes is a message too (a latency per call).
+    assert Simulator(graph, work, model).simulate(setup, 1).iteration_time == pytest.approx(
+        0.5 + 1 + 0.5 + 4 * 0.5 + 1)
+    # All in the driver (one rank each on device 0): no message at all.
+    alone = build_setup([(("gen", "train"), 0, 1)], {"gen": "train"}, {"batch": 4})
+    assert alone.in_driver and Simulator(graph, work, model).simulate(alone, 1).iteration_time == pytest.approx(2)

@@ -57,7 +57,8 @@ def test_profile_round_trip(tiny, capsys) -> None:
     for name, entry in profile["components"].items():
         sizes = sorted(p[0] for p in entry["points"])
         assert sizes == [8, 16, 32], name  # 2, 4, 8 prompts x 4 responses, one call each
-        assert all(p[1] == 1 and p[2] > 0 for p in entry["points"])
+        # (items, devices, seconds, threads of the process that measured it: the config's one thread)
+        assert all(p[1] == 1 and p[2] > 0 and p[3] == 1 for p in entry["points"])
         assert 0 <= entry["fit_error"] < 1 and entry["startup_s"] > 0
     assert profile["components"]["actor"]["state_bytes"] > profile["components"]["rollout"]["state_bytes"] > 0
     assert profile["edge_bytes"]["responses"] > 0 and len(profile["probes"]) == 3
@@ -114,7 +115,8 @@ def test_drift_replans_at_a_checkpoint_and_resumes_under_the_new_plan(tiny, tmp_
     config, profile = tiny
     # The profile says the actor is 20x faster than it is: a sustained drift from the first iterations.
     tampered = json.loads(profile.read_text())
-    tampered["components"]["actor"]["points"] = [[b, d, t / 20] for b, d, t in tampered["components"]["actor"]["points"]]
+    tampered["components"]["actor"]["points"] = [[p[0], p[1], p[2] / 20, *p[3:]]
+                                                   for p in tampered["components"]["actor"]["points"]]
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(tampered))
     # Force the decision (the gain of one tiny plan over another is noise) and exclude the running plan
