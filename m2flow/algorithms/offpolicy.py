@@ -52,3 +52,14 @@ def decoupled_ppo_loss(logprobs: Tensor, proximal_logprobs: Tensor, behaviour_lo
     ratio = torch.exp(logprobs - proximal_logprobs.detach())
     surrogate = torch.minimum(ratio * advantages, ratio.clamp(1.0 - clip, 1.0 + clip) * advantages)
     return -(w * surrogate).mean()
+
+
+def staleness_metrics(by_age: list[float], dropped: float) -> dict[str, float]:
+    """``async/*`` of one iteration: the samples trained on by age (``by_age[a]``, a = 0..s, in actor
+    iterations), their mean and maximum age, and the samples dropped for being older than s."""
+    trained = sum(by_age)
+    out = {f"async/age_{a}_samples": float(c) for a, c in enumerate(by_age)}
+    out["async/dropped_samples"] = float(dropped)
+    out["async/staleness_mean"] = sum(a * c for a, c in enumerate(by_age)) / trained if trained else float("nan")
+    out["async/staleness_max"] = float(max((a for a, c in enumerate(by_age) if c), default=0))
+    return out

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from m2flow.algorithms.offpolicy import fresh_mask, sample_ages
+from m2flow.algorithms.offpolicy import fresh_mask, sample_ages, staleness_metrics
 from m2flow.backends.training.collectives import all_reduce_max, all_reduce_sum, barrier, use_host_sum
 from m2flow.data.batch import RolloutBatch
 from m2flow.models.causal_lm import CausalLMWithValueHead, load_causal_lm, response_logprobs
@@ -180,7 +180,8 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         metrics["time/train_busy"] = self._busy  # computing only: what a cost model prices
         metrics["time/actor_wait_s"] = self._waited
         if self.max_staleness > 0:
-            metrics.update(staleness_metrics(all_reduce_sum([float(c) for c in self._ages])))
+            counts = all_reduce_sum([float(c) for c in self._ages])  # by age 0..s, then dropped
+            metrics.update(staleness_metrics(counts[:-1], counts[-1]))
         metrics[WEIGHT_KEY] = 1.0
         self.policy_version = step + 1
         return metrics
@@ -440,18 +441,6 @@ def whole_model_dir(actor_dir: Path, out: Path) -> Path:
             shutil.copy2(f, out / f.name)
     weights = sharded_checkpoint.load_full(actor_dir / SHARDS, "model")
     save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
-    return out
-
-
-def staleness_metrics(counts: list[float]) -> dict[str, float]:
-    """``async/*`` from the responses of an iteration by age (``counts[a]``, a = 0..s) and the number
-    dropped as older than s (``counts[-1]``): the names the embodied actor logs."""
-    by_age, dropped = counts[:-1], counts[-1]
-    trained = sum(by_age)
-    out = {f"async/age_{a}_samples": float(c) for a, c in enumerate(by_age)}
-    out["async/dropped_samples"] = float(dropped)
-    out["async/staleness_mean"] = sum(a * c for a, c in enumerate(by_age)) / trained if trained else float("nan")
-    out["async/staleness_max"] = float(max((a for a, c in enumerate(by_age) if c), default=0))
     return out
 
 

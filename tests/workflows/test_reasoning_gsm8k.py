@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from m2flow.config import from_dict
-from m2flow.models.causal_lm import CausalLMWithValueHead, load_causal_lm
+from m2flow.backends.training import sharded_checkpoint
+from m2flow.models.causal_lm import load_causal_lm
+from m2flow.workers.actor import SHARDS, whole_model_dir
 from m2flow.workflows.reasoning import ReasoningRun
 from m2flow.workflows.reasoning_config import ReasoningConfig
 from tests.ray_session import shared_cluster
@@ -48,9 +50,12 @@ def test_gsm8k_ppo_runs_the_whole_loop(tmp_path):
     assert result.history[0]["eval/prompts_count"] == 6 and "eval/accuracy" in result.history[-1]
     assert sorted((s, k) for s, k, _, _ in received) == [(s, k) for s in range(2) for k in range(4)]
     assert (result.run_dir / "metrics.jsonl").is_file()
-    # The checkpoint holds the gathered (unsharded) policy and critic, loadable as they are.
+    # FSDP saves each rank's own shards (nothing gathered): the policy as `m2flow eval` puts it
+    # together, and the critic's trunk and value head, both whole from the shards of the two ranks.
     ckpt = result.last_checkpoint
     assert ckpt is not None and ckpt.name == "step_000002"
-    policy = load_causal_lm(ckpt / "actor")
-    critic = CausalLMWithValueHead.from_pretrained(ckpt / "critic")
-    assert sum(p.numel() for p in policy.parameters()) > 0 and critic.value_head.weight.shape[0] == 1
+    assert not (ckpt / "actor" / "model.safetensors").exists()
+    policy = load_causal_lm(whole_model_dir(ckpt / "actor", tmp_path / "whole"))
+    assert sum(p.numel() for p in policy.parameters()) > 0
+    critic = sharded_checkpoint.load_full(ckpt / "critic" / SHARDS, "model")
+    assert critic["value_head.weight"].shape[0] == 1 and any(k.startswith("trunk.") for k in critic)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from m2flow.algorithms.offpolicy import staleness_metrics as offpolicy_metrics
 from m2flow.models.policies import ActorCritic, GaussianHead, PolicyConfig, build_policy
 from m2flow.runtime.comm.collectives import ExchangeSum
 from m2flow.runtime.trace import get_tracer, trace_category
@@ -246,9 +247,4 @@ def staleness_metrics(trajs: list[Trajectory], ages: list[int], max_staleness: i
             dropped += n
         else:
             counts[age] += n
-    trained = sum(counts)
-    out = {f"async/age_{a}_samples": float(c) for a, c in enumerate(counts)}
-    out["async/dropped_samples"] = float(dropped)
-    out["async/staleness_mean"] = sum(a * c for a, c in enumerate(counts)) / trained if trained else float("nan")
-    out["async/staleness_max"] = float(max((a for a, c in enumerate(counts) if c), default=0))
-    return out
+    return offpolicy_metrics(counts, dropped)
