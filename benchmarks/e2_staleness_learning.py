@@ -1,9 +1,9 @@
 """Benchmark E2 (learning): synchronous PPO vs bounded staleness at equal env steps.
 
-E1's workload (HalfCheetah-v5, 8 envs x 256 steps per iteration, SB3's PPO defaults) trained to the
+E1's workload (8 envs in all, split over the env ranks, x 256 steps per iteration, SB3's PPO defaults) trained to the
 same number of env steps with ``algorithm.max_staleness`` 0 and S, for each seed, the two sides
 alternating (seed 0: sync, S; seed 1: sync, S; ...), each run in a fresh process. Reports per run
-the mean raw return of the last 100 episodes at the end (``env/episode_return_recent``), a
+the mean raw return of the last 20 episodes at the end (``env/episode_return_recent``, E1's window), a
 deterministic evaluation of the final policy, and the loop's env-steps/s.
 
     python benchmarks/e2_staleness_learning.py --steps 100000 --seeds 0,1,2 --staleness 1
@@ -24,6 +24,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+RETURN_WINDOW = 20
+"""Finished episodes averaged in the end-of-run return: E1's (and its SB3 runs') ``--last-n``."""
 
 
 def run_one(staleness: int, seed: int, steps: int, placement: str, env_id: str) -> dict:
@@ -37,10 +39,13 @@ def run_one(staleness: int, seed: int, steps: int, placement: str, env_id: str) 
     setup_logging(console=False)
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="e2l-") as tmp:
+        env_ranks = from_dict(EmbodiedConfig, {"placement": placement}).placed()["env"].world_size
         cfg = from_dict(EmbodiedConfig, {
             "cluster": {"cpu_devices_per_node": 8},
             "placement": placement,
-            "env": {"env_id": env_id, "num_envs": 8},
+            # E1's workload whatever the plan: 8 envs in all, split over the env ranks.
+            "env": {"env_id": env_id, "num_envs": 8 // env_ranks},
+            "return_window": RETURN_WINDOW,
             "rollout_steps": 256,
             "total_env_steps": steps,
             "algorithm": {"max_staleness": staleness},
@@ -90,8 +95,11 @@ def main() -> None:
         side = [r for r in runs if r["staleness"] == s]
         summary[f"staleness_{s}"] = {k: round(statistics.mean(r[k] for r in side), 3)
                                      for k in ("return_recent", "eval_return", "loop_steps_per_s")}
+        returns = [r["return_recent"] for r in side]
+        summary[f"staleness_{s}"].update(return_median=round(statistics.median(returns), 3),
+                                         return_min=round(min(returns), 3), return_max=round(max(returns), 3))
     record = {"benchmark": "E2-learning", "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-              "placement": args.placement, "summary": summary, "runs": runs,
+              "env": args.env, "placement": args.placement, "return_window": RETURN_WINDOW, "summary": summary, "runs": runs,
               "load_max": max(x for r in runs for x in r["load"])}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
