@@ -64,6 +64,9 @@ class RunnerPlan:
     max_threads: int | None = None
     """Most torch threads per worker worth trying (None: any). Plans that keep two processes busy
     at once already fill both cores with one thread each; more threads only oversubscribe them."""
+    staleness: int = 0
+    """``algorithm.max_staleness``: with s > 0 the rollout generates up to s iterations ahead of the
+    actor, and the behaviour log-probs are the generator's own (``old_logprobs: rollout``)."""
 
 
 # The plans compared. Reward and inference (which computes nothing here: no KL, and the actor's own
@@ -83,6 +86,15 @@ PLANS = {
     # Generation on device 0; training data-parallel over devices 0 and 1 (two actor ranks, the
     # first taking turns with generation).
     "hybrid": RunnerPlan("rollout,reward,inference: 0, actor: 0-1", max_threads=1),
+    # Streaming: generation and training on separate devices, the whole batch in one generate call;
+    # with a continuous-batching backend (lean) each group leaves generation as it finishes and the
+    # actor trains micro-batches of 2 prompts while the rest of the batch generates.
+    "disaggregated_stream": RunnerPlan("rollout,reward,inference: 0, actor: 1", micro_batch_prompts=2, max_threads=1),
+    # The same with bounded staleness 1: the rollout generates iteration k + 1 while the actor trains k.
+    "disaggregated_stream_s1": RunnerPlan("rollout,reward,inference: 0, actor: 1", micro_batch_prompts=2,
+                                          max_threads=1, staleness=1),
+    # Hybrid with staleness 1: generation on device 0 ahead of two data-parallel actor ranks.
+    "hybrid_s1": RunnerPlan("rollout,reward,inference: 0, actor: 0-1", max_threads=1, staleness=1),
 }
 
 
@@ -228,7 +240,10 @@ def runner_config(w: dict, threads: int, plan: RunnerPlan, run_dir: str, trace: 
         "actor": {"optim": {"lr": w["lr"]}, "num_threads": threads,
                   "forward": TRAINING_FORWARD[backend.partition("+")[0]],
                   "micro_batch_size": (plan.micro_batch_prompts or p) * g},
-        "algorithm": {"adv_estimator": "grpo", "old_logprobs": "actor", "kl_loss_coef": 0.0},
+        # With staleness the actor's forward is the proximal policy and the generator's log-probs the
+        # behaviour policy's (no extra pass either way).
+        "algorithm": {"adv_estimator": "grpo", "old_logprobs": "rollout" if plan.staleness else "actor",
+                      "kl_loss_coef": 0.0, "max_staleness": plan.staleness},
         "steps": w["warmup_steps"] + w["steps"],
         "seed": w["seed"],
         "run_dir": run_dir,
@@ -257,7 +272,7 @@ def _runner_side(w: dict, threads: int, plan_name: str, trace_dir: str | None, r
     return {
         "side": f"m2flow:{plan_name}", "implementation": f"reasoning runner, placement {plan.placement!r}",
         "plan": {"placement": plan.placement, "prompts_per_chunk": plan.prompts_per_chunk,
-                 "micro_batch_prompts": plan.micro_batch_prompts, "backend": backend},
+                 "micro_batch_prompts": plan.micro_batch_prompts, "backend": backend, "staleness": plan.staleness},
         "run_dir": run_dir if trace_dir else None, "threads": threads, "steps": len(history), "seconds_per_step": total / len(history),
         "completions_per_s": completions / total, "tokens_per_s": tokens / total,
         "mean_completion_tokens": tokens / max(1.0, completions),
