@@ -41,9 +41,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-ITERATION_KEYS = ("time/step", "time/iteration_s")  # the wall seconds of an iteration (reasoning, embodied)
-
-
 def kendall_tau(a: list[float], b: list[float]) -> float:
     """Kendall's tau-a of two orders of the same items (ties count as neither agreement nor disagreement)."""
     pairs = list(itertools.combinations(range(len(a)), 2))
@@ -117,6 +114,7 @@ def run_one(workflow: str, config_json: str, skip: int) -> dict[str, Any]:
     """Train the config in this process; the wall seconds of each iteration after the first ``skip``."""
     from m2flow.config import from_dict
     from m2flow.runtime.logs import setup_logging
+    from m2flow.workflows.profiler import ITERATION_KEYS  # an iteration's wall seconds (reasoning, embodied)
 
     setup_logging(console=False)
     spec = spec_of(workflow)
