@@ -154,7 +154,7 @@ def main() -> int:
     p.add_argument("--iterations", type=int, default=6, help="iterations per measured run (the first is not counted)")
     p.add_argument("--rounds", type=int, default=2, help="rotations over the plans (at least 2 to see the noise)")
     p.add_argument("--profile", type=Path, default=None, help="reuse this profile instead of profiling first")
-    p.add_argument("--profile-iterations", type=int, default=4, help="iterations of each profiling probe")
+    p.add_argument("--profile-iterations", type=int, default=6, help="iterations of each profiling probe")
     p.add_argument("--slots", type=int, default=os.cpu_count(),
                    help="measure plans on at most this many device slots (default: the cores; a plan on more "
                         "slots than cores only adds processes that wait for a core)")

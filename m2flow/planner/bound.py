@@ -37,11 +37,13 @@ class FastBound:
         # Per component: (curve, messages per call, bytes per item received across processes).
         self.calls = {}
         for c in self.names:
-            edges = [] if template.in_driver else input_edges(workload, graph, template, c)
+            edges = input_edges(workload, graph, template, c)
             self.calls[c] = (cost.component(c), [graph.edge(e).source for e in edges],
-                             sum(cost.edge_bytes.get(e, 0.0) for e in edges))
-        self.link_latency, self.link_bw = link.latency, link.bandwidth
-        self.dispatch = 0.0 if template.in_driver else link.latency  # as Simulator.dispatch: once per iteration
+                             0.0 if template.in_driver else sum(cost.edge_bytes.get(e, 0.0) for e in edges))
+        self.link_latency, self.link_bw = link.message(template.in_driver), link.bandwidth
+        hosts = {c: p.host for c, p in comps.items()}
+        self.factor = {c: cost.factor(c, template.in_driver, hosts) for c in self.names}
+        self.dispatch = link.call(template.in_driver)  # as Simulator.dispatch: once per iteration
         groups: dict[object, list[str]] = {}
         for c, p in comps.items():
             groups.setdefault(("group", p.host), []).append(c)
@@ -75,7 +77,7 @@ class FastBound:
     def _t(self, c: str, items: float, ranks: Mapping[str, int]) -> float:
         curve, senders, per_item = self.calls[c]
         mine = ranks[c]
-        seconds = curve.time(items, mine, self.threads[c] if self.cost.cores is not None else 0)
+        seconds = curve.time(items, mine, self.threads[c] if self.cost.cores is not None else 0) * self.factor[c]
         if senders:  # as Simulator._call: a message per sender rank served, then the bytes
             messages = sum(max(1, -(-ranks[s] // mine)) for s in senders)
             seconds += messages * self.link_latency + per_item * items / mine / self.link_bw

@@ -16,9 +16,23 @@ in reasoning RL, one environment step of one env in embodied RL).
   count was measured), so a 2-thread measurement is not credited to 1-thread ranks.
 * Component memory per rank: ``m(b, d) = fixed + per_item * b / d`` bytes (weights, optimiser
   state and buffers, then activations / KV cache that split across ranks).
-* Transfer on an edge: ``latency + bytes / bandwidth``; nothing inside one process.
+* Transfer on an edge: ``latency + bytes / bandwidth`` between processes. Inside the driver (the
+  local executor) an edge between two rank threads hands the object over: ``local_latency`` per
+  message, no bytes. The driver's call to a component's processes costs ``dispatch`` (once per
+  component and iteration; nothing in the driver). All three are calibrated by the profiler from
+  probes that run the same batch fused and unfused (``workflows/profiler.py``).
 * Weight sync: a transfer of the source's ``weight_bytes``; offload / onload on shared devices:
   ``state_bytes / offload_bandwidth`` each way, paid when a device lock changes hands.
+* Rank threads in the driver (CPUs): torch's OpenMP keeps a team of threads per thread that calls it;
+  when the model holders of a local-executor plan run on more than one rank thread, the teams hold
+  more threads than there are cores and libgomp stops spinning between parallel regions, so every
+  torch op wakes sleeping threads. Each call of a component in ``split_components`` then takes
+  ``split_factor`` times its curve (measured by the profiler: the same batch with nothing fused, in
+  the driver, against the probes the curves were fitted on; 1 when those already had the holders
+  apart, so the curves hold it).
+* Processes: the curves are the driver's. A call in a Ray worker process takes ``process_factor``
+  times as long (the runtime's own threads share the cores; measured by the profiler: the same batch
+  in a Ray process against the driver).
 * Start-up: ``startup_s`` per launched group (process start, model build), once per run.
 * CPU contention: on a CPU machine a "device" is a slot on cores shared by every process of a
   node. When busy processes demanding ``k`` threads in all run on ``cores`` cores, each runs at
@@ -92,10 +106,24 @@ class Link:
     bandwidth: float = 1e9
     """bytes per second"""
     latency: float = 1e-4
-    """seconds per message"""
+    """seconds per message between two processes"""
+    local_latency: float = 0.0
+    """seconds per message between two rank threads of the driver (the local executor)"""
+    dispatch: float | None = None
+    """seconds of the driver's call to a component's processes (None: one ``latency``)"""
 
     def transfer(self, nbytes: float) -> float:
         return self.latency + nbytes / self.bandwidth
+
+    def message(self, in_driver: bool) -> float:
+        """Seconds per message on an edge between two process groups (rank threads in the driver)."""
+        return self.local_latency if in_driver else self.latency
+
+    def call(self, in_driver: bool) -> float:
+        """Seconds of the driver's call to a component, once per iteration (nothing in the driver)."""
+        if in_driver:
+            return 0.0
+        return self.latency if self.dispatch is None else self.dispatch
 
 
 @dataclass(frozen=True)
@@ -112,6 +140,24 @@ class CostModel:
     """bytes of memory per device; a plan that needs more is rejected"""
     cores: int | None = None
     """cores per node shared by every process (CPU machines); None: devices do not contend"""
+    split_factor: float = 1.0
+    """time factor of ``split_components``' calls in a driver plan whose model holders run on more than one
+    rank thread"""
+    split_components: frozenset[str] = frozenset()
+    """the components ``split_factor`` applies to (the model holders; their torch work is what slows)"""
+    process_factor: float = 1.0
+    """time factor of every call in a plan outside the driver (Ray worker processes)"""
+
+    def factor(self, name: str, in_driver: bool, hosts: Mapping[str, str]) -> float:
+        """The time factor of ``name``'s calls in a plan of these process groups (component -> host)."""
+        if not in_driver:
+            return self.process_factor
+        return self.split_factor if name in self.split_components and self.split_driver(True, hosts) else 1.0
+
+    def split_driver(self, in_driver: bool, hosts: Mapping[str, str]) -> bool:
+        """Whether a plan of these process groups (component -> its host) runs the split components on more
+        than one rank thread of the driver."""
+        return in_driver and len({h for c, h in hosts.items() if c in self.split_components}) > 1
 
     def component(self, name: str) -> ComponentCost:
         if name not in self.components:

@@ -6,7 +6,11 @@ A profile is JSON::
      "machine": {"hostname": ..., "cores": 2, "torch": "2.5.1", "m2flow": "0.1.0"},
      "config_hash": "<sha256 of the config minus the keys a search varies>",
      "device": {"memory_bytes": 2.4e10, "cores": 2},          # cores: null on GPUs
-     "link": {"bandwidth": 1e9, "latency": 1e-4}, "offload_bandwidth": 5e9,
+     "link": {"bandwidth": 1e9, "latency": 1e-4,              # between processes
+              "local_latency": 0.0, "dispatch": 1e-4},       # in the driver; a call to a process
+     "driver_split": {"factor": 2.1, "components": ["rollout", "actor"]},  # see CostModel.split_factor
+     "process_factor": 1.1,                                  # calls in Ray processes (CostModel)
+     "offload_bandwidth": 5e9,
      "edge_bytes": {"responses": 4096},                      # bytes per item per edge
      "components": {"rollout": {"points": [[items, devices, seconds(, threads)], ...],
                                 "mem_fixed": ..., "mem_per_item": ..., "state_bytes": ...,
@@ -109,10 +113,15 @@ def cost_model(profile: Mapping[str, Any], source: str = "profile") -> CostModel
         device = profile.get("device", {})
         link = profile.get("link", {})
         memory = device.get("memory_bytes")
+        split = profile.get("driver_split", {})
         return CostModel(comps, {k: float(v) for k, v in profile.get("edge_bytes", {}).items()},
-                         Link(float(link.get("bandwidth", 1e9)), float(link.get("latency", 1e-4))),
+                         Link(float(link.get("bandwidth", 1e9)), float(link.get("latency", 1e-4)),
+                              float(link.get("local_latency", 0.0)),
+                              float(link["dispatch"]) if link.get("dispatch") is not None else None),
                          float(profile.get("offload_bandwidth", 5e9)),
-                         float(memory) if memory is not None else float("inf"), device.get("cores"))
+                         float(memory) if memory is not None else float("inf"), device.get("cores"),
+                         float(split.get("factor", 1.0)), frozenset(split.get("components", ())),
+                         float(profile.get("process_factor", 1.0)))
     except (KeyError, TypeError, ValueError) as e:
         raise ProfileError(f"{source}: not a valid profile ({type(e).__name__}: {e})") from None
 

@@ -13,8 +13,12 @@ A task runs when its inputs are done and its resources are free:
   busy processes of its node want (processor sharing), so the simulation is fluid: the time of
   the next event is recomputed whenever a task starts or ends.
 
-Outside the driver (any executor but the local one), a component's first call or step of an
-iteration also pays the driver's call to its processes (``Simulator.dispatch``: one link latency).
+A call takes the cost model's ``factor`` times its curve: ``process_factor`` in Ray processes,
+``split_factor`` for model holders on several rank threads of the driver (``CostModel``). A call
+receiving on an edge from another process group pays the link's latency per message and
+the bytes (under the local executor, rank threads of the driver: its ``local_latency`` per message).
+Outside the driver, a component's first call or step of an iteration also pays the driver's call to
+its processes (``Simulator.dispatch``: the link's ``dispatch``).
 Ready tasks start in creation order (earlier iterations, steps and micro-batches first). Simulated
 iterations are identical but for the first, which starts with cold locks; ``simulate`` plays two and
 reports the second. Times are seconds.
@@ -114,22 +118,25 @@ class Simulator:
     # -- the task graph ----------------------------------------------------------------------------
     def _call(self, setup: SimSetup, name: str, items: float) -> float:
         """Seconds of one call of ``name`` on ``items`` items, receiving them over its crossing edges
-        (a latency per message, one message per sender rank it serves, and the bytes; none when
-        everything runs in the driver)."""
+        (a latency per message, one message per sender rank it serves, and the bytes; in the driver a
+        hand-off between rank threads: its latency per message and no bytes)."""
         p = setup.components[name]
-        seconds = self.cost.call_time(name, items, p.ranks, p.threads)
-        for edge in () if setup.in_driver else input_edges(self.workload, self.graph, setup, name):
+        link = self.cost.link
+        hosts = {c: q.host for c, q in setup.components.items()}
+        seconds = self.cost.call_time(name, items, p.ranks, p.threads) * self.cost.factor(name, setup.in_driver, hosts)
+        for edge in input_edges(self.workload, self.graph, setup, name):
             # A rank receives one message from each sender rank it serves (fan-in).
             senders = setup.components[self.graph.edge(edge).source].ranks
             fan_in = max(1, math.ceil(senders / p.ranks))
-            nbytes = self.cost.edge_bytes.get(edge, 0.0) * items / p.ranks
-            seconds += fan_in * self.cost.link.latency + nbytes / self.cost.link.bandwidth
+            seconds += fan_in * link.message(setup.in_driver)
+            if not setup.in_driver:
+                seconds += self.cost.edge_bytes.get(edge, 0.0) * items / p.ranks / link.bandwidth
         return seconds
 
     def dispatch(self, setup: SimSetup) -> float:
         """Seconds of the driver's call to a component's processes, once per iteration (its first
         call or step pays it); nothing when everything runs in the driver."""
-        return 0.0 if setup.in_driver else self.cost.link.latency
+        return self.cost.link.call(setup.in_driver)
 
     def build_tasks(self, setup: SimSetup, iterations: int = 2) -> list[Task]:
         """The tasks of ``iterations`` back-to-back iterations, in start priority order."""

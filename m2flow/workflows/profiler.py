@@ -2,8 +2,8 @@
 
 A *probe* is a short run of the workflow itself (its own worker classes, loop and metrics) for
 ``iterations`` iterations at one batch size and one rank count. The first iteration warms up and
-is not counted; of the others, the least of each component's busy-time metric (the slowest
-rank's; other processes only add time) is its time per iteration, which ``planner.measure`` turns into ``[items, devices,
+is not counted; of the others, the median of each component's busy-time metric (the slowest
+rank's) is its time per iteration (a run's time is its typical iteration, which S1 measures too), which ``planner.measure`` turns into ``[items, devices,
 seconds per call]`` points from the calls the probe's plan makes.
 
 Which probes run:
@@ -13,9 +13,13 @@ Which probes run:
   which is what the cost model's contention rule assumes a measured time to be;
 - on CPUs, when a component has more than one thread, the largest batch on one thread (how each
   component's time scales with its process's threads; every point records those threads);
-- when the cluster has more than one device, the largest batch with every component in one Ray
-  process on device 0: its extra iteration time over the in-driver probe, per call, prices the
-  message a call to another process is (the link latency);
+- the largest batch again with nothing fused, in the driver: the extra messages between rank
+  threads against the fused probe price a hand-off in the driver (the link's ``local_latency``);
+- when the cluster has more than one device, the largest batch on Ray on device 0, fused (every
+  component in one process) and unfused (a process each): unfused against fused prices a message
+  between processes (``latency``), fused against the in-driver probe the driver's call to a
+  process (``dispatch``). ``planner.calibrate`` fits each so that the simulator reproduces the
+  measured difference;
 - at 2, 4, ... ranks up to the cluster's devices (or ``max_devices``), the largest batch, every
   component on the first d devices under Ray; on CPUs only while d ranks' threads fit on the
   cores, so that no measured time already holds contention the simulator adds again.
@@ -65,7 +69,7 @@ class Probe:
     placement: str
     ranks: int
     busy: dict[str, float] = field(default_factory=dict)
-    """least busy seconds per iteration of each component over the measured iterations"""
+    """median busy seconds per iteration of each component over the measured iterations"""
     spread: dict[str, float] = field(default_factory=dict)
     """slowest / fastest measured iteration of each component (near 1 on a quiet machine)"""
     points: dict[str, tuple[float, int, float, int]] = field(default_factory=dict)
@@ -76,12 +80,15 @@ class Probe:
     peak_rss_bytes: int | None = None
     checkpoint: Path | None = None
     kind: str = "cost"
-    """``cost``: its points fit the components; ``dispatch``: the same work in a Ray process, whose extra
-    iteration time over the in-driver probe prices a message (its points are not fitted)"""
+    """``cost``: its points fit the components; the others run the largest batch again to price messages
+    (their points are not fitted): ``local`` unfused in the driver, ``dispatch`` fused in one Ray
+    process, ``remote`` unfused in Ray processes"""
     iteration_s: float | None = None
-    """least wall seconds of a measured iteration"""
+    """median wall seconds of a measured iteration"""
     calls: int = 0
     """the driver's calls per iteration under its plan: one per running component"""
+    setup: Any = None
+    """the probe's plan as the simulator sees it (``planner.setup.SimSetup``)"""
 
 
 @contextmanager
@@ -160,6 +167,9 @@ class Profiler:
             one = {key: 1 for c, key in self.support.thread_keys.items() if c in self.ctx.space.threads}
             out.append(Probe("t1", {**sizes[-1], **one}, "local", 1))
         names = ",".join(self.ctx.spec.graph.component_names)
+        unfused = {k: not v for k, v in self.support.profile_fusions.items()}
+        if unfused:
+            out.append(Probe("u1", {**sizes[-1], **unfused}, "local", 1, kind="local"))
         d = 2
         while d <= limit:
             if self.cores is not None and d * threads > self.cores:
@@ -172,6 +182,8 @@ class Profiler:
             # The largest batch again, every component in one Ray process on device 0: what a call to
             # another process adds (plans over more than one device run on Ray; one device, in the driver).
             out.append(Probe("r1", dict(sizes[-1]), f"{names}: 0", 1, kind="dispatch"))
+            if unfused:
+                out.append(Probe("m1", {**sizes[-1], **unfused}, f"{names}: 0", 1, kind="remote"))
         return out
 
     # -- running one ---------------------------------------------------------------------------
@@ -196,21 +208,22 @@ class Profiler:
         if len(history) < 2:
             raise RuntimeError(f"profile run {probe.label} ran {len(history)} iteration(s); it needs 2 or more")
         measured = history[1:]
-        # The least of the measured iterations: other processes on the machine only ever add time, and
-        # the cost model's times are those of a process with its threads to itself (contention is added
-        # by the simulator). The spread says how busy the machine was.
+        # The median of the measured iterations: a run's time is that of its typical iteration, and a
+        # probe has its threads to itself (contention between processes is added by the simulator). The
+        # least would be the time of an iteration that met no interruption, which a whole run never
+        # keeps to (it made every prediction fast). The spread says how busy the machine was.
         seen = {c: [h[key] for h in measured if key in h] for c, key in s.timings.items()
                 if c in self.ctx.space.running}
-        probe.busy = {c: min(v) for c, v in seen.items() if v}
+        probe.busy = {c: statistics.median(v) for c, v in seen.items() if v}
         probe.spread = {c: max(v) / min(v) for c, v in seen.items() if v and min(v) > 0}
-        setup = setup_from_plan(plan)
+        setup = probe.setup = setup_from_plan(plan)
         # Each point carries the threads of the process that measured it (a fused component's are its
         # host's; the local executor's one process takes the most any component asks).
         shapes = call_shapes(spec.graph, self.ctx.space.workload, setup)
         probe.points = {c: (*pt, setup.components[c].threads) for c, pt in points(shapes, probe.busy).items()}
         probe.calls = sum(1 for c, shape in shapes.items() if c in self.ctx.space.running and shape.calls)
         steps = [sum(h.get(k, 0.0) for k in ITERATION_KEYS) for h in measured]
-        probe.iteration_s = min(steps) if steps and min(steps) > 0 else None
+        probe.iteration_s = statistics.median(steps) if steps and min(steps) > 0 else None
         loop = sum(h.get(k, 0.0) for h in history for k in ITERATION_KEYS)
         probe.groups = max(1, len(plan.launched))
         probe.startup_s = max(0.0, wall - loop)
@@ -246,7 +259,7 @@ class Profiler:
                 noisy = {c: r for c, r in probe.spread.items() if r > NOISY_SPREAD}
                 if noisy:
                     self.say("  the machine looks busy: " + ", ".join(f"{c} varied {r:.1f}x" for c, r in noisy.items())
-                             + " between iterations (the least time counts; profile on a quiet machine for a "
+                             + " between iterations (the median counts; profile on a quiet machine for a "
                              "closer fit)")
                 done.append(probe)
         finally:
@@ -256,8 +269,12 @@ class Profiler:
         comps: dict[str, dict[str, Any]] = {}
         holders = set(self.ctx.space.holders)
         startup = min(p.startup_s / p.groups for p in done)
+        # The curves are those of the driver: a point measured in Ray processes is divided by how much
+        # slower the same batch ran there (the dispatch probe against the in-driver one).
+        process = self._process_factor(done)
         for c in self.ctx.space.running:
-            pts = [list(p.points[c]) for p in done if c in p.points and p.kind == "cost"]
+            pts = [[p.points[c][0], p.points[c][1], p.points[c][2] / (process if p.placement != "local" else 1.0),
+                    p.points[c][3]] for p in done if c in p.points and p.kind == "cost"]
             if not pts:
                 raise RuntimeError(f"profile: no run measured {c!r} (metric {self.support.timings.get(c)!r})")
             state = (training if c == "actor" else weights) if c in holders else 0.0
@@ -267,47 +284,114 @@ class Profiler:
                 entry["weight_bytes"] = weights
             entry["fit_error"] = fit_component([tuple(p) for p in pts]).error
             comps[c] = entry
-        link = self._link(done, weights)
         profile = new_profile(
             self.ctx.spec.name, self.ctx.config_hash(), comps,
-            device={"memory_bytes": _device_memory(), "cores": self.cores}, link=link,
+            device={"memory_bytes": _device_memory(), "cores": self.cores}, link={},
             offload_bandwidth=_offload_bandwidth(training), edge_bytes=self.support.edge_bytes(self.ctx.cfg),
             probes=[{"label": p.label, "ranks": p.ranks, "overrides": {k: v for k, v in p.overrides.items()},
                      "kind": p.kind, "iteration_s": p.iteration_s, "calls": p.calls, "busy_s": p.busy,
                      "spread": p.spread, "startup_s": p.startup_s, "peak_rss_bytes": p.peak_rss_bytes}
                     for p in done])
+        profile["driver_split"] = self._driver_split(done)
+        profile["process_factor"] = process
+        profile["link"] = self._link(done, weights, profile)
+        if process != 1.0:
+            self.say(f"profile: components in Ray processes run {process:.2f}x as long as in the driver")
+        if profile["driver_split"]["factor"] != 1.0:
+            self.say(f"profile: model holders on separate rank threads of the driver run "
+                     f"{profile['driver_split']['factor']:.2f}x as long")
+        self.say("profile: a message costs " + ", ".join(
+            f"{k} {profile['link'][k] * 1e3:.3f} ms" for k in ("local_latency", "latency", "dispatch")
+            if profile["link"].get(k) is not None))
         try:
             out.write_text(json.dumps(profile, indent=1, default=str))
         except OSError as e:
             raise ProfileWriteError(f"cannot write the profile to {out}: {e.strerror or e}") from None
         return profile
 
-    def _link(self, probes: list[Probe], weights: float) -> dict[str, Any]:
-        latency, measured = 1e-4, []
-        gap = dispatch_latency(probes)
-        if gap is not None:
-            latency = gap
-            measured.append("dispatch")
+    def _link(self, probes: list[Probe], weights: float, profile: dict[str, Any]) -> dict[str, Any]:
+        """The link: bandwidth from the weight syncs, latencies calibrated on the message probes."""
+        from m2flow.planner.calibrate import calibrate_link
+        from m2flow.planner.cost import Link
+        from m2flow.planner.profile import cost_model
+
+        measured = []
         bandwidth = 1e9
         syncs = [p.sync_s for p in probes if p.sync_s]
         if syncs and weights > 0:
-            bandwidth = weights / max(min(syncs) - latency, 1e-6)
+            bandwidth = weights / max(min(syncs), 1e-6)
             measured.append("weight sync")
-        return {"bandwidth": bandwidth, "latency": latency, "measured": " and ".join(measured) or False}
+        by_kind = self._by_kind(probes)
+        base = self._fused_base(probes)
+        pairs = {"local": _pair(by_kind.get("local"), base),
+                 "remote": _pair(by_kind.get("remote"), by_kind.get("dispatch")),
+                 "dispatch": _pair(by_kind.get("dispatch"), base)}
+        cost = cost_model({**profile, "link": {"bandwidth": bandwidth, "latency": 1e-4}})
+        link = calibrate_link(self.ctx.spec.graph, self.ctx.space.workload, cost, **pairs)
+        measured += [what for what, p in pairs.items() if p is not None]
+        if pairs["remote"] is None and pairs["dispatch"] is not None:
+            link = Link(link.bandwidth, link.dispatch or 1e-4, link.local_latency, link.dispatch)
+        return {"bandwidth": link.bandwidth, "latency": link.latency, "local_latency": link.local_latency,
+                "dispatch": link.dispatch, "measured": " and ".join(measured) or False}
 
 
-def dispatch_latency(probes: list[Probe]) -> float | None:
-    """Seconds the driver's call to another process adds (once per component and iteration): the dispatch
-    probe's least iteration time over that of the in-driver probe of the same batch, per call (at least
-    0.1 ms); None without both probes."""
-    for p in probes:
-        if p.kind != "dispatch" or p.iteration_s is None or not p.calls:
-            continue
-        same = [q for q in probes if q.kind == "cost" and q.placement == "local" and q.iteration_s is not None
-                and {k: v for k, v in q.overrides.items() if k != "checkpoint_every"} == p.overrides]
-        if same:
-            return max(1e-4, (p.iteration_s - min(q.iteration_s for q in same)) / p.calls)  # type: ignore[type-var]
-    return None
+    @staticmethod
+    def _by_kind(probes: list[Probe]) -> dict[str, Probe]:
+        return {p.kind: p for p in probes if p.kind != "cost" and p.iteration_s is not None}
+
+    def _fused_base(self, probes: list[Probe]) -> Probe | None:
+        """The in-driver cost probe of the message probes' batch (the fastest, when several ran it)."""
+        by_kind = self._by_kind(probes)
+        batch = _batch(by_kind.get("dispatch", by_kind.get("local")))
+        fused = [p for p in probes if p.kind == "cost" and p.placement == "local" and p.iteration_s is not None
+                 and batch is not None and _batch(p) == batch]
+        return min(fused, key=lambda p: p.iteration_s or 0.0) if fused else None
+
+    def _process_factor(self, probes: list[Probe]) -> float:
+        """How much longer the components' busy time is in Ray processes than in the driver: the dispatch
+        probe against the in-driver probe of its batch (1 without both)."""
+        from m2flow.planner.calibrate import split_factor
+
+        ray, base = self._by_kind(probes).get("dispatch"), self._fused_base(probes)
+        if ray is None or base is None:
+            return 1.0
+        return split_factor(base.busy, ray.busy, list(self.ctx.space.running))
+
+    def _driver_split(self, probes: list[Probe]) -> dict[str, Any]:
+        """How much longer the model holders take on separate rank threads of the driver: their busy time in
+        the unfused in-driver probe over the fused one's, when only the first has them apart (1 otherwise:
+        the fitted curves already hold it, or nothing measured it)."""
+        from m2flow.planner.calibrate import split_factor
+        from m2flow.planner.cost import CostModel
+
+        holders = list(self.ctx.space.holders)
+        apart, base = self._by_kind(probes).get("local"), self._fused_base(probes)
+        factor = 1.0
+        if apart is not None and base is not None:
+            probe = CostModel({}, split_components=frozenset(holders))
+
+            def split(p: Probe) -> bool:
+                return probe.split_driver(True, {c: q.host for c, q in p.setup.components.items()})
+
+            if split(apart) and not split(base):
+                factor = split_factor(base.busy, apart.busy, holders)
+        return {"factor": factor, "components": holders}
+
+
+def _batch(p: Probe | None) -> dict[str, Any] | None:
+    """A probe's batch: its overrides but the fusions and the checkpoint interval."""
+    if p is None:
+        return None
+    return {k: v for k, v in p.overrides.items() if k != "checkpoint_every" and ".fuse_with_" not in k}
+
+
+def _pair(more: Probe | None, fewer: Probe | None) -> Any:
+    """The calibration pair of two probes of the same batch (None unless both ran and timed an iteration)."""
+    from m2flow.planner.calibrate import Pair
+
+    if more is None or fewer is None or more.iteration_s is None or fewer.iteration_s is None:
+        return None
+    return Pair(more.setup, fewer.setup, more.iteration_s - fewer.iteration_s)
 
 
 def fit_errors(profile: dict[str, Any]) -> dict[str, float]:

@@ -121,3 +121,18 @@ def test_a_receiver_pays_a_message_per_sender_rank_it_serves():
     # All in the driver (one rank each on device 0): no message at all.
     alone = build_setup([(("gen", "train"), 0, 1)], {"gen": "train"}, {"batch": 4})
     assert alone.in_driver and Simulator(graph, work, model).simulate(alone, 1).iteration_time == pytest.approx(2)
+
+
+def test_in_the_driver_a_hand_off_between_rank_threads_costs_the_local_latency():
+    graph = WorkflowGraph("pair", (Component("gen", "generates"), Component("train", "trains")),
+                          (Edge("items", "gen", "train", "Item"),))
+    work = Workload(chain=("gen", "train"), items=("batch",), inputs={"train": ("items",)})
+    model = CostModel({"gen": ComponentCost(a=1.0), "train": ComponentCost(a=1.0)}, edge_bytes={"items": 1e9},
+                      link=Link(bandwidth=1e9, latency=0.5, local_latency=0.25, dispatch=0.75))
+    sim = Simulator(graph, work, model)
+    threads = build_setup([(("gen",), 0, 1), (("train",), 0, 1)], {}, {"batch": 1})
+    # Two rank threads of the driver: one hand-off, no bytes, no call to another process.
+    assert threads.in_driver and sim.simulate(threads, 1).iteration_time == pytest.approx(1 + 0.25 + 1)
+    apart = build_setup([(("gen",), 0, 1), (("train",), 1, 1)], {}, {"batch": 1})
+    # Two processes: the driver's call to each (0.75), the message (0.5) and its bytes (1 s).
+    assert sim.simulate(apart, 1).iteration_time == pytest.approx(0.75 + 1 + 0.75 + 0.5 + 1 + 1)

@@ -61,7 +61,9 @@ def test_profile_round_trip(tiny, capsys) -> None:
         assert all(p[1] == 1 and p[2] > 0 and p[3] == 1 for p in entry["points"])
         assert 0 <= entry["fit_error"] < 1 and entry["startup_s"] > 0
     assert profile["components"]["actor"]["state_bytes"] > profile["components"]["rollout"]["state_bytes"] > 0
-    assert profile["edge_bytes"]["responses"] > 0 and len(profile["probes"]) == 3
+    assert profile["edge_bytes"]["responses"] > 0 and len(profile["probes"]) == 4
+    # The unfused probe in the driver prices a hand-off between rank threads (one device: no Ray probe).
+    assert profile["link"]["measured"] == "local" and 0 <= profile["link"]["local_latency"] < 1
     spec, cfg = load_workflow_config(config)
     cost = load_profile(out, "reasoning", PlanContext(spec, cfg).config_hash())
     assert cost.component("actor").time(32, 1) == pytest.approx(
@@ -179,6 +181,10 @@ def test_profile_measures_two_ranks_under_ray(cluster, tmp_path) -> None:
         ranks = {p[1] for p in profile["components"][name]["points"]}
         assert ranks == {1, 2}, (name, profile["components"][name]["points"])
     assert any("2 rank(s)" in line for line in lines)
+    link = profile["link"]
+    assert link["measured"].endswith("local and remote and dispatch")
+    assert all(0 <= link[k] < 1 for k in ("latency", "local_latency", "dispatch"))
+    assert any(line.startswith("profile: a message costs") for line in lines)
     cost = load_profile(tmp_path / "p.json", "embodied", ctx.config_hash())
     assert cost.component("actor").time(1024, 2) > 0
 

@@ -1,4 +1,4 @@
-"""Which probes ``m2flow profile`` runs on a CPU machine, and what a call to another process costs."""
+"""Which probes ``m2flow profile`` runs on a CPU machine."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from m2flow.workflows.plan_context import PlanContext
-from m2flow.workflows.profiler import Probe, Profiler, dispatch_latency
+from m2flow.workflows.profiler import Profiler
 from m2flow.workflows.registry import load_workflow_config
 
 DEMO = Path(__file__).resolve().parents[2] / "m2flow" / "workflows" / "reasoning_demo.yaml"
@@ -23,22 +23,19 @@ def _profiler(tmp_path: Path, *overrides: str) -> Profiler:
 def test_a_two_thread_config_is_also_probed_on_one_thread_and_under_ray(tmp_path):
     probes = _profiler(tmp_path, "cluster.cpu_devices_per_node=8").probes()
     by_label = {p.label: p for p in probes}
-    assert [p.label for p in probes] == ["b0", "b1", "b2", "t1", "r1"]  # 2 ranks x 2 threads exceed 2 cores
+    # 2 ranks x 2 threads exceed 2 cores: no d2 probe.
+    assert [p.label for p in probes] == ["b0", "b1", "b2", "t1", "u1", "r1", "m1"]
     one = by_label["t1"].overrides
     assert one["actor.num_threads"] == one["rollout.num_threads"] == 1 and one["data.prompts_per_step"] == 32
     assert by_label["t1"].placement == "local" and by_label["t1"].kind == "cost"
     ray = by_label["r1"]
     assert ray.kind == "dispatch" and ray.placement.endswith(": 0") and ray.placement != "local"
+    # The message probes: the largest batch with nothing fused, in the driver and in Ray processes.
+    for label, kind, placement in (("u1", "local", "local"), ("m1", "remote", ray.placement)):
+        p = by_label[label]
+        assert p.kind == kind and p.placement == placement
+        assert p.overrides["data.prompts_per_step"] == 32
+        assert p.overrides["rollout.fuse_with_actor"] is False and p.overrides["reward.fuse_with_rollout"] is False
     # One device: every plan runs in the driver, no Ray probe; one thread configured: no thread probe.
     alone = _profiler(tmp_path, "cluster.cpu_devices_per_node=1", "actor.num_threads=1").probes()
-    assert [p.label for p in alone] == ["b0", "b1", "b2"]
-
-
-def test_the_dispatch_latency_is_the_extra_time_per_call_of_the_ray_probe():
-    local = Probe("b2", {"data.prompts_per_step": 32, "checkpoint_every": 2}, "local", 1, iteration_s=0.15, calls=3)
-    other = Probe("b1", {"data.prompts_per_step": 16}, "local", 1, iteration_s=0.05, calls=3)
-    ray = Probe("r1", {"data.prompts_per_step": 32}, "a,b: 0", 1, kind="dispatch", iteration_s=0.21, calls=3)
-    assert dispatch_latency([other, local, ray]) == pytest.approx(0.02)
-    assert dispatch_latency([other, local]) is None
-    faster = Probe("r1", {"data.prompts_per_step": 32}, "a,b: 0", 1, kind="dispatch", iteration_s=0.1, calls=3)
-    assert dispatch_latency([local, faster]) == 1e-4  # noise: never below the floor
+    assert [p.label for p in alone] == ["b0", "b1", "b2", "u1"]
