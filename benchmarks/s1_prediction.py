@@ -9,8 +9,10 @@ For one workload (``embodied``: E2's, HalfCheetah-v5 PPO, 8 envs x 256 steps per
    candidate that fits, with its predicted iteration time (``--max-plans`` keeps the fastest ones);
 3. run each candidate as the config it stands for (the candidate's overrides applied, exactly what
    ``placement: auto`` would run), each run in a fresh process, plans in rotation for ``--rounds``
-   rounds; a run's time is the median wall time of its iterations after the first;
-4. report per plan predicted vs measured (the median over rounds) and the error, the median
+   rounds; a run's time is the median wall time of its iterations after the first, a plan's the
+   least of its runs (the machine's slow spells hit whole runs; the median over rounds is reported
+   beside it);
+4. report per plan predicted vs measured and the error, the median
    absolute error (goal <= 5%), Kendall's tau between the predicted and the measured order (goal
    >= 0.8), the chosen plan's measured time against the best measured plan (goal within 5%), and how
    noisy the measurement was (the spread of each plan's runs over rounds).
@@ -79,11 +81,12 @@ def spec_of(workflow: str) -> Any:
     return get_workflow(workflow)
 
 
-def profile(ctx: Any, path: Path, iterations: int) -> None:
+def profile(ctx: Any, path: Path, iterations: int, repeats: int) -> None:
     from m2flow.workflows.profiler import Profiler
 
     with tempfile.TemporaryDirectory(prefix="s1-profile-") as work:
-        Profiler(ctx, iterations=iterations, work_dir=Path(work), say=lambda s: print(s, file=sys.stderr)).run(path)
+        Profiler(ctx, iterations=iterations, work_dir=Path(work), say=lambda s: print(s, file=sys.stderr),
+                 repeats=repeats).run(path)
 
 
 def candidates(ctx: Any, cost: Any) -> tuple[list[dict[str, Any]], list[dict[str, str]], Any]:
@@ -155,6 +158,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2, help="rotations over the plans (at least 2 to see the noise)")
     p.add_argument("--profile", type=Path, default=None, help="reuse this profile instead of profiling first")
     p.add_argument("--profile-iterations", type=int, default=6, help="iterations of each profiling probe")
+    p.add_argument("--profile-repeats", type=int, default=2,
+                   help="runs of each probe, in rotation; the fastest counts (m2flow profile --repeats)")
     p.add_argument("--slots", type=int, default=os.cpu_count(),
                    help="measure plans on at most this many device slots (default: the cores; a plan on more "
                         "slots than cores only adds processes that wait for a core)")
@@ -186,7 +191,7 @@ def main() -> int:
         t0 = time.perf_counter()
         if profile_file is None:
             profile_file = out.with_name(out.stem + "_profile.json")
-            profile(ctx, profile_file, args.profile_iterations)
+            profile(ctx, profile_file, args.profile_iterations, args.profile_repeats)
         profile_s = time.perf_counter() - t0
         cost = load_profile(profile_file, spec.name, ctx.config_hash())
         t0 = time.perf_counter()
@@ -213,30 +218,42 @@ def main() -> int:
                       f"{row['predicted_s']:.3f} s, measured {row['runs'][-1]:.3f} s", file=sys.stderr)
     for row in rows:
         del row["config"]
-        row["measured_s"] = statistics.median(row["runs"])
+        # A plan's time: the least of its runs' medians. The machine has slow spells of seconds (up to
+        # 1.5x) that hit whole runs at random; the least is the plan on the machine without one, the same
+        # statistic the profile keeps of its repeated probes. The median over rounds is reported beside.
+        row["measured_s"] = min(row["runs"])
+        row["median_measured_s"] = statistics.median(row["runs"])
         row["error"] = row["predicted_s"] / row["measured_s"] - 1
+        row["median_error"] = row["predicted_s"] / row["median_measured_s"] - 1
         row["round_spread"] = max(row["runs"]) / min(row["runs"])
-    errors = [abs(r["error"]) for r in rows]
-    # Plans are ranked by seconds per item (the search's order; items per iteration can differ by plan).
-    tau = kendall_tau([r["predicted_s"] / r["items"] for r in rows], [r["measured_s"] / r["items"] for r in rows])
-    chosen = rows[0]  # the search's best: what placement: auto runs
-    best = min(rows, key=lambda r: r["measured_s"] / r["items"])
-    chosen_over_best = (chosen["measured_s"] / chosen["items"]) / (best["measured_s"] / best["items"])
+    stats = {}
+    for key, err in (("measured_s", "error"), ("median_measured_s", "median_error")):
+        # Plans are ranked by seconds per item (the search's order; items per iteration can differ by plan).
+        tau = kendall_tau([r["predicted_s"] / r["items"] for r in rows], [r[key] / r["items"] for r in rows])
+        best = min(rows, key=lambda r: r[key] / r["items"])
+        chosen = rows[0]  # the search's best: what placement: auto runs
+        stats[key] = {"median_abs_error": statistics.median(abs(r[err]) for r in rows), "kendall_tau": tau,
+                      "best_measured": best["overrides"],
+                      "chosen_over_best": (chosen[key] / chosen["items"]) / (best[key] / best["items"])}
+    head, med = stats["measured_s"], stats["median_measured_s"]
+    chosen = rows[0]
     # Noise: the same order measured in one round against another (how far the measurement agrees with itself).
     round_taus = [kendall_tau([r["runs"][a] / r["items"] for r in rows], [r["runs"][b] / r["items"] for r in rows])
                   for a, b in itertools.combinations(range(args.rounds), 2)]
-    summary = (f"S1 {args.workflow}: {len(rows)} plans, median |error| {statistics.median(errors):.1%}, "
-               f"Kendall tau {tau:.2f}, chosen plan measured {chosen['measured_s']:.3f} s vs best "
-               f"{best['measured_s']:.3f} s ({chosen_over_best - 1:+.1%} per item); "
-               f"round-to-round spread median {statistics.median(r['round_spread'] for r in rows):.2f}x")
+    summary = (f"S1 {args.workflow}: {len(rows)} plans, median |error| {head['median_abs_error']:.1%}, "
+               f"Kendall tau {head['kendall_tau']:.2f}, chosen plan {head['chosen_over_best'] - 1:+.1%} per item "
+               f"from the best measured (least of {args.rounds} runs); over the median run: "
+               f"{med['median_abs_error']:.1%}, tau {med['kendall_tau']:.2f}, chosen {med['chosen_over_best'] - 1:+.1%}; "
+               f"round-to-round spread median {statistics.median(r['round_spread'] for r in rows):.2f}x, "
+               f"tau between rounds median {statistics.median(round_taus) if round_taus else float('nan'):.2f}")
     record = {"benchmark": "S1", "workflow": args.workflow,
               "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "cpus": os.cpu_count(),
               "profile": str(profile_file), "profile_s": profile_s, "planning_s": plan_s,
               "plans_fitting": fitting, "plans_on_slots": on_slots, "slots": args.slots, "within": args.within,
               "iterations": args.iterations, "rounds": args.rounds, "plans": rows, "rejected": rejected,
-              "median_abs_error": statistics.median(errors), "kendall_tau": tau,
-              "round_kendall_taus": round_taus, "chosen": chosen["overrides"], "best_measured": best["overrides"],
-              "chosen_over_best": chosen_over_best, "summary": summary}
+              "median_abs_error": head["median_abs_error"], "kendall_tau": head["kendall_tau"],
+              "round_kendall_taus": round_taus, "chosen": chosen["overrides"], "best_measured": head["best_measured"],
+              "chosen_over_best": head["chosen_over_best"], "over_median_runs": med, "summary": summary}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1, default=str) + "\n")
     print(summary)

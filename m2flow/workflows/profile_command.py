@@ -21,6 +21,9 @@ def _options(parser: argparse.ArgumentParser) -> None:
                         help="iterations of each profiling run, the first a warm-up (default: auto.profile_iterations)")
     parser.add_argument("--max-devices", type=int, default=None,
                         help="largest rank count to profile (default: auto.profile_devices, else the cluster's)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run every probe this many times, in rotation, and keep each one's fastest run "
+                             "(a noisy machine's slow spells then miss some of them; default 1)")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -35,7 +38,7 @@ def _parse_rest(args: argparse.Namespace) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="m2flow profile CONFIG")
     _options(parser)
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
-    parser.set_defaults(**{k: getattr(args, k) for k in ("out", "iterations", "max_devices")})
+    parser.set_defaults(**{k: getattr(args, k) for k in ("out", "iterations", "max_devices", "repeats")})
     return parser.parse_intermixed_args(args.rest, namespace=argparse.Namespace(config=args.config))
 
 
@@ -57,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
     iterations = args.iterations if args.iterations is not None else cfg.auto.profile_iterations
     if iterations < 2:
         raise CommandError(f"--iterations must be at least 2 (one warm-up, one measured), got {iterations}")
+    if args.repeats < 1:
+        raise CommandError(f"--repeats must be at least 1, got {args.repeats}")
     if args.max_devices is not None and args.max_devices < 1:
         raise CommandError(f"--max-devices must be at least 1, got {args.max_devices}")
     out = args.out if args.out is not None else default_profile_path(cfg)
@@ -70,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     with tempfile.TemporaryDirectory(prefix="m2flow-profile-") as work:
         profiler = Profiler(ctx, iterations=iterations, max_devices=args.max_devices or cfg.auto.profile_devices,
-                            work_dir=Path(work), say=say)
+                            work_dir=Path(work), say=say, repeats=args.repeats)
         try:
             profile = profiler.run(out)
         except ProfileWriteError as e:

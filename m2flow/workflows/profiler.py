@@ -41,7 +41,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +89,8 @@ class Probe:
     """the driver's calls per iteration under its plan: one per running component"""
     setup: Any = None
     """the probe's plan as the simulator sees it (``planner.setup.SimSetup``)"""
+    attempt: int = 0
+    """which repeat of the probe this is (``Profiler.repeats``)"""
 
 
 @contextmanager
@@ -144,13 +146,15 @@ class Profiler:
     """Runs the probes of one config and writes its profile."""
 
     def __init__(self, ctx: PlanContext, *, iterations: int = 3, max_devices: int | None = None,
-                 work_dir: Path, say: Say = log.info) -> None:
+                 work_dir: Path, say: Say = log.info, repeats: int = 1) -> None:
         if ctx.spec.auto is None:
             raise ValueError(f"workflow {ctx.spec.name!r} cannot be profiled (it declares no AutoSupport)")
         if iterations < 2:
             raise ValueError(f"profiling needs at least 2 iterations per run (one warm-up), got {iterations}")
         self.ctx, self.support = ctx, ctx.spec.auto
-        self.iterations, self.max_devices = iterations, max_devices
+        if repeats < 1:
+            raise ValueError(f"profiling needs at least 1 repeat, got {repeats}")
+        self.iterations, self.max_devices, self.repeats = iterations, max_devices, repeats
         self.work_dir, self.say = Path(work_dir), say
         self.cores = None if _on_gpus() else (os.cpu_count() or 1)
 
@@ -193,7 +197,7 @@ class Profiler:
 
         spec, s = self.ctx.spec, self.support
         cfg = self.ctx.configure({**s.profile_fusions, **probe.overrides, "placement": probe.placement})
-        run_dir = self.work_dir / probe.label
+        run_dir = self.work_dir / (probe.label if not probe.attempt else f"{probe.label}.{probe.attempt}")
         cfg = with_overrides(spec.schema, cfg, {
             **s.length(cfg, self.iterations), "run_dir": str(run_dir), "resume": None, "trace": False,
             "metrics.sinks": ["jsonl"], "fault_tolerance.max_restarts": 0,
@@ -243,28 +247,37 @@ class Profiler:
         check_writable(out)
         probes = self.probes()
         cluster = None
-        done: list[Probe] = []
+        runs: dict[str, list[Probe]] = {}
         try:
-            for i, probe in enumerate(probes, start=1):
-                what = ", ".join(f"{k}={v}" for k, v in probe.overrides.items() if k != "checkpoint_every")
-                self.say(f"profile {i}/{len(probes)}: {probe.ranks} rank(s), {what} ({self.iterations} iterations)")
-                if probe.placement != "local" and cluster is None:
-                    from m2flow.runtime.cluster import Cluster
+            for attempt in range(self.repeats):
+                for i, planned in enumerate(probes, start=1):
+                    probe = replace(planned, overrides=dict(planned.overrides), attempt=attempt)
+                    what = ", ".join(f"{k}={v}" for k, v in probe.overrides.items() if k != "checkpoint_every")
+                    again = f", repeat {attempt + 1}/{self.repeats}" if self.repeats > 1 else ""
+                    self.say(f"profile {i}/{len(probes)}{again}: {probe.ranks} rank(s), {what} "
+                             f"({self.iterations} iterations)")
+                    if probe.placement != "local" and cluster is None:
+                        from m2flow.runtime.cluster import Cluster
 
-                    cluster = Cluster(self.ctx.cfg.cluster)
-                t0 = time.perf_counter()
-                self.run_probe(probe, cluster)
-                times = ", ".join(f"{c} {t * 1e3:.1f} ms" for c, t in probe.busy.items())
-                self.say(f"  {time.perf_counter() - t0:.1f}s; busy per iteration: {times}")
-                noisy = {c: r for c, r in probe.spread.items() if r > NOISY_SPREAD}
-                if noisy:
-                    self.say("  the machine looks busy: " + ", ".join(f"{c} varied {r:.1f}x" for c, r in noisy.items())
-                             + " between iterations (the median counts; profile on a quiet machine for a "
-                             "closer fit)")
-                done.append(probe)
+                        cluster = Cluster(self.ctx.cfg.cluster)
+                    t0 = time.perf_counter()
+                    self.run_probe(probe, cluster)
+                    times = ", ".join(f"{c} {t * 1e3:.1f} ms" for c, t in probe.busy.items())
+                    self.say(f"  {time.perf_counter() - t0:.1f}s; busy per iteration: {times}")
+                    noisy = {c: r for c, r in probe.spread.items() if r > NOISY_SPREAD}
+                    if noisy:
+                        self.say("  the machine looks busy: " + ", ".join(f"{c} varied {r:.1f}x" for c, r in
+                                                                        noisy.items())
+                                 + " between iterations (the median counts; profile on a quiet machine for a "
+                                 "closer fit)")
+                    runs.setdefault(probe.label, []).append(probe)
         finally:
             if cluster is not None:
                 cluster.shutdown()
+        # Of a probe's repeats, the one whose iterations ran fastest: a slow spell of the machine (they
+        # last seconds) lengthens a whole run, and repeating in rotation lets one run miss it.
+        done = [min(tries, key=lambda p: p.iteration_s if p.iteration_s is not None else math.inf)
+                for tries in runs.values()]
         weights, training = self.support.model_bytes(next((p.checkpoint for p in done if p.checkpoint), None))
         comps: dict[str, dict[str, Any]] = {}
         holders = set(self.ctx.space.holders)
@@ -290,7 +303,8 @@ class Profiler:
             offload_bandwidth=_offload_bandwidth(training), edge_bytes=self.support.edge_bytes(self.ctx.cfg),
             probes=[{"label": p.label, "ranks": p.ranks, "overrides": {k: v for k, v in p.overrides.items()},
                      "kind": p.kind, "iteration_s": p.iteration_s, "calls": p.calls, "busy_s": p.busy,
-                     "spread": p.spread, "startup_s": p.startup_s, "peak_rss_bytes": p.peak_rss_bytes}
+                     "spread": p.spread, "startup_s": p.startup_s, "peak_rss_bytes": p.peak_rss_bytes,
+                     "repeats_s": [q.iteration_s for q in runs[p.label]]}
                     for p in done])
         profile["driver_split"] = self._driver_split(done)
         profile["process_factor"] = process

@@ -42,7 +42,7 @@ def tiny(tmp_path_factory) -> tuple[Path, Path]:
     config.write_text(yaml.safe_dump({**TINY, "model": {**TINY["model"], "path": str(root / "model")},
                                       "run_dir": str(root / "run")}))
     out = root / "profile.json"
-    assert main(["profile", str(config), "--out", str(out)]) == 0
+    assert main(["profile", str(config), "--out", str(out), "--repeats", "2"]) == 0
     return config, out
 
 
@@ -62,6 +62,9 @@ def test_profile_round_trip(tiny, capsys) -> None:
         assert 0 <= entry["fit_error"] < 1 and entry["startup_s"] > 0
     assert profile["components"]["actor"]["state_bytes"] > profile["components"]["rollout"]["state_bytes"] > 0
     assert profile["edge_bytes"]["responses"] > 0 and len(profile["probes"]) == 4
+    # Each probe ran twice in rotation; the profile keeps its faster run.
+    for probe in profile["probes"]:
+        assert len(probe["repeats_s"]) == 2 and probe["iteration_s"] == min(probe["repeats_s"])
     # The unfused probe in the driver prices a hand-off between rank threads (one device: no Ray probe).
     assert profile["link"]["measured"] == "local" and 0 <= profile["link"]["local_latency"] < 1
     spec, cfg = load_workflow_config(config)
@@ -70,6 +73,12 @@ def test_profile_round_trip(tiny, capsys) -> None:
         [p for p in profile["components"]["actor"]["points"] if p[0] == 32][0][2], rel=0.5)
     assert main(["plan", "search", str(config), "--profile", str(out), "--top", "1"]) == 0
     assert "1. " in capsys.readouterr().out
+
+
+def test_profile_refuses_a_repeat_count_below_one(tiny, capsys) -> None:
+    config, _ = tiny
+    assert main(["profile", str(config), "--repeats", "0"]) == 1
+    assert "--repeats must be at least 1" in capsys.readouterr().err
 
 
 def test_profile_refuses_an_unwritable_out_at_once(tiny, tmp_path, capsys) -> None:
