@@ -245,7 +245,9 @@ def fit_component(points: Iterable[Sequence[float]], alphas: Sequence[float] = A
     through to the returned cost. A point's ``threads`` are those of the process that measured it: the
     curve is fitted on the points of the most common thread count (its ``threads``), and points at
     other thread counts give ``parallel`` (the mean Amdahl fraction they imply); without such points
-    ``parallel`` is 1 (perfect thread scaling).
+    ``parallel`` is 1 (perfect thread scaling). A point at another thread count on a device count the
+    main points lack (ranks probed at fewer threads to fit on the cores) is carried over to the main
+    threads under that fraction, and the curve is fitted again with it.
     """
     raw = [tuple(p) for p in points]
     if not raw:
@@ -277,9 +279,20 @@ def fit_component(points: Iterable[Sequence[float]], alphas: Sequence[float] = A
             best = Fit(cost, err, len(pts))
     assert best is not None
     cost = best.cost
-    fractions = [_amdahl(t / cost.time(b, d), main, n) for b, d, t, n in pts4 if n and main and n != main]
+    # Points at other thread counts: those on a device count the main points have give ``parallel``
+    # (the Amdahl fraction they imply); then every point at another count is carried over to the main
+    # threads under it, and the curve is fitted again on all of them (a rank count probed only at fewer
+    # threads, for its ranks to fit on the cores, then shapes ``alpha`` and ``s``).
+    main_d = {d for _, d, _ in pts}
+    fractions = [_amdahl(t / cost.time(b, d), main, n) for b, d, t, n in pts4
+                 if n and main and n != main and d in main_d]
     if fractions:
         cost = replace(cost, parallel=sum(fractions) / len(fractions))
+    carried = [(b, d, t * cost.speedup(n) / cost.speedup(main)) for b, d, t, n in pts4
+               if n and main and n != main and d not in main_d]
+    if carried:
+        refit = fit_component([*pts, *carried], alphas, **memory)
+        cost = replace(refit.cost, threads=main, parallel=cost.parallel)
     err = math.sqrt(sum(((cost.time(b, d, n) - t) / t) ** 2 for b, d, t, n in pts4) / len(pts4))
     return Fit(replace(cost, fit_error=err), err, len(pts4))
 

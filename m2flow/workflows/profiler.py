@@ -21,8 +21,9 @@ Which probes run:
   process (``dispatch``). ``planner.calibrate`` fits each so that the simulator reproduces the
   measured difference;
 - at 2, 4, ... ranks up to the cluster's devices (or ``max_devices``), the largest batch, every
-  component on the first d devices under Ray; on CPUs only while d ranks' threads fit on the
-  cores, so that no measured time already holds contention the simulator adds again.
+  component on the first d devices under Ray; on CPUs with fewer threads per rank where d ranks'
+  threads would not fit on the cores (and not at all below one thread each), so that no measured
+  time already holds contention the simulator adds again.
 The costs plans add are recorded beside: start-up (a probe's wall time outside its iterations,
 split over its groups), model state (the bytes of the checkpoint the largest probe writes:
 weights and training state), weight-sync bandwidth (from a multi-process probe's sync time,
@@ -176,11 +177,19 @@ class Profiler:
             out.append(Probe("u1", {**sizes[-1], **unfused}, "local", 1, kind="local"))
         d = 2
         while d <= limit:
+            fewer: dict[str, int] = {}
             if self.cores is not None and d * threads > self.cores:
-                self.say(f"profile: not probing {d} ranks: {d} x {threads} thread(s) exceed the {self.cores} "
-                         "core(s), and a measured time must hold no contention")
-                break
-            out.append(Probe(f"d{d}", dict(sizes[-1]), f"{names}: 0-{d - 1}", d))
+                # Fewer threads per rank so that the ranks fit on the cores (the fit carries the point
+                # over to the configured threads); without thread keys, or below one thread, stop here.
+                per_rank = self.cores // d
+                if per_rank < 1 or not self.support.thread_keys:
+                    self.say(f"profile: not probing {d} ranks: {d} x {threads} thread(s) exceed the "
+                             f"{self.cores} core(s), and a measured time must hold no contention")
+                    break
+                fewer = {key: per_rank for c, key in self.support.thread_keys.items() if c in self.ctx.space.threads}
+                self.say(f"profile: probing {d} ranks at {per_rank} thread(s) each, so that they fit on the "
+                         f"{self.cores} core(s)")
+            out.append(Probe(f"d{d}", {**sizes[-1], **fewer}, f"{names}: 0-{d - 1}", d))
             d *= 2
         if self.ctx.devices > 1:
             # The largest batch again, every component in one Ray process on device 0: what a call to

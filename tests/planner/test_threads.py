@@ -106,3 +106,17 @@ def test_a_profile_the_older_profiler_wrote_is_stale_one_entered_by_hand_is_read
         check_profile({**current, "format": 1, "probes": []}, "toy", "h", machine)
     with pytest.raises(ProfileError, match="not a profile of format 2"):
         check_profile({**current, "format": 7}, "toy", "h", machine)
+
+
+def test_a_rank_count_probed_at_fewer_threads_shapes_the_curve_at_the_configured_threads():
+    # Truth at 2 threads: t = 0.01 + 0.001 b / d + 0.05 log2(d); a 2-thread process is 1/0.6 as fast
+    # as a 1-thread one (parallel fraction 0.8).
+    true = ComponentCost(0.01, 0.001, 1.0, 0.05, threads=2, parallel=0.8)
+    slower = true.speedup(2) / true.speedup(1)
+    pts = [(b, 1, true.time(b, 1), 2) for b in (8, 16, 32)]
+    pts += [(32, 1, true.time(32, 1) * slower, 1),  # the one-thread probe
+            (32, 2, true.time(32, 2) * slower, 1)]  # two ranks, at one thread each to fit on two cores
+    fit = fit_component(pts).cost
+    assert fit.threads == 2 and fit.parallel == pytest.approx(0.8)
+    assert fit.time(32, 2) == pytest.approx(true.time(32, 2), rel=1e-6)  # the collective is in the curve
+    assert fit.time(32, 2, 1) == pytest.approx(true.time(32, 2) * slower, rel=1e-6)

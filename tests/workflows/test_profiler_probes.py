@@ -23,8 +23,10 @@ def _profiler(tmp_path: Path, *overrides: str) -> Profiler:
 def test_a_two_thread_config_is_also_probed_on_one_thread_and_under_ray(tmp_path):
     probes = _profiler(tmp_path, "cluster.cpu_devices_per_node=8").probes()
     by_label = {p.label: p for p in probes}
-    # 2 ranks x 2 threads exceed 2 cores: no d2 probe.
-    assert [p.label for p in probes] == ["b0", "b1", "b2", "t1", "u1", "r1", "m1"]
+    # 2 ranks x 2 threads exceed 2 cores: 2 ranks are probed at 1 thread each, 4 ranks not at all.
+    assert [p.label for p in probes] == ["b0", "b1", "b2", "t1", "u1", "d2", "r1", "m1"]
+    two = by_label["d2"]
+    assert two.ranks == 2 and two.overrides["actor.num_threads"] == two.overrides["rollout.num_threads"] == 1
     one = by_label["t1"].overrides
     assert one["actor.num_threads"] == one["rollout.num_threads"] == 1 and one["data.prompts_per_step"] == 32
     assert by_label["t1"].placement == "local" and by_label["t1"].kind == "cost"
