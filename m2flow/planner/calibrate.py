@@ -80,6 +80,20 @@ def _fit(graph: WorkflowGraph, workload: Workload, cost: CostModel, pair: Pair,
     return least_root(predicted_extra, pair.extra_s)
 
 
+MAX_OVERSUBSCRIBED = 100.0
+"""The largest oversubscription slowdown ``calibrate_oversubscribed`` fits."""
+
+
+def calibrate_oversubscribed(graph: WorkflowGraph, workload: Workload, cost: CostModel, setup: SimSetup,
+                             measured_s: float) -> float:
+    """The ``CostModel.oversubscribed`` under which the simulator predicts ``measured_s`` for ``setup`` (a
+    probe whose ranks' threads exceed the cores): the least such factor, at least 1."""
+    def predicted(extra: float) -> float:
+        return Simulator(graph, workload, replace(cost, oversubscribed=1.0 + extra)).simulate(setup).iteration_time
+
+    return 1.0 + least_root(predicted, measured_s, hi=MAX_OVERSUBSCRIBED - 1.0)
+
+
 def calibrate_link(graph: WorkflowGraph, workload: Workload, cost: CostModel, *, local: Pair | None = None,
                    remote: Pair | None = None, dispatch: Pair | None = None) -> Link:
     """``cost.link`` with its latencies fitted to the pairs given (the others kept):

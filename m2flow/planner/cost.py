@@ -37,7 +37,11 @@ in reasoning RL, one environment step of one env in embodied RL).
 * CPU contention: on a CPU machine a "device" is a slot on cores shared by every process of a
   node. When busy processes demanding ``k`` threads in all run on ``cores`` cores, each runs at
   ``min(1, cores / k)`` of its measured speed (processor sharing; measured times assume the
-  process had its threads to itself, on free cores). GPUs have no contention: ``cores`` is None.
+  process had its threads to itself, on free cores). Beyond the cores a process of more than one
+  thread is ``oversubscribed`` times slower still: every torch op ends at a barrier of its thread
+  team, which waits for whichever thread has no core (measured by the profiler on ranks whose
+  threads exceed the cores; on the 2-core machine such plans run several times slower than sharing
+  alone). GPUs have no contention: ``cores`` is None.
 """
 
 from __future__ import annotations
@@ -147,6 +151,8 @@ class CostModel:
     """the components ``split_factor`` applies to (the model holders; their torch work is what slows)"""
     process_factor: float = 1.0
     """time factor of every call in a plan outside the driver (Ray worker processes)"""
+    oversubscribed: float = 1.0
+    """further slowdown of a busy multi-threaded process while its node's busy threads exceed the cores"""
 
     def factor(self, name: str, in_driver: bool, hosts: Mapping[str, str]) -> float:
         """The time factor of ``name``'s calls in a plan of these process groups (component -> host)."""
@@ -169,11 +175,13 @@ class CostModel:
         CPUs the measured curve is rescaled to the rank's threads; GPUs' times do not depend on them."""
         return self.component(name).time(b, d, threads if self.cores is not None else 0)
 
-    def speed(self, demand: float) -> float:
-        """Fraction of full speed of each busy process when the busy ones want ``demand`` threads in all."""
+    def speed(self, demand: float, threads: int = 1) -> float:
+        """Fraction of full speed of a busy process of ``threads`` threads when the busy ones want ``demand``
+        threads in all: ``cores / demand`` beyond the cores, and ``oversubscribed`` times slower still for
+        a process of more than one thread (its thread team waits at every op for a thread without a core)."""
         if self.cores is None or demand <= self.cores:
             return 1.0
-        return self.cores / demand
+        return self.cores / demand / (self.oversubscribed if threads > 1 else 1.0)
 
     def sync_bytes(self, name: str) -> float:
         """Bytes a weight sync from ``name`` sends."""

@@ -10,6 +10,7 @@ A profile is JSON::
               "local_latency": 0.0, "dispatch": 1e-4},       # in the driver; a call to a process
      "driver_split": {"factor": 2.1, "components": ["rollout", "actor"]},  # see CostModel.split_factor
      "process_factor": 1.1,                                  # calls in Ray processes (CostModel)
+     "oversubscribed": 3.0,                                  # beyond the cores (CostModel.speed)
      "offload_bandwidth": 5e9,
      "edge_bytes": {"responses": 4096},                      # bytes per item per edge
      "components": {"rollout": {"points": [[items, devices, seconds(, threads)], ...],
@@ -121,7 +122,7 @@ def cost_model(profile: Mapping[str, Any], source: str = "profile") -> CostModel
                          float(profile.get("offload_bandwidth", 5e9)),
                          float(memory) if memory is not None else float("inf"), device.get("cores"),
                          float(split.get("factor", 1.0)), frozenset(split.get("components", ())),
-                         float(profile.get("process_factor", 1.0)))
+                         float(profile.get("process_factor", 1.0)), float(profile.get("oversubscribed", 1.0)))
     except (KeyError, TypeError, ValueError) as e:
         raise ProfileError(f"{source}: not a valid profile ({type(e).__name__}: {e})") from None
 

@@ -10,7 +10,8 @@ A task runs when its inputs are done and its resources are free:
 * the device lock of every device class it sits on, if it takes turns there. When a lock changes
   hands, the newcomer pays its onload and the previous holder its offload, once per turn;
 * CPU cores: running tasks slow down together, each at ``CostModel.speed`` of the threads all
-  busy processes of its node want (processor sharing), so the simulation is fluid: the time of
+  busy processes of its node want (processor sharing, and a multi-threaded process slower still
+  beyond the cores), so the simulation is fluid: the time of
   the next event is recomputed whenever a task starts or ends.
 
 A call takes the cost model's ``factor`` times its curve: ``process_factor`` in Ray processes,
@@ -58,6 +59,8 @@ class Task:
     cat: str
     takes_turns: bool = False
     threads_by_node: tuple[tuple[int, int], ...] = ()
+    threads: int = 1
+    """torch threads of each of its processes"""
     start: float = math.nan
     end: float = math.nan
     switch: float = 0.0
@@ -148,7 +151,7 @@ class Simulator:
             p = comps[name]
             node_threads = tuple((n, r * p.threads) for n, r in p.node_ranks) if in_group else ()
             tasks.append(Task(len(tasks), name, p.host if in_group else None, work, deps, it, label, cat,
-                              p.takes_turns and in_group, node_threads))
+                              p.takes_turns and in_group, node_threads, p.threads))
             return len(tasks) - 1
 
         items, micro, n_micro = self.sizes(setup)
@@ -312,8 +315,8 @@ class Simulator:
         for tid in running:
             for node, threads in tasks[tid].threads_by_node:
                 demand[node] = demand.get(node, 0) + threads
-        return {tid: min((self.cost.speed(demand[n]) for n, _ in tasks[tid].threads_by_node), default=1.0)
-                for tid in running}
+        return {tid: min((self.cost.speed(demand[n], tasks[tid].threads) for n, _ in tasks[tid].threads_by_node),
+                         default=1.0) for tid in running}
 
     def simulate(self, setup: SimSetup, iterations: int = 2) -> SimResult:
         """Play ``iterations`` iterations of ``setup`` and predict the last one's time."""

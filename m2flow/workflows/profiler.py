@@ -23,7 +23,9 @@ Which probes run:
 - at 2, 4, ... ranks up to the cluster's devices (or ``max_devices``), the largest batch, every
   component on the first d devices under Ray; on CPUs with fewer threads per rank where d ranks'
   threads would not fit on the cores (and not at all below one thread each), so that no measured
-  time already holds contention the simulator adds again.
+  time already holds contention the simulator adds again; and once, the first such rank count at the
+  configured threads (``oversubscribed``): ``planner.calibrate`` fits the slowdown beyond sharing the
+  cores under which the simulator reproduces it.
 The costs plans add are recorded beside: start-up (a probe's wall time outside its iterations,
 split over its groups), model state (the bytes of the checkpoint the largest probe writes:
 weights and training state), weight-sync bandwidth (from a multi-process probe's sync time,
@@ -83,7 +85,8 @@ class Probe:
     kind: str = "cost"
     """``cost``: its points fit the components; the others run the largest batch again to price messages
     (their points are not fitted): ``local`` unfused in the driver, ``dispatch`` fused in one Ray
-    process, ``remote`` unfused in Ray processes"""
+    process, ``remote`` unfused in Ray processes; ``oversubscribed`` runs ranks whose threads exceed the
+    cores"""
     iteration_s: float | None = None
     """median wall seconds of a measured iteration"""
     calls: int = 0
@@ -176,6 +179,7 @@ class Profiler:
         if unfused:
             out.append(Probe("u1", {**sizes[-1], **unfused}, "local", 1, kind="local"))
         d = 2
+        over: list[Probe] = []
         while d <= limit:
             fewer: dict[str, int] = {}
             if self.cores is not None and d * threads > self.cores:
@@ -189,8 +193,13 @@ class Profiler:
                 fewer = {key: per_rank for c, key in self.support.thread_keys.items() if c in self.ctx.space.threads}
                 self.say(f"profile: probing {d} ranks at {per_rank} thread(s) each, so that they fit on the "
                          f"{self.cores} core(s)")
+                if not over:
+                    # The same ranks at their configured threads, once: how much slower than sharing
+                    # the cores a plan runs whose threads exceed them (its points are not fitted).
+                    over = [Probe(f"o{d}", dict(sizes[-1]), f"{names}: 0-{d - 1}", d, kind="oversubscribed")]
             out.append(Probe(f"d{d}", {**sizes[-1], **fewer}, f"{names}: 0-{d - 1}", d))
             d *= 2
+        out += over
         if self.ctx.devices > 1:
             # The largest batch again, every component in one Ray process on device 0: what a call to
             # another process adds (plans over more than one device run on Ray; one device, in the driver).
@@ -318,6 +327,10 @@ class Profiler:
         profile["driver_split"] = self._driver_split(done)
         profile["process_factor"] = process
         profile["link"] = self._link(done, weights, profile)
+        profile["oversubscribed"] = self._oversubscribed(done, profile)
+        if profile["oversubscribed"] != 1.0:
+            self.say(f"profile: ranks whose threads exceed the cores run {profile['oversubscribed']:.1f}x slower "
+                     "than sharing the cores alone")
         if process != 1.0:
             self.say(f"profile: components in Ray processes run {process:.2f}x as long as in the driver")
         if profile["driver_split"]["factor"] != 1.0:
@@ -369,6 +382,18 @@ class Profiler:
         fused = [p for p in probes if p.kind == "cost" and p.placement == "local" and p.iteration_s is not None
                  and batch is not None and _batch(p) == batch]
         return min(fused, key=lambda p: p.iteration_s or 0.0) if fused else None
+
+    def _oversubscribed(self, probes: list[Probe], profile: dict[str, Any]) -> float:
+        """The oversubscription slowdown under which the simulator reproduces the oversubscribed probe
+        (1 without one)."""
+        from m2flow.planner.calibrate import calibrate_oversubscribed
+        from m2flow.planner.profile import cost_model
+
+        probe = self._by_kind(probes).get("oversubscribed")
+        if probe is None or probe.iteration_s is None:
+            return 1.0
+        return calibrate_oversubscribed(self.ctx.spec.graph, self.ctx.space.workload, cost_model(profile),
+                                        probe.setup, probe.iteration_s)
 
     def _process_factor(self, probes: list[Probe]) -> float:
         """How much longer the components' busy time is in Ray processes than in the driver: the dispatch

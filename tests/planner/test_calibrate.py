@@ -7,7 +7,8 @@ from dataclasses import replace
 import pytest
 
 from m2flow.planner import Component, Edge, WorkflowGraph
-from m2flow.planner.calibrate import MAX_LATENCY_S, Pair, calibrate_link, least_root, split_factor
+from m2flow.planner.calibrate import (MAX_LATENCY_S, Pair, calibrate_link, calibrate_oversubscribed, least_root,
+                                      split_factor)
 from m2flow.planner.cost import ComponentCost, CostModel, Link
 from m2flow.planner.setup import Workload, build_setup
 from m2flow.planner.simulate import Simulator
@@ -93,3 +94,15 @@ def test_calls_in_ray_processes_take_the_process_factor():
     fused, _, ray_fused, _ = _setups()
     assert sim._call(ray_fused, "train", 4) == pytest.approx(1.5 * plain._call(ray_fused, "train", 4))
     assert sim._call(fused, "train", 4) == pytest.approx(plain._call(fused, "train", 4))  # the driver's own
+
+
+def test_the_oversubscription_slowdown_that_made_a_measurement_is_recovered():
+    cost = replace(_cost(Link(latency=0.0)), cores=2)
+    # Env and policy in their own processes, two threads each, on two cores: while both run they want 4.
+    apart = replace(build_setup([(("env",), 0, 1), (("policy",), 1, 1), (("train",), 0, 2)], {}, SETTINGS,
+                                threads={"env": 2, "policy": 2, "train": 1}, devices_per_node=2), in_driver=False)
+    measured = Simulator(GRAPH, WORK, replace(cost, oversubscribed=4.0)).simulate(apart).iteration_time
+    assert calibrate_oversubscribed(GRAPH, WORK, cost, apart, measured) == pytest.approx(4.0, rel=1e-6)
+    # A measurement sharing alone explains needs no slowdown.
+    plain = Simulator(GRAPH, WORK, cost).simulate(apart).iteration_time
+    assert calibrate_oversubscribed(GRAPH, WORK, cost, apart, plain * 0.9) == 1.0

@@ -77,6 +77,21 @@ def test_cpu_contention_slows_overlapping_calls():
     assert shared.iteration_time == pytest.approx(2 + 4 + 2)
 
 
+def test_multi_threaded_processes_beyond_the_cores_run_oversubscribed_times_slower_still():
+    blocks, settings = [(("gen",), 0, 1), (("train",), 1, 1)], {"batch": 2, "micro": 1}
+    model = _model(2.0, 2.0, cores=2, oversubscribed=3.0)
+    one = build_setup(blocks, {}, settings, holders=("gen", "train"), devices_per_node=2,
+                      threads={"gen": 1, "train": 1})
+    # One thread each: two threads on two cores, no sharing at all.
+    assert Simulator(GRAPH, WORKLOAD, model).simulate(one, 1).iteration_time == pytest.approx(6.0)
+    two = build_setup(blocks, {}, settings, holders=("gen", "train"), devices_per_node=2,
+                      threads={"gen": 2, "train": 2})
+    # Two threads each: while both run, 4 threads on 2 cores (half speed) and 3x slower still, so the
+    # overlapping 2 s calls take 12 s.
+    assert Simulator(GRAPH, WORKLOAD, model).simulate(two, 1).iteration_time == pytest.approx(2 + 12 + 2)
+    assert model.speed(4, threads=1) == pytest.approx(0.5) and model.speed(2, threads=2) == 1.0
+
+
 def test_loop_stages_overlap_env_and_policy():
     model = CostModel({"env": ComponentCost(a=2.0), "policy": ComponentCost(a=1.0), "train": ComponentCost(a=5.0)},
                       link=Link(latency=0.0))

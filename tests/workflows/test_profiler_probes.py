@@ -23,8 +23,11 @@ def _profiler(tmp_path: Path, *overrides: str) -> Profiler:
 def test_a_two_thread_config_is_also_probed_on_one_thread_and_under_ray(tmp_path):
     probes = _profiler(tmp_path, "cluster.cpu_devices_per_node=8").probes()
     by_label = {p.label: p for p in probes}
-    # 2 ranks x 2 threads exceed 2 cores: 2 ranks are probed at 1 thread each, 4 ranks not at all.
-    assert [p.label for p in probes] == ["b0", "b1", "b2", "t1", "u1", "d2", "r1", "m1"]
+    # 2 ranks x 2 threads exceed 2 cores: 2 ranks are probed at 1 thread each, and once at their 2 threads
+    # (how much worse than sharing the cores that is); 4 ranks not at all.
+    assert [p.label for p in probes] == ["b0", "b1", "b2", "t1", "u1", "d2", "o2", "r1", "m1"]
+    over = by_label["o2"]
+    assert over.kind == "oversubscribed" and over.ranks == 2 and "actor.num_threads" not in over.overrides
     two = by_label["d2"]
     assert two.ranks == 2 and two.overrides["actor.num_threads"] == two.overrides["rollout.num_threads"] == 1
     one = by_label["t1"].overrides
