@@ -11,8 +11,8 @@ message count is restated here. The difference the simulator predicts never fall
 grows (a plan with more messages pays at least as much for each), so a bisection finds it.
 
 One cost of unfusing is no message: in the driver, model holders on separate rank threads run slower
-(``CostModel.split_factor``); ``split_factor`` reads it off their busy times, before the latencies
-are fitted with it in place.
+(``CostModel.split_factor``), and every call in a Ray process (``process_factor``); ``busy_factor``
+reads each off the probes' busy times, before the latencies are fitted with them in place.
 """
 
 from __future__ import annotations
@@ -62,13 +62,14 @@ def least_root(f: Callable[[float], float], target: float, hi: float = MAX_LATEN
     return x
 
 
-def split_factor(together: Mapping[str, float], apart: Mapping[str, float], components: Sequence[str]) -> float:
-    """The factor by which ``components``' busy seconds grew from a probe with them on one thread to one
-    with them apart (at least 1: noise never makes a plan faster; 1 when neither measured them)."""
-    names = [c for c in components if together.get(c, 0.0) > 0 and c in apart]
+def busy_factor(before: Mapping[str, float], after: Mapping[str, float], components: Sequence[str]) -> float:
+    """The factor by which ``components``' busy seconds grew from one probe to another of the same batch
+    (holders on one thread -> apart; the driver -> a Ray process). At least 1: noise never makes a plan
+    faster; 1 when the probes did not both measure them."""
+    names = [c for c in components if before.get(c, 0.0) > 0 and c in after]
     if not names:
         return 1.0
-    return max(1.0, sum(apart[c] for c in names) / sum(together[c] for c in names))
+    return max(1.0, sum(after[c] for c in names) / sum(before[c] for c in names))
 
 
 def _fit(graph: WorkflowGraph, workload: Workload, cost: CostModel, pair: Pair,

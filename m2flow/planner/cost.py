@@ -163,7 +163,7 @@ class CostModel:
     def split_driver(self, in_driver: bool, hosts: Mapping[str, str]) -> bool:
         """Whether a plan of these process groups (component -> its host) runs the split components on more
         than one rank thread of the driver."""
-        return in_driver and len({h for c, h in hosts.items() if c in self.split_components}) > 1
+        return in_driver and apart(hosts, self.split_components)
 
     def component(self, name: str) -> ComponentCost:
         if name not in self.components:
@@ -191,6 +191,12 @@ class CostModel:
     def offload_time(self, name: str) -> float:
         """Seconds to move ``name``'s state one way between device and host."""
         return self.component(name).state_bytes / self.offload_bandwidth
+
+
+def apart(hosts: Mapping[str, str], components: Iterable[str]) -> bool:
+    """Whether ``components`` run in more than one process group (``hosts``: component -> its host)."""
+    wanted = set(components)
+    return len({h for c, h in hosts.items() if c in wanted}) > 1
 
 
 @dataclass(frozen=True)

@@ -398,31 +398,29 @@ class Profiler:
     def _process_factor(self, probes: list[Probe]) -> float:
         """How much longer the components' busy time is in Ray processes than in the driver: the dispatch
         probe against the in-driver probe of its batch (1 without both)."""
-        from m2flow.planner.calibrate import split_factor
+        from m2flow.planner.calibrate import busy_factor
 
         ray, base = self._by_kind(probes).get("dispatch"), self._fused_base(probes)
         if ray is None or base is None:
             return 1.0
-        return split_factor(base.busy, ray.busy, list(self.ctx.space.running))
+        return busy_factor(base.busy, ray.busy, list(self.ctx.space.running))
 
     def _driver_split(self, probes: list[Probe]) -> dict[str, Any]:
         """How much longer the model holders take on separate rank threads of the driver: their busy time in
         the unfused in-driver probe over the fused one's, when only the first has them apart (1 otherwise:
         the fitted curves already hold it, or nothing measured it)."""
-        from m2flow.planner.calibrate import split_factor
-        from m2flow.planner.cost import CostModel
+        from m2flow.planner.calibrate import busy_factor
+        from m2flow.planner.cost import apart
 
         holders = list(self.ctx.space.holders)
-        apart, base = self._by_kind(probes).get("local"), self._fused_base(probes)
+        unfused, base = self._by_kind(probes).get("local"), self._fused_base(probes)
         factor = 1.0
-        if apart is not None and base is not None:
-            probe = CostModel({}, split_components=frozenset(holders))
-
+        if unfused is not None and base is not None:
             def split(p: Probe) -> bool:
-                return probe.split_driver(True, {c: q.host for c, q in p.setup.components.items()})
+                return apart({c: q.host for c, q in p.setup.components.items()}, holders)
 
-            if split(apart) and not split(base):
-                factor = split_factor(base.busy, apart.busy, holders)
+            if split(unfused) and not split(base):
+                factor = busy_factor(base.busy, unfused.busy, holders)
         return {"factor": factor, "components": holders}
 
 

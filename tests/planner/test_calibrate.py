@@ -8,7 +8,7 @@ import pytest
 
 from m2flow.planner import Component, Edge, WorkflowGraph
 from m2flow.planner.calibrate import (MAX_LATENCY_S, Pair, calibrate_link, calibrate_oversubscribed, least_root,
-                                      split_factor)
+                                      busy_factor)
 from m2flow.planner.cost import ComponentCost, CostModel, Link
 from m2flow.planner.setup import Workload, build_setup
 from m2flow.planner.simulate import Simulator
@@ -68,10 +68,10 @@ def test_noise_that_makes_more_messages_look_cheaper_gives_no_latency_not_a_nega
 
 
 def test_holders_apart_in_the_driver_slow_by_the_busy_time_they_gained():
-    assert split_factor({"gen": 0.03, "train": 0.04, "reward": 0.001}, {"gen": 0.07, "train": 0.07, "reward": 0.5},
+    assert busy_factor({"gen": 0.03, "train": 0.04, "reward": 0.001}, {"gen": 0.07, "train": 0.07, "reward": 0.5},
                         ["gen", "train"]) == pytest.approx(0.14 / 0.07)  # reward holds no model: not counted
-    assert split_factor({"gen": 0.05}, {"gen": 0.04}, ["gen"]) == 1.0  # noise never makes a plan faster
-    assert split_factor({}, {"gen": 0.04}, ["gen"]) == 1.0  # nothing measured it
+    assert busy_factor({"gen": 0.05}, {"gen": 0.04}, ["gen"]) == 1.0  # noise never makes a plan faster
+    assert busy_factor({}, {"gen": 0.04}, ["gen"]) == 1.0  # nothing measured it
 
 
 def test_the_split_factor_slows_only_holders_apart_in_the_driver():
