@@ -212,6 +212,14 @@ class GroupStream:
             del _LOCAL[key]
         self.channel.close()
 
+    def destroy(self) -> None:
+        """Release the stream for good: this process's connection, then the channel's host (its
+        listener and serving threads, or its Ray actor). Call it once every user is done."""
+        for key in [k for k in _LOCAL if k[0] == self.name]:
+            del _LOCAL[key]
+        self.channel.disconnect()
+        self.channel.destroy()
+
     def __repr__(self) -> str:
         lanes = f", lanes={self.lanes}" if self.lanes != 1 else ""
         return f"GroupStream({self.name!r}, consumers={self.consumers}{lanes})"

@@ -338,8 +338,10 @@ class ReasoningFlow:
         return path
 
     def shutdown(self) -> None:
-        """Close the streams (ending any wait on them), then stop every group."""
-        for stream in getattr(self, "streams", []):
+        """Close the streams (ending any wait on them), stop every group, then release the streams'
+        hosts, so a process that runs many flows keeps no threads or actors of the finished ones."""
+        streams = getattr(self, "streams", [])
+        for stream in streams:
             try:
                 stream.close()
             except Exception:  # noqa: BLE001 - the host may be gone already
@@ -350,6 +352,11 @@ class ReasoningFlow:
             if group is not None and id(group) not in stopped:  # a fused rollout is the actor group
                 stopped.add(id(group))
                 group.shutdown()
+        for stream in streams:
+            try:
+                stream.destroy()
+            except Exception:  # noqa: BLE001 - nothing is left to save; a host already gone is fine
+                log.debug("stream %s: releasing its host failed", stream.name, exc_info=True)
 
 
 # ----------------------------------------------------------------------------- entry points

@@ -6,6 +6,8 @@ metrics (all but timings) are equal and the trained weights are ``torch.equal``.
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,18 @@ def _checkpoint_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return out
 
 
+def _left_behind(before: set[threading.Thread], wait_s: float = 5.0) -> list[str]:
+    """The m2flow threads started since ``before`` that are still alive after up to ``wait_s``
+    (a closed listener's accept thread ends on its next wake-up, not at once)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = sorted(t.name for t in set(threading.enumerate()) - before
+                      if t.name.startswith("m2flow-") and t.is_alive())
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
+
+
 def _assert_same(local: tuple[list, dict], ray_run: tuple[list, dict]) -> None:
     (h_local, w_local), (h_ray, w_ray) = local, ray_run
     assert len(h_local) == len(h_ray) > 0
@@ -72,9 +86,11 @@ def test_local_runs_without_ray(tmp_path) -> None:
     from m2flow.workflows.reasoning import train
 
     was_up = ray.is_initialized()
+    before = set(threading.enumerate())
     result = train(toy_config(tmp_path, "local", steps=2))
     assert result.mode == "collocated" and len(result.history) == 2
     assert ray.is_initialized() == was_up  # nothing started Ray
+    assert _left_behind(before) == []  # channel hosts, connections and listeners all ended
     logs = sorted(p.name for p in (tmp_path / "run" / "logs").iterdir())
     assert logs and all(name.endswith(".0.log") for name in logs)  # one log file per in-process rank
 
