@@ -1,7 +1,8 @@
 """Exact resume beyond one collocated process: a run resumed from its checkpoint logs the same metrics
 and ends with the same weights (``torch.equal``) as the run that went straight through, with the
 rollout in processes of its own (disaggregated), with two actor ranks (hybrid; reasoning with DDP and
-with FSDP, GRPO and PPO, embodied with eager and with compiled steps).
+with FSDP, GRPO and PPO, embodied with eager and with compiled steps). A corrupted shard of the FSDP
+run's newest checkpoint is named before anything loads.
 
 What these catch that the collocated resume tests cannot: state held by a rank of its own, such as
 the generator of a separate embodied rollout rank or the sampling seeds of a separate reasoning
@@ -34,12 +35,16 @@ REASONING = {  # case: (placement, actor strategy, algorithm)
     "hybrid-fsdp": ("rollout,reward: 0, inference: 1, actor: 0-1", "fsdp", "grpo"),
     "hybrid-fsdp-ppo": ("rollout,reward: 0, inference: 1, actor: 0-1", "fsdp", "gae"),
 }
+# Cases whose state the others already cover (DDP ranks save one gathered file as a single rank does;
+# sharded resume is hybrid-fsdp's): in the full suite only (`make test-all`).
+SLOW = {"hybrid", "hybrid-fsdp-ppo"}
 # Each stage passes an iteration's groups on in one bundle (one chunk, micro-batches as large as the
 # batch), so the actor's micro-batches, and with them the float sums, are the same in both runs.
 BUNDLED = {"rollout": {"prompts_per_chunk": None}, "inference": {"micro_batch_size": 64},
            "actor": {"optim": {"lr": 0.02}, "micro_batch_size": 64}}
 LOGGED = ("reward/mean", "rollout/response_length", "actor/pg_loss", "actor/grad_norm", "actor/approx_kl",
           "actor/entropy")
+STEPS = 3  # checkpoints after every step; the resumed run starts after the first and runs the last two
 
 
 def _reasoning_weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
@@ -52,37 +57,38 @@ def _reasoning_weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
 def _reasoning_config(root: Path, case: str, **overrides):
     placement, strategy, estimator = REASONING[case]
     bundled = {**BUNDLED, "actor": {**BUNDLED["actor"], "strategy": strategy}}
-    return reasoning_setup.toy_config(root, placement, steps=4, checkpoint_every=2,
+    return reasoning_setup.toy_config(root, placement, steps=STEPS, checkpoint_every=1,
                                       algorithm={"adv_estimator": estimator}, **bundled, **overrides)
 
 
-@pytest.mark.parametrize("case", sorted(REASONING))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW else c
+                                  for c in sorted(REASONING)])
 def test_a_resumed_reasoning_run_equals_the_run_that_went_through(cluster, tmp_path, case):
     full_cfg = _reasoning_config(tmp_path / "full", case)
     full = reasoning.train(full_cfg, cluster)
-    checkpoint = Path(full_cfg.run_dir) / CHECKPOINTS / "step_000002"
+    checkpoint = Path(full_cfg.run_dir) / CHECKPOINTS / "step_000001"
     resumed_cfg = _reasoning_config(tmp_path / "full", case, run_dir=str(tmp_path / "resumed"), resume=str(checkpoint))
     resumed = reasoning.train(resumed_cfg, cluster)
     mode = case.split("-")[0]
-    assert full.mode == resumed.mode == mode and len(resumed.history) == 2
+    assert full.mode == resumed.mode == mode and len(resumed.history) == STEPS - 1
     for key in LOGGED:
-        assert [h.get(key) for h in resumed.history] == [h.get(key) for h in full.history[2:]], key
-    a, b = _reasoning_weights(Path(full_cfg.run_dir), 4), _reasoning_weights(Path(resumed_cfg.run_dir), 4)
+        assert [h.get(key) for h in resumed.history] == [h.get(key) for h in full.history[1:]], key
+    a, b = _reasoning_weights(Path(full_cfg.run_dir), STEPS), _reasoning_weights(Path(resumed_cfg.run_dir), STEPS)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert not all(torch.equal(a[k], v) for k, v in _reasoning_weights(Path(full_cfg.run_dir), 2).items())
+    assert not all(torch.equal(a[k], v) for k, v in _reasoning_weights(Path(full_cfg.run_dir), 1).items())
     if REASONING[case][1] == "fsdp":
         folders = ["actor", "critic"] if REASONING[case][2] == "gae" else ["actor"]
         for folder in folders:
             assert sorted(p.name for p in (checkpoint / folder / SHARDS).glob("*.distcp")) == ["__0_0.distcp",
                                                                                               "__1_0.distcp"]
         assert not list(checkpoint.rglob("*.safetensors"))  # nothing was gathered
+    if case == "hybrid-fsdp":
+        _a_corrupted_shard_is_named_before_anything_loads(full_cfg, cluster, tmp_path)
 
 
-def test_a_corrupted_shard_is_named_before_anything_loads(cluster, tmp_path):
+def _a_corrupted_shard_is_named_before_anything_loads(cfg, cluster, tmp_path):
     """One flipped byte in one rank's shard: the resume names that file, and ``auto`` takes the checkpoint before."""
-    cfg = _reasoning_config(tmp_path, "hybrid-fsdp")
-    reasoning.train(cfg, cluster)
-    newest = Path(cfg.run_dir) / CHECKPOINTS / "step_000004"
+    newest = Path(cfg.run_dir) / CHECKPOINTS / f"step_{STEPS:06d}"
     shard = newest / "actor" / SHARDS / "__1_0.distcp"
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -90,7 +96,7 @@ def test_a_corrupted_shard_is_named_before_anything_loads(cluster, tmp_path):
     with pytest.raises(CheckpointError, match=rf"{shard}: corrupted"):
         reasoning.train(replace(cfg, resume=str(newest)), cluster)
     previous = find_checkpoint("auto", cfg.run_dir)
-    assert previous == Path(cfg.run_dir) / CHECKPOINTS / "step_000002"
+    assert previous == Path(cfg.run_dir) / CHECKPOINTS / f"step_{STEPS - 1:06d}"
     # What `m2flow eval` reads from a sharded checkpoint: a model directory with the shards put together.
     model = load_causal_lm(whole_model_dir(previous / "actor", tmp_path / "whole"))
     saved = sharded_checkpoint.load_full(previous / "actor" / SHARDS, "model")
