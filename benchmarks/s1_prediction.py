@@ -11,14 +11,14 @@ For one workload (``embodied``: E2's, HalfCheetah-v5 PPO, 8 envs x 256 steps per
    ``placement: auto`` would run), each run in a fresh process, plans in rotation for ``--rounds``
    rounds; a run's time is the median wall time of its iterations after the first, a plan's the
    least of its runs (the machine's slow spells hit whole runs; the median over rounds is reported
-   beside it);
+   beside it); the share of CPU time the hypervisor took (steal, ``/proc/stat``) is recorded per run;
 4. report per plan predicted vs measured and the error, the median
    absolute error (goal <= 5%), Kendall's tau between the predicted and the measured order (goal
    >= 0.8), the chosen plan's measured time against the best measured plan (goal within 5%), and how
    noisy the measurement was (the spread of each plan's runs over rounds).
 
-    python benchmarks/s1_prediction.py embodied [--rounds 2] [--iterations 6] [--profile FILE]
-    python benchmarks/s1_prediction.py reasoning --rounds 2
+    python benchmarks/s1_prediction.py embodied [--rounds 4] [--iterations 6] [--profile FILE]
+    python benchmarks/s1_prediction.py reasoning --iterations 20 --max-plans 14
 
 Writes ``benchmarks/results/s1_<workflow>.json`` (or ``--out``) and prints one summary line.
 """
@@ -50,6 +50,31 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
         return float("nan")
     score = sum((1 if (a[i] - a[j]) * (b[i] - b[j]) > 0 else -1) for i, j in pairs if a[i] != a[j] and b[i] != b[j])
     return score / len(pairs)
+
+
+def cpu_times() -> list[int] | None:
+    """The machine's CPU time counters (``/proc/stat``, in ticks; None where there is none)."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+
+
+def stolen_share(before: list[int] | None, after: list[int] | None) -> float | None:
+    """Of the CPU time this machine wanted between two readings, the share its hypervisor ran
+    something else instead (*steal*): a virtual machine's slow spells that no plan causes."""
+    if before is None or after is None:
+        return None
+    d = [b - a for a, b in zip(before, after)]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = d
+    wanted = user + nice + system + irq + softirq + steal
+    return round(steal / wanted, 4) if wanted > 0 else 0.0
+
+
+def _pct(values: list[float], q: float) -> str:
+    """The ``q`` quantile of sorted ``values`` as a percentage ("n/a" without any)."""
+    return f"{values[min(len(values) - 1, int(q * len(values)))]:.1%}" if values else "n/a"
 
 
 def base_config(workflow: str, workdir: Path, iterations: int, seed: int) -> Any:
@@ -140,11 +165,13 @@ def measure(workflow: str, cfg: Any, skip: int, timeout: float) -> dict[str, Any
         cmd = [sys.executable, str(Path(__file__).resolve()), workflow, "--one", json.dumps(data), "--skip", str(skip)]
         load = os.getloadavg()[0]
         for attempt in range(3):  # a loaded machine can time Ray's start-up out
+            before = cpu_times()
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp)
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
             if proc.returncode == 0 and lines:
                 out = json.loads(lines[-1])
                 out["load"] = [round(load, 2), round(os.getloadavg()[0], 2)]
+                out["steal"] = stolen_share(before, cpu_times())
                 return out
             print(f"run failed (attempt {attempt + 1}, exit {proc.returncode}):\n{proc.stderr[-2000:]}", file=sys.stderr)
             time.sleep(10)
@@ -155,7 +182,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("workflow", choices=["embodied", "reasoning"])
     p.add_argument("--iterations", type=int, default=6, help="iterations per measured run (the first is not counted)")
-    p.add_argument("--rounds", type=int, default=2, help="rotations over the plans (at least 2 to see the noise)")
+    p.add_argument("--rounds", type=int, default=4,
+                   help="rotations over the plans (at least 2 to see the noise; the least of 4 runs is steadier than of 2)")
     p.add_argument("--profile", type=Path, default=None, help="reuse this profile instead of profiling first")
     p.add_argument("--profile-iterations", type=int, default=6, help="iterations of each profiling probe")
     p.add_argument("--profile-repeats", type=int, default=2,
@@ -212,7 +240,9 @@ def main() -> int:
             for i, row in enumerate(rows):
                 got = measure(args.workflow, row["config"], 1, args.timeout)
                 row.setdefault("runs", []).append(statistics.median(got["iterations"]))
+                row.setdefault("iteration_s", []).append([round(t, 4) for t in got["iterations"]])
                 row.setdefault("loads", []).extend(got["load"])
+                row.setdefault("steal", []).append(got["steal"])
                 row["measured_mode"] = got["mode"]
                 print(f"round {rnd + 1} plan {i + 1}/{len(rows)} {json.dumps(row['overrides'])}: predicted "
                       f"{row['predicted_s']:.3f} s, measured {row['runs'][-1]:.3f} s", file=sys.stderr)
@@ -240,12 +270,14 @@ def main() -> int:
     # Noise: the same order measured in one round against another (how far the measurement agrees with itself).
     round_taus = [kendall_tau([r["runs"][a] / r["items"] for r in rows], [r["runs"][b] / r["items"] for r in rows])
                   for a, b in itertools.combinations(range(args.rounds), 2)]
+    steal = sorted(x for r in rows for x in r["steal"] if x is not None)
     summary = (f"S1 {args.workflow}: {len(rows)} plans, median |error| {head['median_abs_error']:.1%}, "
                f"Kendall tau {head['kendall_tau']:.2f}, chosen plan {head['chosen_over_best'] - 1:+.1%} per item "
                f"from the best measured (least of {args.rounds} runs); over the median run: "
                f"{med['median_abs_error']:.1%}, tau {med['kendall_tau']:.2f}, chosen {med['chosen_over_best'] - 1:+.1%}; "
                f"round-to-round spread median {statistics.median(r['round_spread'] for r in rows):.2f}x, "
-               f"tau between rounds median {statistics.median(round_taus) if round_taus else float('nan'):.2f}")
+               f"tau between rounds median {statistics.median(round_taus) if round_taus else float('nan'):.2f}; "
+               f"CPU time stolen by the hypervisor per run: median {_pct(steal, 0.5)}, most {_pct(steal, 1.0)}")
     record = {"benchmark": "S1", "workflow": args.workflow,
               "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "cpus": os.cpu_count(),
               "profile": str(profile_file), "profile_s": profile_s, "planning_s": plan_s,
@@ -253,7 +285,8 @@ def main() -> int:
               "iterations": args.iterations, "rounds": args.rounds, "plans": rows, "rejected": rejected,
               "median_abs_error": head["median_abs_error"], "kendall_tau": head["kendall_tau"],
               "round_kendall_taus": round_taus, "chosen": chosen["overrides"], "best_measured": head["best_measured"],
-              "chosen_over_best": head["chosen_over_best"], "over_median_runs": med, "summary": summary}
+              "chosen_over_best": head["chosen_over_best"], "over_median_runs": med,
+              "steal_median": statistics.median(steal) if steal else None, "summary": summary}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1, default=str) + "\n")
     print(summary)
