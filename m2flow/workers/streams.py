@@ -208,17 +208,19 @@ class GroupStream:
 
     def close(self) -> None:
         """End the stream (consumers blocked on it get ``ChannelClosed``); local boxes are forgotten."""
-        for key in [k for k in _LOCAL if k[0] == self.name]:
-            del _LOCAL[key]
+        self._forget_local()
         self.channel.close()
 
     def destroy(self) -> None:
         """Release the stream for good: this process's connection, then the channel's host (its
         listener and serving threads, or its Ray actor). Call it once every user is done."""
-        for key in [k for k in _LOCAL if k[0] == self.name]:
-            del _LOCAL[key]
+        self._forget_local()
         self.channel.disconnect()
         self.channel.destroy()
+
+    def _forget_local(self) -> None:
+        for key in [k for k in _LOCAL if k[0] == self.name]:
+            del _LOCAL[key]
 
     def __repr__(self) -> str:
         lanes = f", lanes={self.lanes}" if self.lanes != 1 else ""
