@@ -1,6 +1,6 @@
 """The demo's control study, through the reasoning workflow: GRPO vs more supervised steps vs a random reward.
 
-Per seed, three arms from the demo's config (``m2flow/workflows/reasoning_demo.yaml``):
+Per seed, three arms from the demo's config (``m2flow/workflows/reasoning/demo.yaml``):
 
 - ``grpo``: the demo itself (warm start, then GRPO rewarded for the exact answer);
 - ``sft_more``: the warm start given as many more supervised steps as GRPO samples responses
@@ -40,7 +40,7 @@ def coin_reward(response: str, reference: str) -> float:
 
 
 def _accuracies(run_dir: Path) -> list[tuple[int, float]]:
-    from m2flow.workflows.reasoning_demo import eval_points
+    from m2flow.workflows.reasoning.demo import eval_points
 
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     history = [r for r in rows if "reward/mean" in r]
@@ -52,7 +52,7 @@ def _accuracies(run_dir: Path) -> list[tuple[int, float]]:
 
 def cfg_reward(overrides: list[str]) -> str:
     """The demo's training reward (under ``overrides``): the random arm's held-out evaluation uses it."""
-    from m2flow.workflows.reasoning_demo import load_demo_config
+    from m2flow.workflows.reasoning.demo import load_demo_config
 
     return load_demo_config(overrides).reward.fn
 
@@ -65,7 +65,7 @@ def run_seed(seed: int, out: Path, arms: tuple[str, ...], extra: list[str], demo
     """
     import time
 
-    from m2flow.workflows.reasoning_demo import load_demo_config, run_demo
+    from m2flow.workflows.reasoning.demo import load_demo_config, run_demo
 
     result: dict[str, Any] = {"seed": seed}
     grpo_dir = demo_runs / f"seed_{seed}" if demo_runs else out / f"seed_{seed}" / "grpo"

@@ -94,9 +94,9 @@ def m2flow_side(args: argparse.Namespace) -> dict:
     """One m2flow training run in this process, reported in the peers' JSON format."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from m2flow.config import from_dict
-    from m2flow.workflows.registry import load_workflow_config
-    from m2flow.workflows.embodied import train
-    from m2flow.workflows.embodied_config import EmbodiedConfig
+    from m2flow.driver.registry import load_workflow_config
+    from m2flow.workflows.embodied.workflow import train
+    from m2flow.workflows.embodied.config import EmbodiedConfig
     from m2flow.runtime.placement import NodeLayout, parse_placement
     from m2flow.runtime.logs import setup_logging
 
@@ -141,7 +141,7 @@ def m2flow_side(args: argparse.Namespace) -> dict:
         "seed": args.seed,
         "threads": args.threads,
         "placement": args.m2flow_placement,
-        "mode": result.mode + (" (fused)" if result.fused else ""),
+        "mode": result.mode + (" (fused)" if result.plan.fused("rollout") else ""),
         "steps": steps,
         "wall_s": round(wall, 3),
         "startup_s": round(result.startup_s, 3),

@@ -68,8 +68,8 @@ def run_plan(name: str, iterations: int, env_id: str, seed: int, trace_dir: str 
     """
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from m2flow.config import from_dict
-    from m2flow.workflows.embodied import train
-    from m2flow.workflows.embodied_config import EmbodiedConfig
+    from m2flow.workflows.embodied.workflow import train
+    from m2flow.workflows.embodied.config import EmbodiedConfig
     from m2flow.runtime.logs import setup_logging
 
     setup_logging(console=False)
@@ -101,8 +101,8 @@ def run_plan(name: str, iterations: int, env_id: str, seed: int, trace_dir: str 
         result = train(cfg)
     rows = []
     for h in result.history[1:]:  # the first iteration warms caches and connections up
-        env_stage = h["time/env_busy_s"] + (h["time/rollout_busy_s"] if result.fused else 0.0)
-        rollout_stage = 0.0 if result.fused else h["time/rollout_busy_s"]
+        env_stage = h["time/env_busy_s"] + (h["time/rollout_busy_s"] if result.plan.fused("rollout") else 0.0)
+        rollout_stage = 0.0 if result.plan.fused("rollout") else h["time/rollout_busy_s"]
         if staleness == 0:
             ideal = max(env_stage, rollout_stage) + h["time/actor_busy_s"]
         else:  # the busiest device: what runs on it adds up, the devices overlap
@@ -114,7 +114,7 @@ def run_plan(name: str, iterations: int, env_id: str, seed: int, trace_dir: str 
                      "actor_lock_wait_s": h.get("time/actor_lock_wait_s", 0.0)})
     # the machine is shared: the 1-minute load average around the run says how quiet it was
     key = name if staleness == 0 else f"{name}@s{staleness}"
-    return {"plan": key, "placement": placement, "stages": stages, "mode": result.mode, "fused": result.fused,
+    return {"plan": key, "placement": placement, "stages": stages, "mode": result.mode, "fused": result.plan.fused("rollout"),
             "compile": compile, "staleness": staleness, "load": [round(load_before, 2), round(os.getloadavg()[0], 2)], "iterations": rows}
 
 

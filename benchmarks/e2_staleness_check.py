@@ -23,8 +23,8 @@ def main() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from m2flow.config import from_dict
     from m2flow.runtime.logs import setup_logging
-    from m2flow.workflows.embodied import train
-    from m2flow.workflows.embodied_config import EmbodiedConfig
+    from m2flow.workflows.embodied.workflow import train
+    from m2flow.workflows.embodied.config import EmbodiedConfig
 
     setup_logging(console=False)
     with tempfile.TemporaryDirectory() as tmp:

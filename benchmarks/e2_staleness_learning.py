@@ -33,8 +33,8 @@ def run_one(staleness: int, seed: int, steps: int, placement: str, env_id: str) 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from m2flow.config import from_dict
     from m2flow.runtime.logs import setup_logging
-    from m2flow.workflows.embodied import train
-    from m2flow.workflows.embodied_config import EmbodiedConfig
+    from m2flow.workflows.embodied.workflow import train
+    from m2flow.workflows.embodied.config import EmbodiedConfig
 
     setup_logging(console=False)
     load_before = os.getloadavg()[0]

@@ -6,7 +6,7 @@ maximum completion length, the same reward (parity of the completion text's CRC3
 constant, so every step trains) and one AdamW update per rollout batch without a KL term:
 - ``trl``: TRL ``GRPOTrainer`` on CPU (its own virtual environment, ``--setup``);
 - ``bare``: a hand-written torch loop doing only that compute (the limit);
-- ``m2flow:PLAN``: the reasoning runner (``m2flow.workflows.reasoning``) under each plan of ``PLANS``
+- ``m2flow:PLAN``: the reasoning runner (``m2flow.workflows.reasoning.flow``) under each plan of ``PLANS``
   (placement and micro-batching), one side per plan; ``PLAN+lean`` is the same plan with the
   ``lean`` generation backend instead of HF ``generate`` (``rollout.backend``) and the packed training
   forward instead of the HF model's (``actor.forward``), both over the same weights;
@@ -46,7 +46,7 @@ TRL_VENV = HERE / ".venvs" / "trl"
 # (a CPU build of torch is what is served here).
 TRL_PACKAGES = ["torch==2.13.0", "transformers==5.24.0", "trl==1.13.0", "accelerate", "datasets", "requests"]
 
-# Which m2flow code drives the m2flow side: "runner", the reasoning runner (m2flow.workflows.reasoning),
+# Which m2flow code drives the m2flow side: "runner", the reasoning runner (m2flow.workflows.reasoning.flow),
 # one side per named placement. (An earlier single-process stand-in, "local_reference", went with the
 # arithmetic recipe it borrowed its GRPO step from; results labelled with it predate that.)
 M2FLOW_SIDE = "runner"
@@ -220,7 +220,7 @@ def runner_config(w: dict, threads: int, plan: RunnerPlan, run_dir: str, trace: 
                   ray_address: str | None = None, backend: str = "hf") -> Any:
     """The reasoning runner's config for the workload under ``plan``, ``threads`` torch threads per busy worker."""
     from m2flow.config.convert import from_dict
-    from m2flow.workflows.reasoning_config import ReasoningConfig
+    from m2flow.workflows.reasoning.config import ReasoningConfig
 
     p, g = w["prompts_per_step"], w["group_size"]
     return from_dict(ReasoningConfig, {
@@ -256,7 +256,7 @@ def _runner_side(w: dict, threads: int, plan_name: str, trace_dir: str | None, r
 
     With ``trace_dir`` the run keeps its directory there (with a trace: ``m2flow report`` reads it).
     """
-    from m2flow.workflows.reasoning import train
+    from m2flow.workflows.reasoning.workflow import train
 
     plan, backend = plan_and_backend(plan_name)
     with tempfile.TemporaryDirectory(prefix="g1-m2flow-") as tmp:

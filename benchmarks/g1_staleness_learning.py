@@ -1,6 +1,6 @@
 """Benchmark G1 (learning): synchronous GRPO vs bounded staleness at equal samples, on the demo task.
 
-The demo's config (``m2flow/workflows/reasoning_demo.yaml``: a tiny Qwen2 warm-started on an
+The demo's config (``m2flow/workflows/reasoning/demo.yaml``: a tiny Qwen2 warm-started on an
 imperfect teacher, then GRPO on 2-digit arithmetic) trained for the same iterations (so the same
 prompts and samples) with ``algorithm.max_staleness`` 0 and S, for each seed. Both sides take the
 behaviour log-probs from inference (``algorithm.old_logprobs: inference``, which staleness needs)
@@ -28,7 +28,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-DEMO = ROOT / "m2flow" / "workflows" / "reasoning_demo.yaml"
+DEMO = ROOT / "m2flow" / "workflows" / "reasoning/demo.yaml"
 
 
 def _overrides(seed: int, steps: int, placement: str, run_dir: str) -> list[str]:
@@ -39,9 +39,9 @@ def _overrides(seed: int, steps: int, placement: str, run_dir: str) -> list[str]
 
 def warm_start(seed: int, steps: int, placement: str, root: Path) -> Path:
     """The demo's warm-started model of ``seed``, trained here once (reused when already there)."""
-    from m2flow.workflows.reasoning_data import prepare_model
-    from m2flow.workflows.registry import load_workflow_config
-    from m2flow.workflows.warm_start import warm_start_model
+    from m2flow.workflows.reasoning.data import prepare_model
+    from m2flow.driver.registry import load_workflow_config
+    from m2flow.workflows.reasoning.warm_start import warm_start_model
 
     _, cfg = load_workflow_config(DEMO, _overrides(seed, steps, placement, str(root / f"warm_{seed}")))
     return warm_start_model(cfg, prepare_model(cfg.model, cfg.data))
@@ -51,8 +51,8 @@ def run_one(staleness: int, seed: int, steps: int, placement: str, model: str) -
     """One GRPO run in this process from the warm-started ``model``; its curves and loop time."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from m2flow.runtime.logs import setup_logging
-    from m2flow.workflows.reasoning import train
-    from m2flow.workflows.registry import load_workflow_config
+    from m2flow.workflows.reasoning.workflow import train
+    from m2flow.driver.registry import load_workflow_config
 
     setup_logging(console=False)
     load_before = os.getloadavg()[0]

@@ -82,7 +82,7 @@ def base_config(workflow: str, workdir: Path, iterations: int, seed: int) -> Any
     from m2flow.config import from_dict
 
     if workflow == "embodied":
-        from m2flow.workflows.embodied_config import EmbodiedConfig
+        from m2flow.workflows.embodied.config import EmbodiedConfig
 
         return from_dict(EmbodiedConfig, {
             "placement": "all", "env": {"env_id": "HalfCheetah-v5", "num_envs": 8}, "rollout_steps": 256,
@@ -101,13 +101,13 @@ def base_config(workflow: str, workdir: Path, iterations: int, seed: int) -> Any
 
 
 def spec_of(workflow: str) -> Any:
-    from m2flow.workflows.registry import get_workflow
+    from m2flow.driver.registry import get_workflow
 
     return get_workflow(workflow)
 
 
 def profile(ctx: Any, path: Path, iterations: int, repeats: int) -> None:
-    from m2flow.workflows.profiler import Profiler
+    from m2flow.autoplan.profiler import Profiler
 
     with tempfile.TemporaryDirectory(prefix="s1-profile-") as work:
         Profiler(ctx, iterations=iterations, work_dir=Path(work), say=lambda s: print(s, file=sys.stderr),
@@ -117,7 +117,7 @@ def profile(ctx: Any, path: Path, iterations: int, repeats: int) -> None:
 def candidates(ctx: Any, cost: Any) -> tuple[list[dict[str, Any]], list[dict[str, str]], Any]:
     """Every plan of the space that fits, fastest predicted first; the rejected ones; the search result."""
     from m2flow.planner.search import search
-    from m2flow.workflows.auto_choice import Choice
+    from m2flow.autoplan.auto_choice import Choice
 
     result = search(ctx.space, cost, ctx.devices, top=10_000, plan_fn=ctx.spec.plan, configure=ctx.configure,
                     layout=ctx.layout)
@@ -142,7 +142,7 @@ def run_one(workflow: str, config_json: str, skip: int) -> dict[str, Any]:
     """Train the config in this process; the wall seconds of each iteration after the first ``skip``."""
     from m2flow.config import from_dict
     from m2flow.runtime.logs import setup_logging
-    from m2flow.workflows.profiler import ITERATION_KEYS  # an iteration's wall seconds (reasoning, embodied)
+    from m2flow.autoplan.profiler import ITERATION_KEYS  # an iteration's wall seconds (reasoning, embodied)
 
     setup_logging(console=False)
     spec = spec_of(workflow)
@@ -208,7 +208,7 @@ def main() -> int:
     out = args.out or HERE / "results" / f"s1_{args.workflow}.json"
 
     from m2flow.planner.profile import load_profile
-    from m2flow.workflows.plan_context import PlanContext
+    from m2flow.autoplan.plan_context import PlanContext
 
     with tempfile.TemporaryDirectory(prefix="s1-") as work:
         work_dir = Path(work)

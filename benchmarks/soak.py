@@ -177,11 +177,11 @@ def main() -> int:
     placement = args.placement or PLACEMENTS[args.workflow]
     cfg = config(args.workflow, root, args.iterations, placement)
     if args.workflow == "embodied":
-        from m2flow.workflows import embodied as module
+        from m2flow.workflows.embodied import flow as module
 
         flow_class = module.EmbodiedFlow
     else:
-        from m2flow.workflows import reasoning as module
+        from m2flow.workflows.reasoning import flow as module
 
         flow_class = module.ReasoningFlow
     flows: list[Any] = []

@@ -18,8 +18,9 @@ import tempfile
 from pathlib import Path
 
 from m2flow.config import from_dict
-from m2flow.workflows.reasoning import ReasoningRun
-from m2flow.workflows.reasoning_config import ReasoningConfig
+from m2flow.driver.run import Run
+from m2flow.workflows.reasoning.workflow import WORKFLOW
+from m2flow.workflows.reasoning.config import ReasoningConfig
 from tests.ray_session import shared_cluster  # a local Ray cluster, started as the tests start it
 
 
@@ -49,7 +50,7 @@ def main() -> None:
         for rep in range(repeats):
             for mode, times in steps.items():
                 cfg = config(workdir / f"{mode}{rep}", placement, mode, max_running, prompts, n, tokens, 7)
-                with ReasoningRun(cfg, cluster) as run:
+                with Run(WORKFLOW, cfg, cluster) as run:
                     times.extend(h["time/step"] for h in run.train().history[2:])
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -94,7 +94,7 @@ def demo_step_time(trace: bool, steps: int, warmup: int, batch_size: int = 4096)
     """Median seconds per step of the demo after the warm-up, and trace events per step (0 untraced)."""
     from m2flow.metrics import MetricsConfig
     from m2flow.report.load import read_metrics
-    from m2flow.workflows.demo import DemoConfig, run_demo_config
+    from m2flow.workflows.demo.workflow import DemoConfig, run_demo_config
 
     with tempfile.TemporaryDirectory() as d:
         cfg = DemoConfig(steps=steps, batch_size=batch_size, run_dir=d, trace=trace,
@@ -108,8 +108,8 @@ def demo_step_time(trace: bool, steps: int, warmup: int, batch_size: int = 4096)
 def embodied_step_time(trace: bool, steps: int, warmup: int, cluster: object) -> tuple[float, float]:
     """Median seconds per iteration of the pipelined CartPole PPO loop, and trace events per iteration."""
     from m2flow.config.loader import load_config
-    from m2flow.workflows.embodied import train
-    from m2flow.workflows.embodied_config import EmbodiedConfig
+    from m2flow.workflows.embodied.workflow import train
+    from m2flow.workflows.embodied.config import EmbodiedConfig
 
     with tempfile.TemporaryDirectory() as d:
         # 8 envs x 128 steps per iteration; the actor on device 0 with the env (one rank: no gloo).
@@ -124,8 +124,8 @@ def embodied_step_time(trace: bool, steps: int, warmup: int, cluster: object) ->
 def reasoning_step_time(trace: bool, steps: int, warmup: int, cluster: object, model_dir: Path) -> tuple[float, float]:
     """Median seconds per iteration of the arithmetic GRPO loop, and trace events per iteration."""
     from m2flow.config.loader import load_config
-    from m2flow.workflows.reasoning import train
-    from m2flow.workflows.reasoning_config import ReasoningConfig
+    from m2flow.workflows.reasoning.workflow import train
+    from m2flow.workflows.reasoning.config import ReasoningConfig
 
     with tempfile.TemporaryDirectory() as d:
         # 16 prompts x 8 samples per iteration, generated and trained in chunks of 4 prompts on two devices.

@@ -2,101 +2,21 @@
 
 Subcommands plug in without editing this file: a module ``m2flow/<package>/commands.py`` (found
 on disk, imported when the parser is built) or a ``m2flow.commands`` entry point calls
-:func:`register_command`. Such modules must stay light to import: heavy imports (torch, ray) go
-inside the ``run`` function, so ``m2flow --help`` answers at once.
+``m2flow.commands.register_command`` (the registry is a leaf module, so nothing imports this one).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from importlib import metadata
+from collections.abc import Sequence
 from pathlib import Path
 
 from m2flow import __version__
-
-PLUGIN_MODULE = "commands"
-ENTRY_POINT_GROUP = "m2flow.commands"
-
-
-class CommandError(Exception):
-    """A subcommand's refusal: ``main`` prints ``error: <message>`` and exits with ``code``."""
-
-    def __init__(self, message: str, code: int = 1) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-@dataclass(frozen=True)
-class Command:
-    """One subcommand: ``configure_parser`` adds its arguments, ``run(args)`` returns the exit code."""
-
-    name: str
-    help: str
-    configure_parser: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]
-
-
-_COMMANDS: dict[str, Command] = {}
-_plugins_loaded = False
-
-
-def say(text: str) -> None:
-    """One line of a command's output on stdout: subcommands print through here, library modules log."""
-    print(text)
-
-
-def register_command(
-    name: str,
-    help: str,
-    configure_parser: Callable[[argparse.ArgumentParser], None],
-    run: Callable[[argparse.Namespace], int],
-) -> Command:
-    """Add subcommand ``name``; registering a name twice raises ValueError."""
-    if name in _COMMANDS:
-        raise ValueError(f"m2flow subcommand {name!r} is already registered")
-    command = Command(name, help, configure_parser, run)
-    _COMMANDS[name] = command
-    return command
-
-
-def unregister_command(name: str) -> None:
-    """Remove subcommand ``name`` (for tests); unknown names raise KeyError."""
-    del _COMMANDS[name]
-
-
-def registered_commands() -> list[str]:
-    """Names of the registered subcommands, sorted."""
-    return sorted(_COMMANDS)
-
-
-def _load_plugins() -> None:
-    """Import every ``m2flow/<package>/commands.py`` and ``m2flow.commands`` entry point once."""
-    global _plugins_loaded
-    if _plugins_loaded:
-        return
-    _plugins_loaded = True
-    root = Path(__file__).resolve().parent
-    modules = sorted(
-        f"m2flow.{p.parent.name}.{PLUGIN_MODULE}" for p in root.glob(f"*/{PLUGIN_MODULE}.py")
-    )
-    loaders: list[tuple[str, Callable[[], object]]] = [
-        (m, lambda m=m: importlib.import_module(m)) for m in modules
-    ]
-    loaders += [(ep.value, ep.load) for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)]
-    for origin, load in loaders:
-        try:
-            loaded = load()
-            if callable(loaded):  # an entry point may name a register() function
-                loaded()
-        except Exception as error:  # noqa: BLE001 - one broken plug-in must not disable the CLI
-            print(f"warning: could not load m2flow commands from {origin}: {error}", file=sys.stderr)
-
+from m2flow.errors import UserInputError
+from m2flow.commands import COMMANDS, CommandError, load_plugins, register_command, registered_commands, say
 
 # ----------------------------------------------------------------------------- built-in commands
 
@@ -115,13 +35,13 @@ def _run_version(args: argparse.Namespace) -> int:
 def _configure_demo(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "overrides", nargs="*", metavar="KEY=VALUE",
-        help="overrides of the demo's reasoning config (m2flow/workflows/reasoning_demo.yaml), e.g. seed=1 "
+        help="overrides of the demo's reasoning config (m2flow/workflows/reasoning/demo.yaml), e.g. seed=1 "
              "steps=30 placement=\"rollout,reward: 0, inference,actor: 1\"; `m2flow config docs reasoning` lists every key",
     )
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from m2flow.workflows.reasoning_demo import run_demo
+    from m2flow.workflows.reasoning.demo import run_demo
 
     run_demo(list(args.overrides), say=say)
     return 0
@@ -133,11 +53,13 @@ def _configure_train(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    from m2flow.workflows.registry import load_workflow_config
+    from m2flow.driver.registry import load_workflow_config
+
+    from m2flow.autoplan.entry import run
 
     spec, cfg = load_workflow_config(args.config, args.overrides)
     logging.getLogger("m2flow").info("running workflow %r from %s", spec.name, args.config)
-    return int(spec.run(cfg) or 0)
+    return run(spec, cfg)
 
 
 def _configure_config(parser: argparse.ArgumentParser) -> None:
@@ -151,7 +73,7 @@ def _configure_config(parser: argparse.ArgumentParser) -> None:
 
 def _run_config(args: argparse.Namespace) -> int:
     from m2flow.config import describe, to_dict, to_yaml
-    from m2flow.workflows.registry import available_workflows, get_workflow, load_workflow_config
+    from m2flow.driver.registry import available_workflows, get_workflow, load_workflow_config
     from m2flow.config.schema import MISSING
     from m2flow.config.yaml_io import dump_inline
 
@@ -192,7 +114,7 @@ register_command(
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every registered subcommand."""
-    _load_plugins()
+    load_plugins()
     parser = argparse.ArgumentParser(
         prog="m2flow",
         description="Flexible and efficient RL training via macro-to-micro flow transformation.",
@@ -206,24 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in registered_commands():
-        command = _COMMANDS[name]
+        command = COMMANDS[name]
         command.configure_parser(sub.add_parser(name, help=command.help, description=command.help))
     return parser
-
-
-_INPUT_ERRORS = {
-    "m2flow.config.errors": ("ConfigError", "InputError"),
-    "m2flow.planner.plan": ("PlanError",),
-    "m2flow.runtime.placement": ("PlacementError",),
-}
-
-
-def _input_errors() -> tuple[type[BaseException], ...]:
-    """The error types that mean bad input (a key, a file, a line, a placement), from the modules
-    already loaded: an error of a module never imported cannot have been raised, and nothing heavy
-    is imported here."""
-    return tuple(getattr(sys.modules[m], name) for m, names in _INPUT_ERRORS.items() if m in sys.modules
-                 for name in names)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -240,10 +147,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     # Imported here, not at the top, so the parser is built without loading the config stack.
-    from m2flow.workflows.stop import EXIT_TERMINATED, Terminated
+    from m2flow.driver.stop import EXIT_TERMINATED, Terminated
 
     try:
-        return _COMMANDS[args.command].run(args)
+        return COMMANDS[args.command].run(args)
     except Terminated as error:
         print(f"stopped: {error}", file=sys.stderr)
         return EXIT_TERMINATED
@@ -266,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             message = error.message if isinstance(error, health.WorkerError) else str(error)
             print(f"error: {where}{message}", file=sys.stderr)
             return 1
-        if not isinstance(error, _input_errors()):
+        if not isinstance(error, UserInputError):
             raise
         # Input the user can fix: one line naming the key, file or line; the traceback only when asked.
         logging.getLogger("m2flow").debug("traceback of the error below", exc_info=True)

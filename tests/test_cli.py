@@ -7,7 +7,7 @@ import yaml
 
 from m2flow import __version__
 from m2flow.cli import main, register_command, registered_commands, unregister_command
-from m2flow.workflows.registry import register_workflow, unregister_workflow
+from m2flow.driver.registry import register_workflow, unregister_workflow
 
 from tests.config.example_schemas import TrainCfg
 
@@ -108,7 +108,7 @@ def test_config_docs_prints_every_field(fake_workflow, capsys):
 
 def test_config_docs_demo_documents_the_runtime_demo(capsys):
     from m2flow.config.schema import undocumented
-    from m2flow.workflows.demo import DemoConfig
+    from m2flow.workflows.demo.workflow import DemoConfig
 
     assert main(["config", "docs", "demo"]) == 0
     out = capsys.readouterr().out
@@ -145,7 +145,7 @@ def test_plugged_in_command_runs():
 
 
 def test_demo_passes_its_overrides(monkeypatch):
-    demo = pytest.importorskip("m2flow.workflows.reasoning_demo")
+    demo = pytest.importorskip("m2flow.workflows.reasoning.demo")
     got = []
     monkeypatch.setattr(demo, "run_demo", lambda overrides, say: got.append(overrides) or 0)
     assert main(["demo", "a.b=1", "c=2"]) == 0

@@ -1,4 +1,4 @@
-"""Typed, validated configuration: dataclass schemas, YAML + override loading. (The workflow registry is ``m2flow.workflows.registry``.)
+"""Typed, validated configuration: dataclass schemas, YAML + override loading. (The workflow registry is ``m2flow.driver.registry``.)
 
 Define a component's config as a ``@dataclass`` whose fields use :func:`option` (default + one-line
 doc); optionally add ``validate(self) -> None`` raising ``ValueError`` for impossible values. Load

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from m2flow.errors import UserInputError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserInputError):
     """A configuration problem, reported as ``"<dotted.key>: <reason>"``.
 
     ``key`` is the dotted path of the offending entry (``""`` for the whole config or the file);
@@ -16,7 +18,7 @@ class ConfigError(ValueError):
         super().__init__(f"{key}: {reason}" if key else reason)
 
 
-class InputError(ValueError):
+class InputError(UserInputError):
     """A file, record or path the user gave that cannot be used; the message names it (file, line, key).
 
     Raised where the input is read (data files, checkpoints, model directories); the CLI prints it as

@@ -225,3 +225,13 @@ def allows_none(tp: Any) -> bool:
     if typing.get_origin(tp) is Literal:
         return None in typing.get_args(tp)
     return False
+
+
+def get_key(cfg: Any, key: str) -> Any:
+    """The value at dotted ``key`` of a config object (``rollout.num_threads``); an unknown key raises KeyError."""
+    node = cfg
+    for part in key.split("."):
+        if not hasattr(node, part):
+            raise KeyError(f"{type(cfg).__name__} has no key {key!r}")
+        node = getattr(node, part)
+    return node

@@ -32,6 +32,7 @@ class MetricsConfig:
     unknown_prefix: UnknownPrefixPolicy = option(
         "warn", "a metric name without a known prefix: 'warn' once per name, or 'error'")
     key_metrics: list[str] = option([], "metrics shown on the progress line (empty: the first few)")
+    extra_prefixes: list[str] = option([], "metric groups a workflow logs besides the known ones (demo/)")
     wandb_project: str = option("m2flow", "W&B project (used when 'wandb' is in sinks)")
     wandb_mode: str = option("online", "W&B mode: online, offline or disabled")
 
@@ -66,7 +67,7 @@ class MetricsLogger:
         self.config = config or MetricsConfig()
         self.config.validate()
         self.run_dir = Path(run_dir)
-        self.checker = NameChecker(self.config.unknown_prefix, extra_prefixes)
+        self.checker = NameChecker(self.config.unknown_prefix, [*self.config.extra_prefixes, *extra_prefixes])
         self.active = is_main_process() if is_main is None else is_main
         self.console: ConsoleSink | None = None
         self.sinks: list[MetricsSink] = []

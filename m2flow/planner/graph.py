@@ -24,6 +24,19 @@ class Component:
     """holds a model copy on its devices (so it takes turns with other holders on shared devices)"""
     optional: bool = False
     """runs only when the config needs what it produces"""
+    worker: str = ""
+    """the worker class that runs it, as ``module:Class`` (imported only when a group launches)"""
+    section: str = ""
+    """its config section (``rollout``, ``env_worker``); its settings live there"""
+    threads_key: str = ""
+    """the config key of its torch threads per rank (default ``<section>.num_threads``)"""
+    timing: str = ""
+    """the iteration metric that holds its busy seconds (the slowest rank's)"""
+
+    @property
+    def threads_setting(self) -> str:
+        """The config key of its threads, or "" when it has no section."""
+        return self.threads_key or (f"{self.section}.num_threads" if self.section else "")
 
 
 @dataclass(frozen=True)
@@ -48,6 +61,8 @@ class Fusion:
     host: str
     condition: str
     """when the plan takes it, in a line"""
+    key: str = ""
+    """the boolean config key that asks for it (``reward.fuse_with_rollout``)"""
 
 
 @dataclass(frozen=True)
@@ -99,6 +114,24 @@ class WorkflowGraph:
             if not more:
                 return pairs
             pairs |= more
+
+    def fusion(self, component: str, host: str) -> Fusion:
+        for f in self.fusions:
+            if (f.component, f.host) == (component, host):
+                return f
+        raise KeyError(f"graph {self.name!r} allows no fusion of {component!r} into {host!r}")
+
+    def timings(self) -> dict[str, str]:
+        """component -> the metric holding its busy seconds, for the components that declare one."""
+        return {c.name: c.timing for c in self.components if c.timing}
+
+    def thread_keys(self) -> dict[str, str]:
+        """component -> the config key of its threads, for the components that declare one."""
+        return {c.name: c.threads_setting for c in self.components if c.threads_setting}
+
+    def fusion_keys(self) -> dict[tuple[str, str], str]:
+        """(component, host) -> the config key that asks for the fusion."""
+        return {(f.component, f.host): f.key for f in self.fusions if f.key}
 
     def table(self) -> str:
         """The graph as text: components with their jobs, then edges with their payloads."""

@@ -10,6 +10,8 @@ equal.
 
 from __future__ import annotations
 
+from m2flow.errors import UserInputError
+
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,7 +25,7 @@ PLAN_FILE = "plan.json"
 _FORMAT = 1
 
 
-class PlanError(ValueError):
+class PlanError(UserInputError):
     """A plan that cannot be applied (or a plan file that cannot be read)."""
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from m2flow.cli import CommandError, register_command
+from m2flow.commands import CommandError, register_command
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:

@@ -38,6 +38,10 @@ class GroupHandle:
         self.method = method
         self._results: list[Any] | None = None
 
+    def describe(self, rank: int) -> tuple[str, int, str]:
+        """(group, rank, node) of one of the called ranks, for error messages."""
+        return self._describe(rank)
+
     def done(self) -> bool:
         """True when every rank has finished (successfully or not)."""
         ready, _ = ray.wait(self._refs, num_returns=len(self._refs), timeout=0)

@@ -19,6 +19,8 @@ from the previous item.
 
 from __future__ import annotations
 
+from m2flow.errors import UserInputError
+
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -38,7 +40,7 @@ _NAMES_RE = re.compile(r"(?:^|,)\s*([A-Za-z_][\w-]*(?:\s*,\s*[A-Za-z_][\w-]*)*)\
 _RANGE_RE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+))?\s*$")
 
 
-class PlacementError(ValueError):
+class PlacementError(UserInputError):
     """A placement string or mapping that cannot be satisfied."""
 
 

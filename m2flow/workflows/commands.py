@@ -1,4 +1,4 @@
-"""The workflows' commands: ``m2flow eval CHECKPOINT`` (below) and ``m2flow plan`` (``plan_command.py``, ``plan_search.py``).
+"""The workflows' command: ``m2flow eval CHECKPOINT``.
 
 ``eval`` evaluates a saved checkpoint, whichever workflow wrote it.
 
@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from m2flow.cli import CommandError, register_command, say
+from m2flow.commands import CommandError, register_command, say
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +39,7 @@ def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
 
 def _defaults_from_training(path: Path) -> dict[str, Any]:
     from m2flow.config import to_dict
-    from m2flow.workflows.registry import load_workflow_config
+    from m2flow.driver.registry import load_workflow_config
 
     _, cfg = load_workflow_config(path)
     if not hasattr(cfg, "data") or not hasattr(cfg, "rollout"):
@@ -63,7 +63,7 @@ def _write(results: dict[str, float], output: Path | None) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from m2flow.workflows.run import TRAINER_STATE, read_state
+    from m2flow.driver.checkpoints import TRAINER_STATE, read_state
 
     if (args.checkpoint / TRAINER_STATE).is_file() and read_state(args.checkpoint).get("workflow") == "embodied":
         return _run_embodied(args)
@@ -71,7 +71,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _run_embodied(args: argparse.Namespace) -> int:
-    from m2flow.workflows.embodied import evaluate_checkpoint
+    from m2flow.workflows.embodied.flow import evaluate_checkpoint
 
     if args.config is not None:
         raise CommandError("--config is for reasoning checkpoints; an embodied checkpoint carries its own config "
@@ -91,7 +91,7 @@ def _run_reasoning(args: argparse.Namespace) -> int:
     from m2flow.config import from_dict
     from m2flow.config.loader import compose
     from m2flow.workers.actor import SHARDS, whole_model_dir
-    from m2flow.workflows.evaluation import EvalConfig, evaluate_checkpoint
+    from m2flow.workflows.reasoning.evaluation import EvalConfig, evaluate_checkpoint
 
     base = _defaults_from_training(args.config) if args.config is not None else {}
     cfg = from_dict(EvalConfig, _merge(base, compose(None, args.overrides, EvalConfig)))
@@ -111,22 +111,3 @@ def _run_reasoning(args: argparse.Namespace) -> int:
 
 register_command("eval", "evaluate a checkpoint: accuracy on a dataset (reasoning) or mean return (embodied)",
                  _configure, _run)
-
-def _register_plan() -> None:
-    from m2flow.workflows import plan_command
-
-    register_command("plan", "show the plan of a config, or rank plans from a profile (starts nothing)",
-                     plan_command.configure, plan_command.run)
-
-
-_register_plan()
-
-
-def _register_profile() -> None:
-    from m2flow.workflows import profile_command
-
-    register_command("profile", "measure each component of a config through its workers and write a profile",
-                     profile_command.configure, profile_command.run)
-
-
-_register_profile()

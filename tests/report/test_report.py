@@ -76,7 +76,7 @@ def test_report_of_metrics_alone_and_of_nothing(tmp_path, capsys):
 
 
 def test_traced_demo_run_gives_a_valid_trace_and_a_consistent_report(cluster, tmp_path, capsys):
-    from m2flow.workflows.demo import DemoConfig, run_demo_config
+    from m2flow.workflows.demo.workflow import DemoConfig, run_demo_config
 
     run_dir = tmp_path / "demo"
     assert run_demo_config(DemoConfig(steps=4, batch_size=256, run_dir=str(run_dir))) == 0

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from m2flow.config import from_dict
-from m2flow.workflows.reasoning_config import ReasoningConfig
+from m2flow.workflows.reasoning.config import ReasoningConfig
 
 
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:

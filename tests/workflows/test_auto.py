@@ -12,10 +12,12 @@ import yaml
 from m2flow.cli import main
 from m2flow.planner.drift import SwitchDecision
 from m2flow.planner.profile import load_profile
-from m2flow.workflows import auto, auto_choice, replan
-from m2flow.workflows.plan_context import PlanContext
-from m2flow.workflows.reasoning import train
-from m2flow.workflows.registry import get_workflow, load_workflow_config
+from m2flow.autoplan import auto
+from m2flow.autoplan import auto_choice
+from m2flow.autoplan import replan
+from m2flow.autoplan.plan_context import PlanContext
+from m2flow.workflows.reasoning.workflow import train
+from m2flow.driver.registry import get_workflow, load_workflow_config
 from tests.workflows import test_embodied
 
 TINY = {
@@ -157,7 +159,7 @@ def test_drift_replans_at_a_checkpoint_and_resumes_under_the_new_plan(tiny, tmp_
 
 
 def test_auto_embodied_end_to_end(tmp_path, caplog) -> None:
-    from m2flow.workflows.embodied import train as train_embodied
+    from m2flow.workflows.embodied.workflow import train as train_embodied
 
     caplog.set_level(logging.INFO, logger="m2flow")
     cfg = test_embodied.toy_config(tmp_path, placement="auto", **{
@@ -176,7 +178,7 @@ def test_auto_embodied_end_to_end(tmp_path, caplog) -> None:
 def test_profile_measures_two_ranks_under_ray(cluster, tmp_path) -> None:
     import os
 
-    from m2flow.workflows.profiler import Profiler
+    from m2flow.autoplan.profiler import Profiler
 
     if (os.cpu_count() or 1) < 2:
         pytest.skip("two ranks of one thread need two cores to be measured without contention")

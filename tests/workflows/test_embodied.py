@@ -12,9 +12,9 @@ from m2flow.config import from_dict
 from m2flow.planner import Plan
 from m2flow.planner.plan import PLAN_FILE
 from m2flow.config.errors import ConfigError
-from m2flow.workflows.registry import load_workflow_config
-from m2flow.workflows.embodied import train
-from m2flow.workflows.embodied_config import EmbodiedConfig
+from m2flow.driver.registry import load_workflow_config
+from m2flow.workflows.embodied.workflow import train
+from m2flow.workflows.embodied.config import EmbodiedConfig
 
 # The module's runs start worker processes (most of their time); on a loaded machine that can take
 # minutes, more than the suite's default per-test limit.
@@ -77,7 +77,7 @@ def runs(tmp_path_factory):
 def test_every_plan_learns(runs, name):
     cfg, result = runs[name]
     _, _, mode, fused = PLANS[name]
-    assert (result.mode, result.fused) == (mode, fused)
+    assert (result.mode, result.plan.fused("rollout")) == (mode, fused)
     returns = [h["env/episode_return"] for h in result.history]
     assert len(returns) == 6
     assert returns[0] < 1.0  # about a third: the random policy
@@ -146,7 +146,7 @@ def test_resume_in_place_after_a_crash_logs_no_step_twice(runs, cluster, tmp_pat
 
 
 def test_a_checkpoint_is_evaluated_on_its_own(runs):
-    from m2flow.workflows.embodied import evaluate_checkpoint
+    from m2flow.workflows.embodied.flow import evaluate_checkpoint
 
     _, full = runs["collocated"]
     metrics = evaluate_checkpoint(full.last_checkpoint, episodes=4, overrides=["env.num_envs=2"])
@@ -198,7 +198,7 @@ def test_a_traced_run_that_fails_raises_its_own_error(tmp_path, monkeypatch, cap
     def fails(*args, **kwargs):
         raise RuntimeError("the run's own failure")
 
-    monkeypatch.setattr("m2flow.workflows.embodied.EmbodiedFlow", fails)
+    monkeypatch.setattr("m2flow.workflows.embodied.workflow.EmbodiedFlow", fails)
     cfg = toy_config(tmp_path, trace=True)
     with pytest.raises(RuntimeError, match="the run's own failure"):
         train(cfg, cluster=shared_cluster())

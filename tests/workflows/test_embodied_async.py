@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from m2flow.workflows.embodied import TrainResult, collect_horizon, train, train_loop
+from m2flow.driver.run import TrainResult
+from m2flow.driver.loop import collect_horizon
+from m2flow.driver.loop import Cadence, train_loop
+from m2flow.workflows.embodied.workflow import train
 from tests.workflows.test_embodied import LEARNING, toy_config
 
 pytestmark = pytest.mark.timeout(900)

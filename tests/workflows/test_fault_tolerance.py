@@ -14,7 +14,8 @@ import pytest
 import ray
 
 from m2flow.runtime.errors import WorkerError, WorkerHungError, worker_died
-from m2flow.workflows.run import FaultToleranceConfig, run_with_restarts
+from m2flow.driver.run_config import FaultToleranceConfig
+from m2flow.driver.restarts import run_with_restarts
 from tests.ray_session import shared_cluster
 from tests.workflows.reasoning_setup import toy_config as reasoning_config
 from tests.workflows.test_embodied import toy_config as embodied_config
@@ -47,7 +48,7 @@ def _kill_when(run_dir: str, rows: int, group_prefix: str, killed: list[int]) ->
 
 
 def test_embodied_survives_a_killed_actor(tmp_path):
-    from m2flow.workflows.embodied import train
+    from m2flow.workflows.embodied.workflow import train
 
     cfg = embodied_config(tmp_path, checkpoint_every=2, total_env_steps=8 * 512)
     killed: list[int] = []
@@ -62,7 +63,7 @@ def test_embodied_survives_a_killed_actor(tmp_path):
 
 
 def test_reasoning_survives_a_killed_actor(tmp_path):
-    from m2flow.workflows.reasoning import train
+    from m2flow.workflows.reasoning.workflow import train
 
     cfg = reasoning_config(tmp_path, "actor,rollout,inference,reward: 0", steps=6, checkpoint_every=2)
     killed: list[int] = []
@@ -86,27 +87,27 @@ def test_deaths_are_recognised_whichever_side_notices():
 def test_restarts_stop_at_the_limit_and_other_errors_are_not_retried(tmp_path):
     calls = []
 
-    def dies(resume, restarts):
-        calls.append((resume, restarts))
+    def dies(restarts):
+        calls.append(restarts)
         raise WorkerHungError("g", 0, "n", "late")
 
     with pytest.raises(WorkerHungError):
-        run_with_restarts(dies, None, tmp_path, FaultToleranceConfig(max_restarts=2))
-    assert calls == [(None, 0), (None, 1), (None, 2)]
+        run_with_restarts(dies, tmp_path, FaultToleranceConfig(max_restarts=2))
+    assert calls == [0, 1, 2]
 
-    def fails(resume, restarts):
+    def fails(restarts):
         calls.append(restarts)
         raise ValueError("a bug, not a death")
 
     calls.clear()
     with pytest.raises(ValueError):
-        run_with_restarts(fails, None, tmp_path, FaultToleranceConfig(max_restarts=2))
+        run_with_restarts(fails, tmp_path, FaultToleranceConfig(max_restarts=2))
     assert calls == [0]
 
 
 def test_a_hung_worker_is_caught_by_its_deadline(tmp_path):
     from m2flow.runtime import Worker, WorkerGroup
-    from m2flow.workflows.run import gather
+    from m2flow.driver.restarts import gather
 
     class Sleeper(Worker):
         def nap(self, seconds: float) -> float:

@@ -23,7 +23,7 @@ def test_an_env_that_raises_now_and_then_is_counted_and_one_that_raises_often_st
     import json
 
     from m2flow.runtime.errors import health_stop
-    from m2flow.workflows.embodied import train
+    from m2flow.workflows.embodied.workflow import train
     from tests.workflows.test_embodied import toy_config
 
     flaky = {"env.env_id": "M2flowToy/Flaky-v0", "placement": "local", "total_env_steps": 3 * 512}
@@ -49,8 +49,8 @@ def test_the_count_of_skipped_updates_in_a_row_survives_a_resume(tmp_path, monke
 
     import m2flow.workers.actor as actor_module
     from m2flow.runtime.errors import health_stop
-    from m2flow.workflows.reasoning import train
-    from m2flow.workflows.run import TRAINER_STATE
+    from m2flow.workflows.reasoning.workflow import train
+    from m2flow.driver.checkpoints import TRAINER_STATE
     from tests.workflows.reasoning_setup import toy_config
 
     original = actor_module.policy_objective
@@ -79,8 +79,8 @@ def test_the_count_of_skipped_ppo_updates_in_a_row_survives_a_resume(tmp_path, m
 
     from m2flow.runtime.errors import health_stop
     from m2flow.workers.embodied.ppo import PPOUpdater
-    from m2flow.workflows.embodied import train
-    from m2flow.workflows.run import TRAINER_STATE
+    from m2flow.workflows.embodied.workflow import train
+    from m2flow.driver.checkpoints import TRAINER_STATE
     from tests.workflows.test_embodied import toy_config
 
     original = PPOUpdater.update

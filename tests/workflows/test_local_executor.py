@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from m2flow.workflows.embodied_config import EmbodiedConfig
-from m2flow.workflows.reasoning_config import ReasoningConfig
+from m2flow.workflows.embodied.config import EmbodiedConfig
+from m2flow.workflows.reasoning.config import ReasoningConfig
 from tests.workflows import test_embodied
 from tests.workflows.reasoning_setup import toy_config
 
@@ -83,7 +83,7 @@ def test_configs_accept_the_local_placement(tmp_path) -> None:
 def test_local_runs_without_ray(tmp_path) -> None:
     import ray
 
-    from m2flow.workflows.reasoning import train
+    from m2flow.workflows.reasoning.workflow import train
 
     was_up = ray.is_initialized()
     before = set(threading.enumerate())
@@ -99,7 +99,7 @@ def test_local_runs_without_ray(tmp_path) -> None:
 
 
 def _reasoning(root: Path, placement: str, cluster: Any, overrides: dict[str, Any]) -> tuple[list, dict]:
-    from m2flow.workflows.reasoning import train
+    from m2flow.workflows.reasoning.workflow import train
 
     cfg = toy_config(root, placement, steps=3, checkpoint_every=3, **overrides)
     result = train(cfg, cluster=cluster)
@@ -124,11 +124,11 @@ def test_reasoning_local_equals_one_ray_rank_per_component(cluster, tmp_path, va
 
 
 def _embodied(root: Path, placement: str, cluster: Any) -> tuple[list, dict]:
-    from m2flow.workflows.embodied import train
+    from m2flow.workflows.embodied.workflow import train
 
     cfg = test_embodied.toy_config(root, placement=placement, total_env_steps=3 * 512, checkpoint_every=3)
     result = train(cfg, cluster=cluster)
-    assert result.fused  # env and rollout on one device: the policy runs in the env worker
+    assert result.plan.fused("rollout")  # env and rollout on one device: the policy runs in the env worker
     return result.history, _checkpoint_weights(Path(cfg.run_dir))
 
 

@@ -68,7 +68,7 @@ def test_embodied_plans(capsys, placement, stages, mode, expect):
 def test_the_json_plan_loads_back_equal(capsys, config):
     out = _show(capsys, config, "--json")
     plan = Plan.from_json(out)
-    from m2flow.workflows.registry import load_workflow_config
+    from m2flow.driver.registry import load_workflow_config
 
     spec, cfg = load_workflow_config(config)
     assert plan == spec.plan(cfg, NodeLayout((cfg.cluster.cpu_devices_per_node,)))

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from m2flow.workflows.plan_context import PlanContext
-from m2flow.workflows.profiler import Profiler
-from m2flow.workflows.registry import load_workflow_config
+from m2flow.autoplan.plan_context import PlanContext
+from m2flow.autoplan.profiler import Profiler
+from m2flow.driver.registry import load_workflow_config
 
-DEMO = Path(__file__).resolve().parents[2] / "m2flow" / "workflows" / "reasoning_demo.yaml"
+DEMO = Path(__file__).resolve().parents[2] / "m2flow" / "workflows" / "reasoning/demo.yaml"
 
 
 def _profiler(tmp_path: Path, *overrides: str) -> Profiler:

@@ -10,8 +10,10 @@ import pytest
 from m2flow.cli import main
 from m2flow.planner import Plan
 from m2flow.planner.plan import PLAN_FILE
-from m2flow.workflows.reasoning import ReasoningRun, train
-from m2flow.workflows.run import CHECKPOINTS, TRAINER_STATE, gather
+from m2flow.driver.run import Run
+from m2flow.workflows.reasoning.workflow import WORKFLOW, train
+from m2flow.driver.checkpoints import CHECKPOINTS, TRAINER_STATE
+from m2flow.driver.restarts import gather
 from m2flow.runtime import Worker, WorkerError, WorkerGroup
 from m2flow.runtime.trace import iter_spans, load_trace
 from tests.ray_session import shared_cluster
@@ -24,7 +26,7 @@ COLLOCATED = "actor,rollout,inference,reward: 0"
 def collocated(tmp_path_factory):
     root = tmp_path_factory.mktemp("collocated")
     cfg = toy_config(root, COLLOCATED, steps=6, checkpoint_every=3, eval_every=3)
-    with ReasoningRun(cfg, shared_cluster()) as run:
+    with Run(WORKFLOW, cfg, shared_cluster()) as run:
         result = run.train()
         received = run.flow.actor.received_groups().wait()
         assert run.flow.reward is None  # reward on rollout's device: scored in the rollout process
@@ -62,7 +64,7 @@ def test_a_rollout_fused_into_the_actor_generates_what_a_separate_rollout_would(
         cfg = toy_config(tmp_path / f"fuse{fuse}", f"actor,rollout,inference,reward: {devices}", steps=3,
                          eval_every=2, algorithm={"old_logprobs": "actor"}, trace=True,
                          rollout={"fuse_with_actor": fuse, "prompts_per_chunk": 2})
-        with ReasoningRun(cfg, shared_cluster()) as run:
+        with Run(WORKFLOW, cfg, shared_cluster()) as run:
             result = run.train()
             assert (run.flow.rollout is run.flow.actor) == fuse
             received = run.flow.actor.received_groups().wait()
@@ -84,7 +86,7 @@ def test_without_log_probs_to_compute_scored_groups_go_straight_to_the_actor(tmp
     cfg = toy_config(tmp_path, "rollout,reward,inference: 0, actor: 1", steps=2,
                      algorithm={"old_logprobs": "actor"}, rollout={"prompts_per_chunk": 4},
                      reward={"fuse_with_rollout": fuse_reward})
-    with ReasoningRun(cfg, shared_cluster()) as run:
+    with Run(WORKFLOW, cfg, shared_cluster()) as run:
         result = run.train()
         assert run.flow.inference is None and (run.flow.reward is None) == fuse_reward
         (groups,) = run.flow.actor.received_groups().wait()

@@ -13,15 +13,17 @@ from safetensors.torch import load_file
 from m2flow.cli import main
 from m2flow.config import ConfigError, from_dict
 from m2flow.runtime.placement import NodeLayout
-from m2flow.workflows.reasoning import ReasoningRun, train_loop
-from m2flow.workflows.reasoning_config import ReasoningConfig
-from m2flow.workflows.reasoning_plan import plan_reasoning
-from m2flow.workflows.run import CHECKPOINTS
+from m2flow.driver.run import Run
+from m2flow.driver.loop import Cadence, train_loop
+from m2flow.workflows.reasoning.workflow import WORKFLOW
+from m2flow.workflows.reasoning.config import ReasoningConfig
+from m2flow.workflows.reasoning.plan import plan_reasoning
+from m2flow.driver.checkpoints import CHECKPOINTS
 from tests.workflows.reasoning_setup import improved, toy_config
 
 pytestmark = pytest.mark.timeout(900)
 
-DEMO = str(Path(__file__).resolve().parents[2] / "m2flow" / "workflows" / "reasoning_demo.yaml")
+DEMO = str(Path(__file__).resolve().parents[2] / "m2flow" / "workflows" / "reasoning/demo.yaml")
 # What a run learns and how it scores; time, rates and the staleness counts themselves are left out.
 LEARNING = ("reward/mean", "rollout/response_length", "rollout/tokens_count", "actor/pg_loss", "actor/grad_norm",
             "actor/approx_kl", "actor/clip_frac", "actor/ratio_mean")
@@ -36,7 +38,7 @@ def _config(root: Path, staleness: int, placement: str = "local", **overrides) -
 
 def _run(cfg: ReasoningConfig, cluster=None, patch=None):
     """Train ``cfg``; returns (history, the groups the actor took per rank, the last checkpoint's weights)."""
-    with ReasoningRun(cfg, cluster) as run:
+    with Run(WORKFLOW, cfg, cluster) as run:
         if patch is not None:
             patch(run.flow)
         result = run.train()

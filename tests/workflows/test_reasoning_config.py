@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from m2flow.config import ConfigError, from_dict, undocumented
-from m2flow.workflows.registry import load_workflow_config
-from m2flow.workflows.evaluation import EvalConfig
-from m2flow.workflows.reasoning_config import ReasoningConfig
+from m2flow.driver.registry import load_workflow_config
+from m2flow.workflows.reasoning.evaluation import EvalConfig
+from m2flow.workflows.reasoning.config import ReasoningConfig
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples" / "reasoning").glob("*.yaml"))
 
@@ -72,7 +72,7 @@ def test_impossible_settings_fail_naming_the_key(data, key, message):
 ])
 def test_the_rollout_fuses_into_the_actor_only_where_it_can_share_the_policy(placement, overrides, fused):
     from m2flow.runtime.placement import NodeLayout
-    from m2flow.workflows.reasoning_plan import plan_reasoning
+    from m2flow.workflows.reasoning.plan import plan_reasoning
 
     cfg = from_dict(ReasoningConfig, {"placement": placement, **overrides})
     plan = plan_reasoning(cfg, NodeLayout((2,)))
@@ -90,7 +90,7 @@ def test_the_rollout_fuses_into_the_actor_only_where_it_can_share_the_policy(pla
 ])
 def test_the_plan_records_how_finely_data_streams(overrides, settings):
     from m2flow.runtime.placement import NodeLayout
-    from m2flow.workflows.reasoning_plan import plan_reasoning
+    from m2flow.workflows.reasoning.plan import plan_reasoning
 
     cfg = from_dict(ReasoningConfig, {"data": {"prompts_per_step": 8}, **overrides})
     plan = plan_reasoning(cfg, NodeLayout((2,)))
@@ -109,7 +109,7 @@ def test_the_plan_records_how_finely_data_streams(overrides, settings):
 def test_continuous_generation_sends_groups_one_by_one_where_the_next_stage_can_take_them(placement, overrides,
                                                                                          emit):
     from m2flow.runtime.placement import NodeLayout
-    from m2flow.workflows.reasoning_plan import plan_reasoning
+    from m2flow.workflows.reasoning.plan import plan_reasoning
 
     overrides = {**overrides, "rollout": {"backend": "lean", **overrides.get("rollout", {})}}
     cfg = from_dict(ReasoningConfig, {"placement": placement, **overrides})

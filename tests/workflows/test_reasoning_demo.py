@@ -8,7 +8,7 @@ import pytest
 
 from m2flow.cli import main
 from m2flow.config.errors import ConfigError
-from m2flow.workflows.reasoning_demo import DEMO_CONFIG, eval_points, load_demo_config
+from m2flow.workflows.reasoning.demo import DEMO_CONFIG, eval_points, load_demo_config
 
 # A tiny version of the demo: a 1-block model, a short warm start, 6 GRPO iterations on the
 # '7'-fraction reward that any policy learns in a few steps (the exact-answer reward needs the full
@@ -67,7 +67,7 @@ def test_a_tiny_demo_warm_starts_learns_and_tells_it(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_the_demo_lifts_held_out_accuracy_well_above_its_warm_start(tmp_path):
-    from m2flow.workflows.reasoning_demo import run_demo
+    from m2flow.workflows.reasoning.demo import run_demo
 
     outcome = run_demo([f"run_dir={tmp_path / 'demo'}", "metrics.sinks=[jsonl]"])
     # The warm-started model answers carry/borrow problems the teacher's wrong way (seed 0: 46%).

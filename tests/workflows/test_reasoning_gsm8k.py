@@ -15,8 +15,9 @@ from m2flow.config import from_dict
 from m2flow.backends.training import sharded_checkpoint
 from m2flow.models.causal_lm import load_causal_lm
 from m2flow.workers.actor import SHARDS, whole_model_dir
-from m2flow.workflows.reasoning import ReasoningRun
-from m2flow.workflows.reasoning_config import ReasoningConfig
+from m2flow.driver.run import Run
+from m2flow.workflows.reasoning.workflow import WORKFLOW
+from m2flow.workflows.reasoning.config import ReasoningConfig
 from tests.ray_session import shared_cluster
 
 GSM8K = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "gsm8k"
@@ -37,7 +38,7 @@ def test_gsm8k_ppo_runs_the_whole_loop(tmp_path):
         "steps": 2, "eval_every": 2, "eval_size": 6, "checkpoint_every": 2,
         "run_dir": str(tmp_path / "run"), "metrics": {"sinks": ["jsonl"]},
     })
-    with ReasoningRun(cfg, shared_cluster()) as run:
+    with Run(WORKFLOW, cfg, shared_cluster()) as run:
         assert len(run.flow.train_set) == 16 and len(run.flow.test_set) == 1319
         result = run.train()
         received = [g for rank in run.flow.actor.received_groups().wait() for g in rank]

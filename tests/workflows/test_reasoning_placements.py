@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from m2flow.workflows.reasoning import ReasoningRun
+from m2flow.driver.run import Run
+from m2flow.workflows.reasoning.workflow import WORKFLOW
 from m2flow.runtime.trace import iter_spans, load_trace
 from tests.ray_session import shared_cluster
 from tests.workflows.reasoning_setup import improved, toy_config
@@ -22,7 +23,7 @@ def test_grpo_learns_and_weight_sync_is_bit_exact(tmp_path, mode):
     placement, strategy = PLACEMENTS[mode]
     cfg = toy_config(tmp_path, placement, actor={"strategy": strategy}, rollout={"prompts_per_chunk": 4},
                      trace=True)
-    with ReasoningRun(cfg, shared_cluster()) as run:
+    with Run(WORKFLOW, cfg, shared_cluster()) as run:
         result = run.train()
         flow = run.flow
         flow.sync_weights()

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from m2flow.config import ConfigError, option
-from m2flow.workflows.registry import get_workflow, load_workflow_config, register_workflow, unregister_workflow
+from m2flow.driver.registry import get_workflow, load_workflow_config, register_workflow, unregister_workflow
 
 from tests.config.example_schemas import TrainCfg
 

@@ -22,8 +22,9 @@ from m2flow.backends.training import sharded_checkpoint
 from m2flow.models.causal_lm import load_causal_lm
 from m2flow.workers.actor import SHARDS, whole_model_dir
 from m2flow.workers.embodied.actor import ACTOR_FILE
-from m2flow.workflows import embodied, reasoning
-from m2flow.workflows.run import CHECKPOINTS, CheckpointError, find_checkpoint
+from m2flow.workflows.embodied import flow
+from m2flow.workflows.reasoning import flow
+from m2flow.driver.checkpoints import CHECKPOINTS, CheckpointError, find_checkpoint
 from tests.workflows import reasoning_setup, test_embodied
 
 pytestmark = pytest.mark.timeout(900)
@@ -120,7 +121,7 @@ def test_a_resumed_embodied_run_equals_the_run_that_went_through(cluster, tmp_pa
     checkpoint = Path(full_cfg.run_dir) / CHECKPOINTS / "step_000003"
     resumed_cfg = test_embodied.toy_config(tmp_path / "resumed", resume=str(checkpoint), **placement)
     resumed = embodied.train(resumed_cfg, cluster=cluster)
-    assert (full.mode, full.fused) == (mode, False) and len(resumed.history) == 3
+    assert (full.mode, full.plan.fused("rollout")) == (mode, False) and len(resumed.history) == 3
     for a, b in zip(full.history[3:], resumed.history):
         for key in test_embodied.LEARNING:
             assert a.get(key) == b.get(key), key

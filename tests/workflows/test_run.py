@@ -7,17 +7,8 @@ import logging
 import numpy as np
 import pytest
 
-from m2flow.workflows.run import (
-    TRAINER_STATE,
-    CheckpointError,
-    RunScaffold,
-    checkpoint_path,
-    find_checkpoint,
-    prune_checkpoints,
-    read_state,
-    truncate_metrics,
-    write_state,
-)
+from m2flow.driver.checkpoints import TRAINER_STATE, CheckpointError, checkpoint_path, find_checkpoint, prune_checkpoints, read_state, truncate_metrics, write_state
+from m2flow.driver.scaffold import RunScaffold
 from m2flow.runtime.cluster import ClusterConfig
 
 

@@ -4,7 +4,8 @@ training on the first groups while the rest are still generating, and no group i
 from __future__ import annotations
 
 from m2flow.runtime.trace import iter_spans, load_trace
-from m2flow.workflows.reasoning import ReasoningRun
+from m2flow.driver.run import Run
+from m2flow.workflows.reasoning.workflow import WORKFLOW
 from tests.ray_session import shared_cluster
 from tests.workflows.reasoning_setup import toy_config
 
@@ -14,7 +15,7 @@ def test_generation_overlaps_training_in_the_trace_and_every_group_is_trained_on
     cfg = toy_config(tmp_path, "rollout,reward: 0, inference,actor: 1", trace=True, steps=3,
                      data={"prompts_per_step": 16}, algorithm={"old_logprobs": "actor"},
                      rollout={"backend": "lean", "max_running": 16})
-    with ReasoningRun(cfg, shared_cluster()) as run:
+    with Run(WORKFLOW, cfg, shared_cluster()) as run:
         assert run.plan.settings["generation"] == "continuous" and run.plan.settings["emit"] == "each group"
         result = run.train()
         received = run.flow.actor.received_groups().wait()
@@ -44,7 +45,7 @@ def test_a_collocated_continuous_run_sends_at_the_end_of_the_turn_and_repeats_it
     # placement local: the rollout fused into the actor, which trains only after generating.
     def run(root):
         cfg = toy_config(root, "local", steps=3, rollout={"backend": "lean", "max_running": 16})
-        with ReasoningRun(cfg) as r:
+        with Run(WORKFLOW, cfg) as r:
             assert r.plan.settings["generation"] == "continuous" and r.plan.settings["emit"] == "end of turn"
             return r.train().history
 

@@ -10,9 +10,9 @@ import torch
 
 from m2flow.config import from_dict
 from m2flow.config.errors import ConfigError
-from m2flow.workflows import warm_start
-from m2flow.workflows.reasoning_config import ReasoningConfig
-from m2flow.workflows.reasoning_data import prepare_model
+from m2flow.workflows.reasoning import warm_start
+from m2flow.workflows.reasoning.config import ReasoningConfig
+from m2flow.workflows.reasoning.data import prepare_model
 
 torch.set_num_threads(1)
 
@@ -63,7 +63,7 @@ def test_a_warm_start_with_the_same_settings_is_reused_and_a_different_one_redon
 
 def test_teacher_demonstrations_slip_at_the_configured_rate(tmp_path):
     cfg = _config(tmp_path, steps=50, batch_size=40)  # 2,000 demonstrations
-    from m2flow.workflows.reasoning_data import arithmetic_task
+    from m2flow.workflows.reasoning.data import arithmetic_task
 
     task = arithmetic_task(cfg.data)
     pairs = warm_start.demonstrations(cfg, None)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from m2flow.runtime.cluster import Cluster, ClusterConfig
-from m2flow.runtime.executors.base import Executor, GroupSpec
+from m2flow.runtime.executors.base import Executor, GroupSpec, Handle, WorkerGroup
 from m2flow.runtime.executors.local import LocalExecutor, LocalGroup
 from m2flow.runtime.executors.ray import RayExecutor, launch_groups
 from m2flow.runtime.placement import executor_kind
 
-__all__ = ["Executor", "GroupSpec", "LocalExecutor", "LocalGroup", "RayExecutor", "launch_groups", "make_executor"]
+__all__ = ["Executor", "GroupSpec", "Handle", "WorkerGroup", "LocalExecutor", "LocalGroup", "RayExecutor", "launch_groups", "make_executor"]
 
 
 def make_executor(placement: str, config: ClusterConfig | None = None, cluster: Cluster | None = None) -> Executor:

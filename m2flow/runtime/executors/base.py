@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from m2flow.runtime.placement import NodeLayout, PlacementPlan
 
@@ -30,6 +30,59 @@ class GroupSpec:
     """torch threads per rank process"""
 
 
+@runtime_checkable
+class Handle(Protocol):
+    """The pending results of one method called on some ranks of a group (``GroupHandle`` on Ray,
+    ``LocalHandle`` in process): ``.wait()`` or ``await``, results in rank order, the first failure raised."""
+
+    ranks: list[int]
+    method: str
+
+    def done(self) -> bool:
+        """True when every called rank has finished (successfully or not)."""
+        ...
+
+    def wait(self, timeout: float | None = None) -> list[Any]:
+        """Block until every called rank finishes; results in rank order."""
+        ...
+
+    def describe(self, rank: int) -> tuple[str, int, str]:
+        """(group, rank, node) of a called rank, for error messages."""
+        ...
+
+    def __await__(self) -> Any:
+        ...
+
+
+@runtime_checkable
+class WorkerGroup(Protocol):
+    """N ranks of one worker class (``runtime.group.WorkerGroup`` on Ray, ``LocalGroup`` in process).
+
+    ``group.method(*args, ranks=None)`` is sugar for ``execute("method", ...)``."""
+
+    name: str
+
+    @property
+    def world_size(self) -> int:
+        ...
+
+    def execute(self, method: str, *args: Any, ranks: Sequence[int] | None = None, **kwargs: Any) -> Handle:
+        """Call ``method`` on every rank (or ``ranks``) with the same arguments."""
+        ...
+
+    def execute_each(self, method: str, per_rank_args: Sequence[Sequence[Any]],
+                     ranks: Sequence[int] | None = None) -> Handle:
+        """Call ``method`` on each rank with its own arguments."""
+        ...
+
+    def pids(self) -> list[int]:
+        ...
+
+    def shutdown(self) -> None:
+        """Stop every rank."""
+        ...
+
+
 class Executor(Protocol):
     """Starts groups under resolved placements and stops what it started."""
 
@@ -46,7 +99,7 @@ class Executor(Protocol):
         ...
 
     def launch(self, names: Mapping[str, str], placements: PlacementPlan | Mapping[str, Any],
-               specs: Mapping[str, GroupSpec], log_dir: Path, trace_dir: Path | None = None) -> dict[str, Any]:
+               specs: Mapping[str, GroupSpec], log_dir: Path, trace_dir: Path | None = None) -> dict[str, WorkerGroup]:
         """Start one group per entry of ``specs`` (all or none); the groups, by component."""
         ...
 

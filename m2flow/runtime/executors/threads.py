@@ -82,6 +82,10 @@ class LocalHandle:
         self.method = method
         self._results: list[Any] | None = None
 
+    def describe(self, rank: int) -> tuple[str, int, str]:
+        """(group, rank, node) of one of the called ranks, for error messages."""
+        return self._describe(rank)
+
     def done(self) -> bool:
         """True when every rank has finished (successfully or not)."""
         return all(f.done() for f in self._futures)

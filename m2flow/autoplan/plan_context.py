@@ -1,0 +1,65 @@
+"""A config object as the planner needs it: its layout, its search space, its profile hash, and how to
+make the config of a candidate plan (the config with a candidate's overrides applied).
+
+``m2flow profile`` and ``placement: auto`` start from a loaded config (not a file), so candidates
+are configured from the config's own data; ``m2flow plan search`` (``plan_search.py``) works the
+same from a file and its overrides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from m2flow.config.convert import from_dict, to_dict
+
+
+def layout_of(cfg: Any) -> Any:
+    """The device layout the config's cluster will have; attaching to a running cluster is refused."""
+    from m2flow.config.errors import ConfigError
+    from m2flow.runtime.cluster import expected_layout
+
+    layout = expected_layout(cfg.cluster)
+    if layout is None:
+        raise ConfigError("cluster.address", "attaches to a running cluster whose devices are known only once "
+                          "connected, and planning needs them first; plan without it (cluster.cpu_devices_per_node "
+                          "sets the devices per node)")
+    return layout
+
+
+def with_overrides(schema: type, cfg: Any, changes: Mapping[str, Any]) -> Any:
+    """A validated copy of ``cfg`` with dotted ``changes`` applied (``{"rollout.prompts_per_chunk": 2}``)."""
+    data = to_dict(cfg)
+    for key, value in changes.items():
+        node = data
+        *parents, last = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return from_dict(schema, data)
+
+
+class PlanContext:
+    """A workflow config, the device layout it plans for, its base plan and what a search may vary."""
+
+    def __init__(self, spec: Any, cfg: Any, layout: Any = None) -> None:
+        from m2flow.runtime.placement import PlacementError
+
+        self.spec, self.cfg = spec, cfg
+        self.layout = layout if layout is not None else layout_of(cfg)
+        self.devices = sum(self.layout.devices_per_node)
+        try:
+            base = spec.plan(cfg, self.layout)
+        except (PlacementError, ValueError):  # 'auto', or a placement that does not fit: start collocated
+            self.cfg = self.configure({"placement": "all"})
+            base = spec.plan(self.cfg, self.layout)
+        self.base = base
+        self.space = spec.search_space(self.cfg, base)
+
+    def configure(self, changes: Mapping[str, Any]) -> Any:
+        return with_overrides(self.spec.schema, self.cfg, changes)
+
+    def config_hash(self) -> str:
+        from m2flow.autoplan.auto_config import profile_hash
+
+        return profile_hash(self.cfg, self.space, self.spec)

@@ -1,0 +1,253 @@
+"""What a workflow is to the driver: a declared graph of components plus the short program of one iteration.
+
+``Workflow`` is the static side, one object per workflow, registered by name: its config class, its
+graph (every component declared once: worker class, config section, threads key, timing metric,
+fusions and their keys), the one function that turns a config into a ``Plan``, and what the planner
+needs to profile and search it. ``Flow`` is the live side of one run: the groups a ``launch`` started
+from a Plan, driven by the one loop in ``driver/loop.py``.
+
+Adding a workflow is one package (or one module): a config dataclass extending ``RunConfig``, a
+``WorkflowGraph``, a ``Workflow`` subclass with ``plan`` and ``launch``, a ``Flow``, and
+``register_workflow(...)``; nothing in the driver, the planner or the CLI changes.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from m2flow.config.schema import get_key
+from m2flow.planner import Plan, WorkflowGraph
+from m2flow.runtime.executors import Executor, GroupSpec, WorkerGroup
+from m2flow.runtime.placement import NodeLayout
+
+
+class Flow(Protocol):
+    """The launched system of one run attempt, as the driver loop drives it.
+
+    Iteration ``it`` is started (``start``), possibly together with later ones when the plan lets
+    producers run ahead (``max_staleness``), then finished (``finish``): its data consumed and the
+    policy trained on it. Every call that waits on workers waits at most the run's
+    ``fault_tolerance.iteration_timeout_s``.
+    """
+
+    iterations: int
+    """iterations of the whole run"""
+    max_staleness: int
+    """how many iterations producers may run ahead of the actor (0: synchronous)"""
+    progress_total: int
+    """the metric step the run ends at (iterations, or env steps)"""
+    description: str
+    """what runs, in a few words (the progress line)"""
+
+    def start(self, it: int, horizon: int) -> None:
+        """Queue the work of iterations ``it .. horizon`` not started yet (weights synced before it)."""
+        ...
+
+    def finish(self, it: int) -> dict[str, float]:
+        """Wait for iteration ``it``'s data, train on it; its metrics."""
+        ...
+
+    def rates(self, metrics: dict[str, float], seconds: float) -> dict[str, float]:
+        """Throughput and time metrics of an iteration that took ``seconds``."""
+        ...
+
+    def in_flight(self, it: int) -> bool:
+        """Whether work of an iteration past ``it`` has started."""
+        ...
+
+    def progress(self) -> int:
+        """The metric step after the iterations finished so far (the x axis of every curve)."""
+        ...
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out metrics of the current policy (``eval/...``)."""
+        ...
+
+    def save(self, path: Path) -> dict[str, Any]:
+        """Every worker's state into ``path`` (nothing is in flight); the driver-side state, as JSON values."""
+        ...
+
+    def summary(self, history: list[dict[str, float]]) -> str:
+        """The run's outcome in one line."""
+        ...
+
+    def shutdown(self) -> None:
+        """Stop every group and release what the flow holds."""
+        ...
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What ``Workflow.launch`` gets besides config and plan: where the run writes, and what it resumes."""
+
+    run_dir: Path
+    trace_dir: Path | None
+    prepared: Any
+    """what ``Workflow.prepare`` returned (a model path, data sets)"""
+    checkpoint: Path | None
+    """the checkpoint the run resumes from, or None"""
+    state: dict[str, Any] | None
+    """the flow's state saved in that checkpoint (what ``Flow.save`` returned)"""
+    start: int
+    """the first iteration this attempt runs"""
+    run_id: str = ""
+    """a short id unique to this attempt, for names of groups and channels"""
+
+
+def import_worker(path: str) -> type:
+    """The worker class named ``module:Class``."""
+    module, _, name = path.partition(":")
+    if not module or not name:
+        raise ValueError(f"a worker is named 'module:Class', got {path!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+class Workflow:
+    """A workflow's declaration and the functions that plan and launch it; subclass and register one instance.
+
+    The planner's hooks (``search_space``, ``profile_*``, ``edge_bytes``, ``model_bytes``,
+    ``resumable``) have defaults that make a workflow plannable with no more than its graph; the
+    timings, thread keys and fusion keys come from the graph's component declarations.
+    """
+
+    name: ClassVar[str]
+    schema: ClassVar[type]
+    """the config dataclass (extends ``RunConfig``)"""
+    graph: ClassVar[WorkflowGraph]
+    help: ClassVar[str] = ""
+    knobs: ClassVar[Mapping[str, str]] = {}
+    """config key -> the plan setting it sets, for the granularity knobs the search may vary"""
+
+    # -- planning ------------------------------------------------------------------------------------
+    def plan(self, cfg: Any, layout: NodeLayout) -> Plan:
+        """The plan of ``cfg`` on a cluster of ``layout`` (validated against the graph).
+
+        This default serves a workflow whose decisions all follow from its graph: every component
+        on the devices the placement gives it; a fusion taken when its config key asks for it and the
+        component sits on its host's devices rank for rank; model holders on shared devices take turns
+        and offload; each edge a channel (stream) or point-to-point messages between groups, a hand-over
+        inside one process; ``settings(cfg)`` as the plan's settings. A workflow with more decisions
+        overrides it."""
+        from m2flow.planner import ComponentPlan, EdgePlan
+        from m2flow.planner.graph import DRIVER
+        from m2flow.runtime.placement import executor_kind, parse_placement
+
+        names = self.graph.component_names
+        placed = parse_placement(cfg.placement, layout, names)
+        hosts = {c: c for c in names}
+        notes = []
+        for f in self.graph.fusions:
+            if not self.wants_fusion(cfg, f.component, f.host):
+                continue
+            if placed[f.component].same_devices(placed[f.host]):
+                hosts[f.component] = f.host
+            else:
+                notes.append(f"{f.component} runs as its own group: it is not on {f.host}'s devices rank for rank")
+        for c in names:  # a fusion into a fused component lands in that one's host
+            while hosts[hosts[c]] != hosts[c]:
+                hosts[c] = hosts[hosts[c]]
+        holders = [c for c in names if self.graph.component(c).holds_model and hosts[c] == c]
+        threads = self.threads(cfg)
+
+        def shares(c: str) -> bool:
+            return c in holders and any(placed[c].devices & placed[o].devices for o in holders if o != c)
+
+        components = tuple(ComponentPlan(c, placed[c], hosts[c], shares_devices=shares(c), offload=shares(c),
+                                         threads=threads.get(c, 1)) for c in names)
+        edges = []
+        for e in self.graph.edges:
+            src = DRIVER if e.source == DRIVER else hosts[e.source]
+            dst = DRIVER if e.target == DRIVER else hosts[e.target]
+            transport = "in-process" if src == dst else ("channel" if e.kind == "stream" else "p2p")
+            edges.append(EdgePlan(e.name, src, dst, transport, placed[dst].world_size if dst != DRIVER else 1))
+        plan = Plan(self.name, executor_kind(cfg.placement), cfg.placement, components, tuple(edges),
+                    self.settings(cfg), tuple(notes))
+        return plan.validate(self.graph)
+
+    def settings(self, cfg: Any) -> dict[str, Any]:
+        """The plan's workflow-level settings (JSON values) the default ``plan`` records."""
+        return {}
+
+    def knob_values(self, cfg: Any) -> dict[str, tuple[Any, ...]]:
+        """config key -> the values the plan search may try for it."""
+        return {}
+
+    def search_space(self, cfg: Any, plan: Plan) -> Any:
+        """What ``m2flow plan search`` and ``placement: auto`` may vary for ``cfg``."""
+        from m2flow.planner.search import SearchSpace
+
+        return SearchSpace(self.graph, self.workload(), tuple(c.name for c in plan.components if c.active),
+                           dict(plan.settings), knobs=self.knob_values(cfg), knob_settings=dict(self.knobs),
+                           fusion_keys=self.graph.fusion_keys(), threads={c.name: c.threads for c in plan.components})
+
+    def workload(self) -> Any:
+        """The planner's ``Workload``: how items flow through the components in one iteration."""
+        raise NotImplementedError
+
+    def threads(self, cfg: Any) -> dict[str, int]:
+        """component -> torch threads per rank, read from the config key each component declares."""
+        return {c: int(get_key(cfg, key)) for c, key in self.graph.thread_keys().items()}
+
+    def wants_fusion(self, cfg: Any, component: str, host: str) -> bool:
+        """Whether the config asks for ``component`` to run inside ``host``'s processes."""
+        key = self.graph.fusion(component, host).key
+        return bool(get_key(cfg, key)) if key else False
+
+    def execution_keys(self) -> tuple[str, ...]:
+        """Config keys that change only how a run executes, not what it computes (placement, fusions,
+        threads, granularity): a checkpoint may be resumed across them, and a profile outlives them."""
+        return ("placement", "cluster", *self.graph.fusion_keys().values(), *self.graph.thread_keys().values(),
+                *self.knobs)
+
+    # -- running -------------------------------------------------------------------------------------
+    def prepare(self, cfg: Any, run_dir: Path) -> Any:
+        """Work done once in the driver before any worker starts (a model built, a warm start, data sets)."""
+        return None
+
+    def launch(self, cfg: Any, plan: Plan, executor: Executor, run: Launch) -> Flow:
+        """Start the plan's groups and return the live flow, restored from ``run.checkpoint`` when given."""
+        raise NotImplementedError
+
+    def group_spec(self, component: str, plan: Plan, *args: Any, **kwargs: Any) -> GroupSpec:
+        """The ``GroupSpec`` of a launched component: its declared worker class and the plan's threads."""
+        return GroupSpec(import_worker(self.graph.component(component).worker), args, kwargs, plan[component].threads)
+
+    def launch_groups(self, plan: Plan, executor: Executor, run: Launch,
+                      specs: Mapping[str, GroupSpec]) -> tuple[dict[str, str], dict[str, WorkerGroup]]:
+        """Start the plan's launched components (``specs``: one per launched component); (names, groups)."""
+        missing = set(plan.launched) - set(specs)
+        if missing:
+            raise ValueError(f"{self.name}: no group spec for launched component(s) {sorted(missing)}")
+        names = {c: f"{c}-{run.run_id}" for c in self.graph.component_names}
+        chosen = {c: specs[c] for c in plan.launched}
+        groups = executor.launch(names, plan.placements(), chosen, run.run_dir / "logs", run.trace_dir)
+        return names, groups
+
+    # -- planner hooks -------------------------------------------------------------------------------
+    def iterations(self, cfg: Any, plan: Plan) -> int:
+        """Iterations of the whole run of ``cfg`` under ``plan``."""
+        raise NotImplementedError
+
+    def profile_probes(self, cfg: Any) -> list[dict[str, Any]]:
+        """The config overrides of each batch size to profile (one short run each)."""
+        return [{}]
+
+    def profile_length(self, cfg: Any, iterations: int) -> dict[str, Any]:
+        """The overrides that make a run ``iterations`` long and switch off what a profile does not need."""
+        raise NotImplementedError
+
+    def edge_bytes(self, cfg: Any) -> dict[str, float]:
+        """Bytes per item of each data edge (from the config's shapes)."""
+        return {}
+
+    def model_bytes(self, checkpoint: Path | None) -> tuple[float, float]:
+        """(bytes of the policy's weights, bytes of the trained state) read from a profiling run's checkpoint."""
+        return 0.0, 0.0
+
+    def resumable(self, old: Plan, new: Plan) -> bool:
+        """Whether a checkpoint written under ``old`` can be resumed under ``new``."""
+        return True

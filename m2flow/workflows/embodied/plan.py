@@ -1,0 +1,103 @@
+"""The embodied workflow's plan function: how a config runs (its Plan), and what the planner needs to know.
+
+Decisions made here and nowhere else: the devices of every rank, whether the policy runs inside
+the env processes (rollout fused into env), what each edge becomes, who takes turns on shared
+devices and offloads, the pipeline stages of every env rank, and how many iterations the env ranks
+may collect ahead of the actor (``max_staleness``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from m2flow.config.schema import get_key
+from m2flow.planner import ComponentPlan, EdgePlan, Plan
+from m2flow.planner.setup import Workload
+from m2flow.runtime.placement import NodeLayout, executor_kind, parse_placement
+from m2flow.workflows.embodied.config import EmbodiedConfig
+from m2flow.workflows.embodied.graph import COMPONENTS, GRAPH
+
+# An item is one env step of one env; every env rank steps envs_per_rank envs, in pipeline stages.
+WORKLOAD = Workload(
+    chain=("actor",),
+    items=("envs_per_rank", "rollout_steps"),
+    items_per_rank_of="env",
+    loop=("env", "rollout"),
+    loop_steps="rollout_steps",
+    loop_items=("envs_per_rank",),
+    stages="pipeline_stages",
+    inputs={"rollout": ("observations",), "env": ("actions",), "actor": ("trajectories",)},
+    weights=(("actor", "rollout"),),
+    categories={"env": "env_step", "rollout": "rollout", "actor": "train"},
+)
+
+
+def plan_embodied(cfg: EmbodiedConfig, layout: NodeLayout) -> Plan:
+    """The plan of ``cfg`` on a cluster of ``layout``; a placement that cannot be met raises PlacementError."""
+    placed = parse_placement(cfg.placement, layout, COMPONENTS)
+    fused = cfg.rollout.fuse_with_env and placed["env"].same_devices(placed["rollout"])
+    notes = []
+    if cfg.rollout.fuse_with_env and not fused:
+        notes.append("the policy runs in rollout ranks of its own: they are not on the env's devices rank for rank")
+    holder = "env" if fused else "rollout"  # the process that holds the policy copy
+    shares = bool(placed[holder].devices & placed["actor"].devices)
+    ranks = {c: placed[c].world_size for c in COMPONENTS}
+    threads = {c: int(get_key(cfg, key)) for c, key in GRAPH.thread_keys().items()}
+    components = (
+        ComponentPlan("env", placed["env"], "env", shares_devices=fused and shares,
+                      offload=fused and shares and cfg.rollout.offload, threads=threads["env"]),
+        ComponentPlan("rollout", placed["rollout"], holder, shares_devices=not fused and shares,
+                      offload=not fused and shares and cfg.rollout.offload, threads=threads["rollout"]),
+        ComponentPlan("actor", placed["actor"], "actor", shares_devices=shares, offload=shares and cfg.actor.offload,
+                      threads=threads["actor"]),
+    )
+    if fused:
+        edges = (EdgePlan("observations", "env", "env", "in-process", ranks["env"]),
+                 EdgePlan("actions", "env", "env", "in-process", ranks["env"]))
+    else:
+        edges = (EdgePlan("observations", "env", "rollout", "p2p", ranks["rollout"]),
+                 EdgePlan("actions", "rollout", "env", "p2p", ranks["env"]))
+    edges += (EdgePlan("trajectories", "env", "actor", "p2p", ranks["actor"]),
+              EdgePlan("weights", "actor", holder, "p2p", ranks[holder]))
+    settings = {"pipeline_stages": cfg.pipeline_stages, "rollout_steps": cfg.rollout_steps,
+                "envs_per_rank": cfg.env.num_envs, "minibatch_size": cfg.algorithm.minibatch_size,
+                # iterations the env ranks may collect ahead of the actor (0: synchronous)
+                "max_staleness": cfg.algorithm.max_staleness}
+    plan = Plan("embodied", executor_kind(cfg.placement), cfg.placement, components, edges, settings, tuple(notes))
+    return plan.validate(GRAPH)
+
+
+# ----------------------------------------------------------------------------- profiling and placement: auto
+
+def profile_probes(cfg: EmbodiedConfig) -> list[dict[str, Any]]:
+    """Call sizes to profile: env and policy steps of 1, 2 or 4 stages (envs per call), the actor's batch
+    at the config's ``rollout_steps`` and half of it (while it still holds a minibatch)."""
+    envs, t = cfg.env.num_envs, cfg.rollout_steps
+    stages = sorted({k for k in (1, 2, 4) if k <= envs and envs % k == 0})
+    steps = [s for s in dict.fromkeys((t, max(1, t // 2))) if s * envs >= cfg.algorithm.minibatch_size] or [t]
+    n = max(len(stages), len(steps))
+    return [{"pipeline_stages": stages[i % len(stages)], "rollout_steps": steps[i % len(steps)]} for i in range(n)]
+
+
+def profile_length(cfg: EmbodiedConfig, iterations: int) -> dict[str, Any]:
+    """``iterations`` iterations, synchronous (no staleness), no evaluation."""
+    return {"total_env_steps": iterations * cfg.batch_size(cfg.placed()["env"].world_size), "eval_every": 0,
+            "algorithm.max_staleness": 0}
+
+
+def resumable(old: Plan, new: Plan) -> bool:
+    """A checkpoint holds every env rank's envs and, unless fused, the rollout ranks' generators."""
+    return old["env"].world_size == new["env"].world_size and (new.fused("rollout") or not old.fused("rollout"))
+
+
+def model_bytes(checkpoint: Path | None) -> tuple[float, float]:
+    """(the policy's weights, the actor's file: weights and optimizer state), from a checkpoint."""
+    if checkpoint is None:
+        return 0.0, 0.0
+    from m2flow.workers.embodied.actor import ACTOR_FILE
+    from m2flow.workers.state_file import load_state
+
+    path = checkpoint / ACTOR_FILE
+    weights = sum(t.numel() * t.element_size() for t in load_state(path)["policy"].values())
+    return float(weights), float(path.stat().st_size)

@@ -1,0 +1,72 @@
+"""The embodied RL workflow (``workflow: embodied``): its declaration, registered by name.
+
+PPO on vectorised simulators with env, rollout and actor workers. The graph (``graph.py``) declares
+the components, the plan function (``plan.py``) decides how a config runs, the flow (``flow.py``) is
+the live system one iteration at a time; the driver runs the loop.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from m2flow.driver.registry import register_workflow
+from m2flow.driver.workflow import Launch, Workflow
+from m2flow.planner import Plan
+from m2flow.runtime.executors import Executor
+from m2flow.runtime.placement import NodeLayout
+from m2flow.workflows.embodied import plan as planning
+from m2flow.workflows.embodied.config import EmbodiedConfig
+from m2flow.workflows.embodied.flow import EmbodiedFlow, edge_bytes
+from m2flow.workflows.embodied.graph import GRAPH
+
+
+class EmbodiedWorkflow(Workflow):
+    name = "embodied"
+    schema = EmbodiedConfig
+    graph = GRAPH
+    help = "Embodied RL: PPO on vectorised simulators with env, rollout and actor workers"
+    knobs = {"pipeline_stages": "pipeline_stages"}
+
+    def plan(self, cfg: EmbodiedConfig, layout: NodeLayout) -> Plan:
+        return planning.plan_embodied(cfg, layout)
+
+    def workload(self) -> Any:
+        return planning.WORKLOAD
+
+    def knob_values(self, cfg: EmbodiedConfig) -> dict[str, tuple[Any, ...]]:
+        envs = cfg.env.num_envs
+        return {"pipeline_stages": tuple(sorted({k for k in (1, 2, 4, cfg.pipeline_stages)
+                                                 if k <= envs and envs % k == 0}))}
+
+    def launch(self, cfg: EmbodiedConfig, plan: Plan, executor: Executor, run: Launch) -> EmbodiedFlow:
+        return EmbodiedFlow(self, cfg, plan, executor, run)
+
+    def iterations(self, cfg: EmbodiedConfig, plan: Plan) -> int:
+        return cfg.iterations(plan["env"].world_size)
+
+    def profile_probes(self, cfg: EmbodiedConfig) -> list[dict[str, Any]]:
+        return planning.profile_probes(cfg)
+
+    def profile_length(self, cfg: EmbodiedConfig, iterations: int) -> dict[str, Any]:
+        return planning.profile_length(cfg, iterations)
+
+    def edge_bytes(self, cfg: EmbodiedConfig) -> dict[str, float]:
+        return edge_bytes(cfg)
+
+    def model_bytes(self, checkpoint: Path | None) -> tuple[float, float]:
+        return planning.model_bytes(checkpoint)
+
+    def resumable(self, old: Plan, new: Plan) -> bool:
+        return planning.resumable(old, new)
+
+
+WORKFLOW = register_workflow(EmbodiedWorkflow())
+
+
+def train(cfg: EmbodiedConfig, cluster: Any = None, watch: Any = None) -> Any:
+    """Run (or resume) an embodied config: ``placement: auto`` plans first; a dead or hung worker restarts the
+    flow from this run's newest checkpoint."""
+    from m2flow.autoplan.entry import train as train_workflow
+
+    return train_workflow(WORKFLOW, cfg, cluster, watch)

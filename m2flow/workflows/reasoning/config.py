@@ -1,0 +1,169 @@
+"""The config of the reasoning RL workflow (``workflow: reasoning``): model, data, workers, algorithm, run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from m2flow.config.schema import option
+from m2flow.driver.run_config import RunConfig, is_auto
+from m2flow.runtime.cluster import expected_layout
+from m2flow.workflows.reasoning.graph import COMPONENTS
+from m2flow.runtime.placement import SYNTAX_LAYOUT_DEVICES, NodeLayout, PlacementError, parse_placement
+from m2flow.workers.config import (
+    ActorConfig,
+    AlgorithmConfig,
+    InferenceConfig,
+    RewardConfig,
+    RolloutConfig,
+)
+
+
+
+@dataclass
+class TinyModelSpec:
+    """A tiny random causal LM built at ``model.path`` when it does not exist yet (offline runs, tests)."""
+
+    arch: Literal["qwen2", "llama"] = option("qwen2", "architecture")
+    hidden_size: int = option(64, "width of the residual stream")
+    num_layers: int = option(2, "transformer blocks")
+    num_heads: int = option(4, "attention heads")
+    num_kv_heads: int = option(2, "key/value heads")
+    intermediate_size: int = option(128, "MLP width")
+    max_position_embeddings: int = option(1024, "longest prompt + response")
+    tokenizer: Literal["char", "bpe"] = option(
+        "char", "tokenizer trained on the training data: one token per character, or a small byte-level BPE")
+    vocab_size: int = option(512, "BPE vocabulary size (bpe only)")
+    seed: int = option(0, "seed of the random initialisation")
+
+
+@dataclass
+class WarmStartConfig:
+    """Supervised steps on demonstrations, once, before the workers start (the result goes to run_dir)."""
+
+    steps: int = option(0, "supervised steps (0: no warm start; the workers load model.path as it is)")
+    batch_size: int = option(64, "demonstrations per step")
+    lr: float = option(1e-3, "AdamW learning rate after the warm-up")
+    warmup_steps: int = option(0, "steps over which the learning rate rises linearly from 0")
+    source: Literal["answers", "teacher"] = option(
+        "answers", "demonstrations: the training split's reference answers (GSM8K: its worked solutions), or the "
+                   "data's imperfect teacher (arithmetic: forgets carries and borrows at data.arithmetic.teacher_slip_rate)")
+    threads: int = option(0, "torch threads of the warm start, which runs in the driver (0: torch's default)")
+
+    def validate(self) -> None:
+        for key in ("steps", "warmup_steps", "threads"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+
+
+@dataclass
+class ModelConfig:
+    """The policy model."""
+
+    path: str = option("runs/models/tiny-arithmetic", "local Hugging Face model directory (model + tokenizer)")
+    create_tiny: bool = option(False, "build a tiny random model at path first when the directory does not exist")
+    tiny: TinyModelSpec = option(TinyModelSpec(), "shape of the tiny model built by create_tiny")
+    warm_start: WarmStartConfig = option(
+        WarmStartConfig(), "supervised warm start of the model at path; saved in run_dir/warm_start, reused when "
+                           "its settings match (a resumed run, a rerun)")
+
+
+@dataclass
+class ArithmeticDataConfig:
+    """The built-in arithmetic task ('12+7=' -> '19')."""
+
+    digits: int = option(2, "largest number of digits of each operand")
+    operators: list[str] = option(["+", "-"], "operators drawn from: any of + - *")
+    train_size: int = option(2000, "training problems")
+    test_size: int = option(200, "held-out problems (a disjoint split)")
+    seed: int = option(0, "seed of the problem draw")
+    reverse_answer: bool = option(False, "answers written least significant digit first ('12+9=' -> '12')")
+    pad_operands: bool = option(False, "operands written with `digits` digits ('07+12=')")
+    teacher_slip_rate: float = option(
+        0.0, "share of the teacher's demonstrations (model.warm_start.source: teacher) in which it forgets every "
+             "carry and borrow (+ and - only)")
+
+    def validate(self) -> None:
+        if not 0.0 <= self.teacher_slip_rate <= 1.0:
+            raise ValueError(f"teacher_slip_rate must be in [0, 1], got {self.teacher_slip_rate}")
+
+
+@dataclass
+class DataConfig:
+    """Where prompts and reference answers come from."""
+
+    kind: Literal["arithmetic", "gsm8k", "file"] = option(
+        "arithmetic", "arithmetic (built in), gsm8k (a directory with train/test jsonl), file (jsonl or parquet)")
+    path: str | None = option(None, "gsm8k: directory or file; file: the training prompts")
+    eval_path: str | None = option(None, "file: held-out prompts (None: no held-out set); gsm8k: the test split of path")
+    prompt_key: str = option("prompt", "file: key of the prompt text")
+    answer_key: str = option("answer", "file: key of the reference answer")
+    prompt_template: str | None = option(None, "wording around each prompt, with {prompt} (gsm8k: its own by default)")
+    use_chat_template: bool = option(False, "wrap prompts in the tokenizer's chat template")
+    system_prompt: str | None = option(None, "system message of the chat template")
+    max_prompt_tokens: int | None = option(None, "drop prompts longer than this")
+    on_bad_line: Literal["error", "skip"] = option("error", "a malformed record: fail naming file and line, or skip and count")
+    limit: int | None = option(None, "use only the first this-many training records")
+    arithmetic: ArithmeticDataConfig = option(ArithmeticDataConfig(), "the arithmetic task (kind: arithmetic)")
+    prompts_per_step: int = option(8, "prompts per iteration (each gets rollout.sampling.n responses)")
+    shuffle: bool = option(True, "shuffle the prompts every epoch")
+
+    def validate(self) -> None:
+        if self.kind in ("gsm8k", "file") and not self.path:
+            raise ValueError(f"path is required for kind {self.kind!r}")
+        if self.prompts_per_step < 1:
+            raise ValueError(f"prompts_per_step must be >= 1, got {self.prompts_per_step}")
+
+
+@dataclass
+class ReasoningConfig(RunConfig):
+    """Reasoning RL on a causal language model: GRPO, PPO, DAPO, REINFORCE++, RLOO."""
+
+    placement: str = option(
+        "actor,rollout,inference,reward: 0",
+        "devices of each component (rollout, reward, inference, actor); shared devices are taken in turn; "
+        "'local': one rank each, all in this process (no Ray); 'auto': the planner chooses (see auto)")
+    run_dir: str = option("runs/reasoning", "where logs, metrics, checkpoints and the trace go")
+    model: ModelConfig = option(ModelConfig(), "the policy model")
+    data: DataConfig = option(DataConfig(), "prompts and answers")
+    rollout: RolloutConfig = option(RolloutConfig(), "generation")
+    reward: RewardConfig = option(RewardConfig(), "scoring")
+    inference: InferenceConfig = option(InferenceConfig(), "old-policy and reference log-probs")
+    actor: ActorConfig = option(ActorConfig(), "policy updates")
+    algorithm: AlgorithmConfig = option(AlgorithmConfig(), "advantages, losses, KL, DAPO options")
+    steps: int = option(20, "training iterations")
+    eval_size: int | None = option(None, "held-out prompts evaluated (None: all)")
+    eval_reward: str | None = option(
+        None, "reward that scores the held-out evaluation, when it must differ from the training one (None: reward.fn)")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.algorithm.old_logprobs == "actor" and not self.actor.updates_once:
+            raise ValueError(
+                "algorithm.old_logprobs: 'actor' is exact only with one optimizer step per iteration "
+                "(actor.mini_batches = actor.update_epochs = 1)")
+        if self.model.warm_start.source == "teacher" and self.data.kind != "arithmetic":
+            raise ValueError(f"model.warm_start.source: 'teacher' needs data.kind 'arithmetic', got {self.data.kind!r}")
+        if self.algorithm.max_staleness > 0 and not self.actor.updates_once:
+            raise ValueError(
+                "algorithm.max_staleness > 0 needs one optimizer step per iteration (actor.mini_batches = "
+                "actor.update_epochs = 1): the proximal policy is then the actor's own forward")
+        if is_auto(self.placement):  # the planner checks each plan it considers
+            return
+        # Attaching to a cluster, its devices are unknown until connected: check the syntax only.
+        layout = expected_layout(self.cluster) or NodeLayout((SYNTAX_LAYOUT_DEVICES,))
+        try:
+            plan = parse_placement(self.placement, layout, COMPONENTS)
+        except PlacementError as e:
+            raise ValueError(f"placement: {e}") from None
+        actor_ranks = plan["actor"].world_size
+        if self.actor.strategy == "fsdp" and self.data.prompts_per_step < actor_ranks:
+            raise ValueError(
+                f"data.prompts_per_step ({self.data.prompts_per_step}) must be at least the number of "
+                f"actor ranks ({actor_ranks}) with the fsdp strategy")

@@ -1,0 +1,266 @@
+"""The reasoning workflow's live system: worker groups, the streams between them, the data.
+
+One iteration is: the actor's weights to the rollout (and inference's policy copy), the prompts into
+the prompts stream, the rollout emitting each group as it finishes, reward scoring what is ready,
+inference adding log-probs (when any are needed), the actor training on micro-batches as they come.
+The same code runs in every placement: collocated components take turns on shared devices (the
+device lock), disaggregated ones overlap; the plan decides which, and which components are fused.
+
+Bounded staleness (the plan's ``max_staleness`` s): the generation of iteration j is queued at
+iteration max(0, j - s), behind the weights of that many trained iterations, so the rollout works on
+iterations k + 1 .. k + s while the actor trains on k. Each worker runs its calls in order, so which
+weights generate which iteration is fixed by the loop, not by timing: a run is reproducible and
+every group is at most s versions old (the actor drops and counts any older one).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from m2flow.data import PromptDataLoader, PromptDataset, PromptItem
+from m2flow.driver.restarts import gather
+from m2flow.driver.workflow import Launch
+from m2flow.planner import Plan
+from m2flow.runtime.executors import Executor, GroupSpec, Handle, WorkerGroup
+from m2flow.workers.messages import PromptTask
+from m2flow.workers.stats import WEIGHT_KEY, merge_rank_metrics
+from m2flow.workers.streams import GroupStream
+from m2flow.workflows.reasoning.config import ReasoningConfig
+from m2flow.workflows.reasoning.evaluation import score_responses
+from m2flow.workflows.reasoning.graph import GRAPH
+from m2flow.workflows.reasoning.plan import worker_sections
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What the driver prepares once before any worker starts: the model to load and the data."""
+
+    model_path: Path
+    train: PromptDataset
+    test: PromptDataset | None
+
+
+@dataclass
+class _Started:
+    """An iteration whose generation is queued: its prompt count, its calls and the weight sync before them."""
+
+    slots: int
+    calls: dict[str, Handle]
+    syncing: list[Handle]
+
+
+class ReasoningFlow:
+    """The launched system of one run attempt (the driver's ``Flow``)."""
+
+    def __init__(self, workflow: Any, cfg: ReasoningConfig, plan: Plan, executor: Executor, run: Launch) -> None:
+        prepared: Prepared = run.prepared
+        state = run.state or {}
+        self.cfg, self.plan = cfg, plan
+        self.timeout = cfg.fault_tolerance.iteration_timeout_s
+        self.test_set = prepared.test
+        self.loader = PromptDataLoader(prepared.train, cfg.data.prompts_per_step, seed=cfg.seed,
+                                       shuffle=cfg.data.shuffle)
+        if "loader" in state:
+            self.loader.load_state_dict(state["loader"])
+        self.iterations = self.progress_total = cfg.steps
+        self.max_staleness = int(plan.settings.get("max_staleness", 0))
+        self._started: dict[int, _Started] = {}
+        self._next = run.start  # the first iteration whose generation is not queued yet
+        self._done = run.start  # iterations trained
+        self._synced: int | None = None  # the weights version the rollout holds, when known
+        # Up to s + 1 iterations are in flight at once: the streams downstream of generation, which
+        # several ranks feed, keep each iteration in a lane of its own (the prompts have one producer).
+        # One stream per data edge the plan uses; a fused reward scores inside the rollout, so the
+        # rollout emits scored groups and "responses" needs none. (A stream whose producer and
+        # consumer share a process keeps its items there: ``GroupStream.keep_local``.)
+        streams = {e.name: GroupStream.create(f"{e.name}-{run.run_id}", e.consumers,
+                                              1 if e.name == "prompts" else self.max_staleness + 1)
+                   for e in plan.edges
+                   if GRAPH.edge(e.name).kind == "stream" and e.transport != "unused"
+                   and not (e.name == "responses" and e.transport == "in-process")}
+        self.streams = list(streams.values())
+        self.prompts = streams["prompts"]
+        scored = streams["scored"]
+        ready = streams.get("ready", scored)  # without inference, scored groups go straight to the actor
+        responses = streams.get("responses", scored)  # reward fused: the rollout scores and emits scored groups
+        self.rollout_fused = plan.fused("rollout")
+        sections = worker_sections(cfg, plan)
+        sampling = cfg.rollout.sampling
+        path = str(prepared.model_path)
+        scoring = {"max_new_tokens": sampling.max_new_tokens, "dynamic_sampling": cfg.algorithm.dynamic_sampling}
+        # One fusion mechanism: a component fused into a host runs inside the host's processes, so the
+        # host's group gets the fused component's settings (``fused``) and no group of its own starts.
+        fused_scorer = {"cfg": cfg.reward, **scoring} if plan.fused("reward") else None
+        emit = {"emit_each_group": plan.settings.get("emit", "each group") == "each group"}  # continuous batching
+        generation = {"cfg": sections["rollout"], "prompts": self.prompts, "responses": responses, "seed": cfg.seed,
+                      "scorer": fused_scorer, **emit}
+        specs: dict[str, GroupSpec] = {
+            "rollout": workflow.group_spec("rollout", plan, path, sections["rollout"], self.prompts, responses,
+                                           seed=cfg.seed, shares_devices=plan["rollout"].shares_devices,
+                                           scorer=fused_scorer, **emit),
+            "reward": workflow.group_spec("reward", plan, cfg.reward, responses, scored, **scoring),
+            "inference": workflow.group_spec("inference", plan, path, sections["inference"], cfg.algorithm,
+                                             sampling.temperature, sampling.n, scored, ready,
+                                             shares_devices=plan["inference"].shares_devices),
+            "actor": workflow.group_spec("actor", plan, path, sections["actor"], cfg.algorithm, sampling.temperature,
+                                         sampling.n, ready, total_steps=cfg.steps, seed=cfg.seed,
+                                         shares_devices=plan["actor"].shares_devices,
+                                         resume_dir=str(run.checkpoint) if run.checkpoint else None,
+                                         counters=state.get("actor"), start_step=run.start,
+                                         generation=generation if self.rollout_fused else None),
+        }
+        self.names, groups = workflow.launch_groups(plan, executor, run, specs)
+        self.actor: WorkerGroup = groups["actor"]
+        self.rollout: WorkerGroup = self.actor if self.rollout_fused else groups["rollout"]
+        self.reward: WorkerGroup | None = groups.get("reward")
+        self.inference: WorkerGroup | None = groups.get("inference")
+        self._groups = groups
+        ranks = {c: plan[c].world_size for c in GRAPH.component_names}
+        self.weight_targets = [] if self.rollout_fused else [(self.names["rollout"], list(range(ranks["rollout"])))]
+        self.syncs_inference = self.inference is not None and gather(
+            [self.inference.wants_weights(ranks=[0])], self.timeout)[0][0]
+        if self.syncs_inference:
+            self.weight_targets.append((self.names["inference"], list(range(ranks["inference"]))))
+        notes = (["rollout generating in the actor processes"] if self.rollout_fused else []) + \
+            (["reward scored in the rollout processes"] if plan.fused("reward") else [])
+        self.description = plan.mode
+        self.launched = (f"launched {plan.mode}: {', '.join(f'{c} x{ranks[c]}' for c in groups)}"
+                         + (f" ({'; '.join(notes)})" if notes else ""))
+        """What runs where, in one line: the placement mode, each worker group and its ranks, the fusions."""
+        log.info("%s", self.launched)
+
+    # -- the named steps of an iteration ----------------------------------------------------------
+    def sync_weights(self, version: int) -> list[Handle]:
+        """Start streaming the actor's weights (``version``: the iterations it has trained) to every rollout
+        rank (and inference's policy copy); the handles, not waited for. Each worker runs its calls in
+        order, so the work queued behind them starts on the new weights."""
+        self._synced = version
+        receivers = [] if self.rollout_fused else [self.rollout.receive_weights(self.names["actor"], 0, version)]
+        if self.syncs_inference:
+            assert self.inference is not None
+            receivers.append(self.inference.receive_weights(self.names["actor"], 0))
+        if not receivers:  # the rollout generates from the actor's own weights, and nothing else needs them
+            return []
+        return [self.actor.send_weights(self.weight_targets), *receivers]
+
+    def put_prompts(self, step: int, items: Sequence[PromptItem]) -> int:
+        """Put an iteration's prompts into the prompts channel; returns how many (the slots)."""
+        self.prompts.put_many(PromptTask(step, slot, item.index, list(item.prompt_ids), item.answer)
+                              for slot, item in enumerate(items))
+        return len(items)
+
+    def start(self, it: int, horizon: int) -> None:
+        """Queue prompts, generation, scoring and log-probs of every iteration up to ``horizon`` not yet started,
+        the first of them behind the weights of version ``it``."""
+        if self._next > horizon:
+            return
+        syncing = self.sync_weights(it) if self._synced != it else []
+        for j in range(max(self._next, it), horizon + 1):
+            slots = self.put_prompts(j, self.loader.next_batch())  # channel "prompts"
+            calls = {"rollout": self.rollout.generate(j, slots),
+                     "reward": self.reward.score(j, slots) if self.reward is not None else None,
+                     "inference": self.inference.compute(j, slots) if self.inference is not None else None}
+            self._started[j] = _Started(slots, {k: h for k, h in calls.items() if h is not None}, list(syncing))
+            syncing = []
+        self._next = max(self._next, horizon + 1)
+
+    def finish(self, it: int) -> dict[str, float]:
+        """Train on iteration ``it`` as its groups arrive; one dict of metrics (the actor's: rank 0's, global)."""
+        started = self._started.pop(it)
+        named = {**started.calls, "actor": self.actor.train(it, started.slots)}
+        results = dict(zip(named, gather([*named.values(), *started.syncing], self.timeout, f"iteration {it}")))
+        metrics: dict[str, float] = {}
+        for component, per_rank in results.items():
+            merged = per_rank[0] if component == "actor" else merge_rank_metrics(per_rank)
+            metrics.update({k: v for k, v in merged.items() if k != WEIGHT_KEY})
+        self._done = it + 1
+        if self.rollout_fused:
+            self._synced = self._done  # the rollout generates from the actor's own weights
+        return metrics
+
+    def rates(self, metrics: dict[str, float], seconds: float) -> dict[str, float]:
+        """Throughput of the iteration from its counts and wall time."""
+        return {
+            "time/step": seconds,
+            "perf/completions_per_s": metrics.get("rollout/responses_count", 0.0) / seconds,
+            "perf/tokens_per_s": metrics.get("rollout/tokens_count", 0.0) / seconds,
+        }
+
+    def in_flight(self, it: int) -> bool:
+        """Whether the generation of an iteration past ``it`` has started."""
+        return self._next > it + 1
+
+    def progress(self) -> int:
+        """Iterations trained: metrics are logged at step = iteration + 1."""
+        return self._done
+
+    def evaluate(self) -> dict[str, float]:
+        """Greedy held-out accuracy of the actor's current weights, generated by the rollout (empty without a
+        held-out set)."""
+        syncing = self.sync_weights(self._done) if self._synced != self._done else []
+        gather(syncing, self.timeout, "the weight sync before an evaluation")  # the weights are in place first
+        if self.test_set is None:
+            return {}
+        start = time.perf_counter()
+        from m2flow.workers.reward import build_reward_fn
+
+        items = list(self.test_set)[: self.cfg.eval_size] if self.cfg.eval_size else list(self.test_set)
+        world = self.rollout.world_size
+        shares = [items[r::world] for r in range(world)]
+        s = self.cfg.rollout.sampling
+        handle = self.rollout.execute_each(
+            "evaluate", [([it.prompt_ids for it in part], s.max_new_tokens, list(s.stop)) for part in shares])
+        out = gather([handle], self.timeout, "the held-out evaluation")[0]
+        texts, lengths, answers = [], [], []
+        for part, results in zip(shares, out):
+            for it, (text, length) in zip(part, results):
+                texts.append(text)
+                lengths.append(length)
+                answers.append(it.answer)
+        if not hasattr(self, "_reward_fn"):
+            scoring = self.cfg.reward if self.cfg.eval_reward is None else replace(self.cfg.reward, fn=self.cfg.eval_reward)
+            self._reward_fn = build_reward_fn(scoring)
+        metrics = score_responses(texts, lengths, answers, self._reward_fn)
+        metrics["time/eval"] = time.perf_counter() - start
+        return metrics
+
+    def save(self, path: Path) -> dict[str, Any]:
+        """Actor weights + optimizer + RNG (by the actor); the data position and the actor's counters (returned).
+        Nothing may be in flight (the loop drains first): a checkpoint holds no generated-but-untrained group."""
+        if self._next > self._done:
+            raise RuntimeError(f"checkpoint after iteration {self._done}: the generation of iteration "
+                               f"{self._next - 1} has started (the loop drains before a checkpoint)")
+        counters = gather([self.actor.save_checkpoint(str(path))], self.timeout, "a checkpoint")[0][0]
+        return {"loader": self.loader.state_dict(), "actor": counters}
+
+    def summary(self, history: list[dict[str, float]]) -> str:
+        """Iterations, and where reward and held-out accuracy started and ended."""
+        parts = [f"reasoning ({self.plan.mode}): {len(history)} iteration(s)"]
+        for key in ("reward/mean", "eval/accuracy"):
+            seen = [h[key] for h in history if key in h]
+            if seen:
+                parts.append(f"{key} {seen[0]:.3f} -> {seen[-1]:.3f}")
+        return "; ".join(parts)
+
+    def shutdown(self) -> None:
+        """Close the streams (ending any wait on them), stop every group, then release the streams' hosts,
+        so a process that runs many flows keeps no threads or actors of the finished ones."""
+        for stream in self.streams:
+            try:
+                stream.close()
+            except Exception:  # noqa: BLE001 - the host may be gone already
+                pass
+        for group in self._groups.values():
+            group.shutdown()
+        for stream in self.streams:
+            try:
+                stream.destroy()
+            except Exception:  # noqa: BLE001 - nothing is left to save; a host already gone is fine
+                log.debug("stream %s: releasing its host failed", stream.name, exc_info=True)
