@@ -6,7 +6,8 @@ import pytest
 import yaml
 
 from m2flow import __version__
-from m2flow.cli import main, register_command, registered_commands, unregister_command
+from m2flow.cli import main
+from m2flow.commands import register_command, registered_commands, unregister_command
 from m2flow.driver.registry import register_workflow, unregister_workflow
 
 from tests.config.example_schemas import TrainCfg
@@ -15,15 +16,21 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def fake_workflow():
-    """A registered workflow whose run() records the config it got and returns 7."""
+def fake_workflow(monkeypatch):
+    """A registered workflow whose runs record the config they got and exit with 7."""
+    from m2flow.driver.workflow import Workflow
+    from m2flow.planner import Component, WorkflowGraph
+
     seen = []
 
-    def run(cfg):
+    def run(workflow, cfg):
+        assert workflow.name == "fake_cli"
         seen.append(cfg)
         return 7
 
-    register_workflow("fake_cli", TrainCfg, run)
+    graph = WorkflowGraph("fake_cli", (Component("only", "does the work"),), ())
+    register_workflow(type("Fake", (Workflow,), {"name": "fake_cli", "schema": TrainCfg, "graph": graph})())
+    monkeypatch.setattr("m2flow.autoplan.entry.run", run)
     yield seen
     unregister_workflow("fake_cli")
 
@@ -112,7 +119,7 @@ def test_config_docs_demo_documents_the_runtime_demo(capsys):
 
     assert main(["config", "docs", "demo"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("# workflow demo: m2flow.workflows.demo.DemoConfig\n")
+    assert out.startswith("# workflow demo: m2flow.workflows.demo.workflow.DemoConfig\n")
     assert "placement: str = 'producer: 0-1, scaler,reducer: 2-3'\n" in out
     assert "steps: int = 20\n    batches each producer rank emits\n" in out
     assert "batch_size: int = 4096\n" in out and "cluster.address: str | None = null\n" in out

@@ -123,16 +123,56 @@ def test_no_import_cycles():
     assert CYCLES == [], "import cycles:\n" + "\n".join(" <-> ".join(c) for c in CYCLES)
 
 
+LEAVES = (f"{PACKAGE}.errors",)
+"""Modules that import nothing of the package, so any layer may import them."""
+
+
+def _deps(prefix: str) -> dict[str, set[str]]:
+    return {m: deps for m, deps in GRAPH.items() if m == prefix or m.startswith(prefix + ".")}
+
+
+def test_leaves_import_nothing_of_the_package():
+    for leaf in (*LEAVES, f"{PACKAGE}.commands"):
+        assert {d for d in GRAPH[leaf] if d.startswith(f"{PACKAGE}.")} == set(), leaf
+
+
 def test_the_runtime_imports_nothing_above_it():
     above = sorted((m, t) for m, deps in GRAPH.items() if m.startswith(f"{PACKAGE}.runtime")
-                   for t in deps if t.startswith(f"{PACKAGE}.") and not t.startswith(f"{PACKAGE}.runtime"))
+                   for t in deps if t.startswith(f"{PACKAGE}.") and not t.startswith(f"{PACKAGE}.runtime")
+                   and t not in LEAVES)
     assert above == []
+
+
+def test_the_driver_imports_no_workflow_no_planner_half_and_no_command_line():
+    bad = sorted((m, d) for m, deps in _deps(f"{PACKAGE}.driver").items() for d in deps
+                 if d.startswith((f"{PACKAGE}.workflows", f"{PACKAGE}.autoplan", f"{PACKAGE}.workers",
+                                  f"{PACKAGE}.cli", f"{PACKAGE}.commands")))
+    assert bad == []
+
+
+def test_autoplan_knows_no_particular_workflow():
+    bad = sorted((m, d) for m, deps in _deps(f"{PACKAGE}.autoplan").items() for d in deps
+                 if d.startswith((f"{PACKAGE}.workflows", f"{PACKAGE}.cli")))
+    assert bad == []
+
+
+def test_nothing_imports_the_command_line_but_the_entry_point():
+    users = sorted(m for m, deps in GRAPH.items() if f"{PACKAGE}.cli" in deps)
+    assert users == [f"{PACKAGE}.__main__"]
+    assert not [m for m in _deps(f"{PACKAGE}.workflows") if f"{PACKAGE}.cli" in GRAPH[m]]
+
+
+def test_exactly_one_training_loop():
+    defs = [p.relative_to(ROOT).as_posix() for p in (ROOT / PACKAGE).rglob("*.py")
+            if any(isinstance(n, ast.FunctionDef) and n.name == "train_loop" for n in ast.walk(ast.parse(p.read_text())))]
+    assert defs == [f"{PACKAGE}/driver/loop.py"]
 
 
 def test_the_planner_imports_nothing_above_the_runtime_and_no_ray():
     planner = {m: deps for m, deps in GRAPH.items() if m.startswith(f"{PACKAGE}.planner")}
     bad = sorted((m, t) for m, deps in planner.items() for t in deps
-                 if t.startswith(f"{PACKAGE}.") and not t.startswith((f"{PACKAGE}.planner", f"{PACKAGE}.runtime")))
+                 if t.startswith(f"{PACKAGE}.") and not t.startswith((f"{PACKAGE}.planner", f"{PACKAGE}.runtime"))
+                 and t not in LEAVES)
     assert bad == []
     code = ("import sys, pkgutil, importlib, m2flow.planner as p\n"
             "[importlib.import_module(m.name) for m in pkgutil.walk_packages(p.__path__, 'm2flow.planner.')]\n"

@@ -122,9 +122,10 @@ def check_placement_of(workflow: Workflow, cfg: Any) -> None:
     from m2flow.runtime.cluster import check_placement
     from m2flow.runtime.placement import PlacementError
 
-    if is_auto(cfg.placement) or getattr(cfg, "plan_file", None):
+    placement = getattr(cfg, "placement", None)
+    if not isinstance(placement, str) or is_auto(placement) or getattr(cfg, "plan_file", None):
         return
     try:
-        check_placement(cfg.placement, cfg.cluster, workflow.graph.component_names)
+        check_placement(placement, cfg.cluster, workflow.graph.component_names)
     except PlacementError as e:
         raise ConfigError("placement", str(e)) from None

@@ -5,6 +5,8 @@ import pytest
 
 from m2flow.config import ConfigError, option
 from m2flow.driver.registry import get_workflow, load_workflow_config, register_workflow, unregister_workflow
+from m2flow.driver.workflow import Workflow
+from m2flow.planner import Component, WorkflowGraph
 
 from tests.config.example_schemas import TrainCfg
 
@@ -15,9 +17,16 @@ class WithWorkflowField:
     n: int = option(1, "a number")
 
 
+def _workflow(name: str, schema: type) -> Workflow:
+    """A workflow object of one component, as a plug-in would declare it."""
+    graph = WorkflowGraph(name, (Component("only", "does the work"),), ())
+    return type("Declared", (Workflow,), {"name": name, "schema": schema, "graph": graph,
+                                          "help": "A tiny training workflow."})()
+
+
 @pytest.fixture
 def tiny():
-    spec = register_workflow("tiny_test", TrainCfg, lambda cfg: 0)
+    spec = register_workflow(_workflow("tiny_test", TrainCfg))
     yield spec
     unregister_workflow("tiny_test")
 
@@ -27,13 +36,23 @@ def test_register_and_get(tiny):
     assert tiny.help == "A tiny training workflow."
 
 
-def test_duplicate_and_bad_names_raise(tiny):
+def test_duplicate_and_bad_declarations_raise(tiny):
     with pytest.raises(ValueError, match="already registered"):
-        register_workflow("tiny_test", TrainCfg, lambda cfg: 0)
+        register_workflow(_workflow("tiny_test", TrainCfg))
     with pytest.raises(ValueError, match="lower_snake_case"):
-        register_workflow("Bad-Name", TrainCfg, lambda cfg: 0)
+        register_workflow(_workflow("Bad-Name", TrainCfg))
     with pytest.raises(TypeError, match="dataclass"):
-        register_workflow("not_a_schema", dict, lambda cfg: 0)
+        register_workflow(_workflow("not_a_schema", dict))
+    mismatched = _workflow("named_one_way", TrainCfg)
+    mismatched.graph = WorkflowGraph("another", (Component("only", "does the work"),), ())
+    with pytest.raises(ValueError, match="graph must be a WorkflowGraph named"):
+        register_workflow(mismatched)
+
+
+def test_the_shipped_workflows_are_found_on_disk():
+    from m2flow.driver.registry import available_workflows
+
+    assert {"demo", "embodied", "reasoning"} <= set(available_workflows())
 
 
 def test_unknown_workflow_lists_the_registered_ones(tiny):
@@ -76,7 +95,7 @@ def test_required_value_can_come_from_an_override(tiny, tmp_path):
 
 
 def test_schema_that_declares_the_workflow_key_keeps_it(tmp_path):
-    register_workflow("keeps_key", WithWorkflowField, lambda cfg: 0)
+    register_workflow(_workflow("keeps_key", WithWorkflowField))
     try:
         path = tmp_path / "c.yaml"
         path.write_text("workflow: keeps_key\nn: 2\n")
