@@ -8,9 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from m2flow.driver.run import TrainResult
-from m2flow.driver.loop import collect_horizon
-from m2flow.driver.loop import Cadence, train_loop
 from m2flow.workflows.embodied.workflow import train
 from tests.workflows.test_embodied import LEARNING, toy_config
 
@@ -24,81 +21,6 @@ def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 def _learning(history: list[dict[str, float]]) -> list[dict[str, float]]:
     return [{k: v for k, v in h.items() if not k.startswith(("time/", "async/"))} for h in history]
-
-
-# ----------------------------------------------------------------------------- the schedule
-
-
-def test_the_horizon_stops_at_the_bound_and_before_a_drain():
-    never = lambda it: False  # noqa: E731
-    assert [collect_horizon(it, 0, never) for it in range(3)] == [0, 1, 2]
-    assert [collect_horizon(it, 2, never) for it in range(3)] == [2, 3, 4]
-    assert collect_horizon(3, 2, lambda it: it == 4) == 4  # nothing past iteration 4 before it is saved
-    assert collect_horizon(4, 2, lambda it: it == 4) == 4
-
-
-class _FakeFlow:
-    """Records what the loop asks of a flow: which collections start at which step, with which weights."""
-
-    def __init__(self, max_staleness: int) -> None:
-        self.max_staleness = max_staleness
-        self.started: dict[int, tuple[int, int]] = {}  # iteration -> (step it started at, weights version)
-        self.trained: list[int] = []
-        self.saved: list[int] = []
-        self.env_steps = 0
-        self.episodes: list = []
-        self._next = 0
-        self.actor = self
-
-    def collect(self, it: int, horizon: int) -> float:
-        for j in range(max(self._next, it), horizon + 1):
-            self.started[j] = (it, it)
-        self._next = max(self._next, horizon + 1)
-        return 0.0
-
-    def in_flight(self, it: int) -> bool:
-        return self._next > it + 1
-
-    def train(self, it: int) -> int:
-        return it
-
-    def finish(self, it: int, actor: int) -> dict:
-        assert it in self.started and it not in self.trained
-        self.trained.append(actor)
-        return {}
-
-    def iteration_metrics(self, outcome, seconds, sync_s) -> dict:
-        return {}
-
-    def save_checkpoint(self, next_iteration: int) -> Path:
-        assert not self.in_flight(next_iteration - 1), "a checkpoint with a collection in flight"
-        self.saved.append(next_iteration)
-        return Path(".")
-
-
-class _Logger:
-    def log(self, metrics, step) -> None:
-        pass
-
-
-def test_every_iteration_is_collected_once_within_the_bound_and_drained_at_checkpoints():
-    flow = _FakeFlow(max_staleness=2)
-    train_loop(flow, 0, 10, _Logger(), TrainResult(Path(".")), checkpoint_every=4)
-    assert flow.trained == list(range(10)) and sorted(flow.started) == list(range(10))
-    ages = {j: j - version for j, (_, version) in flow.started.items()}
-    assert max(ages.values()) == 2 and all(a >= 0 for a in ages.values())
-    assert ages[4] == 0 and ages[8] == 0  # collected right after a checkpoint: the saved weights
-    assert flow.saved == [4, 8, 10]
-
-
-def test_a_stop_trains_what_was_collected_then_saves():
-    flow = _FakeFlow(max_staleness=2)
-    result = TrainResult(Path("."))
-    calls = iter(range(100))
-    train_loop(flow, 0, 10, _Logger(), result, checkpoint_every=100, stop=lambda: next(calls) >= 2)
-    # stop seen after iteration 2, when 3 and 4 were already collecting: both are trained, 5 never starts
-    assert result.stopped and flow.trained == [0, 1, 2, 3, 4] and sorted(flow.started) == [0, 1, 2, 3, 4]
-    assert flow.saved == [5]
 
 
 # ----------------------------------------------------------------------------- whole runs

@@ -14,7 +14,6 @@ from m2flow.cli import main
 from m2flow.config import ConfigError, from_dict
 from m2flow.runtime.placement import NodeLayout
 from m2flow.driver.run import Run
-from m2flow.driver.loop import Cadence, train_loop
 from m2flow.workflows.reasoning.workflow import WORKFLOW
 from m2flow.workflows.reasoning.config import ReasoningConfig
 from m2flow.workflows.reasoning.plan import plan_reasoning
@@ -96,80 +95,6 @@ def test_plan_show_prints_the_staleness(capsys):
 
 
 # ----------------------------------------------------------------------------- the schedule
-
-
-class _FakeFlow:
-    """Records what the loop asks of a flow: which iteration starts at which step, with which weights."""
-
-    def __init__(self, max_staleness: int) -> None:
-        self.max_staleness = max_staleness
-        self.started: dict[int, int] = {}  # iteration -> version of the weights synced before it
-        self.trained: list[int] = []
-        self.saved: list[int] = []
-        self.evaluated: list[tuple[int, int]] = []  # (step, newest started iteration) at each evaluation
-        self.synced = -1
-        self._next = 0
-        self.actor = self
-
-    def starts_by(self, horizon: int) -> bool:
-        return self._next <= horizon
-
-    def sync_weights(self, version: int) -> list:
-        self.synced = version
-        return []
-
-    def evaluate(self, syncing) -> dict:
-        self.evaluated.append((self.synced, self._next - 1))
-        return {}
-
-    def start(self, step: int, horizon: int, loader, syncing) -> int:
-        for j in range(max(self._next, step), horizon + 1):
-            self.started[j] = self.synced
-        self._next = max(self._next, horizon + 1)
-        return 8
-
-    def in_flight(self, step: int) -> bool:
-        return self._next > step + 1
-
-    def train(self, step: int, slots: int) -> int:
-        return step
-
-    def finish(self, step: int, actor: int) -> dict:
-        assert step in self.started and step not in self.trained
-        self.trained.append(actor)
-        return {}
-
-    def rates(self, metrics, seconds) -> dict:
-        return {}
-
-    def save_checkpoint(self, next_step: int, loader) -> None:
-        assert not self.in_flight(next_step - 1), "a checkpoint with a generation in flight"
-        self.saved.append(next_step)
-
-
-class _Logger:
-    def log(self, metrics, step) -> None:
-        pass
-
-
-def test_every_iteration_starts_once_within_the_bound_and_drains_at_checkpoints_and_evaluations():
-    flow = _FakeFlow(max_staleness=2)
-    train_loop(flow, None, 0, 12, _Logger(), eval_every=6, checkpoint_every=4)
-    assert flow.trained == list(range(12)) and sorted(flow.started) == list(range(12))
-    ages = {j: j - version for j, version in flow.started.items()}
-    assert max(ages.values()) == 2 and all(a >= 0 for a in ages.values())
-    assert ages[4] == 0 and ages[6] == 0 and ages[8] == 0  # right after a checkpoint or an evaluation
-    assert flow.saved == [4, 8, 12]
-    # each evaluation sees the weights of the iterations trained and nothing generated ahead of them
-    assert flow.evaluated == [(0, -1), (6, 5), (12, 11)]
-
-
-def test_a_stop_trains_what_was_generated_then_saves():
-    flow = _FakeFlow(max_staleness=2)
-    calls = iter(range(100))
-    train_loop(flow, None, 0, 10, _Logger(), checkpoint_every=100, stop=lambda: next(calls) >= 2)
-    # the stop is seen after iteration 2, when 3 and 4 are already generating: both are trained
-    assert flow.trained == [0, 1, 2, 3, 4] and sorted(flow.started) == [0, 1, 2, 3, 4] and flow.saved == [5]
 
 
 # ----------------------------------------------------------------------------- whole runs (in process)

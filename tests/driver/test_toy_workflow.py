@@ -1,0 +1,261 @@
+"""A third workflow written in this one module, with no edit anywhere in the package: two components
+(a source of noisy samples, a learner that fits their mean), one edge, one fusion (the source inside the
+learner's processes). Registered here, it runs on the local executor and on Ray, and ``placement: auto``
+profiles, searches and plans it like the shipped workflows.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from m2flow.config import from_dict
+from m2flow.config.schema import option
+from m2flow.driver.registry import get_workflow, register_workflow
+from m2flow.driver.restarts import gather
+from m2flow.driver.run_config import RunConfig
+from m2flow.driver.workflow import Launch, Workflow
+from m2flow.metrics import MetricsConfig
+from m2flow.planner import Component, Edge, Fusion, Plan, WorkflowGraph
+from m2flow.planner.setup import Workload
+from m2flow.runtime.executors import Executor
+from m2flow.runtime.worker import Worker
+
+HERE = "tests.driver.test_toy_workflow"
+
+
+# ----------------------------------------------------------------------------- the workers
+
+
+def rank_samples(seed: int, iteration: int, rank: int, batch: int, target: float) -> torch.Tensor:
+    """One source rank's noisy samples of ``target`` for one iteration."""
+    return torch.randn(batch, generator=torch.Generator().manual_seed(seed * 100_003 + iteration * 101 + rank)) + target
+
+
+def make_samples(seed: int, iteration: int, ranks: int, batch: int, target: float) -> torch.Tensor:
+    """Every source rank's samples for one iteration, in rank order."""
+    return torch.cat([rank_samples(seed, iteration, r, batch, target) for r in range(ranks)])
+
+
+class Source(Worker):
+    """Makes ``batch`` noisy samples per iteration."""
+
+    def __init__(self, batch: int, target: float, seed: int) -> None:
+        self.batch, self.target, self.seed = batch, target, seed
+
+    def make(self, iteration: int) -> torch.Tensor:
+        return rank_samples(self.seed, iteration, self.rank, self.batch, self.target)
+
+
+class Learner(Worker):
+    """Fits one number to the samples by gradient steps; with ``fused_source`` it makes the samples itself."""
+
+    def __init__(self, lr: float, fused_source: dict[str, Any] | None = None) -> None:
+        self.value = torch.zeros((), requires_grad=True)
+        self.opt = torch.optim.SGD([self.value], lr=lr)
+        self.fused_source = fused_source
+
+    def learn(self, iteration: int, samples: list[torch.Tensor] | None) -> dict[str, float]:
+        import time
+
+        start = time.perf_counter()
+        if samples is None:  # the source runs in this process: every source rank's samples, made here
+            data = make_samples(iteration=iteration, **self.fused_source)
+        else:
+            data = torch.cat(samples)
+        with self.device_turn():
+            loss = ((self.value - data) ** 2).mean()
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+        return {"toy/loss": float(loss.detach()), "time/learner_busy_s": time.perf_counter() - start}
+
+    def get(self) -> float:
+        return float(self.value.detach())
+
+    def set(self, value: float) -> None:
+        with torch.no_grad():
+            self.value.fill_(value)
+
+
+# ----------------------------------------------------------------------------- the declaration
+
+GRAPH = WorkflowGraph(
+    name="toy_mean",
+    components=(
+        Component("source", "noisy samples of the target", worker=f"{HERE}:Source", section="source",
+                  timing="time/source_busy_s"),
+        Component("learner", "fits the mean of the samples", holds_model=True, worker=f"{HERE}:Learner",
+                  section="learner", timing="time/learner_busy_s"),
+    ),
+    edges=(Edge("samples", "source", "learner", "tensor", kind="p2p"),),
+    fusions=(Fusion("source", "learner", "on the learner's devices rank for rank", key="source.fuse_with_learner"),),
+)
+
+
+@dataclass
+class SourceConfig:
+    """The source ranks."""
+
+    batch: int = option(64, "samples per rank and iteration")
+    num_threads: int = option(1, "torch threads per rank")
+    fuse_with_learner: bool = option(False, "make the samples inside the learner's processes")
+
+
+@dataclass
+class LearnerConfig:
+    """The learner ranks."""
+
+    lr: float = option(0.2, "learning rate")
+    num_threads: int = option(1, "torch threads per rank")
+
+
+@dataclass
+class ToyConfig(RunConfig):
+    """Fit the mean of noisy samples."""
+
+    placement: str = option("source,learner: 0", "devices of source and learner")
+    metrics: MetricsConfig = option(MetricsConfig(sinks=["jsonl"], extra_prefixes=["toy"]), "metric sinks")
+    source: SourceConfig = option(SourceConfig(), "the source")
+    learner: LearnerConfig = option(LearnerConfig(), "the learner")
+    target: float = option(3.0, "the mean to learn")
+    steps: int = option(8, "iterations")
+
+
+class ToyFlow:
+    """The live toy: iteration ``it`` makes samples (unless fused) and takes one learner step on them."""
+
+    max_staleness = 0
+    description = "toy"
+
+    def __init__(self, cfg: ToyConfig, plan: Plan, groups: dict[str, Any], run: Launch) -> None:
+        self.cfg, self.timeout = cfg, cfg.fault_tolerance.iteration_timeout_s
+        self.fused = plan.fused("source")
+        self.source, self.learner = groups.get("source"), groups["learner"]
+        self.iterations = self.progress_total = cfg.steps
+        self._made: dict[int, Any] = {}
+        self._done = run.start
+        if run.state is not None:
+            gather([self.learner.set(run.state["value"])], self.timeout)
+
+    def start(self, it: int, horizon: int) -> None:
+        if not self.fused and it not in self._made:
+            self._made[it] = self.source.make(it)
+
+    def finish(self, it: int) -> dict[str, float]:
+        import time
+
+        t0 = time.perf_counter()
+        samples = None if self.fused else gather([self._made.pop(it)], self.timeout)[0]
+        made_s = time.perf_counter() - t0
+        out = gather([self.learner.learn(it, samples)], self.timeout)[0][0]
+        self._done = it + 1
+        return {**out, "time/source_busy_s": made_s}
+
+    def rates(self, metrics: dict[str, float], seconds: float) -> dict[str, float]:
+        return {"time/step": seconds}
+
+    def in_flight(self, it: int) -> bool:
+        return False
+
+    def progress(self) -> int:
+        return self._done
+
+    def evaluate(self) -> dict[str, float]:
+        value = gather([self.learner.get(ranks=[0])], self.timeout)[0][0]
+        return {"eval/error": abs(value - self.cfg.target)}
+
+    def save(self, path: Path) -> dict[str, Any]:
+        return {"value": gather([self.learner.get(ranks=[0])], self.timeout)[0][0]}
+
+    def summary(self, history: list[dict[str, float]]) -> str:
+        return f"toy: {len(history)} iteration(s)"
+
+    def shutdown(self) -> None:
+        for group in (self.source, self.learner):
+            if group is not None:
+                group.shutdown()
+
+
+class ToyWorkflow(Workflow):
+    name = "toy_mean"
+    schema = ToyConfig
+    graph = GRAPH
+    help = "fit the mean of noisy samples"
+
+    def settings(self, cfg: ToyConfig) -> dict[str, Any]:
+        return {"batch": cfg.source.batch}
+
+    def workload(self) -> Workload:
+        return Workload(chain=("source", "learner"), items=("batch",), inputs={"learner": ("samples",)},
+                        categories={"source": "make", "learner": "train"})
+
+    def launch(self, cfg: ToyConfig, plan: Plan, executor: Executor, run: Launch) -> ToyFlow:
+        source_ranks = plan["source"].world_size
+        fused = ({"seed": cfg.seed, "ranks": source_ranks, "batch": cfg.source.batch, "target": cfg.target}
+                 if plan.fused("source") else None)
+        specs = {"learner": self.group_spec("learner", plan, cfg.learner.lr, fused_source=fused)}
+        if plan["source"].launched:
+            specs["source"] = self.group_spec("source", plan, cfg.source.batch, cfg.target, cfg.seed)
+        _, groups = self.launch_groups(plan, executor, run, specs)
+        return ToyFlow(cfg, plan, groups, run)
+
+    def iterations(self, cfg: ToyConfig, plan: Plan) -> int:
+        return cfg.steps
+
+    def profile_length(self, cfg: ToyConfig, iterations: int) -> dict[str, Any]:
+        return {"steps": iterations, "eval_every": 0}
+
+    def edge_bytes(self, cfg: ToyConfig) -> dict[str, float]:
+        return {"samples": 4.0}
+
+
+WORKFLOW = register_workflow(ToyWorkflow())
+
+
+# ----------------------------------------------------------------------------- the tests
+
+
+def _config(tmp_path: Path, **overrides: Any) -> ToyConfig:
+    data = {"run_dir": str(tmp_path / "run"), "steps": 8, "eval_every": 4, **overrides}
+    return from_dict(ToyConfig, data)
+
+
+def _train(cfg: ToyConfig, cluster: Any = None):
+    from m2flow.autoplan.entry import train
+
+    return train(get_workflow("toy_mean"), cfg, cluster)
+
+
+def test_the_toy_workflow_learns_on_the_local_executor_fused_or_not(tmp_path):
+    apart = _train(_config(tmp_path / "apart", placement="local"))
+    fused = _train(_config(tmp_path / "fused", placement="local", source={"fuse_with_learner": True}))
+    assert not apart.plan.fused("source") and fused.plan.fused("source")
+    assert "source" not in fused.plan.launched and fused.plan.edge("samples").transport == "in-process"
+    # The baseline, after iteration 4 and after the last: the error shrinks as it learns.
+    errors = [m["eval/error"] for _, m in apart.evaluations]
+    assert [step for step, _ in apart.evaluations] == [0, 4, 8] and errors[-1] < errors[0] / 4
+    # Fusing changes where the samples are made, never what is computed.
+    assert [h["toy/loss"] for h in apart.history] == [h["toy/loss"] for h in fused.history]
+    assert json.loads((tmp_path / "fused" / "run" / "plan.json").read_text())["workflow"] == "toy_mean"
+
+
+@pytest.mark.ray
+def test_placement_auto_profiles_searches_and_runs_the_toy_workflow_on_ray(tmp_path):
+    from tests.ray_session import shared_cluster
+
+    cfg = _config(tmp_path, placement="auto", cluster={"cpu_devices_per_node": 2}, checkpoint_every=4,
+                  auto={"profile_iterations": 2})
+    result = _train(cfg, shared_cluster())
+    record = json.loads((tmp_path / "run" / "auto.json").read_text())
+    assert record["runs_with"]["placement"] == result.plan.placement  # the plan it chose is the plan that ran
+    assert len(result.history) == 8 and result.plan.executor == "ray"
+    profile = json.loads((tmp_path / "run" / "profile.json").read_text())
+    assert set(profile["components"]) == {"source", "learner"}
+    errors = [m["eval/error"] for _, m in result.evaluations]
+    assert errors[-1] < errors[0] / 4
