@@ -18,6 +18,9 @@ so with staleness 0 the objective is standard PPO.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -30,6 +33,41 @@ def sample_ages(current_version: int, versions: Tensor) -> Tensor:
 def fresh_mask(ages: Tensor, max_staleness: int) -> Tensor:
     """(B,) ages -> (B,) bool: the samples that may be trained on (0 <= age <= ``max_staleness``)."""
     return (ages >= 0) & (ages <= max_staleness)
+
+
+@dataclass(frozen=True)
+class StalenessSplit:
+    """Which items of an iteration may be trained on under a staleness bound, and their counts by age."""
+
+    fresh: list[bool]
+    """per item: within the bound (trained on) or older (dropped)"""
+    ages: list[int]
+    """per item: learner updates since the weights that produced it"""
+    by_age: list[float]
+    """the sizes of the fresh items by age 0..s"""
+    dropped: float
+    """the size of the items older than s"""
+
+
+def split_by_staleness(current_version: int, versions: Sequence[int], sizes: Sequence[float],
+                       max_staleness: int) -> StalenessSplit:
+    """The one staleness filter of both workflows: items (groups, trajectories) produced by weights of
+    ``versions``, of ``sizes`` samples each, against a learner at ``current_version``. An item from a
+    version newer than the learner's is a bug of the schedule and raises ValueError naming it."""
+    ages = sample_ages(current_version, torch.tensor(list(versions), dtype=torch.long)).tolist() if versions else []
+    for i, age in enumerate(ages):
+        if age < 0:
+            raise ValueError(f"item {i} was produced by weights of version {versions[i]}, newer than the "
+                             f"learner's {current_version}")
+    fresh = fresh_mask(torch.tensor(ages, dtype=torch.long), max_staleness).tolist() if ages else []
+    by_age = [0.0] * (max_staleness + 1)
+    dropped = 0.0
+    for age, ok, size in zip(ages, fresh, sizes):
+        if ok:
+            by_age[age] += float(size)
+        else:
+            dropped += float(size)
+    return StalenessSplit(fresh, ages, by_age, dropped)
 
 
 def decoupled_ppo_weights(proximal_logprobs: Tensor, behaviour_logprobs: Tensor,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from gymnasium import spaces
 
@@ -62,3 +63,14 @@ def test_the_embodied_update_computes_the_decoupled_objective():
     with torch.no_grad():
         lp, _ = evaluate_actions(policy, obs, act)
     torch.testing.assert_close(metrics["actor/pg_loss"], decoupled_ppo_loss(lp, prox, behav, adv))
+
+
+def test_one_staleness_filter_splits_items_by_age_and_refuses_the_future():
+    from m2flow.algorithms.offpolicy import split_by_staleness
+
+    split = split_by_staleness(5, [5, 4, 3, 2], [10, 20, 30, 40], max_staleness=2)
+    assert split.ages == [0, 1, 2, 3] and split.fresh == [True, True, True, False]
+    assert split.by_age == [10.0, 20.0, 30.0] and split.dropped == 40.0
+    assert split_by_staleness(0, [], [], 1).by_age == [0.0, 0.0]
+    with pytest.raises(ValueError, match="item 1 was produced by weights of version 7"):
+        split_by_staleness(5, [5, 7], [1, 1], max_staleness=2)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from m2flow.algorithms.offpolicy import staleness_metrics as offpolicy_metrics
+from m2flow.algorithms.offpolicy import StalenessSplit, split_by_staleness, staleness_metrics
 from m2flow.models.policies import ActorCritic, GaussianHead, PolicyConfig, build_policy
 from m2flow.runtime.comm.collectives import ExchangeSum
 from m2flow.runtime.trace import get_tracer, trace_category
@@ -114,7 +114,7 @@ class ActorWorker(Worker):
                 raise RuntimeError(f"expected trajectories of iteration {iteration}, env rank "
                                    f"{traj.env_rank} sent iteration {traj.iteration}")
         t1 = time.perf_counter()
-        kept, ages = self._fresh(trajs, iteration)
+        kept, split = self._fresh(trajs, iteration)
         t2 = t1
         if not kept:  # every sample was too old: no update this iteration
             metrics = {"actor/updates": 0.0, "actor/batch_size": 0.0}
@@ -125,25 +125,22 @@ class ActorWorker(Worker):
         else:
             metrics = self._train(kept, iteration)
         if self.max_staleness > 0:
-            metrics.update(staleness_metrics(trajs, ages, self.max_staleness))
+            metrics.update(staleness_metrics(split.by_age, split.dropped))
         metrics["time/actor_wait_s"] = t1 - t0
         metrics["time/actor_lock_wait_s"] = t2 - t1  # waiting for a turn on shared devices
         metrics["time/actor_busy_s"] = time.perf_counter() - t2
         return metrics
 
-    def _fresh(self, trajs: list[Trajectory], iteration: int) -> tuple[list[Trajectory], list[int]]:
-        """The trajectories within the staleness bound (the others are dropped), and every one's age."""
-        ages = [iteration - t.policy_version for t in trajs]
-        kept = []
-        for t, age in zip(trajs, ages):
-            if age < 0:
-                raise RuntimeError(f"env rank {t.env_rank} sent iteration {iteration} collected with weights "
-                                   f"of version {t.policy_version}, newer than the actor's {iteration}")
-            if age <= self.max_staleness:
-                kept.append(t)
+    def _fresh(self, trajs: list[Trajectory], iteration: int) -> tuple[list[Trajectory], StalenessSplit]:
+        """The trajectories within the staleness bound (the others are dropped), and the split by age."""
+        try:
+            split = split_by_staleness(iteration, [t.policy_version for t in trajs],
+                                       [t.num_steps * t.num_envs for t in trajs], self.max_staleness)
+        except ValueError as e:
+            raise RuntimeError(f"actor at iteration {iteration}, trajectories by env rank: {e}") from None
         for version in [v for v in self._sent if v < iteration - self.max_staleness]:
             del self._sent[version]  # no sample of it can be trained on any more
-        return kept, ages
+        return [t for t, ok in zip(trajs, split.fresh) if ok], split
 
     def _behaviour_policies(self, trajs: list[Trajectory], iteration: int) -> list[ActorCritic | None] | None:
         """Per trajectory, the policy that collected it where that is not the current one (None: current)."""
@@ -234,17 +231,3 @@ class ActorWorker(Worker):
                 tensor.copy_(state["policy"][name])  # in place: the flat buffers stay shared
         self.updater.load_state_dict(state["updater"])
         self.updater.skipped_in_row = int((counters or {}).get("skipped_in_row", 0))
-
-
-def staleness_metrics(trajs: list[Trajectory], ages: list[int], max_staleness: int) -> dict[str, float]:
-    """``async/*``: the samples of the iteration by age (in actor iterations), the mean and maximum
-    age of those trained on, and the samples dropped for being older than ``max_staleness``."""
-    counts = [0] * (max_staleness + 1)
-    dropped = 0
-    for t, age in zip(trajs, ages):
-        n = t.num_steps * t.num_envs
-        if age > max_staleness:
-            dropped += n
-        else:
-            counts[age] += n
-    return offpolicy_metrics(counts, dropped)
