@@ -2,8 +2,8 @@
 
 Builds a character tokenizer and a 2-layer Qwen2 (hidden 64), warm-starts it on the teacher's
 demonstrations (``m2flow.data.calculator_demos``: 20% skip the tool and guess, 10% copy the result
-wrong), and plays held-out problems with the episode engine, greedy: with the calculator tool, and
-without it (a call then counts as a wrong answer). Prints the figures; runs in about a minute on 2 cores.
+wrong), and plays held-out problems with the episode engine: greedy and sampled with the calculator
+tool, and greedy without it (a call then counts as a wrong answer). Prints the figures; runs in about a minute on 2 cores.
 
     python examples/agentic/calculator_warm_start.py --steps 1500
 """
@@ -26,11 +26,11 @@ from m2flow.rewards.tools.calls import format_call
 from m2flow.workers.agentic import EpisodeConfig, run_episodes
 
 
-def play(model, tokenizer, tools: bool, episodes: int, seed: int) -> dict[str, float]:
-    """Held-out accuracy, well-formed call rate and finish reasons over ``episodes`` greedy episodes."""
+def play(model, tokenizer, tools: bool, episodes: int, seed: int, temperature: float = 0.0) -> dict[str, float]:
+    """Held-out accuracy, well-formed call rate and finish reasons over ``episodes`` episodes."""
     backend = LeanGenerationBackend(model, tokenizer)
     envs = TextEnvBatch.from_registry("calculator", episodes, env_kwargs={"split": "test", "tools": tools})
-    cfg = EpisodeConfig(max_turns=3, max_tokens=96, max_turn_tokens=40, temperature=0.0, seed=seed)
+    cfg = EpisodeConfig(max_turns=3, max_tokens=96, max_turn_tokens=40, temperature=temperature, seed=seed)
     seeds = [10_000 + seed * episodes + i for i in range(episodes)]
     trajs, stats = run_episodes(backend, tokenizer, envs, seeds, list(range(episodes)), cfg)
     calls = sum(stats.tool_outcomes.values())
@@ -65,6 +65,8 @@ def main() -> None:
     print(f"warm start: {args.steps} steps in {time.perf_counter() - start:.0f}s, loss {losses[0]:.3f} -> "
           f"{sum(losses[-50:]) / 50:.3f}")
     print("warm start, with the tool:", play(model, tokenizer, True, args.episodes, args.seed))
+    print("warm start, with the tool, sampled at temperature 1:",
+          play(model, tokenizer, True, args.episodes, args.seed, temperature=1.0))
     print("warm start, without the tool:", play(model, tokenizer, False, args.episodes, args.seed))
 
 
