@@ -45,6 +45,17 @@ def test_a_gem_sudoku_episode_runs_through_the_adapter():
     assert isinstance(env.step("\\boxed{1 1 1}")[1], float)
 
 
+@pytest.mark.skipif(importlib.util.find_spec("gem") is None or importlib.util.find_spec("requests") is None,
+                    reason="the 'gem' extra is not installed")
+def test_gem_wrappers_add_its_python_tool_and_unknown_ones_are_refused():
+    env = make_text_env("gem", env_id="game:GuessTheNumber-v0-easy", wrappers="python_tool")
+    env.reset(seed=0)
+    obs, reward, terminated, _, _ = env.step("<python>print(6*7)</python>")
+    assert "42" in obs and not terminated
+    with pytest.raises(ValueError, match="unsupported GEM wrapper 'concat_chat'"):
+        make_text_env("gem", env_id="game:GuessTheNumber-v0-easy", wrappers="concat_chat")
+
+
 @pytest.mark.skipif(importlib.util.find_spec("reasoning_gym") is None, reason="the 'reasoning-gym' extra is not installed")
 def test_a_reasoning_gym_task_is_one_scored_question_per_seed():
     env = make_text_env("reasoning_gym", task="basic_arithmetic")

@@ -26,13 +26,21 @@ def require(module: str, extra: str) -> ModuleType:
 
 
 class GemEnv:
-    """A GEM environment by id; ``kwargs`` go to ``gem.make``."""
+    """A GEM environment by id; ``kwargs`` go to ``gem.make``. ``wrappers`` names GEM's own wrappers,
+    comma-separated, applied in order (e.g. ``python_tool``: GEM's Python tool, code in
+    ``<python>...</python>``, run in GEM's subprocess sandbox); wrappers that need a tokenizer are refused."""
 
-    def __init__(self, env_id: str, **kwargs: Any) -> None:
+    def __init__(self, env_id: str, wrappers: str = "", **kwargs: Any) -> None:
         require("requests", "gem")  # imported by gem without being declared as its dependency
         gem = require("gem", "gem")
+        factory = require("gem.wrappers.wrapper_factory", "gem")
         self.env_id = env_id
         self.env = gem.make(env_id, **kwargs)
+        for name in filter(None, (w.strip() for w in wrappers.split(","))):
+            if name not in factory.WRAPPER_FACTORY or name in factory.TOKENIZER_REQUIRED:
+                valid = sorted(set(factory.WRAPPER_FACTORY) - set(factory.TOKENIZER_REQUIRED))
+                raise ValueError(f"unknown or unsupported GEM wrapper {name!r}; valid: {valid}")
+            self.env = factory.WRAPPER_FACTORY[name](self.env)
 
     def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         obs, info = self.env.reset(seed=seed)

@@ -1,4 +1,4 @@
-"""The text-environment interface, in the gymnasium style GEM uses, and the registry of environments by name.
+"""The text-environment interface, in the gymnasium style GEM uses, and the registry environments add themselves to.
 
 An environment speaks text both ways: ``reset(seed)`` gives the first observation (the task), and
 ``step(action_text)`` takes one model turn and gives the next observation, the turn's reward and whether
@@ -33,20 +33,3 @@ TEXT_ENVS: Registry[Callable[..., TextEnv]] = Registry("text environment")
 def register_text_env(name: str) -> Callable[[Callable[..., TextEnv]], Callable[..., TextEnv]]:
     """Decorator registering an environment class or factory under ``name``; a taken name raises."""
     return TEXT_ENVS.register(name)
-
-
-def make_text_env(name: str, **kwargs: Any) -> TextEnv:
-    """A new environment registered as ``name``; unknown names list the valid ones."""
-    _load_builtins()
-    return TEXT_ENVS.get(name)(**kwargs)
-
-
-def text_env_names() -> list[str]:
-    """Names of the registered environments (the built-ins included)."""
-    _load_builtins()
-    return TEXT_ENVS.names()
-
-
-def _load_builtins() -> None:
-    # The built-in environments register themselves on import.
-    from m2flow.envs.text import adapters, calculator, guess  # noqa: F401

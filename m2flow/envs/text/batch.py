@@ -18,7 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from m2flow.envs.text.base import TextEnv, make_text_env
+from m2flow.envs.text.base import TextEnv
+from m2flow.envs.text.registry import make_text_env
 from m2flow.rewards.deadline import CallResult, call_with_deadline
 from m2flow.runtime.errors import RunHealthError
 
