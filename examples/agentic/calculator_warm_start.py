@@ -3,7 +3,9 @@
 Builds a character tokenizer and a 2-layer Qwen2 (hidden 64), warm-starts it on the teacher's
 demonstrations (``m2flow.data.calculator_demos``: 20% skip the tool and guess, 10% copy the result
 wrong), and plays held-out problems with the episode engine: greedy and sampled with the calculator
-tool, and greedy without it (a call then counts as a wrong answer). Prints the figures; runs in about a minute on 2 cores.
+tool, and greedy without it (a call then counts as a wrong answer). Prints the figures. With
+``--direct`` the same model is instead trained on correct one-turn answers (no tool): the accuracy a
+tiny model reaches on these products by itself.
 
     python examples/agentic/calculator_warm_start.py --steps 1500
 """
@@ -19,6 +21,7 @@ import torch
 from m2flow.backends.generation.lean import LeanGenerationBackend
 from m2flow.data.calculator_demos import CALCULATOR_ALPHABET, CalculatorTeacher, sft_pairs
 from m2flow.envs.text import TextEnvBatch
+from m2flow.envs.text.calculator import draw_problem, problem_text
 from m2flow.models.sft import sft_steps
 from m2flow.models.tiny import TinyModelConfig, build_tiny_model
 from m2flow.models.tokenizer import train_char_tokenizer
@@ -51,10 +54,21 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--direct", action="store_true",
+                        help="instead: the same model and steps trained on correct direct answers, no tool")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     tokenizer = train_char_tokenizer(CALCULATOR_ALPHABET)
     model = build_tiny_model(TinyModelConfig(hidden_size=64, num_layers=2, seed=args.seed), tokenizer)
+    if args.direct:
+        # A perfect teacher answering in one turn: how far the model gets without the tool.
+        problems = [draw_problem(args.seed * 1_000_003 + k) for k in range(args.steps * 32)]
+        pairs = [(problem_text(a, b), str(a * b)) for a, b in problems]
+        losses = sft_steps(model, tokenizer, pairs, steps=args.steps, lr=3e-3, batch_size=32, seed=args.seed,
+                           warmup_steps=50)
+        print(f"direct answers: loss {losses[0]:.3f} -> {sum(losses[-50:]) / 50:.3f}")
+        print("direct answers, without the tool:", play(model, tokenizer, False, args.episodes, args.seed))
+        return
     print("untrained, with the tool:", play(model, tokenizer, True, args.episodes, args.seed))
     teacher = CalculatorTeacher(skip_rate=0.2, copy_error_rate=0.1)
     demos = teacher.demonstrations(args.steps * 32, seed=args.seed)
