@@ -107,3 +107,26 @@ def test_from_registry_checks_the_name_and_settings_at_once():
     with pytest.raises(TypeError):
         TextEnvBatch.from_registry("guess_number", 2, env_kwargs={"colour": "red"})
     assert len(TextEnvBatch.from_registry("guess_number", 3, env_kwargs={"high": 10})) == 3
+
+
+class _Meeting:
+    """A step that returns only once every environment of the batch is inside its own step."""
+
+    def __init__(self, barrier: threading.Barrier) -> None:
+        self.barrier = barrier
+
+    def reset(self, seed=None):
+        return "meet", {}
+
+    def step(self, action):
+        self.barrier.wait()
+        return "met", 1.0, True, False, {}
+
+
+def test_concurrent_stepping_runs_the_steps_side_by_side():
+    barrier = threading.Barrier(4)
+    batch = TextEnvBatch(lambda: _Meeting(barrier), 4, step_timeout_s=60.0, concurrent=True)
+    batch.reset([0] * 4)
+    assert [s.observation for s in batch.step({i: "go" for i in range(4)}).values()] == ["met"] * 4
+    with pytest.raises(ValueError, match="needs a step_timeout_s"):
+        TextEnvBatch(lambda: _Meeting(barrier), 1, step_timeout_s=None, concurrent=True)

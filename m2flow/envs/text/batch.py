@@ -7,6 +7,8 @@ its thread and replaced by a fresh one from ``make`` at the next reset), or retu
 not ``(str, number, bool, bool, dict)`` (``reset``: ``(str, dict)``) does not stop the batch: its episode
 ends with ``EnvStep.error`` set, and the failure is counted by kind in ``TextEnvStats``.
 ``check_health`` raises ``RunHealthError`` when failures pass ``max_error_rate`` of the calls made.
+With ``concurrent`` the calls of one ``reset`` or ``step`` run side by side, a thread each, so steps
+that wait (a tool's latency, a remote environment) overlap.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 from m2flow.envs.text.base import TextEnv
 from m2flow.envs.text.registry import make_text_env
-from m2flow.rewards.deadline import CallResult, call_with_deadline
+from m2flow.rewards.deadline import CallResult, call_all_with_deadline
 from m2flow.runtime.errors import RunHealthError
 
 logger = logging.getLogger(__name__)
@@ -100,13 +102,18 @@ class TextEnvBatch:
     """N environments stepped together; environment i plays one episode at a time."""
 
     def __init__(self, make: Callable[[], TextEnv], num_envs: int, name: str = "text env",
-                 step_timeout_s: float | None = 10.0, max_error_rate: float = 0.0) -> None:
+                 step_timeout_s: float | None = 10.0, max_error_rate: float = 0.0, concurrent: bool = False) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         if not 0.0 <= max_error_rate <= 1.0:
             raise ValueError(f"max_error_rate must be in [0, 1], got {max_error_rate}")
         self.make, self.name = make, name
         self.step_timeout_s, self.max_error_rate = step_timeout_s, max_error_rate
+        self.concurrent = concurrent
+        """Step the environments side by side, a thread each (needs a `step_timeout_s`): for steps that wait
+        (a tool's latency, a remote environment), not for environments that share global random state."""
+        if concurrent and step_timeout_s is None:
+            raise ValueError("concurrent stepping needs a step_timeout_s")
         self.envs: list[TextEnv] = [make() for _ in range(num_envs)]
         self.running = [False] * num_envs
         self._hung = [False] * num_envs
@@ -131,44 +138,57 @@ class TextEnvBatch:
         self.running[i] = False
         return EnvStep("", error=message)
 
-    def _call(self, i: int, fn: Callable[..., Any], arg: Any, what: str) -> tuple[CallResult, EnvStep | None]:
-        result = call_with_deadline(fn, arg, timeout_s=self.step_timeout_s)
-        if result.status == "timeout":
-            self._hung[i] = True  # its thread may still run: never call this object again
-            return result, self._fail(i, "timeouts", f"{what} gave no result within {self.step_timeout_s:g}s")
-        if result.status == "error":
-            return result, self._fail(i, "raised", f"{what} raised {result.error}")
-        return result, None
+    def _call_all(self, calls: Mapping[int, tuple[Callable[..., Any], Any]], what: str) -> dict[int, CallResult | EnvStep]:
+        """Each env's call under the time limit (side by side when `concurrent`): its result, or the
+        failed `EnvStep` that ends its episode."""
+        items = list(calls.items())
+        if self.concurrent or self.step_timeout_s is None:
+            results = call_all_with_deadline([(fn, (arg,)) for _, (fn, arg) in items], self.step_timeout_s)
+        else:  # one at a time, each under its own limit
+            results = [call_all_with_deadline([(fn, (arg,))], self.step_timeout_s)[0] for _, (fn, arg) in items]
+        out: dict[int, CallResult | EnvStep] = {}
+        for (i, _), result in zip(items, results):
+            if result.status == "timeout":
+                self._hung[i] = True  # its thread may still run: never call this object again
+                out[i] = self._fail(i, "timeouts", f"{what} gave no result within {self.step_timeout_s:g}s")
+            elif result.status == "error":
+                out[i] = self._fail(i, "raised", f"{what} raised {result.error}")
+            else:
+                out[i] = result
+        return out
 
     def reset(self, seeds: Sequence[int | None]) -> list[EnvStep]:
         """Start an episode in every environment (seed i for env i): the first observations (reward 0)."""
         if len(seeds) != len(self.envs):
             raise ValueError(f"{len(seeds)} seeds for {len(self.envs)} environments")
-        out = []
-        for i, seed in enumerate(seeds):
+        for i in range(len(self.envs)):
             if self._hung[i]:
                 self.envs[i], self._hung[i] = self.make(), False
                 self.stats.replaced += 1
-            self.stats.resets += 1
-            self.running[i] = True
-            result, failed = self._call(i, self.envs[i].reset, seed, "reset")
-            if failed is None and (problem := _check_reset(result.value)):
-                failed = self._fail(i, "bad_outputs", problem)
-            out.append(failed or EnvStep(result.value[0], info=dict(result.value[1])))
+        self.stats.resets += len(self.envs)
+        self.running = [True] * len(self.envs)
+        results = self._call_all({i: (env.reset, seed) for i, (env, seed) in enumerate(zip(self.envs, seeds))}, "reset")
+        out = []
+        for i in range(len(self.envs)):
+            result = results[i]
+            if isinstance(result, CallResult) and (problem := _check_reset(result.value)):
+                result = self._fail(i, "bad_outputs", problem)
+            out.append(result if isinstance(result, EnvStep) else EnvStep(result.value[0], info=dict(result.value[1])))
         return out
 
     def step(self, actions: Mapping[int, str]) -> dict[int, EnvStep]:
         """Step environment i with ``actions[i]`` for each i given (each must be running)."""
-        out: dict[int, EnvStep] = {}
-        for i, action in actions.items():
+        for i in actions:
             if not self.running[i]:
                 raise ValueError(f"env {i} ({self.name}) is not running; reset it first")
-            self.stats.steps += 1
-            result, failed = self._call(i, self.envs[i].step, action, "step")
-            if failed is None and (problem := _check_step(result.value)):
-                failed = self._fail(i, "bad_outputs", problem)
-            if failed is not None:
-                out[i] = failed
+        self.stats.steps += len(actions)
+        results = self._call_all({i: (self.envs[i].step, action) for i, action in actions.items()}, "step")
+        out: dict[int, EnvStep] = {}
+        for i, result in results.items():
+            if isinstance(result, CallResult) and (problem := _check_step(result.value)):
+                result = self._fail(i, "bad_outputs", problem)
+            if isinstance(result, EnvStep):
+                out[i] = result
                 continue
             obs, reward, terminated, truncated, info = result.value
             step = EnvStep(obs, float(reward), bool(terminated), bool(truncated), dict(info))
