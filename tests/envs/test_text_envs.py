@@ -47,8 +47,10 @@ def test_the_registered_calculator_answers_tool_calls_then_takes_the_answer():
         f"<result>{product}</result>", 0.0, False, False, {"tool": "calculator", "tool_outcome": "ok"})
     assert env.step(product)[1:3] == (1.0, True)
     env.reset(seed=0)
-    env.step("<tool>calculator: 1+1</tool>")
-    assert env.step("<tool>calculator: 1+1</tool>")[3] is True  # the second call reaches max_calls
+    assert env.step("<tool>calculator: 1+1</tool>")[3] is False
+    assert env.step("<tool>calculator: 1+1</tool>")[3] is False  # the second call is the last answered
+    assert env.step("<tool>calculator: 1+1</tool>") == ("<error>no calls left (at most 2)</error>", 0.0, False, True,
+                                                       {"tool_outcome": "over_limit"})
 
 
 def test_guess_the_number_by_bisection_wins_with_fewer_penalties():

@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from m2flow.envs.text.base import TextEnv
+from m2flow.rewards.tools.calls import format_error, parse_call
 from m2flow.rewards.tools.registry import ToolBox
 
 
 class ToolEnv:
     """Wraps a task environment: calls (and malformed ones) are answered by ``toolbox`` with reward 0 and
-    the episode going on; a turn without a call is the task's action. ``max_calls`` per episode (None:
-    no limit) truncates an episode that keeps calling."""
+    the episode going on; a turn without a call is the task's action. At most ``max_calls`` calls per
+    episode are answered (None: no limit); one more truncates the episode."""
 
     def __init__(self, env: TextEnv, toolbox: ToolBox, max_calls: int | None = None) -> None:
         self.env = env
@@ -24,9 +25,10 @@ class ToolEnv:
         return self.env.reset(seed)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self.max_calls is not None and self.calls >= self.max_calls and parse_call(action).status != "none":
+            return format_error(f"no calls left (at most {self.max_calls})"), 0.0, False, True, {"tool_outcome": "over_limit"}
         reply = self.toolbox.respond(action)
         if reply.outcome == "none":
             return self.env.step(action)
         self.calls += 1
-        truncated = self.max_calls is not None and self.calls >= self.max_calls
-        return reply.observation, 0.0, False, truncated, {"tool": reply.tool, "tool_outcome": reply.outcome}
+        return reply.observation, 0.0, False, False, {"tool": reply.tool, "tool_outcome": reply.outcome}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from m2flow.backends.generation.hf import HFGenerationBackend
 from m2flow.backends.generation.lean import LeanGenerationBackend
 from m2flow.envs.text import TextEnvBatch
 from m2flow.envs.text.calculator import draw_problem
@@ -105,9 +106,9 @@ def test_mismatched_inputs_are_refused():
         EpisodeConfig(max_turns=0)
 
 
-def _tiny_run(seed: int):
+def _tiny_run(seed: int, backend_class=LeanGenerationBackend):
     model = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=1, seed=0), TOK)
-    backend = LeanGenerationBackend(model, TOK)
+    backend = backend_class(model, TOK)
     envs = TextEnvBatch.from_registry("guess_number", 4, env_kwargs={"high": 20, "max_turns": 3})
     return run_episodes(backend, TOK, envs, [5, 5, 6, 6], [0, 0, 1, 1],
                         EpisodeConfig(max_turns=3, max_turn_tokens=6, max_tokens=40, seed=seed))[0]
@@ -122,3 +123,11 @@ def test_a_real_model_plays_the_same_episodes_for_the_same_seed():
         assert len(t.response_ids) == len(t.action_mask) == len(t.logprobs) <= 40
         assert all(lp < 0 for lp, m in zip(t.logprobs, t.action_mask) if m)  # real log-probs on model tokens
         assert t.num_turns <= 3
+
+
+def test_the_hf_backend_plays_the_same_episodes_as_the_lean_one():
+    lean, hf = _tiny_run(0), _tiny_run(0, HFGenerationBackend)
+    assert [(t.response_ids, t.action_mask, t.finish_reason) for t in lean] == [
+        (t.response_ids, t.action_mask, t.finish_reason) for t in hf]
+    for a, b in zip(lean, hf):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
