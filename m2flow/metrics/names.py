@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 # The groups metrics are filed under. The first six are the workflow's; critic/, channel/ and eval/
 # are produced by the PPO critic, the channel layer and evaluation runs.
-KNOWN_PREFIXES = ("rollout", "actor", "critic", "env", "reward", "time", "perf", "channel", "eval", "async")
+KNOWN_PREFIXES = ("rollout", "actor", "critic", "env", "reward", "tool", "time", "perf", "channel", "eval", "async")
 
 UnknownPrefixPolicy = Literal["warn", "error"]
 
