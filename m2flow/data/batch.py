@@ -62,7 +62,7 @@ def right_pad(rows: Sequence[Sequence[float]], pad: float, width: int | None = N
 # How each optional (B, Lr) / (B,) field is padded when batches of different lengths are joined.
 _PROMPT_FIELDS = ("prompt_ids", "prompt_mask")
 _RESPONSE_FIELDS = (
-    "response_ids", "response_mask", "rollout_logprobs", "old_logprobs", "ref_logprobs",
+    "response_ids", "response_mask", "action_mask", "rollout_logprobs", "old_logprobs", "ref_logprobs",
     "values", "advantages", "returns",
 )
 
@@ -85,6 +85,10 @@ class RolloutBatch:
     """(B,) bool; True where generation hit max_new_tokens."""
     pad_id: int = 0
     """Token id used for padding ids."""
+    action_mask: torch.Tensor | None = None
+    """(B, Lr) long, 1 on the response tokens the policy generated; None: all of `response_mask`. In
+    multi-turn rollouts the response holds observation and tool tokens too: they are attended to
+    (`response_mask`) but carry no loss (0 here)."""
     rewards: torch.Tensor | None = None
     versions: torch.Tensor | None = None
     """(B,) long, the policy version (iterations trained) that generated each response (bounded staleness)."""
@@ -137,6 +141,11 @@ class RolloutBatch:
             pad_id=pad_id,
             rollout_logprobs=right_pad(logprobs, 0.0, dtype=torch.float32),
         )
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        """(B, Lr) the tokens losses and advantages are taken over: `action_mask`, else `response_mask`."""
+        return self.response_mask if self.action_mask is None else self.action_mask
 
     @property
     def input_ids(self) -> torch.Tensor:

@@ -36,7 +36,7 @@ def reward_kl(batch: RolloutBatch, algo: AlgorithmConfig) -> torch.Tensor | None
     behaviour = batch.old_logprobs if batch.old_logprobs is not None else batch.rollout_logprobs
     if behaviour is None or batch.ref_logprobs is None:
         raise ValueError("KL in the reward needs behaviour and reference log-probs on the batch")
-    mask = batch.response_mask.bool()
+    mask = batch.loss_mask.bool()
     kl = kl_estimate(behaviour, batch.ref_logprobs, algo.kl_reward_kind)
     return torch.where(mask, kl, torch.zeros_like(kl))
 
@@ -46,14 +46,14 @@ def fill_advantages(batch: RolloutBatch, algo: AlgorithmConfig) -> None:
     if batch.rewards is None:
         raise ValueError("the batch has no rewards; the reward stage must run first")
     inputs = TokenBatch(
-        response_mask=batch.response_mask,
+        response_mask=batch.loss_mask,
         scores=batch.rewards.float(),
         group_index=batch.group_ids,
         values=batch.values,
         kl=reward_kl(batch, algo),
     )
     out = ADV_ESTIMATORS.get(algo.adv_estimator)(inputs, **estimator_params(algo))
-    mask = batch.response_mask.bool()
+    mask = batch.loss_mask.bool()
     zero = torch.zeros((), dtype=out.advantages.dtype)
     batch.advantages = torch.where(mask, out.advantages, zero)
     batch.returns = torch.where(mask, out.returns, zero)

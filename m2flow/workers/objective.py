@@ -77,7 +77,7 @@ def policy_objective(log_probs: Tensor, entropy: Tensor | None, batch: RolloutBa
     weights themselves: its behaviour log-probs are the proximal ones and its weight is 1, so it is
     trained exactly as in synchronous PPO.
     """
-    mask = batch.response_mask.to(log_probs.device)
+    mask = batch.loss_mask.to(log_probs.device)
     advantages = batch.advantages.to(log_probs.device)
     old = batch.old_logprobs if algo.old_logprobs == "inference" else (
         batch.rollout_logprobs if algo.old_logprobs == "rollout" else None)
@@ -118,7 +118,7 @@ def policy_objective(log_probs: Tensor, entropy: Tensor | None, batch: RolloutBa
 
 def critic_objective(values: Tensor, batch: RolloutBatch, algo: AlgorithmConfig, clip_range: float | None) -> Objective:
     """Value loss (sum form) of predicted values (B, Lr) against the batch's returns."""
-    mask = batch.response_mask.to(values.device)
+    mask = batch.loss_mask.to(values.device)
     old = batch.values.to(values.device) if batch.values is not None else values.detach()
     out = value_loss(values, old, batch.returns.to(values.device), mask, clip_range=clip_range,
                      agg=algo.loss_agg, denominator=1.0)

@@ -1,0 +1,218 @@
+"""Many text environments in one worker: reset and step those still running, and survive the broken ones.
+
+``TextEnvBatch`` holds N environments, each playing one episode at a time. ``reset(seeds)`` starts every
+episode; ``step({i: action})`` steps the environments named (each must be running) and returns what
+each gave. An environment that raises, gives no answer within ``step_timeout_s`` (it is abandoned in
+its thread and replaced by a fresh one from ``make`` at the next reset), or returns something that is
+not ``(str, number, bool, bool, dict)`` (``reset``: ``(str, dict)``) does not stop the batch: its episode
+ends with ``EnvStep.error`` set, and the failure is counted by kind in ``TextEnvStats``.
+``check_health`` raises ``RunHealthError`` when failures pass ``max_error_rate`` of the calls made.
+With ``concurrent`` the calls of one ``reset`` or ``step`` run side by side, a thread each, so steps
+that wait (a tool's latency, a remote environment) overlap.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from m2flow.envs.text.base import TextEnv
+from m2flow.envs.text.registry import make_text_env
+from m2flow.rewards.deadline import CallResult, call_all_with_deadline
+from m2flow.runtime.errors import RunHealthError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EnvStep:
+    """What one environment gave for one call; ``error`` set means the episode ended by a failure."""
+
+    observation: str
+    reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+
+    @property
+    def done(self) -> bool:
+        """Whether the episode is over (by the task, a limit or a failure)."""
+        return self.terminated or self.truncated or bool(self.error)
+
+
+@dataclass
+class TextEnvStats:
+    """Counts of calls and failures by kind; add them up across batches."""
+
+    resets: int = 0
+    steps: int = 0
+    raised: int = 0  # reset or step raised
+    timeouts: int = 0  # reset or step gave nothing within the time limit
+    bad_outputs: int = 0  # returned the wrong shape or types (a non-string observation...)
+    replaced: int = 0  # environments rebuilt after a time-out
+    episodes: int = 0  # episodes that ended by themselves (terminated or truncated)
+
+    def __iadd__(self, other: TextEnvStats) -> TextEnvStats:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        return self
+
+    @property
+    def failures(self) -> int:
+        return self.raised + self.timeouts + self.bad_outputs
+
+    def as_metrics(self, prefix: str = "env/") -> dict[str, float]:
+        return {prefix + f.name: float(getattr(self, f.name)) for f in fields(self)}
+
+
+def _check_reset(value: Any) -> str:
+    """'' when ``value`` is a valid reset result, else what is wrong with it."""
+    if not isinstance(value, tuple) or len(value) != 2:
+        return f"reset returned {type(value).__name__}, not (observation, info)"
+    obs, info = value
+    if not isinstance(obs, str):
+        return f"reset returned a {type(obs).__name__} observation, not str"
+    if not isinstance(info, Mapping):
+        return f"reset returned a {type(info).__name__} info, not dict"
+    return ""
+
+
+def _check_step(value: Any) -> str:
+    """'' when ``value`` is a valid step result, else what is wrong with it."""
+    if not isinstance(value, tuple) or len(value) != 5:
+        return f"step returned {type(value).__name__}, not (observation, reward, terminated, truncated, info)"
+    obs, reward, terminated, truncated, info = value
+    if not isinstance(obs, str):
+        return f"step returned a {type(obs).__name__} observation, not str"
+    if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not math.isfinite(float(reward)):
+        return f"step returned reward {reward!r}, not a finite number"
+    if not isinstance(terminated, (bool, numbers.Integral)) or not isinstance(truncated, (bool, numbers.Integral)):
+        return "step returned non-boolean terminated/truncated flags"
+    if not isinstance(info, Mapping):
+        return f"step returned a {type(info).__name__} info, not dict"
+    return ""
+
+
+class TextEnvBatch:
+    """N environments stepped together; environment i plays one episode at a time."""
+
+    def __init__(self, make: Callable[[], TextEnv], num_envs: int, name: str = "text env",
+                 step_timeout_s: float | None = 10.0, max_error_rate: float = 0.0, concurrent: bool = False) -> None:
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        if not 0.0 <= max_error_rate <= 1.0:
+            raise ValueError(f"max_error_rate must be in [0, 1], got {max_error_rate}")
+        self.make, self.name = make, name
+        self.step_timeout_s, self.max_error_rate = step_timeout_s, max_error_rate
+        self.concurrent = concurrent
+        """Step the environments side by side, a thread each (needs a `step_timeout_s`): for steps that wait
+        (a tool's latency, a remote environment), not for environments that share global random state."""
+        if concurrent and step_timeout_s is None:
+            raise ValueError("concurrent stepping needs a step_timeout_s")
+        self.envs: list[TextEnv] = [make() for _ in range(num_envs)]
+        self.running = [False] * num_envs
+        self._hung = [False] * num_envs
+        self.stats = TextEnvStats()
+        self.last_error = ""
+
+    @classmethod
+    def from_registry(cls, env: str, num_envs: int, env_kwargs: Mapping[str, Any] | None = None,
+                      **kwargs: Any) -> TextEnvBatch:
+        """A batch of the registered environment ``env`` built with ``env_kwargs``."""
+        settings = dict(env_kwargs or {})
+        make_text_env(env, **settings)  # fail here, on a bad name or setting, not later in a worker
+        return cls(lambda: make_text_env(env, **settings), num_envs, name=env, **kwargs)
+
+    def __len__(self) -> int:
+        return len(self.envs)
+
+    def _fail(self, i: int, kind: str, message: str) -> EnvStep:
+        setattr(self.stats, kind, getattr(self.stats, kind) + 1)
+        self.last_error = f"env {i} ({self.name}): {message}"
+        logger.warning("%s; its episode ends here", self.last_error)
+        self.running[i] = False
+        return EnvStep("", error=message)
+
+    def _call_all(self, calls: Mapping[int, tuple[Callable[..., Any], Any]], what: str) -> dict[int, CallResult | EnvStep]:
+        """Each env's call under the time limit (side by side when `concurrent`): its result, or the
+        failed `EnvStep` that ends its episode."""
+        items = list(calls.items())
+        if self.concurrent or self.step_timeout_s is None:
+            results = call_all_with_deadline([(fn, (arg,)) for _, (fn, arg) in items], self.step_timeout_s)
+        else:  # one at a time, each under its own limit
+            results = [call_all_with_deadline([(fn, (arg,))], self.step_timeout_s)[0] for _, (fn, arg) in items]
+        out: dict[int, CallResult | EnvStep] = {}
+        for (i, _), result in zip(items, results):
+            if result.status == "timeout":
+                self._hung[i] = True  # its thread may still run: never call this object again
+                out[i] = self._fail(i, "timeouts", f"{what} gave no result within {self.step_timeout_s:g}s")
+            elif result.status == "error":
+                out[i] = self._fail(i, "raised", f"{what} raised {result.error}")
+            else:
+                out[i] = result
+        return out
+
+    def reset(self, seeds: Sequence[int | None]) -> list[EnvStep]:
+        """Start an episode in every environment (seed i for env i): the first observations (reward 0)."""
+        if len(seeds) != len(self.envs):
+            raise ValueError(f"{len(seeds)} seeds for {len(self.envs)} environments")
+        for i in range(len(self.envs)):
+            if self._hung[i]:
+                self.envs[i], self._hung[i] = self.make(), False
+                self.stats.replaced += 1
+        self.stats.resets += len(self.envs)
+        self.running = [True] * len(self.envs)
+        results = self._call_all({i: (env.reset, seed) for i, (env, seed) in enumerate(zip(self.envs, seeds))}, "reset")
+        out = []
+        for i in range(len(self.envs)):
+            result = results[i]
+            if isinstance(result, CallResult) and (problem := _check_reset(result.value)):
+                result = self._fail(i, "bad_outputs", problem)
+            out.append(result if isinstance(result, EnvStep) else EnvStep(result.value[0], info=dict(result.value[1])))
+        return out
+
+    def step(self, actions: Mapping[int, str]) -> dict[int, EnvStep]:
+        """Step environment i with ``actions[i]`` for each i given (each must be running)."""
+        for i in actions:
+            if not self.running[i]:
+                raise ValueError(f"env {i} ({self.name}) is not running; reset it first")
+        self.stats.steps += len(actions)
+        results = self._call_all({i: (self.envs[i].step, action) for i, action in actions.items()}, "step")
+        out: dict[int, EnvStep] = {}
+        for i, result in results.items():
+            if isinstance(result, CallResult) and (problem := _check_step(result.value)):
+                result = self._fail(i, "bad_outputs", problem)
+            if isinstance(result, EnvStep):
+                out[i] = result
+                continue
+            obs, reward, terminated, truncated, info = result.value
+            step = EnvStep(obs, float(reward), bool(terminated), bool(truncated), dict(info))
+            if step.done:
+                self.running[i] = False
+                self.stats.episodes += 1
+            out[i] = step
+        return out
+
+    def stop(self, i: int) -> None:
+        """End environment i's episode from outside (a turn or token budget ran out)."""
+        self.running[i] = False
+
+    def pop_stats(self) -> TextEnvStats:
+        """The counts since the last call, and reset them."""
+        stats, self.stats = self.stats, TextEnvStats()
+        return stats
+
+    def check_health(self, stats: TextEnvStats, where: str = "") -> None:
+        """Raise ``RunHealthError`` when ``stats``' failures pass ``max_error_rate`` of its calls."""
+        calls = stats.resets + stats.steps
+        if not stats.failures or stats.failures <= self.max_error_rate * calls:
+            return
+        raise RunHealthError(
+            f"{self.name}: {stats.failures} of {calls} environment calls failed{' ' + where if where else ''} "
+            f"({stats.raised} raised, {stats.timeouts} timed out, {stats.bad_outputs} returned bad values), more "
+            f"than max_error_rate={self.max_error_rate:g}; the last: {self.last_error}")

@@ -1,0 +1,143 @@
+"""Tools by name, and the ``ToolBox`` that answers a model turn's call under a time limit, with counts.
+
+``TOOLS`` maps a name to a factory (``TOOLS.add("search", make_search)``; duplicates raise, unknown names
+list the valid ones). ``ToolBox.respond(text)`` turns one model turn into the observation the model
+sees next: the tool's output as ``<result>...</result>``, or ``<error>...</error>`` for a malformed call,
+an unknown tool, a tool that raised or one that missed its time limit; each kind is counted in
+``ToolStats``. Nothing the model writes makes it raise.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+from m2flow.algorithms.registry import Registry
+from m2flow.rewards.deadline import call_with_deadline
+from m2flow.rewards.tools.base import Tool, ToolTimeout
+from m2flow.rewards.tools.calculator import Calculator
+from m2flow.rewards.tools.calls import format_error, format_result, parse_call
+from m2flow.rewards.tools.python import PythonTool
+
+logger = logging.getLogger(__name__)
+
+TOOLS: Registry[Callable[..., Tool]] = Registry("tool")
+"""Tool name -> factory of the tool (keyword arguments are the tool's own settings)."""
+TOOLS.add("calculator", Calculator)
+TOOLS.add("python", PythonTool)
+
+CallOutcome = Literal["none", "ok", "malformed", "unknown", "error", "timeout"]
+
+
+@dataclass
+class ToolStats:
+    """Counts of what model turns held and how their calls ended; add them up across batches."""
+
+    turns: int = 0  # model turns looked at
+    calls: int = 0  # well-formed calls to a known tool
+    ok: int = 0  # calls that returned an output
+    malformed: int = 0  # turns with a malformed call (an error observation)
+    unknown: int = 0  # calls to a tool that is not in the box
+    errors: int = 0  # calls whose tool raised
+    timeouts: int = 0  # calls past the time limit
+    seconds: float = 0.0  # wall time spent in tools
+
+    def __iadd__(self, other: ToolStats) -> ToolStats:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        return self
+
+    @property
+    def failures(self) -> int:
+        """Turns whose call produced an error observation."""
+        return self.malformed + self.unknown + self.errors + self.timeouts
+
+    def as_metrics(self, prefix: str = "tool/") -> dict[str, float]:
+        """Flat metric dict, e.g. {"tool/malformed": 0.0, ...}."""
+        return {prefix + f.name: float(getattr(self, f.name)) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class ToolReply:
+    """The answer to one model turn: the outcome and, unless the turn held no call, the observation text."""
+
+    outcome: CallOutcome
+    observation: str = ""
+    tool: str = ""
+
+
+class ToolBox:
+    """The tools one environment offers, each call under ``timeout_s`` (in-process tools: a thread deadline)."""
+
+    def __init__(self, tools: Sequence[Tool], timeout_s: float = 5.0) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.tools: dict[str, Tool] = {}
+        for tool in tools:
+            if tool.name in self.tools:
+                raise ValueError(f"tool {tool.name!r} is in the box twice")
+            self.tools[tool.name] = tool
+        self.timeout_s = timeout_s
+        self.stats = ToolStats()
+
+    @classmethod
+    def from_names(cls, names: Sequence[str], timeout_s: float = 5.0, **settings: dict[str, Any]) -> ToolBox:
+        """A box of registered tools by name; ``settings[name]`` are keyword arguments of that tool's factory."""
+        unknown = set(settings) - set(names)
+        if unknown:
+            raise ValueError(f"settings for tools not in the box: {sorted(unknown)}")
+        return cls([TOOLS.get(n)(**settings.get(n, {})) for n in names], timeout_s=timeout_s)
+
+    def describe(self) -> str:
+        """One line per tool, for a prompt."""
+        return "\n".join(f"{t.name}: {t.description}" for t in self.tools.values())
+
+    def respond(self, text: str) -> ToolReply:
+        """The reply to one model turn (``outcome`` ``none`` when it holds no call: an answer, not a call)."""
+        self.stats.turns += 1
+        parsed = parse_call(text)
+        if parsed.status == "none":
+            return ToolReply("none")
+        if parsed.status == "malformed":
+            self.stats.malformed += 1
+            return ToolReply("malformed", format_error(f"malformed call: {parsed.error}"))
+        tool = self.tools.get(parsed.name)
+        if tool is None:
+            self.stats.unknown += 1
+            valid = ", ".join(sorted(self.tools)) or "none"
+            return ToolReply("unknown", format_error(f"unknown tool {parsed.name!r}; tools: {valid}"), parsed.name)
+        self.stats.calls += 1
+        start = time.perf_counter()
+        # An isolated tool kills its own process at its limit; the others get a thread deadline.
+        result = call_with_deadline(tool, parsed.argument, timeout_s=None if tool.isolated else self.timeout_s)
+        self.stats.seconds += time.perf_counter() - start
+        if result.status == "timeout" or isinstance(result.exception, ToolTimeout):
+            self.stats.timeouts += 1
+            return ToolReply("timeout", format_error(f"{tool.name} timed out"), tool.name)
+        if result.status == "error":
+            self.stats.errors += 1
+            logger.debug("tool %s raised: %s", tool.name, result.error)
+            return ToolReply("error", format_error(f"{tool.name} failed: {result.error}"), tool.name)
+        return self._ok(tool.name, result.value)
+
+    def _ok(self, name: str, value: Any) -> ToolReply:
+        if not isinstance(value, str):
+            self.stats.errors += 1
+            return ToolReply("error", format_error(f"{name} returned {type(value).__name__}, not text"), name)
+        self.stats.ok += 1
+        return ToolReply("ok", format_result(value), name)
+
+    def pop_stats(self) -> ToolStats:
+        """The counts since the last call, and reset them."""
+        stats, self.stats = self.stats, ToolStats()
+        return stats
+
+    def close(self) -> None:
+        """Release the tools' resources (sandbox processes)."""
+        for tool in self.tools.values():
+            close = getattr(tool, "close", None)
+            if close is not None:
+                close()

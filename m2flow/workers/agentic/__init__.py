@@ -1,0 +1,19 @@
+"""Agentic RL's rollout core, free of Ray: multi-turn episodes over text environments and tools.
+
+- ``episode.py``     ``run_episodes``: model turns and observations until each episode ends or a budget is spent
+- ``trajectory.py``  ``Trajectory`` (ids, action mask, log-probs, per-turn rewards) and ``to_rollout_batch``
+"""
+
+from m2flow.workers.agentic.episode import EpisodeConfig, EpisodeStats, run_episodes, turn_seed
+from m2flow.workers.agentic.trajectory import BUDGET_REASONS, FinishReason, Trajectory, to_rollout_batch
+
+__all__ = [
+    "BUDGET_REASONS",
+    "EpisodeConfig",
+    "EpisodeStats",
+    "FinishReason",
+    "Trajectory",
+    "run_episodes",
+    "to_rollout_batch",
+    "turn_seed",
+]

@@ -1,0 +1,132 @@
+"""A batch of text environments survives environments that raise, hang or return bad values, and counts them."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from m2flow.envs.text import TextEnvBatch
+from m2flow.runtime.errors import RunHealthError
+
+
+class Scripted:
+    """Steps as told by ``mode``: 'ok' (ends after 2 steps), 'raise', 'hang', 'bad_obs', 'bad_reward', 'bad_reset'."""
+
+    released = threading.Event()
+
+    def __init__(self, mode: str = "ok") -> None:
+        self.mode, self.steps = mode, 0
+
+    def reset(self, seed: int | None = None) -> tuple[Any, dict]:
+        self.steps = 0
+        if self.mode == "bad_reset":
+            return None, {}
+        return f"start {seed}", {}
+
+    def step(self, action: str) -> tuple[Any, Any, bool, bool, dict]:
+        self.steps += 1
+        if self.mode == "raise":
+            raise KeyError("boom")
+        if self.mode == "hang":
+            self.released.wait()
+        if self.mode == "bad_obs":
+            return ["not", "text"], 0.0, False, False, {}
+        if self.mode == "bad_reward":
+            return "x", float("nan"), False, False, {}
+        return f"echo {action}", 1.0, self.steps >= 2, False, {}
+
+
+def _batch(modes: list[str], **kwargs: Any) -> TextEnvBatch:
+    pending = iter(modes)
+    return TextEnvBatch(lambda: Scripted(next(pending, "ok")), len(modes), name="scripted", **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def _release_hung_threads():
+    Scripted.released.clear()
+    yield
+    Scripted.released.set()
+
+
+def test_running_envs_step_and_finished_ones_stop():
+    batch = _batch(["ok", "ok"])
+    assert [s.observation for s in batch.reset([1, 2])] == ["start 1", "start 2"]
+    first = batch.step({0: "a", 1: "b"})
+    assert first[0].observation == "echo a" and not first[0].done and batch.running == [True, True]
+    assert batch.step({0: "c"})[0].terminated and batch.running == [False, True]
+    with pytest.raises(ValueError, match="env 0 \\(scripted\\) is not running"):
+        batch.step({0: "d"})
+    stats = batch.pop_stats()
+    assert (stats.resets, stats.steps, stats.episodes, stats.failures) == (2, 3, 1, 0)
+
+
+def test_each_kind_of_failure_ends_only_its_episode_and_is_counted():
+    batch = _batch(["raise", "hang", "bad_obs", "bad_reward", "ok"], step_timeout_s=0.2, max_error_rate=1.0)
+    batch.reset([0] * 5)
+    out = batch.step({i: "go" for i in range(5)})
+    assert "raised KeyError: 'boom'" in out[0].error
+    assert "gave no result within 0.2s" in out[1].error
+    assert out[2].error == "step returned a list observation, not str"
+    assert "not a finite number" in out[3].error
+    assert not out[4].error and batch.running == [False, False, False, False, True]
+    stats = batch.pop_stats()
+    assert (stats.raised, stats.timeouts, stats.bad_outputs) == (1, 1, 2)
+    batch.check_health(stats)  # max_error_rate 1.0: tolerated
+
+
+def test_a_hung_env_is_replaced_at_the_next_reset():
+    batch = _batch(["hang", "ok"], step_timeout_s=0.2)
+    batch.reset([0, 0])
+    hung = batch.envs[0]
+    batch.step({0: "go"})
+    batch.reset([1, 1])
+    assert batch.envs[0] is not hung and batch.stats.replaced == 1 and batch.running == [True, True]
+
+
+def test_a_bad_reset_ends_the_episode_before_it_starts():
+    batch = _batch(["bad_reset", "ok"])
+    first = batch.reset([0, 0])
+    assert first[0].error == "reset returned a NoneType observation, not str" and batch.running == [False, True]
+
+
+def test_failures_past_the_limit_stop_the_run_naming_the_limit():
+    batch = _batch(["raise", "ok", "ok", "ok"], max_error_rate=0.1)
+    batch.reset([0] * 4)
+    batch.step({i: "go" for i in range(4)})
+    with pytest.raises(RunHealthError, match=r"scripted: 1 of 8 environment calls failed in iteration 3 \(1 raised, "
+                                             r"0 timed out, 0 returned bad values\), more than max_error_rate=0.1; "
+                                             r"the last: env 0 \(scripted\): step raised KeyError"):
+        batch.check_health(batch.pop_stats(), "in iteration 3")
+
+
+def test_from_registry_checks_the_name_and_settings_at_once():
+    with pytest.raises(KeyError, match="valid names"):
+        TextEnvBatch.from_registry("nope", 2)
+    with pytest.raises(TypeError):
+        TextEnvBatch.from_registry("guess_number", 2, env_kwargs={"colour": "red"})
+    assert len(TextEnvBatch.from_registry("guess_number", 3, env_kwargs={"high": 10})) == 3
+
+
+class _Meeting:
+    """A step that returns only once every environment of the batch is inside its own step."""
+
+    def __init__(self, barrier: threading.Barrier) -> None:
+        self.barrier = barrier
+
+    def reset(self, seed=None):
+        return "meet", {}
+
+    def step(self, action):
+        self.barrier.wait()
+        return "met", 1.0, True, False, {}
+
+
+def test_concurrent_stepping_runs_the_steps_side_by_side():
+    barrier = threading.Barrier(4)
+    batch = TextEnvBatch(lambda: _Meeting(barrier), 4, step_timeout_s=60.0, concurrent=True)
+    batch.reset([0] * 4)
+    assert [s.observation for s in batch.step({i: "go" for i in range(4)}).values()] == ["met"] * 4
+    with pytest.raises(ValueError, match="needs a step_timeout_s"):
+        TextEnvBatch(lambda: _Meeting(barrier), 1, step_timeout_s=None, concurrent=True)
