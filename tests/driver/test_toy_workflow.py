@@ -53,17 +53,31 @@ class Source(Worker):
 
 
 class Learner(Worker):
-    """Fits one number to the samples by gradient steps; with ``fused_source`` it makes the samples itself."""
+    """Fits one number to the samples by gradient steps; with ``fused_source`` it makes the samples itself.
 
-    def __init__(self, lr: float, fused_source: dict[str, Any] | None = None) -> None:
+    For the fault tests: ``delay_s`` slows every step, and ``hang_once_in`` ("evaluate" or "save") makes
+    the first such call hang (until its process is killed) when the file ``marker`` exists, removing it."""
+
+    def __init__(self, lr: float, fused_source: dict[str, Any] | None = None, delay_s: float = 0.0,
+                 hang_once_in: str = "", marker: str = "") -> None:
         self.value = torch.zeros((), requires_grad=True)
         self.opt = torch.optim.SGD([self.value], lr=lr)
         self.fused_source = fused_source
+        self.delay_s, self.hang_once_in, self.marker = delay_s, hang_once_in, marker
+
+    def _maybe_hang(self, phase: str) -> None:
+        import os
+        import time
+
+        if self.hang_once_in == phase and self.marker and os.path.exists(self.marker):
+            os.unlink(self.marker)
+            time.sleep(3600)
 
     def learn(self, iteration: int, samples: list[torch.Tensor] | None) -> dict[str, float]:
         import time
 
         start = time.perf_counter()
+        time.sleep(self.delay_s)
         if samples is None:  # the source runs in this process: every source rank's samples, made here
             data = make_samples(iteration=iteration, **self.fused_source)
         else:
@@ -76,6 +90,11 @@ class Learner(Worker):
         return {"toy/loss": float(loss.detach()), "time/learner_busy_s": time.perf_counter() - start}
 
     def get(self) -> float:
+        self._maybe_hang("evaluate")
+        return float(self.value.detach())
+
+    def snapshot(self) -> float:
+        self._maybe_hang("save")
         return float(self.value.detach())
 
     def set(self, value: float) -> None:
@@ -113,6 +132,9 @@ class LearnerConfig:
 
     lr: float = option(0.2, "learning rate")
     num_threads: int = option(1, "torch threads per rank")
+    delay_s: float = option(0.0, "seconds each step sleeps (fault tests)")
+    hang_once_in: str = option("", "'evaluate' or 'save': hang there once while `marker` exists (fault tests)")
+    marker: str = option("", "the file whose presence arms hang_once_in")
 
 
 @dataclass
@@ -167,11 +189,11 @@ class ToyFlow:
         return self._done
 
     def evaluate(self) -> dict[str, float]:
-        value = gather([self.learner.get(ranks=[0])], self.timeout)[0][0]
+        value = gather([self.learner.get(ranks=[0])], self.timeout, "an evaluation")[0][0]
         return {"eval/error": abs(value - self.cfg.target)}
 
     def save(self, path: Path) -> dict[str, Any]:
-        return {"value": gather([self.learner.get(ranks=[0])], self.timeout)[0][0]}
+        return {"value": gather([self.learner.snapshot(ranks=[0])], self.timeout, "a checkpoint")[0][0]}
 
     def summary(self, history: list[dict[str, float]]) -> str:
         return f"toy: {len(history)} iteration(s)"
@@ -199,7 +221,9 @@ class ToyWorkflow(Workflow):
         source_ranks = plan["source"].world_size
         fused = ({"seed": cfg.seed, "ranks": source_ranks, "batch": cfg.source.batch, "target": cfg.target}
                  if plan.fused("source") else None)
-        specs = {"learner": self.group_spec("learner", plan, cfg.learner.lr, fused_source=fused)}
+        learner = cfg.learner
+        specs = {"learner": self.group_spec("learner", plan, learner.lr, fused_source=fused, delay_s=learner.delay_s,
+                                            hang_once_in=learner.hang_once_in, marker=learner.marker)}
         if plan["source"].launched:
             specs["source"] = self.group_spec("source", plan, cfg.source.batch, cfg.target, cfg.seed)
         _, groups = self.launch_groups(plan, executor, run, specs)
