@@ -22,8 +22,7 @@ class TrainedModel:
 
     def __init__(self, module: nn.Module, strategy: str, device: torch.device, optim: OptimConfig,
                  total_steps: int, *, cpu_offload: bool = False) -> None:
-        kwargs: dict[str, Any] = {"cpu_offload": cpu_offload} if strategy == "fsdp" else {}
-        self.strategy = create_strategy(strategy, module, device, **kwargs)
+        self.strategy = create_strategy(strategy, module, device, cpu_offload=cpu_offload)
         self.optim_cfg = optim
         self.optimizer = build_optimizer(self.strategy.parameters(), optim)
         self.scheduler = build_scheduler(self.optimizer, optim, total_steps)

@@ -163,7 +163,9 @@ class ReasoningConfig(RunConfig):
         except PlacementError as e:
             raise ValueError(f"placement: {e}") from None
         actor_ranks = plan["actor"].world_size
-        if self.actor.strategy == "fsdp" and self.data.prompts_per_step < actor_ranks:
+        from m2flow.backends.training.factory import strategy_class
+
+        if strategy_class(self.actor.strategy).sharded and self.data.prompts_per_step < actor_ranks:
             raise ValueError(
                 f"data.prompts_per_step ({self.data.prompts_per_step}) must be at least the number of "
-                f"actor ranks ({actor_ranks}) with the fsdp strategy")
+                f"actor ranks ({actor_ranks}) with a sharded actor.strategy (fsdp)")

@@ -37,6 +37,7 @@ WORKLOAD = Workload(
 def plan_reasoning(cfg: ReasoningConfig, layout: NodeLayout) -> Plan:
     """The plan of ``cfg`` on a cluster of ``layout``; a placement that cannot be met raises PlacementError."""
     from m2flow.backends.generation import generation_backend_class
+    from m2flow.backends.training.factory import strategy_class
 
     placed = parse_placement(cfg.placement, layout, COMPONENTS)
     algo = cfg.algorithm
@@ -51,13 +52,13 @@ def plan_reasoning(cfg: ReasoningConfig, layout: NodeLayout) -> Plan:
     wants = cfg.rollout.fuse_with_actor
     same = placed["rollout"].same_devices(placed["actor"])
     staleness = algo.max_staleness
-    fusable = (wants and same and cfg.actor.strategy == "ddp"
+    fusable = (wants and same and not strategy_class(cfg.actor.strategy).sharded
                and generation_backend_class(cfg.rollout.backend).in_process
                and cfg.rollout.dtype == cfg.actor.dtype)
     # An actor process runs one call at a time: a rollout inside it could never generate ahead of training.
     rollout_fused = fusable and staleness == 0
     if wants and same and not fusable:
-        notes.append("rollout runs as its own group: fusing into the actor needs actor.strategy ddp, an in-process "
+        notes.append("rollout runs as its own group: fusing into the actor needs a replicated actor.strategy (ddp), an in-process "
                      "backend and the actor's dtype")
     elif fusable and not rollout_fused:
         notes.append(f"rollout runs as its own group: with max_staleness {staleness} it generates ahead of the "
