@@ -49,21 +49,24 @@ class Source(Worker):
         self.batch, self.target, self.seed = batch, target, seed
 
     def make(self, iteration: int) -> torch.Tensor:
-        return rank_samples(self.seed, iteration, self.rank, self.batch, self.target)
+        return rank_samples(self.seed, iteration, self.rank, self.batch // self.world_size, self.target)
 
 
 class Learner(Worker):
     """Fits one number to the samples by gradient steps; with ``fused_source`` it makes the samples itself.
 
-    For the fault tests: ``delay_s`` slows every step, and ``hang_once_in`` ("evaluate" or "save") makes
+    ``sample_cost_s`` stands for compute that data parallelism divides: each rank spends its share of it per
+    sample (every rank still computes the same update, so ranks stay equal). For the fault tests:
+    ``delay_s`` slows every step, and ``hang_once_in`` ("evaluate" or "save") makes
     the first such call hang (until its process is killed) when the file ``marker`` exists, removing it."""
 
     def __init__(self, lr: float, fused_source: dict[str, Any] | None = None, delay_s: float = 0.0,
-                 hang_once_in: str = "", marker: str = "") -> None:
+                 hang_once_in: str = "", marker: str = "", sample_cost_s: float = 0.0) -> None:
         self.value = torch.zeros((), requires_grad=True)
         self.opt = torch.optim.SGD([self.value], lr=lr)
         self.fused_source = fused_source
         self.delay_s, self.hang_once_in, self.marker = delay_s, hang_once_in, marker
+        self.sample_cost_s = sample_cost_s
 
     def _maybe_hang(self, phase: str) -> None:
         import os
@@ -83,6 +86,7 @@ class Learner(Worker):
         else:
             data = torch.cat(samples)
         with self.device_turn():
+            time.sleep(self.sample_cost_s * len(data) / self.world_size)
             loss = ((self.value - data) ** 2).mean()
             self.opt.zero_grad()
             loss.backward()
@@ -121,7 +125,7 @@ GRAPH = WorkflowGraph(
 class SourceConfig:
     """The source ranks."""
 
-    batch: int = option(64, "samples per rank and iteration")
+    batch: int = option(64, "samples per iteration, shared by the source ranks")
     num_threads: int = option(1, "torch threads per rank")
     fuse_with_learner: bool = option(False, "make the samples inside the learner's processes")
 
@@ -135,6 +139,7 @@ class LearnerConfig:
     delay_s: float = option(0.0, "seconds each step sleeps (fault tests)")
     hang_once_in: str = option("", "'evaluate' or 'save': hang there once while `marker` exists (fault tests)")
     marker: str = option("", "the file whose presence arms hang_once_in")
+    sample_cost_s: float = option(0.0, "seconds of divisible work per sample, shared by the learner ranks")
 
 
 @dataclass
@@ -219,11 +224,12 @@ class ToyWorkflow(Workflow):
 
     def launch(self, cfg: ToyConfig, plan: Plan, executor: Executor, run: Launch) -> ToyFlow:
         source_ranks = plan["source"].world_size
-        fused = ({"seed": cfg.seed, "ranks": source_ranks, "batch": cfg.source.batch, "target": cfg.target}
+        fused = ({"seed": cfg.seed, "ranks": source_ranks, "batch": cfg.source.batch // source_ranks, "target": cfg.target}
                  if plan.fused("source") else None)
         learner = cfg.learner
         specs = {"learner": self.group_spec("learner", plan, learner.lr, fused_source=fused, delay_s=learner.delay_s,
-                                            hang_once_in=learner.hang_once_in, marker=learner.marker)}
+                                            hang_once_in=learner.hang_once_in, marker=learner.marker,
+                                            sample_cost_s=learner.sample_cost_s)}
         if plan["source"].launched:
             specs["source"] = self.group_spec("source", plan, cfg.source.batch, cfg.target, cfg.seed)
         _, groups = self.launch_groups(plan, executor, run, specs)
@@ -273,8 +279,9 @@ def test_the_toy_workflow_learns_on_the_local_executor_fused_or_not(tmp_path):
 def test_placement_auto_profiles_searches_and_runs_the_toy_workflow_on_ray(tmp_path):
     from tests.ray_session import shared_cluster
 
+    # The learner's work divides over its ranks, so the planner's best plan spreads over both devices.
     cfg = _config(tmp_path, placement="auto", cluster={"cpu_devices_per_node": 2}, checkpoint_every=4,
-                  auto={"profile_iterations": 2})
+                  auto={"profile_iterations": 2}, learner={"sample_cost_s": 0.002})
     result = _train(cfg, shared_cluster())
     record = json.loads((tmp_path / "run" / "auto.json").read_text())
     assert record["runs_with"]["placement"] == result.plan.placement  # the plan it chose is the plan that ran

@@ -65,7 +65,7 @@ def test_the_count_of_skipped_updates_in_a_row_survives_a_resume(tmp_path, monke
     first = train(toy_config(tmp_path, "local", steps=2, **cfg))
     assert [h["actor/skipped_updates_count"] for h in first.history] == [1.0, 1.0]
     checkpoint = first.last_checkpoint
-    assert json.loads((checkpoint / TRAINER_STATE).read_text())["actor"] == {"skipped_in_row": 2}
+    assert json.loads((checkpoint / TRAINER_STATE).read_text())["flow"]["actor"] == {"skipped_in_row": 2}
     with pytest.raises(Exception) as caught:
         train(toy_config(tmp_path, "local", steps=4, resume=str(checkpoint), **cfg))
     assert health_stop(caught.value) and "3 optimizer steps in a row skipped" in str(caught.value)
@@ -94,7 +94,7 @@ def test_the_count_of_skipped_ppo_updates_in_a_row_survives_a_resume(tmp_path, m
     first = train(toy_config(tmp_path / "a", total_env_steps=2 * 512, **cfg))
     assert [h["actor/skipped_updates_count"] for h in first.history] == [1.0, 1.0]
     checkpoint = first.last_checkpoint
-    assert json.loads((checkpoint / TRAINER_STATE).read_text())["actor"] == {"skipped_in_row": 2}
+    assert json.loads((checkpoint / TRAINER_STATE).read_text())["flow"]["actor"] == {"skipped_in_row": 2}
     with pytest.raises(Exception) as caught:
         train(toy_config(tmp_path / "b", total_env_steps=4 * 512, resume=str(checkpoint), **cfg))
     assert health_stop(caught.value) and "3 PPO updates in a row skipped" in str(caught.value)

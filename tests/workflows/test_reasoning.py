@@ -41,7 +41,9 @@ def test_collocated_grpo_improves_the_reward(collocated):
     rewards = [h["reward/mean"] for h in result.history]
     assert len(rewards) == 6 and improved(result.history), rewards
     assert all(h["rollout/responses_count"] == 64 for h in result.history)
-    assert "eval/accuracy" in result.history[0] and "eval/accuracy" in result.history[-1]
+    # evaluated before training, after iteration 3 and after the last
+    assert [step for step, _ in result.evaluations] == [0, 3, 6]
+    assert "eval/accuracy" in result.history[2] and "eval/accuracy" in result.history[-1]
 
 
 def test_every_group_of_every_iteration_is_trained_exactly_once(collocated):
@@ -102,7 +104,7 @@ def test_checkpoints_hold_weights_optimizer_data_position_and_rng(collocated):
                  "rng_actor0.pt", TRAINER_STATE):
         assert (ckpts[0] / name).is_file(), name
     state = json.loads((ckpts[0] / TRAINER_STATE).read_text())
-    assert state["next_step"] == 3 and state["loader"]["sampler"]["offset"] == 24
+    assert state["next_step"] == 3 and state["flow"]["loader"]["sampler"]["offset"] == 24
 
 
 def test_resume_continues_exactly_where_the_run_was(collocated, tmp_path):

@@ -24,7 +24,7 @@ TINY = [
 
 
 def test_the_demo_config_ships_with_the_package_and_takes_overrides():
-    assert DEMO_CONFIG.is_file() and DEMO_CONFIG.parent.name == "workflows"
+    assert DEMO_CONFIG.is_file() and DEMO_CONFIG.parent.name == "reasoning"
     cfg = load_demo_config()
     assert cfg.seed == 0 and cfg.run_dir == "runs/demo/seed_0" and cfg.model.warm_start.source == "teacher"
     cfg = load_demo_config(["seed=2", "placement=rollout: 0, reward: 0, inference: 0, actor: 1"])
@@ -37,8 +37,9 @@ def test_the_demo_config_ships_with_the_package_and_takes_overrides():
 
 
 def test_eval_points_count_the_updates_each_evaluation_saw():
-    history = [{"eval/accuracy": 0.4}, {}, {"eval/accuracy": 0.6}, {"eval/accuracy": 0.9}]
-    assert eval_points(history) == [(0, 0.4), (2, 0.6), (4, 0.9)]
+    evaluations = [(0, {"eval/accuracy": 0.4}), (2, {"eval/accuracy": 0.6}), (4, {"eval/accuracy": 0.9}),
+                   (4, {"eval/return": 1.0})]
+    assert eval_points(evaluations) == [(0, 0.4), (2, 0.6), (4, 0.9)]
 
 
 def test_a_tiny_demo_warm_starts_learns_and_tells_it(tmp_path, capsys):
@@ -55,7 +56,7 @@ def test_a_tiny_demo_warm_starts_learns_and_tells_it(tmp_path, capsys):
     rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
     assert len(rewards) == 6 and sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.05, rewards
     evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
-    assert len(evals) == 3  # before iteration 0 (the warm start), before iteration 3, after the last
+    assert len(evals) == 3  # before iteration 0 (the warm start), after iteration 3, after the last
     # Held-out answers are scored by eval_reward (0 or 1), not by the fractional training reward.
     assert all(r["eval/reward_mean"] == r["eval/accuracy"] for r in rows if "eval/accuracy" in r), rows
     assert out[-1].startswith(f"warm start {evals[0]:.1%} -> after GRPO {evals[-1]:.1%}"), out[-1]

@@ -39,7 +39,7 @@ def test_gsm8k_ppo_runs_the_whole_loop(tmp_path):
         "run_dir": str(tmp_path / "run"), "metrics": {"sinks": ["jsonl"]},
     })
     with Run(WORKFLOW, cfg, shared_cluster()) as run:
-        assert len(run.flow.train_set) == 16 and len(run.flow.test_set) == 1319
+        assert len(run.flow.loader.dataset) == 16 and len(run.flow.test_set) == 1319
         result = run.train()
         received = [g for rank in run.flow.actor.received_groups().wait() for g in rank]
     assert result.mode == "hybrid"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from m2flow.driver.restarts import gather
 from m2flow.driver.run import Run
 from m2flow.workflows.reasoning.workflow import WORKFLOW
 from m2flow.runtime.trace import iter_spans, load_trace
@@ -26,7 +27,7 @@ def test_grpo_learns_and_weight_sync_is_bit_exact(tmp_path, mode):
     with Run(WORKFLOW, cfg, shared_cluster()) as run:
         result = run.train()
         flow = run.flow
-        flow.sync_weights()
+        gather(flow.sync_weights(flow.progress()))
         actor = flow.actor.weights_digest().wait()[0]  # rank 0 holds the full weights
         rollout = flow.rollout.weights_digest().wait()
         inference = flow.inference.weights_digest().wait()

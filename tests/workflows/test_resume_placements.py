@@ -22,8 +22,8 @@ from m2flow.backends.training import sharded_checkpoint
 from m2flow.models.causal_lm import load_causal_lm
 from m2flow.workers.actor import SHARDS, whole_model_dir
 from m2flow.workers.embodied.actor import ACTOR_FILE
-from m2flow.workflows.embodied import flow
-from m2flow.workflows.reasoning import flow
+from m2flow.workflows.embodied import workflow as embodied
+from m2flow.workflows.reasoning import workflow as reasoning
 from m2flow.driver.checkpoints import CHECKPOINTS, CheckpointError, find_checkpoint
 from tests.workflows import reasoning_setup, test_embodied
 
