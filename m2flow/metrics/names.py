@@ -16,8 +16,10 @@ from typing import Any, Literal
 log = logging.getLogger(__name__)
 
 # The groups metrics are filed under. The first six are the workflow's; critic/, channel/ and eval/
-# are produced by the PPO critic, the channel layer and evaluation runs.
-KNOWN_PREFIXES = ("rollout", "actor", "critic", "env", "reward", "time", "perf", "channel", "eval", "async")
+# are produced by the PPO critic, the channel layer and evaluation runs; async/ by bounded staleness;
+# faults/ by the run loop (restarts after a worker death).
+KNOWN_PREFIXES = ("rollout", "actor", "critic", "env", "reward", "time", "perf", "channel", "eval", "async",
+                  "faults")
 
 UnknownPrefixPolicy = Literal["warn", "error"]
 
