@@ -173,9 +173,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             message = error.message if isinstance(error, health.WorkerError) else str(error)
             print(f"error: {where}{message}", file=sys.stderr)
             return 1
-        if not isinstance(error, UserInputError):
+        # Bad input met inside a worker (a model file, a checkpoint, a reward's output) comes back wrapped.
+        in_worker = health is not None and isinstance(error, health.WorkerError) and error.raised(
+            f"{UserInputError.__module__}.{UserInputError.__qualname__}")
+        if not in_worker and not isinstance(error, UserInputError):
             raise
         # Input the user can fix: one line naming the key, file or line; the traceback only when asked.
         logging.getLogger("m2flow").debug("traceback of the error below", exc_info=True)
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {error.message if in_worker else error}", file=sys.stderr)
         return 2

@@ -1,35 +1,51 @@
-"""Datasets of prompts (jsonl/parquet, GSM8K, synthetic arithmetic), samplers, and batch types."""
+"""Datasets of prompts (jsonl/parquet, GSM8K, synthetic arithmetic), samplers, and batch types.
 
-from m2flow.data.arithmetic import ARITHMETIC_ALPHABET, ArithmeticTask
-from m2flow.data.batch import FinishReason, Response, ResponseGroup, RolloutBatch, left_pad, right_pad
-from m2flow.data.gsm8k import GSM8K_PROMPT_TEMPLATE, extract_gsm8k_reference, gsm8k_dataset, read_gsm8k
-from m2flow.data.prompts import PromptDataset, PromptItem, format_prompt
-from m2flow.data.records import BadRecordError, OnBadLine, ReadReport, Record, read_records, write_jsonl, write_parquet
-from m2flow.data.sampler import EpochSampler, PromptDataLoader
+Names are loaded on first use (``from m2flow.data import PromptDataset`` works as usual), so that the
+``m2flow data`` command, which lives in this package, answers ``m2flow --help`` without importing torch.
+"""
 
-__all__ = [
-    "ARITHMETIC_ALPHABET",
-    "ArithmeticTask",
-    "BadRecordError",
-    "EpochSampler",
-    "FinishReason",
-    "GSM8K_PROMPT_TEMPLATE",
-    "OnBadLine",
-    "PromptDataLoader",
-    "PromptDataset",
-    "PromptItem",
-    "ReadReport",
-    "Record",
-    "Response",
-    "ResponseGroup",
-    "RolloutBatch",
-    "extract_gsm8k_reference",
-    "format_prompt",
-    "gsm8k_dataset",
-    "left_pad",
-    "read_gsm8k",
-    "read_records",
-    "right_pad",
-    "write_jsonl",
-    "write_parquet",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "ARITHMETIC_ALPHABET": "m2flow.data.arithmetic",
+    "ArithmeticTask": "m2flow.data.arithmetic",
+    "BadRecordError": "m2flow.data.records",
+    "DataNotFoundError": "m2flow.data.records",
+    "EpochSampler": "m2flow.data.sampler",
+    "FinishReason": "m2flow.data.batch",
+    "GSM8K_PROMPT_TEMPLATE": "m2flow.data.gsm8k",
+    "OnBadLine": "m2flow.data.records",
+    "PromptDataLoader": "m2flow.data.sampler",
+    "PromptDataset": "m2flow.data.prompts",
+    "PromptItem": "m2flow.data.prompts",
+    "ReadReport": "m2flow.data.records",
+    "Record": "m2flow.data.records",
+    "Response": "m2flow.data.batch",
+    "ResponseGroup": "m2flow.data.batch",
+    "RolloutBatch": "m2flow.data.batch",
+    "extract_gsm8k_reference": "m2flow.data.gsm8k",
+    "format_prompt": "m2flow.data.prompts",
+    "gsm8k_dataset": "m2flow.data.gsm8k",
+    "left_pad": "m2flow.data.batch",
+    "read_gsm8k": "m2flow.data.gsm8k",
+    "read_records": "m2flow.data.records",
+    "right_pad": "m2flow.data.batch",
+    "write_jsonl": "m2flow.data.records",
+    "write_parquet": "m2flow.data.records",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'm2flow.data' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_LAZY))

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from m2flow.data.prompts import PromptDataset
-from m2flow.data.records import BadRecordError, OnBadLine, Record, read_records
+from m2flow.data.records import BadRecordError, DataNotFoundError, OnBadLine, Record, read_records
 
 GSM8K_PROMPT_TEMPLATE = (
     "Question: {prompt}\n"
@@ -15,6 +15,13 @@ GSM8K_PROMPT_TEMPLATE = (
     "Answer:"
 )
 """Default wording around each question; the `####` marker is what the math reward looks for."""
+
+WHERE_TO_GET = (
+    "m2flow ships no data set: download GSM8K's train and test files yourself (jsonl, or the parquet "
+    "files of the 'main' configuration of the openai/gsm8k dataset on Hugging Face), then run "
+    "`m2flow data gsm8k --from FILE_OR_DIR... --out data/gsm8k` and set data.path to that directory"
+)
+"""What a missing GSM8K directory's error says, so a user knows where the data comes from."""
 
 _REFERENCE = re.compile(r"####\s*(.+?)\s*$", re.DOTALL)
 
@@ -28,17 +35,18 @@ def extract_gsm8k_reference(solution: str) -> str | None:
 
 
 def resolve_split(path: str | Path, split: str) -> Path:
-    """A file path is used as is; a directory resolves to `<dir>/<split>.jsonl` (or `.parquet`)."""
+    """A file path is used as is; a directory resolves to `<dir>/<split>.jsonl` (or `.parquet`); a missing
+    one raises ``DataNotFoundError`` saying where the data comes from."""
     path = Path(path)
     if path.is_file():
         return path
     if not path.is_dir():
-        raise FileNotFoundError(f"GSM8K path not found: {path}")
+        raise DataNotFoundError(f"GSM8K path not found: {path}; {WHERE_TO_GET}")
     for suffix in (".jsonl", ".parquet"):
         candidate = path / f"{split}{suffix}"
         if candidate.is_file():
             return candidate
-    raise FileNotFoundError(f"no {split}.jsonl or {split}.parquet in {path}")
+    raise DataNotFoundError(f"no {split}.jsonl or {split}.parquet in {path}; {WHERE_TO_GET}")
 
 
 def read_gsm8k(path: str | Path, split: str = "train", on_bad_line: OnBadLine = "error") -> tuple[list[Record], int]:

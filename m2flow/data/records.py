@@ -30,6 +30,10 @@ class BadRecordError(InputError):
         self.reason = reason
 
 
+class DataNotFoundError(InputError):
+    """A data file or directory that does not exist; the message names it."""
+
+
 @dataclass
 class Record:
     """One example as read from disk, with where it came from (line is 1-based; a row number for parquet)."""
@@ -88,14 +92,14 @@ def read_records(
     _check_policy(on_bad_line)
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"dataset file not found: {path}")
+        raise DataNotFoundError(f"dataset file not found: {path}")
     suffix = path.suffix.lower()
     if suffix in JSONL_SUFFIXES:
         rows = _iter_jsonl(path)
     elif suffix in PARQUET_SUFFIXES:
         rows = _iter_parquet(path)
     else:
-        raise ValueError(
+        raise InputError(
             f"unknown dataset format {suffix!r} for {path}; expected one of {JSONL_SUFFIXES + PARQUET_SUFFIXES}"
         )
     report = ReadReport()

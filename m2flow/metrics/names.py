@@ -16,8 +16,8 @@ from typing import Any, Literal
 log = logging.getLogger(__name__)
 
 # The groups metrics are filed under. The first six are the workflow's; critic/, channel/ and eval/
-# are produced by the PPO critic, the channel layer and evaluation runs; tool/ by agentic tool calls;
-# faults/ by the driver (restarts).
+# are produced by the PPO critic, the channel layer and evaluation runs; async/ by bounded staleness;
+# tool/ by agentic tool calls; faults/ by the driver (restarts after a worker death).
 KNOWN_PREFIXES = ("rollout", "actor", "critic", "env", "reward", "tool", "time", "perf", "channel", "eval", "async",
                   "faults")
 

@@ -23,6 +23,7 @@ from m2flow.models.response_forward import (
     trim_span,
 )
 from m2flow.models.tokenizer import load_tokenizer
+from m2flow.models.weight_files import check_safetensors, readable_weights
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +49,9 @@ def load_causal_lm(
     kwargs: dict[str, Any] = {"local_files_only": True, "dtype": dtype}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
-    model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+    check_safetensors(path)
+    with readable_weights(path):
+        model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
     return model.to(device).eval()
 
 
@@ -133,7 +136,9 @@ class CausalLMWithValueHead(nn.Module):
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> CausalLMWithValueHead:
         """Trunk from a local causal LM checkpoint; the value head too if `value_head.safetensors` is there."""
         path = _check_local(path)
-        trunk = AutoModel.from_pretrained(str(path), local_files_only=True, dtype=dtype)
+        check_safetensors(path)
+        with readable_weights(path):
+            trunk = AutoModel.from_pretrained(str(path), local_files_only=True, dtype=dtype)
         model = cls(trunk).to(dtype)
         head = path / VALUE_HEAD_FILE
         if head.is_file():

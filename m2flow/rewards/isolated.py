@@ -71,7 +71,7 @@ def score_isolated(
         values = only.value.tolist() if hasattr(only.value, "tolist") else only.value
         if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) != n:
             got = f"{len(values)} scores" if isinstance(values, Sequence) else type(values).__name__
-            raise RewardOutputError(f"batched reward function {name!r} returned {got} for {n} samples")
+            raise RewardOutputError(f"reward.fn: batched reward function {name!r} returned {got} for {n} samples")
         results = [SandboxResult("ok", value=v) for v in values]
     else:
         results, stats = pool.map(fn, list(zip(responses, references)), timeout_s=timeout_s)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from m2flow.algorithms.registry import Registry
+from m2flow.config.errors import InputError
 from m2flow.rewards.sandbox import VerifyStats, score_batch
 
 
@@ -34,8 +35,9 @@ class RewardLoadError(RewardFunctionError, ImportError):
     """The ``module:function`` path does not import or does not name a callable."""
 
 
-class RewardOutputError(RewardFunctionError, TypeError):
-    """The function returned the wrong type, the wrong length, or a non-finite number."""
+class RewardOutputError(RewardFunctionError, InputError, TypeError):
+    """The function returned the wrong type, the wrong length, or a non-finite number (a bug in the
+    configured ``reward.fn``: the CLI reports it as one ``error:`` line)."""
 
 
 @dataclass(frozen=True)
@@ -106,10 +108,10 @@ class RewardFunction:
             score = float(value)
             if math.isfinite(score):
                 return score
-            raise RewardOutputError(f"reward function {self.name!r} returned {score} for sample {index}")
+            raise RewardOutputError(f"reward.fn: reward function {self.name!r} returned {score} for sample {index}")
         hint = " (use .item() for a one-element tensor)" if hasattr(value, "item") else ""
         raise RewardOutputError(
-            f"reward function {self.name!r} returned {type(value).__name__} {_short(value)} for sample "
+            f"reward.fn: reward function {self.name!r} returned {type(value).__name__} {_short(value)} for sample "
             f"{index}; expected a float{hint}"
         )
 
@@ -118,12 +120,12 @@ class RewardFunction:
             out = out.tolist()  # numpy arrays and tensors
         if isinstance(out, (str, bytes)) or not isinstance(out, Sequence):
             raise RewardOutputError(
-                f"batched reward function {self.name!r} returned {type(out).__name__} {_short(out)}; "
+                f"reward.fn: batched reward function {self.name!r} returned {type(out).__name__} {_short(out)}; "
                 f"expected a sequence of {expected} floats"
             )
         if len(out) != expected:
             raise RewardOutputError(
-                f"batched reward function {self.name!r} returned {len(out)} scores for {expected} samples"
+                f"reward.fn: batched reward function {self.name!r} returned {len(out)} scores for {expected} samples"
             )
         return [self._check_one(value, i) for i, value in enumerate(out)]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ import ray
 
 from m2flow.runtime.auth import run_secret
 from m2flow.runtime.device_lock import remove_lock_dir
+from m2flow.runtime import ray_watchdog
 from m2flow.runtime.placement import SYNTAX_LAYOUT_DEVICES, NodeLayout, PlacementError, PlacementPlan, parse_placement
 
 log = logging.getLogger(__name__)
@@ -102,6 +104,19 @@ def _start_local_ray(kwargs: dict) -> None:
             ray.shutdown()
 
 
+def _start_watched() -> Any:
+    """Before a local Ray starts: stop what killed runs left behind (saying so), mark the processes Ray
+    is about to start, and start the watchdog that stops them if this driver dies (``ray_watchdog``)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    for driver, count in ray_watchdog.sweep_orphans().items():
+        log.warning("stopped %d process(es) left by the local Ray of an earlier run whose driver (pid %d) "
+                    "was killed", count, driver)
+    marker = ray_watchdog.new_marker()
+    os.environ[ray_watchdog.ENV_VAR] = marker  # inherited by every process of the Ray started next
+    return ray_watchdog.start_watchdog(marker)
+
+
 def check_placement(
     spec: str | Mapping[str, str], config: ClusterConfig, components: Sequence[str]
 ) -> None:
@@ -167,6 +182,7 @@ class Cluster:
         # Ray's token auth writes a file under ~/.ray unless disabled; a local engine needs no auth.
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         self._started_ray = False
+        self._watchdog = None
         # The run's secret exists before Ray starts, so a local raylet hands it to every worker.
         run_secret()
         if not ray.is_initialized():
@@ -178,7 +194,12 @@ class Cluster:
                 log.info("starting a local Ray (dashboard %s)",
                          "on" if self.config.include_dashboard else "off")
                 _prefer_loopback()
-                _start_local_ray(_local_init_kwargs(self.config))
+                self._watchdog = _start_watched()
+                try:
+                    _start_local_ray(_local_init_kwargs(self.config))
+                except BaseException:
+                    ray_watchdog.stop_watchdog(self._watchdog)
+                    raise
                 self._started_ray = True
         self.cluster_id = uuid.uuid4().hex[:12]
         # A driver that exits without shutdown() still leaves no lock directory behind.
@@ -235,6 +256,7 @@ class Cluster:
     def shutdown(self) -> None:
         """Stop Ray if this handle started it; remove this node's device-lock directory of the run."""
         if self._started_ray and ray.is_initialized():
+            ray_watchdog.stop_watchdog(self._watchdog)
             ray.shutdown()
             self._started_ray = False
         remove_lock_dir(self.cluster_id)

@@ -14,6 +14,7 @@ class WorkerError(RuntimeError):
         message: str,
         remote_traceback: str = "",
         exc_type: str = "",
+        exc_classes: tuple[str, ...] = (),
     ) -> None:
         self.group = group
         self.rank = rank
@@ -21,7 +22,14 @@ class WorkerError(RuntimeError):
         self.message = message
         self.remote_traceback = remote_traceback
         self.exc_type = exc_type
+        self.exc_classes = tuple(exc_classes)
+        """Dotted names (``module.Class``) of every class of the worker's exception, its own first: lets the
+        caller tell what kind of failure it was without importing the worker's modules."""
         super().__init__(self._render())
+
+    def raised(self, *dotted_names: str) -> bool:
+        """Whether the worker's exception was an instance of one of the classes named ``module.Class``."""
+        return any(name in self.exc_classes for name in dotted_names)
 
     def _what(self) -> str:
         return f"raised {self.exc_type}: {self.message}" if self.exc_type else self.message
@@ -35,7 +43,8 @@ class WorkerError(RuntimeError):
     def __reduce__(self):  # keep the fields when the error crosses processes
         return (
             type(self),
-            (self.group, self.rank, self.node, self.message, self.remote_traceback, self.exc_type),
+            (self.group, self.rank, self.node, self.message, self.remote_traceback, self.exc_type,
+             self.exc_classes),
         )
 
 
@@ -56,6 +65,11 @@ class WorkerHungError(WorkerDiedError):
 class RunHealthError(RuntimeError):
     """The run's own data went bad past a configured limit (failed reward checks, non-finite losses in a
     row, environments that raise); the message names the limit, and the run stops without a restart."""
+
+
+def class_names(exc: BaseException) -> tuple[str, ...]:
+    """Dotted names of the classes of ``exc`` (its method resolution order, ``object`` left out)."""
+    return tuple(f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__ if c is not object)
 
 
 def health_stop(error: BaseException) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import traceback
 from typing import Any
 
-from m2flow.runtime.errors import WorkerError
+from m2flow.runtime.errors import WorkerError, class_names
 from m2flow.runtime.handle import CallFailure
 from m2flow.runtime.trace import category_of, get_tracer
 from m2flow.runtime.worker import Worker, WorkerContext
@@ -16,7 +16,8 @@ from m2flow.runtime.worker import Worker, WorkerContext
 def failure(ctx: WorkerContext, exc: BaseException) -> CallFailure:
     """``exc`` (being handled) as the value a rank returns: group, rank, node and its traceback."""
     return CallFailure(WorkerError(ctx.group_name, ctx.rank, f"{ctx.node_rank} ({ctx.node_ip})", str(exc),
-                                   traceback.format_exc(), type(exc).__name__))
+                                   traceback.format_exc(), type(exc).__name__,
+                                   class_names(exc)))
 
 
 def build_worker(cls: type[Worker], ctx: WorkerContext, args: tuple, kwargs: dict) -> Worker:

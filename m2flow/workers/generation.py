@@ -31,6 +31,7 @@ from torch import nn
 
 from m2flow.backends.generation import GenerationBackend, SamplingParams
 from m2flow.data.batch import ResponseGroup, RolloutBatch
+from m2flow.models.weight_files import check_max_new_tokens
 from m2flow.runtime.trace import trace_category
 from m2flow.workers.common import derive_seed
 from m2flow.workers.config import RolloutConfig, batching_mode
@@ -86,6 +87,7 @@ class GeneratesGroups:
         (``GroupScorer`` keyword arguments) groups leave scored. ``emit_each_group`` (continuous batching):
         send each group as it finishes; False: all at the end of the turn (the plan's ``emit``, for a
         next stage that could not take them earlier anyway)."""
+        check_max_new_tokens("rollout.sampling.max_new_tokens", cfg.sampling.max_new_tokens, backend.module)
         self.backend = backend
         self.rollout_cfg = cfg
         self.prompts = prompts

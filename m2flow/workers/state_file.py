@@ -17,11 +17,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from m2flow.config.errors import InputError
+from m2flow.models.weight_files import refusal_reason
+
 _TAG = "__m2flow_state__"
 
 
-class UnsafeCheckpointError(ValueError):
-    """A checkpoint file holds something other than tensors and plain values; it was not loaded."""
+class UnsafeCheckpointError(InputError):
+    """A checkpoint file holds something other than tensors and plain values; it was not loaded (the
+    message names the file; the CLI prints it as one ``error:`` line)."""
 
 
 def encode(obj: Any) -> Any:
@@ -72,10 +76,8 @@ def load_state(path: str | Path, map_location: Any = None) -> Any:
         raw = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         # torch's own advice (load with weights_only=False) is exactly what must not happen here.
-        lines = [line for line in str(exc).splitlines() if "Unsupported" in line]
-        first = lines[0].strip() if lines else type(exc).__name__
         raise UnsafeCheckpointError(
             f"{path}: refused to load: it holds objects other than tensors and plain values "
-            f"(a checkpoint of an older format, or not written by m2flow): {first}"
+            f"(a checkpoint of an older format, or not written by m2flow): {refusal_reason(exc)}"
         ) from None
     return decode(raw)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from m2flow.data.gsm8k import extract_gsm8k_reference, gsm8k_dataset, read_gsm8k
-from m2flow.data.records import BadRecordError
+from m2flow.data.records import BadRecordError, DataNotFoundError
 from m2flow.models.tokenizer import train_char_tokenizer
 
 GSM8K = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "gsm8k"
@@ -55,5 +55,5 @@ def test_missing_marker_is_a_bad_line(tmp_path):
         read_gsm8k(tmp_path, "test")
     records, skipped = read_gsm8k(path, on_bad_line="skip")
     assert [r.data["answer"] for r in records] == ["3"] and skipped == 1
-    with pytest.raises(FileNotFoundError, match="no train.jsonl"):
+    with pytest.raises(DataNotFoundError, match="no train.jsonl .*m2flow data gsm8k"):
         read_gsm8k(tmp_path, "train")

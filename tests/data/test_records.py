@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from m2flow.data.records import BadRecordError, read_records, write_jsonl, write_parquet
+from m2flow.config.errors import InputError
+from m2flow.data.records import BadRecordError, DataNotFoundError, read_records, write_jsonl, write_parquet
 
 ROWS = [
     {"prompt": "1+1=", "answer": "2"},
@@ -76,9 +77,9 @@ def test_parquet_null_required_key_reports_row(tmp_path):
 
 def test_unknown_format_missing_file_and_bad_policy(tmp_path):
     (tmp_path / "d.csv").write_text("a,b\n")
-    with pytest.raises(ValueError, match="unknown dataset format '.csv'"):
+    with pytest.raises(InputError, match="unknown dataset format '.csv'"):
         read_records(tmp_path / "d.csv")
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(DataNotFoundError, match="dataset file not found: .*absent.jsonl"):
         read_records(tmp_path / "absent.jsonl")
     with pytest.raises(ValueError, match="on_bad_line must be 'error' or 'skip'"):
         read_records(tmp_path / "d.csv", on_bad_line="ignore")  # type: ignore[arg-type]

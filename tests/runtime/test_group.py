@@ -147,6 +147,8 @@ def test_a_raising_worker_names_group_rank_node_and_traceback(echo):
         echo.fail_on(2).wait(timeout=30)
     err = info.value
     assert (err.group, err.rank, err.exc_type) == ("echo", 2, "ValueError")
+    # The classes of the worker's exception cross the process boundary, so the caller can tell bad input.
+    assert err.raised("builtins.ValueError") and err.raised("builtins.Exception") and not err.raised("builtins.OSError")
     text = str(err)
     assert "echo[rank 2]" in text and "on node 0" in text
     assert "rank 2 refuses" in text and "in fail_on" in text  # the worker's own traceback

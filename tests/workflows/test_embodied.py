@@ -185,7 +185,7 @@ def test_bad_config_fails_before_anything_starts(tmp_path, override, key, words)
     assert key in text and words in text, text
 
 
-@pytest.mark.parametrize("name", ["halfcheetah_ppo.yaml", "hopper_ppo.yaml", "cartpole_pipelined.yaml"])
+@pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
 def test_examples_load(name):
     spec, cfg = load_workflow_config(EXAMPLES / name)
     assert spec.name == "embodied"

@@ -2,7 +2,7 @@
 
 Between CPU ranks on one node this moves the tensor through shared memory, one copy for all receivers,
 and costs one wake-up per peer. A gloo all-reduce of the same 4 MiB between two ranks here took
-5.3-5.9 ms against 1.4 ms for this exchange and the add (`benchmarks.md`, G1), and a gloo all-reduce of
+5.3-5.9 ms against 1.4 ms for this exchange and the add (`docs/benchmarks/g1.md`), and a gloo all-reduce of
 a few floats 1.4-1.8 ms; on a 2-core machine every such wake-up waits for a core. The exchange sends
 the whole tensor to every peer, so it is meant for a few ranks (a ring all-reduce moves less data as
 the group grows).

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from m2flow.config.errors import InputError
-from m2flow.data import ArithmeticTask, PromptDataset, read_records
+from m2flow.data import ArithmeticTask, DataNotFoundError, PromptDataset, read_records
 from m2flow.data.gsm8k import GSM8K_PROMPT_TEMPLATE, read_gsm8k, resolve_split
 from m2flow.data.prompts import format_prompt
 from m2flow.workflows.reasoning.config import DataConfig, ModelConfig
@@ -39,7 +39,7 @@ def raw_records(data: DataConfig, split: Split) -> list[Any] | None:
         assert data.path is not None
         try:
             resolve_split(data.path, split)
-        except FileNotFoundError:
+        except DataNotFoundError:
             if split == "train":
                 raise
             return None

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from m2flow.config.errors import ConfigError
 from m2flow.config.schema import option
 from m2flow.workflows.reasoning.config import DataConfig
 from m2flow.workers.config import RewardConfig
@@ -53,13 +54,16 @@ def score_responses(texts: Sequence[str], lengths: Sequence[int], answers: Seque
 def evaluate_checkpoint(path: str, cfg: EvalConfig) -> dict[str, float]:
     """Load a checkpoint directory (model + tokenizer) here and evaluate it on ``cfg.data``."""
     from m2flow.backends.generation import SamplingParams, create_generation_backend
+    from m2flow.models.weight_files import check_max_new_tokens
     from m2flow.workflows.reasoning.data import prompt_dataset, raw_records
     from m2flow.workers.reward import build_reward_fn
 
     backend: Any = create_generation_backend("hf", path)
+    check_max_new_tokens("max_new_tokens", cfg.max_new_tokens, backend.module)
     records = raw_records(cfg.data, cfg.split)
     if not records:
-        raise ValueError(f"the data has no {cfg.split!r} split")
+        raise ConfigError("split", f"the data has no {cfg.split!r} split (a file's held-out split is data.eval_path; "
+                                   "split=train evaluates on the training data)")
     dataset = prompt_dataset(cfg.data, records, backend.tokenizer)
     items = list(dataset)[: cfg.limit] if cfg.limit is not None else list(dataset)
     params = SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens, stop=tuple(cfg.stop))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import pickle
 import threading
 import time
 from pathlib import Path
@@ -156,6 +157,9 @@ def test_the_first_failure_raises_with_group_rank_node_and_traceback(executor, t
     err = info.value
     assert (err.group, err.rank, err.node, err.exc_type) == (g.name, 1, "0 (127.0.0.1)", "ValueError")
     assert "rank 1 refuses" in str(err) and "in fail_on" in err.remote_traceback
+    assert err.raised("builtins.ValueError") and not err.raised("builtins.TypeError")
+    again = pickle.loads(pickle.dumps(err))  # as a Ray actor hands it back
+    assert again.exc_classes == err.exc_classes and again.raised("builtins.ValueError")
 
     async def failing():
         return await g.fail_on(0)
