@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from m2flow.cli import register_command, say
+from m2flow.commands import register_command, say
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:

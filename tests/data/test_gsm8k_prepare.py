@@ -61,7 +61,7 @@ def test_the_command_writes_the_example_s_directory_and_refuses_in_one_line(tmp_
 
 
 def test_the_example_reads_what_the_command_writes():
-    from m2flow.workflows.registry import load_workflow_config
+    from m2flow.driver.registry import load_workflow_config
 
     _, cfg = load_workflow_config("examples/reasoning/gsm8k_grpo.yaml")
     parser_default = main.__globals__["build_parser"]().parse_args(["data", "gsm8k", "--from", "x"]).out

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from m2flow.runtime.cluster import expected_layout
-from m2flow.workflows.embodied_plan import plan_embodied
-from m2flow.workflows.reasoning_plan import plan_reasoning
-from m2flow.workflows.registry import load_workflow_config
+from m2flow.workflows.embodied.plan import plan_embodied
+from m2flow.workflows.reasoning.plan import plan_reasoning
+from m2flow.driver.registry import load_workflow_config
 
 EXAMPLES = {
     "reasoning": "examples/reasoning/arithmetic_grpo_staleness.yaml",
