@@ -22,6 +22,7 @@ from collections.abc import Mapping
 
 from m2flow.planner.cost import CostModel
 from m2flow.planner.graph import WorkflowGraph
+from m2flow.planner.memory import MemoryCheck
 from m2flow.planner.setup import SimSetup, Workload, input_edges
 
 
@@ -68,9 +69,8 @@ class FastBound:
         self.loop_items0 = template.setting(workload.loop_items) if self.loop else 0.0
         self.syncs = [cost.link.transfer(cost.sync_bytes(a)) for a, b in workload.weights
                       if a in comps and b in comps and comps[a].host != comps[b].host]
-        # Memory: per device class, members that stay resident and members that take turns.
-        self.memory_classes = [(k.label, sorted(k.members), dict(k.ranks_per_device)) for k in template.classes]
-        self.offloads = {c for c, p in comps.items() if p.offload}
+        # Memory: the same rule as the built Plan's check (``memory.MemoryCheck``).
+        self.memory_check = MemoryCheck(template)
         self.threads = {c: p.threads for c, p in comps.items()}
         self.all_cores = cost.cores * nodes if cost.cores is not None else None
 
@@ -128,14 +128,4 @@ class FastBound:
             scale = ranks[self.w.items_per_rank_of] if self.w.items_per_rank_of in ranks else 1
             for c in self.loop:
                 held[c] = self.loop_items0 * scale
-        out, why = {}, ""
-        for label, members, per_device in self.memory_classes:
-            parts = {c: self.cost.component(c).memory(held[c], ranks[c]) * per_device.get(c, 1.0) for c in members}
-            turns = [v for c, v in parts.items() if c in self.offloads]
-            total = sum(v for c, v in parts.items() if c not in self.offloads) + max(turns, default=0.0)
-            out[label] = total
-            if total > self.cost.device_memory and not why:
-                detail = ", ".join(f"{c} {v / 2**30:.1f}" for c, v in parts.items())
-                why = (f"devices {label} need {total / 2**30:.1f} GiB each ({detail}), more than the "
-                       f"{self.cost.device_memory / 2**30:.1f} GiB they have")
-        return out, why
+        return self.memory_check.evaluate(self.cost, held, ranks)
