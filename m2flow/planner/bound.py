@@ -10,9 +10,10 @@ The bound (seconds of an iteration, never above what ``Simulator`` predicts):
 stage's policy-env steps in sequence and the busiest process group / device lock in the loop, and
 ``chain`` the flow-shop bound: for each process group or device lock G of chain components, the
 first calls of the chain before G's first member, G's whole work, and the last calls after G's
-last member. On CPU machines the iteration also lasts at least the whole demand (seconds x
-ranks x threads of every component) over all the cores. Switch (offload / onload) costs only add
-time, and are left out.
+last member. A device lock that several processes take turns on is held, each iteration, for all
+their work plus an offload and an onload of each (the lock changes hands at least once per taker).
+On CPU machines the iteration also lasts at least the whole demand (seconds x ranks x threads of
+every component) over all the cores.
 """
 
 from __future__ import annotations
@@ -52,6 +53,14 @@ class FastBound:
                 for k in p.classes:
                     groups.setdefault(("class", k), []).append(c)
         self.groups = [g for g in groups.values()]
+        # A device lock that two or more processes take turns on changes hands at least once per taker in
+        # an iteration, each change paying the leaver's offload and the newcomer's onload (simulate.py).
+        def one_way(c: str) -> float:
+            p = comps[c]
+            return sum(cost.offload_time(m) for m in p.moves) if p.offload else 0.0
+
+        self.locks = [(g, 2 * sum(one_way(c) for c in g)) for key, g in groups.items()
+                      if key[0] == "class" and len(g) >= 2]
         self.chain = [c for c in workload.chain if c in comps]
         # Per group of chain components: (members, chain components before the first, after the last).
         order = {c: i for i, c in enumerate(self.chain)}
@@ -113,6 +122,9 @@ class FastBound:
             tail = sum(last[c] for c in after)
             chain = max(chain, head + sum(work[c] for c in members) + tail)
         bound = max(self.syncs, default=0.0) + loop + chain
+        for members, switches in self.locks:  # the lock is held for all its takers' work and their switches
+            held = sum(work.get(c, 0.0) + (loop_work.get(c, 0.0) if self.loop else 0.0) for c in members)
+            bound = max(bound, held + switches)
         if self.all_cores is not None:
             demand = sum(w * ranks[c] * self.threads[c] for c, w in work.items())
             if self.loop:

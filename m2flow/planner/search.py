@@ -181,7 +181,8 @@ class Searcher:
 
     def __init__(self, space: SearchSpace, cost: CostModel, devices: int, *, devices_per_node: int | None = None,
                  build_plan: Callable[[Mapping[str, Any]], Plan] | None = None, exact_limit: int = 16,
-                 cluster_devices: int | None = None, grid: int = 8, starts: int = 4) -> None:
+                 cluster_devices: int | None = None, grid: int = 8, starts: int = 2,
+                 tolerance: float = 0.01) -> None:
         self.space, self.cost, self.devices = space, cost, devices
         self.cluster_devices = cluster_devices or devices
         """the cluster's devices; plans use the first ``devices`` of them"""
@@ -190,6 +191,8 @@ class Searcher:
         self.exact = devices <= exact_limit
         self.grid, self.starts = grid, starts
         """above ``exact_limit``: splits on multiples of N/``grid``; local search from the ``starts`` best"""
+        self.tolerance = 0.0 if self.exact else tolerance
+        """a plan is taken once no other can beat it by more than this fraction (0: the exact optimum)"""
         self.sim = Simulator(space.graph, space.workload, cost)
 
     def _plan_of(self, overrides: Mapping[str, Any]) -> Plan:
@@ -289,12 +292,12 @@ class Searcher:
 
     def _block_splits(self, m: int, score: Callable[[tuple[int, ...]], float]) -> list[tuple[int, ...]]:
         """Block device counts to try: all (exact); else every split on the grid, and the local optima of
-        ``score`` reached from the ``starts`` best of them by moving N/16, N/32, ..., 1 devices between two
+        ``score`` reached from the ``starts`` best of them by moving N/(2 grid), ..., 1 devices between two
         blocks while the score improves."""
         if self.exact or m == 1:
             return list(compositions(self.devices, m))
-        seen: dict[tuple[int, ...], float] = {p: score(p) for p in _grid(self.devices, m, self.grid)}
-        for best in sorted(seen, key=seen.__getitem__)[:self.starts]:
+        at: dict[tuple[int, ...], float] = {p: score(p) for p in _grid(self.devices, m, self.grid)}
+        for best in sorted(at, key=at.__getitem__)[:self.starts]:
             step = max(1, self.devices // (2 * self.grid))
             while step >= 1:
                 improved = True
@@ -307,12 +310,12 @@ class Searcher:
                         p[i] -= step
                         p[j] += step
                         q = tuple(p)
-                        if q not in seen:
-                            seen[q] = score(q)
-                        if seen[q] < seen[best] - 1e-12:
+                        if q not in at:
+                            at[q] = score(q)
+                        if at[q] < at[best] - 1e-12:
                             best, improved = q, True
                 step //= 2
-        return list(seen)
+        return sorted(at)
 
     def entries(self) -> list[Entry]:
         """Every split and variant scored: (bound per item, bound, items, shape, fusions, overrides, parts, fits)."""
@@ -348,11 +351,12 @@ class Searcher:
                 return [parts + (k,) for k in self._inner_sizes(parts[shape.inner[1]])]
 
             def best_of(parts: tuple[int, ...]) -> float:
-                """The best bound per item of any variant and inner size on these block counts."""
+                """The best bound per item of any variant and inner size on these block counts (every
+                variant is scored on every split the local search visits, so this costs nothing more)."""
                 return min((score(v, q)[0] for v in range(len(variants)) for q in with_inner(parts)),
                            default=math.inf)
 
-            splits = self._block_splits(m, best_of if not self.exact else lambda p: 0.0)
+            splits = self._block_splits(m, best_of)
             for v in range(len(variants)):
                 fused, knobs = variants[v]
                 for blocks in splits:
@@ -386,23 +390,26 @@ class Searcher:
     def best_first(self, entries: Sequence[Entry], top: int) -> tuple[list[Candidate], list[Candidate], int]:
         """The ``top`` fastest built plans of ``entries``: (ranked, rejected on the way, simulated).
 
-        One queue, keyed by what is known of each candidate: its bound (not simulated yet), its
-        simulated time from the search's setup (not built yet), or its time simulated from the built
-        Plan (final). The smallest key is taken next: a bound is simulated, a simulated candidate is
-        built, a final one is ranked. As bound <= simulated time, the first final candidate is the
-        fastest built plan of the set, whatever ``top`` is; ``top`` only says how many follow it.
+        One queue, keyed by what is known of each candidate: its bound (not simulated yet) or its
+        simulated time from the search's setup (not built yet); built Plans wait in a second queue,
+        keyed by their time simulated from the Plan. A built plan is ranked once no key in the first
+        queue is below its time over ``1 + tolerance``; otherwise the smallest key is taken: a bound is
+        simulated, a simulated candidate is built. As bound <= simulated time, the first plan ranked is
+        the fastest built plan of the set (within the tolerance), whatever ``top`` is; ``top`` only
+        says how many follow it.
         """
         queue: list[tuple[float, int, int, Any]] = [(e[0], i, 0, e) for i, e in enumerate(entries) if e[7]]
         heapq.heapify(queue)
+        built: list[tuple[float, int, Candidate]] = []
         ranked: list[Candidate] = []
         rejected: list[Candidate] = []
         simulated, order = 0, len(entries)
-        while queue and len(ranked) < top:
+        while len(ranked) < top and (queue or built):
+            if built and (not queue or built[0][0] <= queue[0][0] * (1 + self.tolerance)):
+                ranked.append(heapq.heappop(built)[2])
+                continue
             _, _, stage, item = heapq.heappop(queue)
             order += 1
-            if stage == 2:
-                ranked.append(item)
-                continue
             if stage == 0:
                 cand = self._candidate(item)
                 if cand.rejected:
@@ -417,7 +424,7 @@ class Searcher:
             if item.rejected:
                 rejected.append(item)
             else:
-                heapq.heappush(queue, (item.seconds_per_item, order, 2, item))
+                heapq.heappush(built, (item.seconds_per_item, order, item))
         return ranked, rejected, simulated
 
     def run(self, top: int = 5) -> SearchResult:
@@ -508,7 +515,7 @@ def merge_results(results: Sequence[SearchResult], keep_rejected: int = 20) -> S
 def search(space: SearchSpace, cost: CostModel, devices: int, *, top: int = 5,
            devices_per_node: int | None = None, plan_fn: Callable[[Any, Any], Plan] | None = None,
            configure: Callable[[Mapping[str, Any]], Any] | None = None, layout: Any = None,
-           exact_limit: int = 16, grid: int = 8, starts: int = 4) -> SearchResult:
+           exact_limit: int = 16, grid: int = 8, starts: int = 2, tolerance: float = 0.01) -> SearchResult:
     """Rank the plans of ``space`` on ``devices`` devices by predicted seconds per item (on CPU nodes,
     ``cost.cores`` set, plans on the first 1, 2, ... of them too: see ``device_counts``).
 
@@ -527,4 +534,4 @@ def search(space: SearchSpace, cost: CostModel, devices: int, *, top: int = 5,
     counts = device_counts(devices, cost.cores, exact_limit)
     return merge_results([Searcher(space, cost, n, devices_per_node=devices_per_node, build_plan=build,
                                    exact_limit=exact_limit, cluster_devices=devices, grid=grid,
-                                   starts=starts).run(top) for n in counts])
+                                   starts=starts, tolerance=tolerance).run(top) for n in counts])
