@@ -102,8 +102,10 @@ class FastBound:
         """(lower bound on the iteration time in seconds, items per iteration) for these rank counts."""
         items, micro, n = self.sizes(ranks)
         rest = items - micro * (n - 1)
-        first = {c: self._t(c, micro, ranks) + self.dispatch for c in self.chain}
-        last = {c: self._t(c, rest, ranks) + (self.dispatch if n == 1 else 0.0) for c in self.chain}
+        t_micro = {c: self._t(c, micro, ranks) for c in self.chain}
+        t_rest = t_micro if abs(rest - micro) <= 1e-12 * micro else {c: self._t(c, rest, ranks) for c in self.chain}
+        first = {c: t_micro[c] + self.dispatch for c in self.chain}
+        last = {c: t_rest[c] + (self.dispatch if n == 1 else 0.0) for c in self.chain}
         work = {c: (n - 1) * first[c] + last[c] - (self.dispatch * (n - 2) if n > 1 else 0.0) for c in self.chain}
         loop = 0.0
         if self.loop:
@@ -132,12 +134,20 @@ class FastBound:
             bound = max(bound, demand / self.all_cores)
         return bound, items
 
-    def memory(self, ranks: Mapping[str, int]) -> tuple[dict[str, float], str]:
-        """Bytes per device of each class, and why it does not fit (empty when it does)."""
+    def _held(self, ranks: Mapping[str, int]) -> dict[str, float]:
+        """Items each component holds at once (as ``Simulator.call_items``)."""
         items, micro, _ = self.sizes(ranks)
         held = dict.fromkeys(self.names, micro)
         if self.loop:
             scale = ranks[self.w.items_per_rank_of] if self.w.items_per_rank_of in ranks else 1
             for c in self.loop:
                 held[c] = self.loop_items0 * scale
-        return self.memory_check.evaluate(self.cost, held, ranks)
+        return held
+
+    def memory(self, ranks: Mapping[str, int]) -> tuple[dict[str, float], str]:
+        """Bytes per device of each class, and why it does not fit (empty when it does)."""
+        return self.memory_check.evaluate(self.cost, self._held(ranks), ranks)
+
+    def fits(self, ranks: Mapping[str, int]) -> bool:
+        """Whether the memory of every class fits (``memory`` without the report)."""
+        return self.memory_check.fits(self.cost, self._held(ranks), ranks)

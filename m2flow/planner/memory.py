@@ -15,6 +15,7 @@ rank counts, so ``MemoryCheck`` reads it once and then prices any rank counts.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -49,19 +50,30 @@ class MemoryCheck:
         c = cost.component(name)
         return (0.0 if name in self.weightless else c.mem_fixed) + c.mem_per_item * items / ranks
 
+    def _class_bytes(self, cost: CostModel, k: _Class, held: Mapping[str, float],
+                     ranks: Mapping[str, int]) -> tuple[float, dict[str, float]]:
+        parts = {c: self.member_bytes(cost, c, held[c], ranks[c]) * k.per_device.get(c, 1.0) for c in k.members}
+        moving = {c for unit in k.turns for c in unit}
+        total = sum(v for c, v in parts.items() if c not in moving)
+        total += max((sum(parts[c] for c in unit) for unit in k.turns), default=0.0)
+        return total, parts
+
     def evaluate(self, cost: CostModel, held: Mapping[str, float],
                  ranks: Mapping[str, int]) -> tuple[dict[str, float], str]:
         """Bytes per device of each class, and why it does not fit (empty when it does); ``held``: the
         items each component holds at once."""
         out, why = {}, ""
         for k in self.classes:
-            parts = {c: self.member_bytes(cost, c, held[c], ranks[c]) * k.per_device.get(c, 1.0) for c in k.members}
-            moving = {c for unit in k.turns for c in unit}
-            total = sum(v for c, v in parts.items() if c not in moving)
-            total += max((sum(parts[c] for c in unit) for unit in k.turns), default=0.0)
+            total, parts = self._class_bytes(cost, k, held, ranks)
             out[k.label] = total
             if total > cost.device_memory and not why:
                 detail = ", ".join(f"{c} {v / 2**30:.1f}" for c, v in parts.items())
                 why = (f"devices {k.label} need {total / 2**30:.1f} GiB each ({detail}), more than the "
                        f"{cost.device_memory / 2**30:.1f} GiB they have")
         return out, why
+
+    def fits(self, cost: CostModel, held: Mapping[str, float], ranks: Mapping[str, int]) -> bool:
+        """Whether every class fits (``evaluate`` without the report: the search asks this of every split)."""
+        if math.isinf(cost.device_memory):
+            return True
+        return all(self._class_bytes(cost, k, held, ranks)[0] <= cost.device_memory for k in self.classes)

@@ -182,7 +182,7 @@ class Searcher:
     def __init__(self, space: SearchSpace, cost: CostModel, devices: int, *, devices_per_node: int | None = None,
                  build_plan: Callable[[Mapping[str, Any]], Plan] | None = None, exact_limit: int = 16,
                  cluster_devices: int | None = None, grid: int = 8, starts: int = 2,
-                 tolerance: float = 0.01) -> None:
+                 tolerance: float = 0.01, keep: int | None = 16) -> None:
         self.space, self.cost, self.devices = space, cost, devices
         self.cluster_devices = cluster_devices or devices
         """the cluster's devices; plans use the first ``devices`` of them"""
@@ -191,6 +191,8 @@ class Searcher:
         self.exact = devices <= exact_limit
         self.grid, self.starts = grid, starts
         """above ``exact_limit``: splits on multiples of N/``grid``; local search from the ``starts`` best"""
+        self.keep = keep
+        """above ``exact_limit``: the splits (best by the lead variants' bound) every variant is scored on"""
         self.tolerance = 0.0 if self.exact else tolerance
         """a plan is taken once no other can beat it by more than this fraction (0: the exact optimum)"""
         self.sim = Simulator(space.graph, space.workload, cost)
@@ -291,9 +293,9 @@ class Searcher:
         return ranks
 
     def _block_splits(self, m: int, score: Callable[[tuple[int, ...]], float]) -> list[tuple[int, ...]]:
-        """Block device counts to try: all (exact); else every split on the grid, and the local optima of
-        ``score`` reached from the ``starts`` best of them by moving N/(2 grid), ..., 1 devices between two
-        blocks while the score improves."""
+        """Block device counts to try: all (exact); else, of every split on the grid and those the local
+        search visits from the ``starts`` best of them (moving N/(2 grid), ..., 1 devices between two blocks
+        while ``score`` improves), the ``keep`` best by ``score`` (all when ``keep`` is None)."""
         if self.exact or m == 1:
             return list(compositions(self.devices, m))
         at: dict[tuple[int, ...], float] = {p: score(p) for p in _grid(self.devices, m, self.grid)}
@@ -315,7 +317,7 @@ class Searcher:
                         if at[q] < at[best] - 1e-12:
                             best, improved = q, True
                 step //= 2
-        return sorted(at)
+        return sorted(at, key=at.__getitem__)[:self.keep]
 
     def entries(self) -> list[Entry]:
         """Every split and variant scored: (bound per item, bound, items, shape, fusions, overrides, parts, fits)."""
@@ -341,7 +343,7 @@ class Searcher:
                     ranks = self._ranks(shape, parts)
                     fast = evaluators[v]
                     bound, items = fast.evaluate(ranks)
-                    fits = not fast.memory(ranks)[1]
+                    fits = fast.fits(ranks)
                     scored[(v, parts)] = ((bound / items if fits else math.inf), bound, items, fits)
                 return scored[(v, parts)]
 
@@ -350,11 +352,25 @@ class Searcher:
                     return [parts]
                 return [parts + (k,) for k in self._inner_sizes(parts[shape.inner[1]])]
 
+            # The split search is steered by the best bound of the lead variants: per fusion subset, the
+            # knob values best on an even split (every variant, when all visited splits are kept).
+            leads = list(range(len(variants)))
+            by_fusion_score: dict[tuple[tuple[str, str], ...], float] = {}
+            if self.keep is not None and not self.exact:
+                even = tuple(max(1, self.devices // m) for _ in range(m - 1))
+                even += (self.devices - sum(even),)
+                by_fusion: dict[tuple[tuple[str, str], ...], int] = {}
+                for v, (fused, _) in enumerate(variants):
+                    key = tuple(fused)
+                    at_even = min((score(v, q)[0] for q in with_inner(even)), default=math.inf)
+                    if key not in by_fusion or at_even < by_fusion_score[key]:
+                        by_fusion[key] = v
+                        by_fusion_score[key] = at_even
+                leads = sorted(by_fusion.values())
+
             def best_of(parts: tuple[int, ...]) -> float:
-                """The best bound per item of any variant and inner size on these block counts (every
-                variant is scored on every split the local search visits, so this costs nothing more)."""
-                return min((score(v, q)[0] for v in range(len(variants)) for q in with_inner(parts)),
-                           default=math.inf)
+                """The best bound per item of the lead variants and inner sizes on these block counts."""
+                return min((score(v, q)[0] for v in leads for q in with_inner(parts)), default=math.inf)
 
             splits = self._block_splits(m, best_of)
             for v in range(len(variants)):
@@ -515,7 +531,8 @@ def merge_results(results: Sequence[SearchResult], keep_rejected: int = 20) -> S
 def search(space: SearchSpace, cost: CostModel, devices: int, *, top: int = 5,
            devices_per_node: int | None = None, plan_fn: Callable[[Any, Any], Plan] | None = None,
            configure: Callable[[Mapping[str, Any]], Any] | None = None, layout: Any = None,
-           exact_limit: int = 16, grid: int = 8, starts: int = 2, tolerance: float = 0.01) -> SearchResult:
+           exact_limit: int = 16, grid: int = 8, starts: int = 2, tolerance: float = 0.01,
+           keep: int | None = 16) -> SearchResult:
     """Rank the plans of ``space`` on ``devices`` devices by predicted seconds per item (on CPU nodes,
     ``cost.cores`` set, plans on the first 1, 2, ... of them too: see ``device_counts``).
 
@@ -534,4 +551,4 @@ def search(space: SearchSpace, cost: CostModel, devices: int, *, top: int = 5,
     counts = device_counts(devices, cost.cores, exact_limit)
     return merge_results([Searcher(space, cost, n, devices_per_node=devices_per_node, build_plan=build,
                                    exact_limit=exact_limit, cluster_devices=devices, grid=grid,
-                                   starts=starts, tolerance=tolerance).run(top) for n in counts])
+                                   starts=starts, tolerance=tolerance, keep=keep).run(top) for n in counts])
