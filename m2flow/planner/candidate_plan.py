@@ -4,8 +4,8 @@ A workflow turns candidates into Plans with its own plan function (which also va
 config). A bare ``SearchSpace`` (the scale benchmark, the tests' hand-made graphs) has none; this
 builds the Plan the same way from the graph alone: the placement string resolved to ranks, each
 asked-for fusion taken where component and host sit on the same devices rank for rank, and the
-process groups that hold a model (their own, or one fused into them) taking turns and offloading
-where they share devices with another such group. The Plan is validated against the graph.
+process groups that hold a model (their own, or one fused into them) taking turns where they share
+devices with another such group, and offloading unless the space says that model does not. The Plan is validated against the graph.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from m2flow.runtime.placement import NodeLayout, executor_kind, parse_placement
 
 def plan_of(graph: WorkflowGraph, running: Sequence[str], settings: Mapping[str, Any],
             fusions: Sequence[tuple[str, str]], overrides: Mapping[str, Any], layout: NodeLayout,
-            knob_settings: Mapping[str, str] | None = None, threads: Mapping[str, int] | None = None) -> Plan:
+            knob_settings: Mapping[str, str] | None = None, threads: Mapping[str, int] | None = None,
+            offload: Mapping[str, bool] | None = None) -> Plan:
     """The validated Plan of ``overrides`` (``placement`` and knob values); ``fusions``: the (component,
     host) pairs asked for. A placement that cannot be met raises PlacementError."""
     placement = str(overrides["placement"])
@@ -35,14 +36,16 @@ def plan_of(graph: WorkflowGraph, running: Sequence[str], settings: Mapping[str,
             hosts[c] = hosts[hosts[c]]
     active = {c: hosts[c] for c in running}
     holders = [c for c in running if graph.component(c).holds_model]
-    groups = [g for g, moved in state_owners(active, holders).items() if moved]
+    moved = state_owners(active, holders)
+    groups = [g for g, m in moved.items() if m]
 
     def shares(g: str) -> bool:
         return g in groups and any(placed[g].devices & placed[o].devices for o in groups if o != g)
 
     components = tuple(
         ComponentPlan(c, placed[c], hosts[c], active=c in running, shares_devices=hosts[c] == c and shares(c),
-                      offload=hosts[c] == c and shares(c), threads=(threads or {}).get(c, 1))
+                      offload=hosts[c] == c and shares(c) and all((offload or {}).get(m, True) for m in moved.get(c, ())),
+                      threads=(threads or {}).get(c, 1))
         for c in graph.component_names)
     plan_settings = dict(settings)
     plan_settings.update({(knob_settings or {})[k]: v for k, v in overrides.items() if k in (knob_settings or {})})

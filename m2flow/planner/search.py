@@ -61,6 +61,8 @@ class SearchSpace:
     fusion_keys: Mapping[tuple[str, str], str] = field(default_factory=dict)
     """(component, host) -> the boolean config key that asks for the fusion"""
     threads: Mapping[str, int] = field(default_factory=dict)
+    offload: Mapping[str, bool] = field(default_factory=dict)
+    """model holder -> whether it offloads while another takes the shared devices (missing: it does)"""
 
     @property
     def holders(self) -> tuple[str, ...]:
@@ -182,7 +184,7 @@ class Searcher:
     def __init__(self, space: SearchSpace, cost: CostModel, devices: int, *, devices_per_node: int | None = None,
                  build_plan: Callable[[Mapping[str, Any]], Plan] | None = None, exact_limit: int = 16,
                  cluster_devices: int | None = None, grid: int = 8, starts: int = 2,
-                 tolerance: float = 0.01, keep: int | None = 16) -> None:
+                 keep: int | None = 16) -> None:
         self.space, self.cost, self.devices = space, cost, devices
         self.cluster_devices = cluster_devices or devices
         """the cluster's devices; plans use the first ``devices`` of them"""
@@ -193,8 +195,6 @@ class Searcher:
         """above ``exact_limit``: splits on multiples of N/``grid``; local search from the ``starts`` best"""
         self.keep = keep
         """above ``exact_limit``: the splits (best by the lead variants' bound) every variant is scored on"""
-        self.tolerance = 0.0 if self.exact else tolerance
-        """a plan is taken once no other can beat it by more than this fraction (0: the exact optimum)"""
         self.sim = Simulator(space.graph, space.workload, cost)
 
     def _plan_of(self, overrides: Mapping[str, Any]) -> Plan:
@@ -204,7 +204,7 @@ class Searcher:
         layout = NodeLayout(tuple(per_node for _ in range(nodes)))
         fusions = [pair for pair, key in self.space.fusion_keys.items() if overrides.get(key)]
         return plan_of(self.space.graph, self.space.running, self.space.settings, fusions, overrides, layout,
-                       self.space.knob_settings, self.space.threads)
+                       self.space.knob_settings, self.space.threads, self.space.offload)
 
     # -- one candidate -----------------------------------------------------------------------------
     def _hosts(self, fused: Sequence[tuple[str, str]]) -> dict[str, str]:
@@ -250,7 +250,7 @@ class Searcher:
             blocks.append(((name,), sum(parts[:b]), parts[len(shape.blocks)]))
         settings = dict(self.space.settings)
         settings.update({self.space.knob_settings[k]: v for k, v in knobs.items() if k in self.space.knob_settings})
-        return build_setup(blocks, self._hosts(fused), settings, holders=self.space.holders,
+        return build_setup(blocks, self._hosts(fused), settings, holders=self.space.holders, offload=self.space.offload,
                            threads=self.space.threads,
                            devices_per_node=self.devices_per_node if self.cost.cores is not None else None)
 
@@ -409,10 +409,9 @@ class Searcher:
         One queue, keyed by what is known of each candidate: its bound (not simulated yet) or its
         simulated time from the search's setup (not built yet); built Plans wait in a second queue,
         keyed by their time simulated from the Plan. A built plan is ranked once no key in the first
-        queue is below its time over ``1 + tolerance``; otherwise the smallest key is taken: a bound is
-        simulated, a simulated candidate is built. As bound <= simulated time, the first plan ranked is
-        the fastest built plan of the set (within the tolerance), whatever ``top`` is; ``top`` only
-        says how many follow it.
+        queue is below its time; otherwise the smallest key is taken: a bound is simulated, a simulated
+        candidate is built. As bound <= simulated time, the first plan ranked is the fastest built plan
+        of the set, whatever ``top`` is; ``top`` only says how many follow it.
         """
         queue: list[tuple[float, int, int, Any]] = [(e[0], i, 0, e) for i, e in enumerate(entries) if e[7]]
         heapq.heapify(queue)
@@ -421,7 +420,7 @@ class Searcher:
         rejected: list[Candidate] = []
         simulated, order = 0, len(entries)
         while len(ranked) < top and (queue or built):
-            if built and (not queue or built[0][0] <= queue[0][0] * (1 + self.tolerance)):
+            if built and (not queue or built[0][0] <= queue[0][0]):
                 ranked.append(heapq.heappop(built)[2])
                 continue
             _, _, stage, item = heapq.heappop(queue)
@@ -531,8 +530,7 @@ def merge_results(results: Sequence[SearchResult], keep_rejected: int = 20) -> S
 def search(space: SearchSpace, cost: CostModel, devices: int, *, top: int = 5,
            devices_per_node: int | None = None, plan_fn: Callable[[Any, Any], Plan] | None = None,
            configure: Callable[[Mapping[str, Any]], Any] | None = None, layout: Any = None,
-           exact_limit: int = 16, grid: int = 8, starts: int = 2, tolerance: float = 0.01,
-           keep: int | None = 16) -> SearchResult:
+           exact_limit: int = 16, grid: int = 8, starts: int = 2, keep: int | None = 16) -> SearchResult:
     """Rank the plans of ``space`` on ``devices`` devices by predicted seconds per item (on CPU nodes,
     ``cost.cores`` set, plans on the first 1, 2, ... of them too: see ``device_counts``).
 
@@ -551,4 +549,4 @@ def search(space: SearchSpace, cost: CostModel, devices: int, *, top: int = 5,
     counts = device_counts(devices, cost.cores, exact_limit)
     return merge_results([Searcher(space, cost, n, devices_per_node=devices_per_node, build_plan=build,
                                    exact_limit=exact_limit, cluster_devices=devices, grid=grid,
-                                   starts=starts, tolerance=tolerance, keep=keep).run(top) for n in counts])
+                                   starts=starts, keep=keep).run(top) for n in counts])

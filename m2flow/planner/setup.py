@@ -172,12 +172,13 @@ def setup_from_plan(plan: Plan, holders: Sequence[str] = ()) -> SimSetup:
 
 
 def build_setup(blocks: Sequence[tuple[Sequence[str], int, int]], hosts: Mapping[str, str],
-                settings: Mapping[str, Any], *, holders: Sequence[str] = (), offload: bool = True,
+                settings: Mapping[str, Any], *, holders: Sequence[str] = (), offload: Mapping[str, bool] | None = None,
                 threads: Mapping[str, int] | None = None, devices_per_node: int | None = None) -> SimSetup:
     """A setup straight from contiguous device ranges, without a Plan: ``blocks`` are
     ``(components, first device, device count)``, one rank per device; ``holders`` are the model
     holders: a process group that holds one (its own, or one fused into it: the policy inside the env
-    processes) takes turns, and offloads when ``offload``, where it shares devices with another such group."""
+    processes) takes turns where it shares devices with another such group, and offloads unless ``offload``
+    says no for a model it holds (holder -> whether it offloads; missing: it does)."""
     threads = threads or {}
     cuts = sorted({p for _, lo, n in blocks for p in (lo, lo + n)})
     classes: list[DeviceClass] = []
@@ -204,7 +205,8 @@ def build_setup(blocks: Sequence[tuple[Sequence[str], int, int]], hosts: Mapping
                     counts[dev // devices_per_node] = counts.get(dev // devices_per_node, 0) + 1
                 nodes = tuple(sorted(counts.items()))
             fused = all_hosts[c] != c
-            comps[c] = Placed(c, all_hosts[c], n, process_threads(c, hosts, threads), shares, shares and offload,
+            offloads = shares and all((offload or {}).get(m, True) for m in owners.get(c, ()))
+            comps[c] = Placed(c, all_hosts[c], n, process_threads(c, hosts, threads), shares, offloads,
                               mine, nodes, () if fused else owners[c], fused and c in holders and all_hosts[c] in holders)
     return SimSetup(comps, tuple(classes), dict(settings), all(lo == 0 and n == 1 for _, lo, n in blocks))
 

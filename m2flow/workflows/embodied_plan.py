@@ -95,7 +95,8 @@ def search_space(cfg: EmbodiedConfig, plan: Plan) -> SearchSpace:
         GRAPH, WORKLOAD, tuple(c.name for c in plan.components if c.active), dict(plan.settings),
         knobs={"pipeline_stages": tuple(stages)}, knob_settings={"pipeline_stages": "pipeline_stages"},
         fusion_keys={("rollout", "env"): "rollout.fuse_with_env"},
-        threads={c.name: c.threads for c in plan.components})
+        threads={c.name: c.threads for c in plan.components},
+        offload={"rollout": cfg.rollout.offload, "actor": cfg.actor.offload})
 
 
 # ----------------------------------------------------------------------------- profiling and placement: auto

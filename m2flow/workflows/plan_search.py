@@ -89,12 +89,14 @@ class _Context:
         self.space = self.spec.search(self.cfg, base)
 
     def configure(self, changes: dict[str, Any]) -> Any:
-        from m2flow.workflows.registry import load_workflow_config
+        """The loaded config with a candidate's changes, validated (not read from the file again: the
+        search builds hundreds)."""
+        from m2flow.workflows.plan_context import with_overrides
 
-        extra = [_override(k, v) for k, v in changes.items()]
+        extra = dict(changes)
         if self.devices and len(self.layout.devices_per_node) == 1:
-            extra.append(_override("cluster.cpu_devices_per_node", self.devices))
-        return load_workflow_config(self.config, self.overrides + extra)[1]
+            extra["cluster.cpu_devices_per_node"] = self.devices
+        return with_overrides(self.spec.schema, self.cfg, extra)
 
     def config_hash(self) -> str:
         from m2flow.workflows.auto_config import profile_hash
