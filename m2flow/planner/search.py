@@ -410,8 +410,9 @@ class Searcher:
         simulated time from the search's setup (not built yet); built Plans wait in a second queue,
         keyed by their time simulated from the Plan. A built plan is ranked once no key in the first
         queue is below its time; otherwise the smallest key is taken: a bound is simulated, a simulated
-        candidate is built. As bound <= simulated time, the first plan ranked is the fastest built plan
-        of the set, whatever ``top`` is; ``top`` only says how many follow it.
+        candidate is built (within ``exact_limit`` devices, where a Plan is cheap, a bound is built and
+        simulated from its Plan at once). As bound <= simulated time, the first plan ranked is the
+        fastest built plan of the set, whatever ``top`` is; ``top`` only says how many follow it.
         """
         queue: list[tuple[float, int, int, Any]] = [(e[0], i, 0, e) for i, e in enumerate(entries) if e[7]]
         heapq.heapify(queue)
@@ -430,12 +431,16 @@ class Searcher:
                 if cand.rejected:
                     rejected.append(cand)
                     continue
-                assert cand.setup is not None
-                cand.result = self.sim.simulate(cand.setup)
-                simulated += 1
-                heapq.heappush(queue, (cand.seconds_per_item, order, 1, cand))
-                continue
+                if self.exact:  # small clusters: a Plan is cheap to build, so build it and simulate once
+                    item = cand
+                else:
+                    assert cand.setup is not None
+                    cand.result = self.sim.simulate(cand.setup)
+                    simulated += 1
+                    heapq.heappush(queue, (cand.seconds_per_item, order, 1, cand))
+                    continue
             self._materialise(item)
+            simulated += self.exact and item.result is not None
             if item.rejected:
                 rejected.append(item)
             else:
