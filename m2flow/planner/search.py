@@ -1,23 +1,17 @@
 """Search the execution plans of a workflow on N devices for the one the simulator predicts fastest.
 
-Candidates: every way to place the running components, which is a *shape* (the components split
-into blocks on disjoint device ranges; optionally one component spanning all devices over them,
-the hybrid mode; one block is the collocated mode) times a device count per block, times every
-fusion the graph allows where component and host share devices, times the values of each searched
-setting (pipeline stages, micro-batch sizes). Each candidate is a placement string plus config
-overrides, so a Plan is only ever built by the workflow's own plan function.
+Candidates: every shape (``shapes.py``) times a device count per block, every fusion the graph
+allows where component and host share devices, every value of each searched setting. A candidate
+is a placement string plus config overrides; its Plan is built by the workflow's own plan function
+(or ``candidate_plan.plan_of``), and only built, validated Plans are ranked.
 
-Scoring: seconds per item of a simulated steady iteration (``Simulator``), which is iteration time
-when the items per iteration are fixed. Every candidate first gets a cheap lower bound on its
-iteration time (the busiest process group or device lock: work there runs one call at a time);
-candidates are simulated in order of bound and the search stops once the next bound cannot beat
-the best simulated time (branch and bound), so the result is the simulated optimum of the
-enumerated set. A candidate whose memory per device exceeds the device's is rejected with why.
-
-Device counts: exhaustive (every composition of N) up to ``exact_limit`` devices. Above it, splits
-start on a grid of eighths of N and are refined by moving N/16, N/32, ..., 1 devices between two
-blocks while the bound improves (a local search, about m^2 log N bounds for m blocks). Its gap to
-exhaustive is measured by ``benchmarks/s2_planner_scale.py`` where both run.
+Scoring: seconds per item of a simulated steady iteration (``Simulator``). Every candidate gets a
+lower bound on its iteration time and a memory check (``bound.FastBound``, ``memory.MemoryCheck``);
+then best first (``Searcher.best_first``): bounds are simulated, simulated candidates built, in order
+of what is known of each, and the first built plan whose time no key left can beat is the simulated
+optimum of the enumerated set. Device counts: every composition of N up to ``exact_limit`` devices;
+above, grid splits and local search from the best of them (``Searcher._block_splits``), with the gap
+measured by ``benchmarks/s2_planner_scale.py``.
 """
 
 from __future__ import annotations
@@ -38,6 +32,7 @@ from m2flow.planner.graph import WorkflowGraph
 from m2flow.planner.memory import MemoryCheck
 from m2flow.planner.plan import Plan
 from m2flow.planner.setup import SimSetup, Workload, build_setup, setup_from_plan
+from m2flow.planner.shapes import Shape, grid_splits, compositions, set_partitions, shapes
 from m2flow.planner.simulate import SimResult, Simulator
 from m2flow.runtime.placement import NodeLayout
 
@@ -67,22 +62,6 @@ class SearchSpace:
     @property
     def holders(self) -> tuple[str, ...]:
         return tuple(c for c in self.running if self.graph.component(c).holds_model)
-
-
-@dataclass(frozen=True)
-class Shape:
-    """Blocks of components on disjoint device ranges; possibly one more component over all of them
-    (``wide``) or on the first devices of one block (``inner``: component, block index)."""
-
-    blocks: tuple[tuple[str, ...], ...]
-    wide: str | None = None
-    inner: tuple[str, int] | None = None
-
-    @property
-    def mode(self) -> str:
-        if self.wide is not None or self.inner is not None:
-            return "hybrid"
-        return "collocated" if len(self.blocks) == 1 else "disaggregated"
 
 
 @dataclass
@@ -133,45 +112,6 @@ class SearchResult:
     """every rejection by kind of reason (numbers replaced by N): how many"""
     best_rejected: Candidate | None = None
     """the rejected candidate predicted fastest (simulated as if it were allowed), with why it was not"""
-
-
-def set_partitions(items: Sequence[str]) -> Iterator[tuple[tuple[str, ...], ...]]:
-    """Every partition of ``items`` into blocks, blocks in order of their first item."""
-    if not items:
-        yield ()
-        return
-    first, rest = items[0], items[1:]
-    for part in set_partitions(rest):
-        yield ((first,),) + part
-        for i in range(len(part)):
-            yield part[:i] + ((first,) + part[i],) + part[i + 1:]
-
-
-def shapes(running: Sequence[str]) -> list[Shape]:
-    """Collocated, every disaggregated split, and the hybrids: one component over the others' blocks,
-    or one component on part of one block's devices (e.g. the actor on one of the env ranks' devices)."""
-    out = [Shape(tuple(p)) for p in set_partitions(list(running))]
-    for one in running:
-        rest = [c for c in running if c != one]
-        for p in set_partitions(rest):
-            if len(p) >= 2:
-                out.append(Shape(tuple(p), wide=one))
-            out += [Shape(tuple(p), inner=(one, b)) for b in range(len(p))]
-    return out
-
-
-def compositions(n: int, m: int) -> Iterator[tuple[int, ...]]:
-    """Every way to write ``n`` as ``m`` positive parts, in order."""
-    for cuts in itertools.combinations(range(1, n), m - 1):
-        yield tuple(b - a for a, b in zip((0,) + cuts, cuts + (n,)))
-
-
-def _grid(n: int, m: int, divisions: int = 8) -> list[tuple[int, ...]]:
-    """Splits of ``n`` into ``m`` parts that are multiples of n/``divisions`` (the coarse start of the local
-    search; the last part takes the remainder)."""
-    unit = max(1, n // divisions)
-    whole = n // unit
-    return [tuple(p * unit for p in c[:-1]) + (n - unit * sum(c[:-1]),) for c in compositions(whole, m)]
 
 
 Entry = tuple[float, float, float, Shape, list[tuple[str, str]], dict[str, Any], tuple[int, ...], bool]
@@ -298,7 +238,7 @@ class Searcher:
         while ``score`` improves), the ``keep`` best by ``score`` (all when ``keep`` is None)."""
         if self.exact or m == 1:
             return list(compositions(self.devices, m))
-        at: dict[tuple[int, ...], float] = {p: score(p) for p in _grid(self.devices, m, self.grid)}
+        at: dict[tuple[int, ...], float] = {p: score(p) for p in grid_splits(self.devices, m, self.grid)}
         for best in sorted(at, key=at.__getitem__)[:self.starts]:
             step = max(1, self.devices // (2 * self.grid))
             while step >= 1:
