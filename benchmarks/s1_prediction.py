@@ -219,6 +219,7 @@ def measure_quietly(workflow: str, cfg: Any, skip: int, args: argparse.Namespace
     for attempt in range(args.retries + 1):
         before = wait_quiet(args.max_load, args.max_busy, args.max_wait)
         got = measure(workflow, cfg, skip, args.timeout)
+        time.sleep(3)  # the run's own processes (Ray's daemons) end within a second or two of it
         after = machine_busy()
         load_after = os.getloadavg()[0]
         disturbed = not before["quiet_before"] or (after is not None and after > args.max_busy)
