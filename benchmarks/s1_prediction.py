@@ -238,7 +238,8 @@ def main() -> int:
     p.add_argument("workflow", choices=["embodied", "reasoning"])
     p.add_argument("--iterations", type=int, default=20, help="timed iterations per run (after the warm-up)")
     p.add_argument("--min-seconds", type=float, default=10.0,
-                   help="...or fewer (at least 3), where the plan's predicted iterations take this many seconds")
+                   help="...or fewer (at least 3, or --iterations if fewer), where that many take this many "
+                        "seconds by the plan's prediction")
     p.add_argument("--warmup", type=int, default=2, help="untimed iterations at the start of every run")
     p.add_argument("--rounds", type=int, default=4, help="interleaved rounds over the plans (at least 2 to see the noise)")
     p.add_argument("--max-load", type=float, default=0.8 * (os.cpu_count() or 1),
@@ -302,7 +303,8 @@ def main() -> int:
         from m2flow.workflows.plan_context import with_overrides
 
         for row in rows:  # each plan times enough iterations: --iterations, or --min-seconds of them
-            timed = max(3, min(args.iterations, math.ceil(args.min_seconds / max(row["predicted_s"], 1e-9))))
+            enough = math.ceil(args.min_seconds / max(row["predicted_s"], 1e-9))
+            timed = max(min(3, args.iterations), min(args.iterations, enough))
             row["timed_iterations"] = timed
             row["config"] = with_overrides(spec.schema, row["config"],
                                            spec.auto.length(row["config"], args.warmup + timed))
