@@ -281,7 +281,7 @@ CASES = {
     "reason-collocated": (reason_space(), reason_cost(edge=2.0), 4),
     # Micro-batch size matters: a fixed cost per call against pipelining.
     "reason-micro-batch": (reason_space(), reason_cost(gen=(1.5, 1.0, 0.7), train=(0.2, 2.0, 0.7)), 4),
-    # Taking turns costs a large offload: devices of their own win even where sharing would scale better.
+    # Taking turns costs a large offload: the plan that avoids it on shared devices (gen fused into train) wins.
     "reason-expensive-offload": (reason_space(), reason_cost(state=(6.0, 10.0), weights=0.5), 4),
     # Memory only a fused plan meets: gen's own copy of the model does not fit a device; fused into
     # train it uses train's weights (counted once) and adds only its per-item bytes.
@@ -289,7 +289,7 @@ CASES = {
                             reason_cost(gen=(0.1, 1.0, 0.6), train=(0.1, 1.0, 0.6), edge=0.1,
                                         mem={"gen": {"mem_fixed": 11 * GIB, "mem_per_item": 0.1 * GIB},
                                              "train": {"mem_fixed": 6 * GIB}}, device_memory=10 * GIB), 3),
-    # The env is the bottleneck: it wants most devices, the policy beside it.
+    # The env is the bottleneck: it takes every device, the others beside it, in two pipeline stages.
     "embodied-env-bound": (embodied_space(), embodied_cost(env=(0.01, 0.4, 1.0)), 4),
     # A fused policy whose offload is expensive: the fused plan must pay the policy's state, not the env's.
     "embodied-fused-expensive-offload": (embodied_space(), embodied_cost(obs=0.5, state=(8.0, 1.0), weights=0.1), 4),
@@ -302,8 +302,8 @@ CASES = {
         device_memory=9.5 * GIB), 2),
     # Pipeline stages matter: a slow policy overlaps the env when stepped in two stages.
     "embodied-stages": (embodied_space(envs=8), embodied_cost(env=(0.01, 0.2, 1.0), policy=(0.01, 0.2, 1.0)), 3),
-    # The actor's collectives cost: it takes few devices.
-    "embodied-collectives": (embodied_space(), embodied_cost(actor=(0.5, 0.02, 0.9, 0.6), obs=0.05), 4),
+    # The actor's collectives cost: it takes one device of the env's four (a hybrid plan).
+    "embodied-collectives": (embodied_space(), embodied_cost(actor=(0.5, 0.02, 0.9, 3.0), obs=0.05), 4),
 }
 
 
@@ -332,6 +332,10 @@ def test_the_cases_pull_the_intended_ways():
     assert turns.host["policy"] == "env" and _devices(turns.ranges["env"]) & _devices(turns.ranges["actor"])
     assert best("embodied-fused-wins").host["policy"] == "env"
     assert best("embodied-stages").knobs["stages"] == 2
+    off = best("reason-expensive-offload")
+    assert off.host["gen"] == "train" or not _devices(off.ranges["gen"]) & _devices(off.ranges["train"])
+    assert best("embodied-collectives").ranges["actor"][1] == 1
+    assert best("embodied-fused-expensive-offload").host["policy"] == "env"
     micro = {m: oracle(reason_space(micros=(m,)), CASES["reason-micro-batch"][1], 4).seconds_per_item for m in (1, 8)}
     assert abs(micro[1] / micro[8] - 1) > 0.05  # the micro-batch size changes the time by more than 5%
 
