@@ -94,7 +94,8 @@ def choose(ctx: PlanContext, cost: Any, profile: Path | None = None,
                     layout=ctx.layout)
     ranked = [c for c in result.ranked if keep(c)]
     if not ranked:
-        why = "; ".join(f"{c.placement!r}: {c.rejected}" for c in result.rejected[:2])
+        shown = ([result.best_rejected] if result.best_rejected is not None else []) + result.rejected[:1]
+        why = "; ".join(f"{c.placement!r}: {c.rejected}" for c in shown)
         raise ConfigError("placement", f"auto: no plan fits on {ctx.devices} device(s){': ' + why if why else ''}")
     return Choice(ctx, cost, ranked[0], ranked[1] if len(ranked) > 1 else None, result.collocated, profile)
 

@@ -87,12 +87,14 @@ class _Context:
         self.space = self.spec.search_space(self.cfg, base)
 
     def configure(self, changes: dict[str, Any]) -> Any:
-        from m2flow.driver.registry import load_workflow_config
+        """The loaded config with a candidate's changes, validated (not read from the file again: the
+        search builds hundreds)."""
+        from m2flow.autoplan.plan_context import with_overrides
 
-        extra = [_override(k, v) for k, v in changes.items()]
+        extra = dict(changes)
         if self.devices and len(self.layout.devices_per_node) == 1:
-            extra.append(_override("cluster.cpu_devices_per_node", self.devices))
-        return load_workflow_config(self.config, self.overrides + extra)[1]
+            extra["cluster.cpu_devices_per_node"] = self.devices
+        return with_overrides(self.spec.schema, self.cfg, extra)
 
     def config_hash(self) -> str:
         from m2flow.autoplan.auto_config import profile_hash
@@ -122,7 +124,7 @@ def _gib(nbytes: float) -> str:
 
 def run_search(args: argparse.Namespace) -> int:
     from m2flow.planner.profile import ProfileError, load_profile
-    from m2flow.planner.search import search
+    from m2flow.planner.search import rejection_summary, search
     from m2flow.planner.simulate import write_trace
 
     args = _parse_rest(args)
@@ -140,10 +142,11 @@ def run_search(args: argparse.Namespace) -> int:
     fits = ", ".join(f"{c} {cost.component(c).fit_error:.1%}" for c in ctx.space.running)
     say(f"plan search: workflow {ctx.spec.name}, {ctx.devices} device(s), profile {args.profile} (fit error {fits})")
     how = "every device split" if result.exact else "device splits on a grid refined by local search"
-    say(f"  {result.considered} candidates ({how}), {result.simulated} simulated, {len(result.rejected)} rejected")
+    say(f"  {result.considered} candidates ({how}), {result.simulated} simulated, "
+        f"{sum(result.reasons.values())} rejected")
     if not result.ranked:
-        for cand in result.rejected[:5]:
-            say(f"  rejected {cand.placement!r}: {cand.rejected}")
+        for line in rejection_summary(result):
+            say(f"  {line}")
         raise CommandError("no plan fits")
     ref = result.collocated.seconds_per_item if result.collocated is not None else None
     for i, cand in enumerate(result.ranked[:args.top], start=1):
@@ -157,8 +160,8 @@ def run_search(args: argparse.Namespace) -> int:
                                        for k in cand.setup.classes))
         settings = " ".join(_override(k, v) for k, v in cand.overrides.items())
         say(f"   use: {settings}")
-    for cand in result.rejected[:3]:
-        say(f"  rejected {cand.placement!r}: {cand.rejected}")
+    for line in rejection_summary(result):
+        say(f"  {line}")
     if args.trace is not None:
         best = result.ranked[0]
         assert best.result is not None and best.setup is not None

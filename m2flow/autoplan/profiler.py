@@ -237,7 +237,7 @@ class Profiler:
                 if c in self.ctx.space.running}
         probe.busy = {c: statistics.median(v) for c, v in seen.items() if v}
         probe.spread = {c: max(v) / min(v) for c, v in seen.items() if v and min(v) > 0}
-        setup = probe.setup = setup_from_plan(plan)
+        setup = probe.setup = setup_from_plan(plan, self.ctx.space.holders)
         # Each point carries the threads of the process that measured it (a fused component's are its
         # host's; the local executor's one process takes the most any component asks).
         shapes = call_shapes(spec.graph, self.ctx.space.workload, setup)

@@ -182,7 +182,13 @@ class Workflow:
 
         return SearchSpace(self.graph, self.workload(), tuple(c.name for c in plan.components if c.active),
                            dict(plan.settings), knobs=self.knob_values(cfg), knob_settings=dict(self.knobs),
-                           fusion_keys=self.graph.fusion_keys(), threads={c.name: c.threads for c in plan.components})
+                           fusion_keys=self.graph.fusion_keys(), threads={c.name: c.threads for c in plan.components},
+                           offload=self.offload_settings(cfg))
+
+    def offload_settings(self, cfg: Any) -> dict[str, bool]:
+        """model holder -> whether it offloads when it shares devices (missing: it does), so the search
+        times and memory-checks candidates as their Plans will run."""
+        return {}
 
     def workload(self) -> Any:
         """The planner's ``Workload``: how items flow through the components in one iteration."""

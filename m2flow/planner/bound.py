@@ -10,9 +10,10 @@ The bound (seconds of an iteration, never above what ``Simulator`` predicts):
 stage's policy-env steps in sequence and the busiest process group / device lock in the loop, and
 ``chain`` the flow-shop bound: for each process group or device lock G of chain components, the
 first calls of the chain before G's first member, G's whole work, and the last calls after G's
-last member. On CPU machines the iteration also lasts at least the whole demand (seconds x
-ranks x threads of every component) over all the cores. Switch (offload / onload) costs only add
-time, and are left out.
+last member. A device lock that several processes take turns on is held, each iteration, for all
+their work plus an offload and an onload of each (the lock changes hands at least once per taker).
+On CPU machines the iteration also lasts at least the whole demand (seconds x ranks x threads of
+every component) over all the cores.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Mapping
 
 from m2flow.planner.cost import CostModel
 from m2flow.planner.graph import WorkflowGraph
+from m2flow.planner.memory import MemoryCheck
 from m2flow.planner.setup import SimSetup, Workload, input_edges
 
 
@@ -51,6 +53,14 @@ class FastBound:
                 for k in p.classes:
                     groups.setdefault(("class", k), []).append(c)
         self.groups = [g for g in groups.values()]
+        # A device lock that two or more processes take turns on changes hands at least once per taker in
+        # an iteration, each change paying the leaver's offload and the newcomer's onload (simulate.py).
+        def one_way(c: str) -> float:
+            p = comps[c]
+            return sum(cost.offload_time(m) for m in p.moves) if p.offload else 0.0
+
+        self.locks = [(g, 2 * sum(one_way(c) for c in g)) for key, g in groups.items()
+                      if key[0] == "class" and len(g) >= 2]
         self.chain = [c for c in workload.chain if c in comps]
         # Per group of chain components: (members, chain components before the first, after the last).
         order = {c: i for i, c in enumerate(self.chain)}
@@ -68,9 +78,8 @@ class FastBound:
         self.loop_items0 = template.setting(workload.loop_items) if self.loop else 0.0
         self.syncs = [cost.link.transfer(cost.sync_bytes(a)) for a, b in workload.weights
                       if a in comps and b in comps and comps[a].host != comps[b].host]
-        # Memory: per device class, members that stay resident and members that take turns.
-        self.memory_classes = [(k.label, sorted(k.members), dict(k.ranks_per_device)) for k in template.classes]
-        self.offloads = {c for c, p in comps.items() if p.offload}
+        # Memory: the same rule as the built Plan's check (``memory.MemoryCheck``).
+        self.memory_check = MemoryCheck(template)
         self.threads = {c: p.threads for c, p in comps.items()}
         self.all_cores = cost.cores * nodes if cost.cores is not None else None
 
@@ -93,8 +102,10 @@ class FastBound:
         """(lower bound on the iteration time in seconds, items per iteration) for these rank counts."""
         items, micro, n = self.sizes(ranks)
         rest = items - micro * (n - 1)
-        first = {c: self._t(c, micro, ranks) + self.dispatch for c in self.chain}
-        last = {c: self._t(c, rest, ranks) + (self.dispatch if n == 1 else 0.0) for c in self.chain}
+        t_micro = {c: self._t(c, micro, ranks) for c in self.chain}
+        t_rest = t_micro if abs(rest - micro) <= 1e-12 * micro else {c: self._t(c, rest, ranks) for c in self.chain}
+        first = {c: t_micro[c] + self.dispatch for c in self.chain}
+        last = {c: t_rest[c] + (self.dispatch if n == 1 else 0.0) for c in self.chain}
         work = {c: (n - 1) * first[c] + last[c] - (self.dispatch * (n - 2) if n > 1 else 0.0) for c in self.chain}
         loop = 0.0
         if self.loop:
@@ -113,6 +124,9 @@ class FastBound:
             tail = sum(last[c] for c in after)
             chain = max(chain, head + sum(work[c] for c in members) + tail)
         bound = max(self.syncs, default=0.0) + loop + chain
+        for members, switches in self.locks:  # the lock is held for all its takers' work and their switches
+            held = sum(work.get(c, 0.0) + (loop_work.get(c, 0.0) if self.loop else 0.0) for c in members)
+            bound = max(bound, held + switches)
         if self.all_cores is not None:
             demand = sum(w * ranks[c] * self.threads[c] for c, w in work.items())
             if self.loop:
@@ -120,22 +134,20 @@ class FastBound:
             bound = max(bound, demand / self.all_cores)
         return bound, items
 
-    def memory(self, ranks: Mapping[str, int]) -> tuple[dict[str, float], str]:
-        """Bytes per device of each class, and why it does not fit (empty when it does)."""
+    def _held(self, ranks: Mapping[str, int]) -> dict[str, float]:
+        """Items each component holds at once (as ``Simulator.call_items``)."""
         items, micro, _ = self.sizes(ranks)
         held = dict.fromkeys(self.names, micro)
         if self.loop:
             scale = ranks[self.w.items_per_rank_of] if self.w.items_per_rank_of in ranks else 1
             for c in self.loop:
                 held[c] = self.loop_items0 * scale
-        out, why = {}, ""
-        for label, members, per_device in self.memory_classes:
-            parts = {c: self.cost.component(c).memory(held[c], ranks[c]) * per_device.get(c, 1.0) for c in members}
-            turns = [v for c, v in parts.items() if c in self.offloads]
-            total = sum(v for c, v in parts.items() if c not in self.offloads) + max(turns, default=0.0)
-            out[label] = total
-            if total > self.cost.device_memory and not why:
-                detail = ", ".join(f"{c} {v / 2**30:.1f}" for c, v in parts.items())
-                why = (f"devices {label} need {total / 2**30:.1f} GiB each ({detail}), more than the "
-                       f"{self.cost.device_memory / 2**30:.1f} GiB they have")
-        return out, why
+        return held
+
+    def memory(self, ranks: Mapping[str, int]) -> tuple[dict[str, float], str]:
+        """Bytes per device of each class, and why it does not fit (empty when it does)."""
+        return self.memory_check.evaluate(self.cost, self._held(ranks), ranks)
+
+    def fits(self, ranks: Mapping[str, int]) -> bool:
+        """Whether the memory of every class fits (``memory`` without the report)."""
+        return self.memory_check.fits(self.cost, self._held(ranks), ranks)

@@ -22,7 +22,8 @@ in reasoning RL, one environment step of one env in embodied RL).
   component and iteration; nothing in the driver). All three are calibrated by the profiler from
   probes that run the same batch fused and unfused (``workflows/profiler.py``).
 * Weight sync: a transfer of the source's ``weight_bytes``; offload / onload on shared devices:
-  ``state_bytes / offload_bandwidth`` each way, paid when a device lock changes hands.
+  ``state_bytes / offload_bandwidth`` each way of every component the process moves (its own model,
+  or the policy fused into env processes), paid when a device lock changes hands.
 * Rank threads in the driver (CPUs): torch's OpenMP keeps a team of threads per thread that calls it;
   when the model holders of a local-executor plan run on more than one rank thread, the teams hold
   more threads than there are cores and libgomp stops spinning between parallel regions, so every

@@ -1,23 +1,17 @@
 """Search the execution plans of a workflow on N devices for the one the simulator predicts fastest.
 
-Candidates: every way to place the running components, which is a *shape* (the components split
-into blocks on disjoint device ranges; optionally one component spanning all devices over them,
-the hybrid mode; one block is the collocated mode) times a device count per block, times every
-fusion the graph allows where component and host share devices, times the values of each searched
-setting (pipeline stages, micro-batch sizes). Each candidate is a placement string plus config
-overrides, so a Plan is only ever built by the workflow's own plan function.
+Candidates: every shape (``shapes.py``) times a device count per block, every fusion the graph
+allows where component and host share devices, every value of each searched setting. A candidate
+is a placement string plus config overrides; its Plan is built by the workflow's own plan function
+(or ``candidate_plan.plan_of``), and only built, validated Plans are ranked.
 
-Scoring: seconds per item of a simulated steady iteration (``Simulator``), which is iteration time
-when the items per iteration are fixed. Every candidate first gets a cheap lower bound on its
-iteration time (the busiest process group or device lock: work there runs one call at a time);
-candidates are simulated in order of bound and the search stops once the next bound cannot beat
-the best simulated time (branch and bound), so the result is the simulated optimum of the
-enumerated set. A candidate whose memory per device exceeds the device's is rejected with why.
-
-Device counts: exhaustive (every composition of N) up to ``exact_limit`` devices. Above it, splits
-start on a grid of eighths of N and are refined by moving N/16, N/32, ..., 1 devices between two
-blocks while the bound improves (a local search, about m^2 log N bounds for m blocks). Its gap to
-exhaustive is measured by ``benchmarks/s2_planner_scale.py`` where both run.
+Scoring: seconds per item of a simulated steady iteration (``Simulator``). Every candidate gets a
+lower bound on its iteration time and a memory check (``bound.FastBound``, ``memory.MemoryCheck``);
+then best first (``Searcher.best_first``): bounds are simulated, simulated candidates built, in order
+of what is known of each, and the first built plan whose time no key left can beat is the simulated
+optimum of the enumerated set. Device counts: every composition of N up to ``exact_limit`` devices;
+above, grid splits and local search from the best of them (``Searcher._block_splits``), with the gap
+measured by ``benchmarks/s2_planner_scale.py``.
 """
 
 from __future__ import annotations
@@ -26,16 +20,21 @@ import heapq
 import itertools
 import logging
 import math
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from m2flow.planner.bound import FastBound
+from m2flow.planner.candidate_plan import plan_of
 from m2flow.planner.cost import CostModel
 from m2flow.planner.graph import WorkflowGraph
+from m2flow.planner.memory import MemoryCheck
 from m2flow.planner.plan import Plan
 from m2flow.planner.setup import SimSetup, Workload, build_setup, setup_from_plan
+from m2flow.planner.shapes import Shape, grid_splits, compositions, set_partitions, shapes
 from m2flow.planner.simulate import SimResult, Simulator
+from m2flow.runtime.placement import NodeLayout
 
 log = logging.getLogger(__name__)
 
@@ -57,26 +56,12 @@ class SearchSpace:
     fusion_keys: Mapping[tuple[str, str], str] = field(default_factory=dict)
     """(component, host) -> the boolean config key that asks for the fusion"""
     threads: Mapping[str, int] = field(default_factory=dict)
+    offload: Mapping[str, bool] = field(default_factory=dict)
+    """model holder -> whether it offloads while another takes the shared devices (missing: it does)"""
 
     @property
     def holders(self) -> tuple[str, ...]:
         return tuple(c for c in self.running if self.graph.component(c).holds_model)
-
-
-@dataclass(frozen=True)
-class Shape:
-    """Blocks of components on disjoint device ranges; possibly one more component over all of them
-    (``wide``) or on the first devices of one block (``inner``: component, block index)."""
-
-    blocks: tuple[tuple[str, ...], ...]
-    wide: str | None = None
-    inner: tuple[str, int] | None = None
-
-    @property
-    def mode(self) -> str:
-        if self.wide is not None or self.inner is not None:
-            return "hybrid"
-        return "collocated" if len(self.blocks) == 1 else "disaggregated"
 
 
 @dataclass
@@ -111,54 +96,22 @@ class Candidate:
 @dataclass
 class SearchResult:
     ranked: list[Candidate]
-    """simulated candidates, fastest first"""
+    """built, validated and simulated candidates, fastest first (the first is the simulated optimum of
+    the enumerated set)"""
     rejected: list[Candidate]
+    """the rejected candidates that were built or checked one by one, each with its reason"""
     considered: int
     """candidates bounded (scored without simulation)"""
     simulated: int
     exact: bool
     unfit: int = 0
-    """candidates whose memory does not fit (the first few are in ``rejected``, with the reason)"""
+    """candidates whose memory does not fit (counted by the search-time check, a true lower bound)"""
     collocated: Candidate | None = None
     """the fastest collocated plan (every component on the same devices), the reference of speed-ups"""
-
-
-def set_partitions(items: Sequence[str]) -> Iterator[tuple[tuple[str, ...], ...]]:
-    """Every partition of ``items`` into blocks, blocks in order of their first item."""
-    if not items:
-        yield ()
-        return
-    first, rest = items[0], items[1:]
-    for part in set_partitions(rest):
-        yield ((first,),) + part
-        for i in range(len(part)):
-            yield part[:i] + ((first,) + part[i],) + part[i + 1:]
-
-
-def shapes(running: Sequence[str]) -> list[Shape]:
-    """Collocated, every disaggregated split, and the hybrids: one component over the others' blocks,
-    or one component on part of one block's devices (e.g. the actor on one of the env ranks' devices)."""
-    out = [Shape(tuple(p)) for p in set_partitions(list(running))]
-    for one in running:
-        rest = [c for c in running if c != one]
-        for p in set_partitions(rest):
-            if len(p) >= 2:
-                out.append(Shape(tuple(p), wide=one))
-            out += [Shape(tuple(p), inner=(one, b)) for b in range(len(p))]
-    return out
-
-
-def compositions(n: int, m: int) -> Iterator[tuple[int, ...]]:
-    """Every way to write ``n`` as ``m`` positive parts, in order."""
-    for cuts in itertools.combinations(range(1, n), m - 1):
-        yield tuple(b - a for a, b in zip((0,) + cuts, cuts + (n,)))
-
-
-def _grid(n: int, m: int) -> list[tuple[int, ...]]:
-    """Splits of ``n`` into ``m`` parts that are multiples of n/8 (the coarse start of the local search)."""
-    unit = max(1, n // 8)
-    whole = n // unit
-    return [tuple(p * unit for p in c[:-1]) + (n - unit * sum(c[:-1]),) for c in compositions(whole, m)]
+    reasons: dict[str, int] = field(default_factory=dict)
+    """every rejection by kind of reason (numbers replaced by N): how many"""
+    best_rejected: Candidate | None = None
+    """the rejected candidate predicted fastest (simulated as if it were allowed), with why it was not"""
 
 
 Entry = tuple[float, float, float, Shape, list[tuple[str, str]], dict[str, Any], tuple[int, ...], bool]
@@ -170,14 +123,28 @@ class Searcher:
 
     def __init__(self, space: SearchSpace, cost: CostModel, devices: int, *, devices_per_node: int | None = None,
                  build_plan: Callable[[Mapping[str, Any]], Plan] | None = None, exact_limit: int = 16,
-                 cluster_devices: int | None = None) -> None:
+                 cluster_devices: int | None = None, grid: int = 8, starts: int = 2,
+                 keep: int | None = 16) -> None:
         self.space, self.cost, self.devices = space, cost, devices
         self.cluster_devices = cluster_devices or devices
         """the cluster's devices; plans use the first ``devices`` of them"""
         self.devices_per_node = devices_per_node or devices
-        self.build_plan = build_plan
+        self.build_plan = build_plan or self._plan_of
         self.exact = devices <= exact_limit
+        self.grid, self.starts = grid, starts
+        """above ``exact_limit``: splits on multiples of N/``grid``; local search from the ``starts`` best"""
+        self.keep = keep
+        """above ``exact_limit``: the splits (best by the lead variants' bound) every variant is scored on"""
         self.sim = Simulator(space.graph, space.workload, cost)
+
+    def _plan_of(self, overrides: Mapping[str, Any]) -> Plan:
+        """The Plan of a candidate of a space without a plan function (``candidate_plan.plan_of``)."""
+        per_node = min(self.devices_per_node, self.cluster_devices)
+        nodes = -(-self.cluster_devices // per_node)
+        layout = NodeLayout(tuple(per_node for _ in range(nodes)))
+        fusions = [pair for pair, key in self.space.fusion_keys.items() if overrides.get(key)]
+        return plan_of(self.space.graph, self.space.running, self.space.settings, fusions, overrides, layout,
+                       self.space.knob_settings, self.space.threads, self.space.offload)
 
     # -- one candidate -----------------------------------------------------------------------------
     def _hosts(self, fused: Sequence[tuple[str, str]]) -> dict[str, str]:
@@ -223,7 +190,7 @@ class Searcher:
             blocks.append(((name,), sum(parts[:b]), parts[len(shape.blocks)]))
         settings = dict(self.space.settings)
         settings.update({self.space.knob_settings[k]: v for k, v in knobs.items() if k in self.space.knob_settings})
-        return build_setup(blocks, self._hosts(fused), settings, holders=self.space.holders,
+        return build_setup(blocks, self._hosts(fused), settings, holders=self.space.holders, offload=self.space.offload,
                            threads=self.space.threads,
                            devices_per_node=self.devices_per_node if self.cost.cores is not None else None)
 
@@ -235,20 +202,8 @@ class Searcher:
 
     def memory(self, setup: SimSetup) -> tuple[dict[str, float], str]:
         """Bytes per device of each device class, and why it does not fit (empty when it does)."""
-        need = self.sim.call_items(setup)
-        out, why = {}, ""
-        for k in setup.classes:
-            parts = {c: self.cost.component(c).memory(need[c], setup.components[c].ranks) * k.ranks_per_device[c]
-                     for c in sorted(k.members)}
-            # Components that offload take turns on the memory too: only the largest is resident.
-            turns = [v for c, v in parts.items() if setup.components[c].offload]
-            total = sum(v for c, v in parts.items() if not setup.components[c].offload) + max(turns, default=0.0)
-            out[k.label] = total
-            if total > self.cost.device_memory and not why:
-                detail = ", ".join(f"{c} {v / 2**30:.1f}" for c, v in parts.items())
-                why = (f"devices {k.label} need {total / 2**30:.1f} GiB each ({detail}), more than the "
-                       f"{self.cost.device_memory / 2**30:.1f} GiB they have")
-        return out, why
+        ranks = {c: p.ranks for c, p in setup.components.items()}
+        return MemoryCheck(setup).evaluate(self.cost, self.sim.call_items(setup), ranks)
 
     # -- the enumeration ---------------------------------------------------------------------------
     def _variants(self, shape: Shape) -> Iterator[tuple[list[tuple[str, str]], dict[str, Any]]]:
@@ -278,29 +233,31 @@ class Searcher:
         return ranks
 
     def _block_splits(self, m: int, score: Callable[[tuple[int, ...]], float]) -> list[tuple[int, ...]]:
-        """Block device counts to try: all (exact), else the eighths grid refined by local search on ``score``."""
+        """Block device counts to try: all (exact); else, of every split on the grid and those the local
+        search visits from the ``starts`` best of them (moving N/(2 grid), ..., 1 devices between two blocks
+        while ``score`` improves), the ``keep`` best by ``score`` (all when ``keep`` is None)."""
         if self.exact or m == 1:
             return list(compositions(self.devices, m))
-        seen: dict[tuple[int, ...], float] = {p: score(p) for p in _grid(self.devices, m)}
-        best = min(seen, key=seen.__getitem__)
-        step = max(1, self.devices // 16)
-        while step >= 1:
-            improved = True
-            while improved:
-                improved = False
-                for i, j in itertools.permutations(range(m), 2):
-                    if best[i] - step < 1:
-                        continue
-                    p = list(best)
-                    p[i] -= step
-                    p[j] += step
-                    q = tuple(p)
-                    if q not in seen:
-                        seen[q] = score(q)
-                    if seen[q] < seen[best] - 1e-12:
-                        best, improved = q, True
-            step //= 2
-        return sorted(seen, key=seen.__getitem__)[:3]
+        at: dict[tuple[int, ...], float] = {p: score(p) for p in grid_splits(self.devices, m, self.grid)}
+        for best in sorted(at, key=at.__getitem__)[:self.starts]:
+            step = max(1, self.devices // (2 * self.grid))
+            while step >= 1:
+                improved = True
+                while improved:
+                    improved = False
+                    for i, j in itertools.permutations(range(m), 2):
+                        if best[i] - step < 1:
+                            continue
+                        p = list(best)
+                        p[i] -= step
+                        p[j] += step
+                        q = tuple(p)
+                        if q not in at:
+                            at[q] = score(q)
+                        if at[q] < at[best] - 1e-12:
+                            best, improved = q, True
+                step //= 2
+        return sorted(at, key=at.__getitem__)[:self.keep]
 
     def entries(self) -> list[Entry]:
         """Every split and variant scored: (bound per item, bound, items, shape, fusions, overrides, parts, fits)."""
@@ -326,29 +283,40 @@ class Searcher:
                     ranks = self._ranks(shape, parts)
                     fast = evaluators[v]
                     bound, items = fast.evaluate(ranks)
-                    fits = not fast.memory(ranks)[1]
+                    fits = fast.fits(ranks)
                     scored[(v, parts)] = ((bound / items if fits else math.inf), bound, items, fits)
                 return scored[(v, parts)]
 
-            def with_inner(v: int, parts: tuple[int, ...]) -> list[tuple[int, ...]]:
+            def with_inner(parts: tuple[int, ...]) -> list[tuple[int, ...]]:
                 if shape.inner is None:
                     return [parts]
                 return [parts + (k,) for k in self._inner_sizes(parts[shape.inner[1]])]
 
-            def best_of(v: int, parts: tuple[int, ...]) -> float:
-                return min((score(v, q)[0] for q in with_inner(v, parts)), default=math.inf)
+            # The split search is steered by the best bound of the lead variants: per fusion subset, the
+            # knob values best on an even split (every variant, when all visited splits are kept).
+            leads = list(range(len(variants)))
+            by_fusion_score: dict[tuple[tuple[str, str], ...], float] = {}
+            if self.keep is not None and not self.exact:
+                even = tuple(max(1, self.devices // m) for _ in range(m - 1))
+                even += (self.devices - sum(even),)
+                by_fusion: dict[tuple[tuple[str, str], ...], int] = {}
+                for v, (fused, _) in enumerate(variants):
+                    key = tuple(fused)
+                    at_even = min((score(v, q)[0] for q in with_inner(even)), default=math.inf)
+                    if key not in by_fusion or at_even < by_fusion_score[key]:
+                        by_fusion[key] = v
+                        by_fusion_score[key] = at_even
+                leads = sorted(by_fusion.values())
 
-            if self.exact:
-                splits = self._block_splits(m, lambda p: 0.0)
-            else:  # one variant steers the split; every variant is then scored on the best splits
-                start = tuple(max(1, self.devices // m) for _ in range(m - 1))
-                start += (self.devices - sum(start),)
-                lead = min(range(len(variants)), key=lambda v: best_of(v, start))
-                splits = self._block_splits(m, lambda p: best_of(lead, p))
+            def best_of(parts: tuple[int, ...]) -> float:
+                """The best bound per item of the lead variants and inner sizes on these block counts."""
+                return min((score(v, q)[0] for v in leads for q in with_inner(parts)), default=math.inf)
+
+            splits = self._block_splits(m, best_of)
             for v in range(len(variants)):
                 fused, knobs = variants[v]
                 for blocks in splits:
-                    for parts in with_inner(v, blocks):
+                    for parts in with_inner(blocks):
                         key, bound, items, fits = score(v, parts)
                         out.append((key, bound, items, shape, fused, knobs, parts, fits))
         return out
@@ -362,69 +330,119 @@ class Searcher:
         return cand
 
     def _materialise(self, cand: Candidate) -> None:
-        """Build the candidate's Plan with the workflow's own plan function; simulate from it."""
-        if self.build_plan is None:
-            return
+        """Build the candidate's Plan (the workflow's plan function validates plan and config); check its
+        memory and simulate it from the Plan."""
         try:
             cand.plan = self.build_plan(cand.overrides)
-        except ValueError as e:  # PlacementError and PlanError are ValueErrors
+        except ValueError as e:  # PlacementError, PlanError and ConfigError are ValueErrors
             cand.rejected = f"the plan function refused it: {e}"
             return
-        cand.setup = setup_from_plan(cand.plan)
+        cand.setup = setup_from_plan(cand.plan, self.space.holders)
         cand.memory, cand.rejected = self.memory(cand.setup)
-
-    def run(self, top: int = 5, keep_rejected: int = 20) -> SearchResult:
-        """Bound every candidate, simulate in bound order until no bound can win, rank the simulated."""
-        entries = self.entries()
-        entries.sort(key=lambda e: e[0])
-        unfit = [e for e in entries if not e[7]]
-        rejected = [self._candidate(e) for e in unfit[:keep_rejected]]
-        ranked: list[Candidate] = []
-        best: list[float] = []  # max-heap (negated) of the top seconds per item simulated so far
-        for entry in entries:
-            if not entry[7]:
-                break  # the unfit sort last (their key is infinite)
-            if len(best) >= top and entry[0] > -best[0] * (1 + 1e-9):
-                break
-            cand = self._candidate(entry)
-            if self.exact:
-                self._materialise(cand)
-            if cand.rejected:
-                if len(rejected) < keep_rejected:
-                    rejected.append(cand)
-                continue
-            assert cand.setup is not None
+        if not cand.rejected:
             cand.result = self.sim.simulate(cand.setup)
             cand.items = self.sim.items(cand.setup)
-            ranked.append(cand)
-            heapq.heappush(best, -cand.seconds_per_item)
-            if len(best) > top:
-                heapq.heappop(best)
-        ranked.sort(key=lambda c: c.seconds_per_item)
-        if not self.exact:  # the plan function has the last word on the ones shown
-            for cand in ranked[:top]:
-                self._materialise(cand)
-                if cand.plan is not None and not cand.rejected:
-                    cand.result = self.sim.simulate(cand.setup)  # type: ignore[arg-type]
-            rejected += [c for c in ranked[:top] if c.rejected]
-            ranked = [c for c in ranked if not c.rejected]
-            ranked.sort(key=lambda c: c.seconds_per_item)
-        log.debug("search: %d candidates bounded, %d simulated", len(entries), len(ranked))
-        return SearchResult(ranked, rejected, len(entries), len(ranked), self.exact, len(unfit),
-                            self._best_collocated(entries, ranked))
 
-    def _best_collocated(self, entries: list[Entry], ranked: list[Candidate]) -> Candidate | None:
-        """The fastest collocated candidate: among the ranked, else simulated now (a few variants)."""
-        done = [c for c in ranked if c.shape.mode == "collocated"]
-        if done:
-            return done[0]
-        found = []
-        for entry in (e for e in entries if e[3].mode == "collocated" and e[7]):
-            cand = self._candidate(entry)
-            if not cand.rejected and cand.setup is not None:
+    def best_first(self, entries: Sequence[Entry], top: int) -> tuple[list[Candidate], list[Candidate], int]:
+        """The ``top`` fastest built plans of ``entries``: (ranked, rejected on the way, simulated).
+
+        One queue, keyed by what is known of each candidate: its bound (not simulated yet) or its
+        simulated time from the search's setup (not built yet); built Plans wait in a second queue,
+        keyed by their time simulated from the Plan. A built plan is ranked once no key in the first
+        queue is below its time; otherwise the smallest key is taken: a bound is simulated, a simulated
+        candidate is built (within ``exact_limit`` devices, where a Plan is cheap, a bound is built and
+        simulated from its Plan at once). As bound <= simulated time, the first plan ranked is the
+        fastest built plan of the set, whatever ``top`` is; ``top`` only says how many follow it.
+        """
+        queue: list[tuple[float, int, int, Any]] = [(e[0], i, 0, e) for i, e in enumerate(entries) if e[7]]
+        heapq.heapify(queue)
+        built: list[tuple[float, int, Candidate]] = []
+        ranked: list[Candidate] = []
+        rejected: list[Candidate] = []
+        simulated, order = 0, len(entries)
+        while len(ranked) < top and (queue or built):
+            if built and (not queue or built[0][0] <= queue[0][0]):
+                ranked.append(heapq.heappop(built)[2])
+                continue
+            _, _, stage, item = heapq.heappop(queue)
+            order += 1
+            if stage == 0:
+                cand = self._candidate(item)
+                if cand.rejected:
+                    rejected.append(cand)
+                    continue
+                if self.exact:  # small clusters: a Plan is cheap to build, so build it and simulate once
+                    item = cand
+                else:
+                    assert cand.setup is not None
+                    cand.result = self.sim.simulate(cand.setup)
+                    simulated += 1
+                    heapq.heappush(queue, (cand.seconds_per_item, order, 1, cand))
+                    continue
+            self._materialise(item)
+            simulated += self.exact and item.result is not None
+            if item.rejected:
+                rejected.append(item)
+            else:
+                heapq.heappush(built, (item.seconds_per_item, order, item))
+        return ranked, rejected, simulated
+
+    def run(self, top: int = 5) -> SearchResult:
+        """Bound every candidate, then build and simulate best first (``best_first``) until ``top`` are ranked."""
+        entries = self.entries()
+        ranked, rejected, simulated = self.best_first(entries, top)
+        collocated = next((c for c in ranked if c.shape.mode == "collocated"), None)
+        if collocated is None:
+            found, _, n = self.best_first([e for e in entries if e[3].mode == "collocated"], 1)
+            collocated, simulated = (found[0] if found else None), simulated + n
+        unfit = [e for e in entries if not e[7]]
+        reasons: dict[str, int] = {}
+        for cand in rejected:
+            kind = reason_kind(cand.rejected)
+            reasons[kind] = reasons.get(kind, 0) + 1
+        if unfit:
+            reasons[MEMORY] = reasons.get(MEMORY, 0) + len(unfit)
+        best_rejected = self._best_rejected(unfit, rejected)
+        log.debug("search: %d candidates bounded, %d simulated", len(entries), simulated)
+        return SearchResult(ranked, rejected, len(entries), simulated, self.exact, len(unfit), collocated,
+                            reasons, best_rejected)
+
+    def _best_rejected(self, unfit: Sequence[Entry], rejected: Sequence[Candidate]) -> Candidate | None:
+        """The rejected candidate predicted fastest, simulated as if allowed: the unfit one of the lowest
+        bound and those refused one by one."""
+        pool = list(rejected)
+        if unfit:
+            pool.append(self._candidate(min(unfit, key=lambda e: e[1] / e[2])))
+        for cand in pool:
+            if cand.result is None and cand.setup is not None:
                 cand.result = self.sim.simulate(cand.setup)
-                found.append(cand)
-        return min(found, key=lambda c: c.seconds_per_item, default=None)
+                cand.items = cand.items or self.sim.items(cand.setup)
+        return min(pool, key=lambda c: c.seconds_per_item, default=None)
+
+
+MEMORY = "memory: needs more than a device has"
+"""The reason kind of a candidate whose memory does not fit."""
+
+
+def reason_kind(reason: str) -> str:
+    """A rejection reason without its numbers and device names, to count alike reasons together."""
+    if "GiB they have" in reason:
+        return MEMORY
+    return re.sub(r"\d+(\.\d+)?", "N", reason)
+
+
+def rejection_summary(result: SearchResult) -> list[str]:
+    """Every rejection counted by reason, then the fastest rejected plan and why, one line each."""
+    lines = [f"rejected {n}: {kind}" for kind, n in sorted(result.reasons.items(), key=lambda kv: -kv[1])]
+    best = result.best_rejected
+    if best is not None:
+        speed = f"predicted {best.result.iteration_time:.4g} s/iteration, " if best.result is not None else ""
+        lead = result.ranked[0].seconds_per_item if result.ranked else None
+        than = (f"{best.seconds_per_item / lead:.2f}x the chosen plan's time per item, "
+                if lead and best.result is not None else "")
+        lines.append(f"fastest rejected: {best.placement!r} ({best.shape.mode}; {speed}{than}"
+                     f"{' '.join(f'{k}={v}' for k, v in best.overrides.items() if k != 'placement')}): {best.rejected}")
+    return lines
 
 
 def device_counts(devices: int, cores: int | None, exact_limit: int = 16) -> list[int]:
@@ -442,22 +460,28 @@ def merge_results(results: Sequence[SearchResult], keep_rejected: int = 20) -> S
     """One ranking of the searches of several device counts (each the simulated optimum of its own set)."""
     ranked = sorted((c for r in results for c in r.ranked), key=lambda c: c.seconds_per_item)
     collocated = [r.collocated for r in results if r.collocated is not None]
+    reasons: dict[str, int] = {}
+    for r in results:
+        for kind, n in r.reasons.items():
+            reasons[kind] = reasons.get(kind, 0) + n
+    best_rejected = [r.best_rejected for r in results if r.best_rejected is not None]
     return SearchResult(ranked, [c for r in results for c in r.rejected][:keep_rejected],
                         sum(r.considered for r in results), sum(r.simulated for r in results),
                         all(r.exact for r in results), sum(r.unfit for r in results),
-                        min(collocated, key=lambda c: c.seconds_per_item, default=None))
+                        min(collocated, key=lambda c: c.seconds_per_item, default=None), reasons,
+                        min(best_rejected, key=lambda c: c.seconds_per_item, default=None))
 
 
 def search(space: SearchSpace, cost: CostModel, devices: int, *, top: int = 5,
            devices_per_node: int | None = None, plan_fn: Callable[[Any, Any], Plan] | None = None,
            configure: Callable[[Mapping[str, Any]], Any] | None = None, layout: Any = None,
-           exact_limit: int = 16) -> SearchResult:
+           exact_limit: int = 16, grid: int = 8, starts: int = 2, keep: int | None = 16) -> SearchResult:
     """Rank the plans of ``space`` on ``devices`` devices by predicted seconds per item (on CPU nodes,
     ``cost.cores`` set, plans on the first 1, 2, ... of them too: see ``device_counts``).
 
     With ``plan_fn`` and ``configure`` (config overrides -> config), candidates become Plans through
-    ``plan_fn(configure(overrides), layout)``: every simulated one on small clusters, the top ones on
-    large clusters; without them, candidates are scored from their placements alone.
+    ``plan_fn(configure(overrides), layout)`` (which validates the config too); without them, through
+    ``candidate_plan.plan_of`` from the graph. Only built, validated Plans are ranked (``best_first``).
     """
     build: Callable[[Mapping[str, Any]], Plan] | None = None
     if plan_fn is not None and configure is not None:
@@ -469,4 +493,5 @@ def search(space: SearchSpace, cost: CostModel, devices: int, *, top: int = 5,
         build = _build
     counts = device_counts(devices, cost.cores, exact_limit)
     return merge_results([Searcher(space, cost, n, devices_per_node=devices_per_node, build_plan=build,
-                                   exact_limit=exact_limit, cluster_devices=devices).run(top) for n in counts])
+                                   exact_limit=exact_limit, cluster_devices=devices, grid=grid,
+                                   starts=starts, keep=keep).run(top) for n in counts])

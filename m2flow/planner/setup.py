@@ -70,6 +70,11 @@ class Placed:
     """the device classes its ranks sit on"""
     node_ranks: tuple[tuple[int, int], ...] = ()
     """(node, ranks there), for CPU contention"""
+    moves: tuple[str, ...] = ()
+    """the components whose state its offload moves and whose memory takes turns: its own, when it holds
+    a model, else the model holders fused into it (a policy inside the env processes); empty for a fused one"""
+    weights_in_host: bool = False
+    """a model holder fused into another holder: it uses the host's weights, so only its per-item memory counts"""
 
 
 @dataclass(frozen=True)
@@ -123,9 +128,23 @@ def _ranges(devices: Sequence[tuple[int, int]]) -> str:
     return " ".join(out)
 
 
-def setup_from_plan(plan: Plan) -> SimSetup:
-    """The simulator's view of ``plan``: running components, their processes and device classes."""
+def state_owners(hosts: Mapping[str, str], holders: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """Per process group (a component that is its own host): the components whose state its offload
+    moves. A group that holds a model moves its own (a holder fused into it uses those weights); any
+    other group moves the model holders fused into it (the policy copy inside the env processes)."""
+    out = {}
+    for g in sorted({h for h in hosts.values()}):
+        out[g] = (g,) if g in holders else tuple(c for c in hosts if hosts[c] == g and c in holders)
+    return out
+
+
+def setup_from_plan(plan: Plan, holders: Sequence[str] = ()) -> SimSetup:
+    """The simulator's view of ``plan``: running components, their processes and device classes.
+    ``holders``: the graph's model holders (they say whose state an offload moves and which fused
+    component shares its host's weights)."""
     running = [c for c in plan.components if c.active]
+    hosts = {c.name: c.host for c in running}
+    owners = state_owners(hosts, holders)
     on_device: dict[tuple[int, int], dict[str, int]] = {}
     for c in running:
         for r in c.placement.ranks:
@@ -147,16 +166,19 @@ def setup_from_plan(plan: Plan) -> SimSetup:
         comps[c.name] = Placed(c.name, c.host, c.world_size, threads, c.shares_devices and not c.fused,
                                c.offload and not c.fused,
                                frozenset(i for i, k in enumerate(classes) if c.name in k.members),
-                               tuple(sorted(nodes.items())))
+                               tuple(sorted(nodes.items())), () if c.fused else owners[c.name],
+                               c.fused and c.name in holders and c.host in holders)
     return SimSetup(comps, classes, dict(plan.settings), plan.executor == "local")
 
 
 def build_setup(blocks: Sequence[tuple[Sequence[str], int, int]], hosts: Mapping[str, str],
-                settings: Mapping[str, Any], *, holders: Sequence[str] = (), offload: bool = True,
+                settings: Mapping[str, Any], *, holders: Sequence[str] = (), offload: Mapping[str, bool] | None = None,
                 threads: Mapping[str, int] | None = None, devices_per_node: int | None = None) -> SimSetup:
     """A setup straight from contiguous device ranges, without a Plan: ``blocks`` are
     ``(components, first device, device count)``, one rank per device; ``holders`` are the model
-    holders (they take turns, and offload when ``offload``, where they share devices with another)."""
+    holders: a process group that holds one (its own, or one fused into it: the policy inside the env
+    processes) takes turns where it shares devices with another such group, and offloads unless ``offload``
+    says no for a model it holds (holder -> whether it offloads; missing: it does)."""
     threads = threads or {}
     cuts = sorted({p for _, lo, n in blocks for p in (lo, lo + n)})
     classes: list[DeviceClass] = []
@@ -166,7 +188,10 @@ def build_setup(blocks: Sequence[tuple[Sequence[str], int, int]], hosts: Mapping
             classes.append(DeviceClass(f"0:{lo}" if hi - lo == 1 else f"0:{lo}-{hi - 1}", hi - lo, members,
                                        {m: 1.0 for m in members},
                                        tuple((0, d) for d in range(lo, min(hi, lo + _LISTED)))))
-    launched_holders = [h for h in holders if hosts.get(h, h) == h]
+    placed_names = [c for comps_of, _, _ in blocks for c in comps_of]
+    all_hosts = {c: hosts.get(c, c) for c in placed_names}
+    owners = state_owners(all_hosts, holders)
+    launched_holders = [g for g, moved in owners.items() if moved]
     comps = {}
     for comps_of, lo, n in blocks:
         for c in comps_of:
@@ -179,8 +204,10 @@ def build_setup(blocks: Sequence[tuple[Sequence[str], int, int]], hosts: Mapping
                 for dev in range(lo, lo + n):
                     counts[dev // devices_per_node] = counts.get(dev // devices_per_node, 0) + 1
                 nodes = tuple(sorted(counts.items()))
-            comps[c] = Placed(c, hosts.get(c, c), n, process_threads(c, hosts, threads), shares, shares and offload,
-                              mine, nodes)
+            fused = all_hosts[c] != c
+            offloads = shares and all((offload or {}).get(m, True) for m in owners.get(c, ()))
+            comps[c] = Placed(c, all_hosts[c], n, process_threads(c, hosts, threads), shares, offloads,
+                              mine, nodes, () if fused else owners[c], fused and c in holders and all_hosts[c] in holders)
     return SimSetup(comps, tuple(classes), dict(settings), all(lo == 0 and n == 1 for _, lo, n in blocks))
 
 

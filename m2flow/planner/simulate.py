@@ -8,7 +8,8 @@ A task runs when its inputs are done and its resources are free:
 
 * its process group (a group runs one task at a time; a fused component runs in its host's group);
 * the device lock of every device class it sits on, if it takes turns there. When a lock changes
-  hands, the newcomer pays its onload and the previous holder its offload, once per turn;
+  hands, the newcomer pays its onload and the previous holder its offload, once per turn: the state
+  of what the process moves (``Placed.moves``: the policy's weights for env processes that run it);
 * CPU cores: running tasks slow down together, each at ``CostModel.speed`` of the threads all
   busy processes of its node want (processor sharing, and a multi-threaded process slower still
   beyond the cores), so the simulation is fluid: the time of
@@ -37,7 +38,7 @@ from typing import Any
 
 from m2flow.planner.cost import CostModel
 from m2flow.planner.graph import WorkflowGraph
-from m2flow.planner.setup import SimSetup, Workload, input_edges
+from m2flow.planner.setup import Placed, SimSetup, Workload, input_edges
 
 _EPS = 1e-12
 
@@ -276,8 +277,8 @@ class Simulator:
                     busy_groups.add(t.group)
                 previous = {lock_owner[k] for k in locks if k in lock_owner and lock_owner[k] != t.component}
                 if previous:
-                    t.switch = (self.cost.offload_time(t.component) if comps[t.component].offload else 0.0) + sum(
-                        self.cost.offload_time(h) for h in previous if comps[h].offload)
+                    t.switch = self.switch_time(comps[t.component]) + sum(
+                        self.switch_time(comps[h]) for h in previous)
                 for k in locks:
                     lock_owner[k] = t.component
                 held |= locks
@@ -309,6 +310,11 @@ class Simulator:
                     if waiting[child] == 0:
                         heapq.heappush(ready, child)
         return tasks
+
+    def switch_time(self, placed: Placed) -> float:
+        """Seconds one way of an offload (or onload) of ``placed``'s process: the state of what it moves
+        (the policy, for env processes that run it), nothing when it does not offload."""
+        return sum(self.cost.offload_time(m) for m in placed.moves) if placed.offload else 0.0
 
     def _speeds(self, tasks: list[Task], running: Mapping[int, float]) -> dict[int, float]:
         demand: dict[int, int] = {}

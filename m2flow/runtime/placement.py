@@ -19,12 +19,15 @@ from the previous item.
 
 from __future__ import annotations
 
-from m2flow.errors import UserInputError
-
+import bisect
+import functools
+import itertools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+from m2flow.errors import UserInputError
 
 ExecutionMode = Literal["collocated", "disaggregated", "hybrid"]
 
@@ -84,14 +87,22 @@ class DeviceTable:
     def __len__(self) -> int:
         return sum(count for _, count in self.nodes)
 
+    @functools.cached_property
+    def _starts(self) -> list[int]:
+        """The group index of each node's first device (a table of thousands of devices is indexed by
+        bisection, not by walking the nodes)."""
+        return list(itertools.accumulate((count for _, count in self.nodes), initial=0))[:-1]
+
     def __getitem__(self, index: int) -> tuple[int, int]:
         if index < 0:
             raise IndexError(index)
-        for node, count in self.nodes:
-            if index < count:
-                return node, index
-            index -= count
-        raise IndexError(index)
+        i = bisect.bisect_right(self._starts, index) - 1
+        # Skip nodes of no devices (they share their start with the next node).
+        while i < len(self.nodes) and index - self._starts[i] >= self.nodes[i][1]:
+            i += 1
+        if i >= len(self.nodes):
+            raise IndexError(index)
+        return self.nodes[i][0], index - self._starts[i]
 
 
 @dataclass(frozen=True)

@@ -60,8 +60,13 @@ def test_memory_limits_are_honoured_with_the_reason():
     model = _model(1.0, gen={"mem_per_item": 4 * gib}, device_memory=12 * gib)
     result = search(SPACE, model, 1, top=3)
     assert result.ranked and all(c.overrides["micro"] < 4 for c in result.ranked)
-    reasons = [c.rejected for c in result.rejected if c.overrides["micro"] == 4]
-    assert reasons and "devices 0:0 need 16.0 GiB each (gen 16.0, train 0.0), more than the 12.0 GiB" in reasons[0]
+    # Every micro-batch-4 candidate is refused for memory; the fastest of them is named, with why.
+    from m2flow.planner.search import MEMORY
+
+    assert result.reasons[MEMORY] == result.unfit > 0
+    best = result.best_rejected
+    assert best is not None and best.overrides["micro"] == 4 and best.result is not None
+    assert "devices 0:0 need 16.0 GiB each (gen 16.0, train 0.0), more than the 12.0 GiB" in best.rejected
 
 
 def _toy_plan(cfg: dict[str, Any], layout: NodeLayout) -> Plan:

@@ -17,7 +17,8 @@ def _points(a: float, c: float) -> list[list[float]]:
     return [[b, d, a + c * b / d ** 0.8] for b in (8, 32) for d in (1, 2)]
 
 
-def _profile(tmp_path, capsys, config: str, costs: dict[str, tuple[float, float]], *overrides: str):
+def _profile(tmp_path, capsys, config: str, costs: dict[str, tuple[float, float]], *overrides: str,
+             cores: int | None = 2):
     path = tmp_path / "profile.json"
     assert main(["plan", "profile-template", config, str(path), *overrides]) == 0
     capsys.readouterr()
@@ -25,7 +26,7 @@ def _profile(tmp_path, capsys, config: str, costs: dict[str, tuple[float, float]
     assert set(profile["components"]) == set(costs)
     for name, (a, c) in costs.items():
         profile["components"][name].update(points=_points(a, c), mem_fixed=1e8, state_bytes=1e7)
-    profile["device"] = {"memory_bytes": 8 * 2**30, "cores": 2}
+    profile["device"] = {"memory_bytes": 8 * 2**30, "cores": cores}
     path.write_text(json.dumps(profile))
     return path
 
@@ -62,3 +63,21 @@ def test_embodied_search_runs(tmp_path, capsys, env_cost):
     assert main(["plan", "search", EMBODIED, "--profile", str(path), "--devices", "2", "--top", "2"]) == 0
     out = capsys.readouterr().out
     assert "1. " in out and "pipeline_stages=" in out and "rollout.fuse_with_env=" in out
+
+
+def test_above_the_exhaustive_range_every_plan_shown_is_valid_and_the_choice_does_not_depend_on_top(tmp_path, capsys):
+    # 32 GPU-like devices, minibatches of 16: plans of more than 16 actor ranks fail the config's own validation.
+    small = ["algorithm.minibatch_size=16", "rollout_steps=16"]
+    path = _profile(tmp_path, capsys, EMBODIED, {"env": (0.001, 0.2), "rollout": (0.002, 0.001),
+                                                 "actor": (0.05, 0.001)}, *small, cores=None)
+    firsts, uses = [], []
+    for top in ("1", "4"):
+        assert main(["plan", "search", EMBODIED, "--profile", str(path), "--devices", "32", "--top", top, *small]) == 0
+        out = capsys.readouterr().out
+        lines = [line.split("use:")[1] for line in out.splitlines() if line.strip().startswith("use:")]
+        firsts.append(lines[0])
+        uses += lines
+    assert firsts[0] == firsts[1] and len(uses) == 5
+    assert "rejected" in out and "fastest rejected" in out and "must be at least the number of actor ranks" in out
+    for use in uses:  # each is a plan the config accepts
+        assert main(["plan", "show", EMBODIED, "cluster.cpu_devices_per_node=32", *small, *shlex.split(use)]) == 0

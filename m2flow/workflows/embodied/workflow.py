@@ -39,6 +39,9 @@ class EmbodiedWorkflow(Workflow):
         return {"pipeline_stages": tuple(sorted({k for k in (1, 2, 4, cfg.pipeline_stages)
                                                  if k <= envs and envs % k == 0}))}
 
+    def offload_settings(self, cfg: EmbodiedConfig) -> dict[str, bool]:
+        return {"rollout": cfg.rollout.offload, "actor": cfg.actor.offload}
+
     def launch(self, cfg: EmbodiedConfig, plan: Plan, executor: Executor, run: Launch) -> EmbodiedFlow:
         return EmbodiedFlow(self, cfg, plan, executor, run)
 
