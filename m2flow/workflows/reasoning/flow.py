@@ -181,8 +181,6 @@ class ReasoningFlow:
             merged = per_rank[0] if component == "actor" else merge_rank_metrics(per_rank)
             metrics.update({k: v for k, v in merged.items() if k != WEIGHT_KEY})
         self._done = it + 1
-        if self.rollout_fused:
-            self._synced = self._done  # the rollout generates from the actor's own weights
         return metrics
 
     def rates(self, metrics: dict[str, float], seconds: float) -> dict[str, float]:
