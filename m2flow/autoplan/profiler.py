@@ -298,6 +298,7 @@ class Profiler:
         weights, training = self.support.model_bytes(next((p.checkpoint for p in done if p.checkpoint), None))
         comps: dict[str, dict[str, Any]] = {}
         holders = set(self.ctx.space.holders)
+        trainers = {c.name for c in self.ctx.spec.graph.components if c.trains}
         startup = min(p.startup_s / p.groups for p in done)
         # The curves are those of the driver: a point measured in Ray processes is divided by how much
         # slower the same batch ran there (the dispatch probe against the in-driver one).
@@ -307,10 +308,10 @@ class Profiler:
                     p.points[c][3]] for p in done if c in p.points and p.kind == "cost"]
             if not pts:
                 raise RuntimeError(f"profile: no run measured {c!r} (metric {self.support.timings.get(c)!r})")
-            state = (training if c == "actor" else weights) if c in holders else 0.0
-            entry = {"points": pts, "mem_fixed": state + (weights if c == "actor" else 0.0), "mem_per_item": 0.0,
+            state = (training if c in trainers else weights) if c in holders else 0.0
+            entry = {"points": pts, "mem_fixed": state + (weights if c in trainers else 0.0), "mem_per_item": 0.0,
                      "state_bytes": state, "startup_s": startup}
-            if c == "actor":
+            if c in trainers:
                 entry["weight_bytes"] = weights
             entry["fit_error"] = fit_component([tuple(p) for p in pts]).error
             comps[c] = entry

@@ -24,6 +24,9 @@ class Component:
     """holds a model copy on its devices (so it takes turns with other holders on shared devices)"""
     optional: bool = False
     """runs only when the config needs what it produces"""
+    trains: bool = False
+    """holds the trained state (weights, gradients, optimizer): its memory and offload are the whole
+    training state, the other holders' only the weights"""
     worker: str = ""
     """the worker class that runs it, as ``module:Class`` (imported only when a group launches)"""
     section: str = ""
@@ -138,7 +141,8 @@ class WorkflowGraph:
         width = max(len(c.name) for c in self.components)
         lines = [f"workflow {self.name}: components"]
         for c in self.components:
-            flags = ", ".join(f for f, on in (("holds a model", c.holds_model), ("optional", c.optional)) if on)
+            flags = ", ".join(f for f, on in (("holds a model", c.holds_model), ("trains", c.trains),
+                                              ("optional", c.optional)) if on)
             lines.append(f"  {c.name:<{width}}  {c.job}" + (f" ({flags})" if flags else ""))
         lines.append("edges")
         ew = max(len(e.name) for e in self.edges) if self.edges else 0

@@ -86,6 +86,10 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         self.temperature = temperature if temperature > 0 else 1.0
         self.groups_per_micro_batch = max(1, cfg.micro_batch_size // group_size)
         torch.manual_seed(seed)  # the same on every rank: a fresh value head starts identical
+        # numpy's and Python's generators are seeded too, so the RNG state a checkpoint holds is a function
+        # of the seed (a resumed run's checkpoint is byte-equal to the uninterrupted run's)
+        np.random.seed(seed)
+        random.seed(seed)
         if self.world_size > 1:
             self.init_process_group()
             if uses_exchange(cfg.host_sum, self.world_size, self.torch_device.type):

@@ -113,7 +113,7 @@ GRAPH = WorkflowGraph(
     components=(
         Component("source", "noisy samples of the target", worker=f"{HERE}:Source", section="source",
                   timing="time/source_busy_s"),
-        Component("learner", "fits the mean of the samples", holds_model=True, worker=f"{HERE}:Learner",
+        Component("learner", "fits the mean of the samples", holds_model=True, trains=True, worker=f"{HERE}:Learner",
                   section="learner", timing="time/learner_busy_s"),
     ),
     edges=(Edge("samples", "source", "learner", "tensor", kind="p2p"),),

@@ -117,6 +117,10 @@ def test_resume_continues_exactly_where_the_run_was(collocated, tmp_path):
         want = [h[key] for h in result.history[3:]]
         got = [h[key] for h in resumed.history]
         assert got == pytest.approx(want, rel=1e-4, abs=1e-6), key
+    # Every generator the actor saves (torch, numpy, Python) is seeded, so the resumed run's last checkpoint
+    # holds the very RNG state of the uninterrupted run's.
+    rng = f"{CHECKPOINTS}/step_000006/rng_actor0.pt"
+    assert (tmp_path / "resumed" / rng).read_bytes() == (root / "run" / rng).read_bytes()
 
 
 def test_eval_command_reads_a_training_checkpoint(collocated, capsys, tmp_path):

@@ -14,7 +14,7 @@ GRAPH = WorkflowGraph(
         Component("rollout", "the policy's actions for each stage's observations", holds_model=True,
                   worker="m2flow.workers.embodied.rollout:RolloutWorker", section="rollout",
                   timing="time/rollout_busy_s"),
-        Component("actor", "GAE and PPO updates on the trajectories", holds_model=True,
+        Component("actor", "GAE and PPO updates on the trajectories", holds_model=True, trains=True,
                   worker="m2flow.workers.embodied.actor:ActorWorker", section="actor", timing="time/actor_busy_s"),
     ),
     edges=(

@@ -17,7 +17,7 @@ GRAPH = WorkflowGraph(
         Component("inference", "old-policy and reference log-probs of each response", holds_model=True,
                   optional=True, worker="m2flow.workers.inference:InferenceWorker", section="inference",
                   timing="time/inference"),
-        Component("actor", "advantages per group, then policy-gradient updates", holds_model=True,
+        Component("actor", "advantages per group, then policy-gradient updates", holds_model=True, trains=True,
                   worker="m2flow.workers.actor:ActorWorker", section="actor", timing="time/train_busy"),
     ),
     edges=(
