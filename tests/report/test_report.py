@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import json
 
 import pytest
@@ -81,7 +83,8 @@ def test_traced_demo_run_gives_a_valid_trace_and_a_consistent_report(cluster, tm
     run_dir = tmp_path / "demo"
     assert run_demo_config(DemoConfig(steps=4, batch_size=256, run_dir=str(run_dir))) == 0
     trace = load_trace(run_dir)
-    procs = {p["name"]: p["pid"] for p in trace["otherData"]["m2flow"]["processes"]}
+    # Group names carry the run's id (``producer-1a2b3c4d``); the checks below read them without it.
+    procs = {re.sub(r"-[0-9a-f]{8}\[", "[", p["name"]): p["pid"] for p in trace["otherData"]["m2flow"]["processes"]}
     workers = {f"{g}[{r}] @node0": m for g, m in (("producer", "make"), ("scaler", "scale"),
                                                   ("reducer", "add")) for r in (0, 1)}
     assert set(procs) == {"driver @node0", *workers}
@@ -111,4 +114,4 @@ def test_traced_demo_run_gives_a_valid_trace_and_a_consistent_report(cluster, tm
     _assert_pngs_open(run_dir, PLOTS)
     capsys.readouterr()
     assert main(["report", str(run_dir), "--no-plots"]) == 0
-    assert "producer[0]" in capsys.readouterr().out
+    assert re.search(r"producer-[0-9a-f]{8}\[0\]", capsys.readouterr().out)

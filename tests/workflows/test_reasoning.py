@@ -109,7 +109,7 @@ def test_checkpoints_hold_weights_optimizer_data_position_and_rng(collocated):
 
 def test_resume_continues_exactly_where_the_run_was(collocated, tmp_path):
     root, cfg, result, _ = collocated
-    resumed_cfg = toy_config(root, COLLOCATED, steps=6, run_dir=str(tmp_path / "resumed"),
+    resumed_cfg = toy_config(root, COLLOCATED, steps=6, run_dir=str(tmp_path / "resumed"), checkpoint_every=3,
                              resume=str(root / "run" / CHECKPOINTS / "step_000003"))
     resumed = train(resumed_cfg, shared_cluster())
     assert len(resumed.history) == 3

@@ -48,7 +48,7 @@ def test_gsm8k_ppo_runs_the_whole_loop(tmp_path):
             assert math.isfinite(h[key]), key
         assert 0.0 <= h["reward/mean"] <= 1.0 and h["reward/timeouts_count"] >= 0
         assert h["rollout/responses_count"] == 8
-    assert result.history[0]["eval/prompts_count"] == 6 and "eval/accuracy" in result.history[-1]
+    assert result.evaluations[0][1]["eval/prompts_count"] == 6 and "eval/accuracy" in result.history[-1]
     assert sorted((s, k) for s, k, _, _ in received) == [(s, k) for s in range(2) for k in range(4)]
     assert (result.run_dir / "metrics.jsonl").is_file()
     # FSDP saves each rank's own shards (nothing gathered): the policy as `m2flow eval` puts it
