@@ -10,6 +10,7 @@ rollout's processes (the ``env`` component fused into ``rollout``).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,16 @@ class EnvSettings:
     step_timeout_s: float | None = 10.0
     max_error_rate: float = 0.0
     concurrent: bool = False
+    module: str | None = None
+    """a module imported before the environment is built (where a custom environment registers itself)"""
+
+    def batch(self, max_error_rate: float | None = None) -> TextEnvBatch:
+        """A new ``TextEnvBatch`` of these environments (``max_error_rate``: instead of the configured one)."""
+        if self.module:
+            importlib.import_module(self.module)
+        rate = self.max_error_rate if max_error_rate is None else max_error_rate
+        return TextEnvBatch.from_registry(self.name, self.num_envs, self.kwargs, step_timeout_s=self.step_timeout_s,
+                                          max_error_rate=rate, concurrent=self.concurrent)
 
 
 class EnvHost:
@@ -35,9 +46,7 @@ class EnvHost:
 
     def setup_envs(self, settings: EnvSettings) -> None:
         self.env_settings = settings
-        self.envs = TextEnvBatch.from_registry(
-            settings.name, settings.num_envs, settings.kwargs, step_timeout_s=settings.step_timeout_s,
-            max_error_rate=settings.max_error_rate, concurrent=settings.concurrent)
+        self.envs = settings.batch()
         self._slots: dict[int, int] = {}  # trajectory id -> index of its environment
         self._env_stats = TextEnvStats()
 

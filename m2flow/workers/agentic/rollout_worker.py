@@ -19,7 +19,7 @@ import torch
 
 from m2flow.backends.generation import GenerationOptions, create_generation_backend
 from m2flow.data.batch import RolloutBatch
-from m2flow.envs.text.batch import EnvStep, TextEnvBatch
+from m2flow.envs.text.batch import EnvStep
 from m2flow.models.tokenizer import load_tokenizer
 from m2flow.runtime.trace import trace_category
 from m2flow.workers.agentic.env_worker import EnvHost, EnvSettings
@@ -158,8 +158,7 @@ class AgenticRolloutWorker(EnvHost, ReasoningWorker):
         """Greedy episodes on held-out environments: mean return, success rate, turns."""
         from dataclasses import replace
 
-        envs = TextEnvBatch.from_registry(env.name, len(seeds), env.kwargs, step_timeout_s=env.step_timeout_s,
-                                          max_error_rate=1.0)
+        envs = replace(env, num_envs=len(seeds)).batch(max_error_rate=1.0)
         cfg = replace(self.cfg.episode, temperature=0.0, seed=self.seed)
         with self.device_turn():
             trajs, stats = run_episodes(self.backend, self.tokenizer, envs, list(seeds), list(range(len(seeds))), cfg)

@@ -69,6 +69,9 @@ class EnvConfig:
 
     name: str = option("calculator", "registered text environment (calculator, guess_number, gem, reasoning_gym ...)")
     kwargs: dict[str, Any] = option({}, "the environment's own settings")
+    module: str | None = option(
+        None, "a module imported first, in the driver and in every worker that builds environments (where an "
+              "environment of your own registers itself with register_text_env)")
     eval_kwargs: dict[str, Any] = option(
         {"split": "test"}, "settings of the held-out environments, over kwargs (a setting the env lacks fails)")
     step_timeout_s: float | None = option(10.0, "a reset or step that gives nothing for this long ends its episode")
@@ -94,8 +97,12 @@ class EnvConfig:
             raise ValueError(f"max_error_rate must be in [0, 1], got {self.max_error_rate}")
         if self.max_worker_restarts < 0:
             raise ValueError(f"max_worker_restarts must be >= 0, got {self.max_worker_restarts}")
+        import importlib
+
         from m2flow.envs.text import text_env_names
 
+        if self.module:
+            importlib.import_module(self.module)
         if self.name not in text_env_names():
             raise ValueError(f"unknown environment {self.name!r}; registered: {', '.join(text_env_names())}")
 

@@ -75,7 +75,7 @@ def env_settings(cfg: AgenticConfig, env_ranks: int, kwargs: dict[str, Any] | No
     per_step = cfg.episodes.groups_per_step * cfg.episodes.group_size
     return EnvSettings(cfg.env.name, dict(cfg.env.kwargs if kwargs is None else kwargs),
                        math.ceil(per_step / env_ranks), cfg.env.step_timeout_s, cfg.env.max_error_rate,
-                       cfg.env.concurrent)
+                       cfg.env.concurrent, cfg.env.module)
 
 
 def rollout_settings(cfg: AgenticConfig) -> RolloutSettings:
