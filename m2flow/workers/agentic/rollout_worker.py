@@ -154,12 +154,12 @@ class AgenticRolloutWorker(EnvHost, ReasoningWorker):
         return list(self.emitted)
 
     # -- evaluation --------------------------------------------------------------------------
-    def evaluate(self, env: EnvSettings, seeds: Sequence[int]) -> dict[str, float]:
-        """Greedy episodes on held-out environments: mean return, success rate, turns."""
+    def evaluate(self, env: EnvSettings, seeds: Sequence[int], temperature: float = 0.0) -> dict[str, float]:
+        """Episodes on held-out environments (greedy at temperature 0): mean return, success rate, turns."""
         from dataclasses import replace
 
         envs = replace(env, num_envs=len(seeds)).batch(max_error_rate=1.0)
-        cfg = replace(self.cfg.episode, temperature=0.0, seed=self.seed)
+        cfg = replace(self.cfg.episode, temperature=temperature, seed=self.seed)
         with self.device_turn():
             trajs, stats = run_episodes(self.backend, self.tokenizer, envs, list(seeds), list(range(len(seeds))), cfg)
         n = max(1, len(trajs))

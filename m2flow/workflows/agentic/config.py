@@ -118,6 +118,7 @@ class RolloutConfig:
     max_tokens: int = option(128, "most response tokens per episode, model and observation together (token budget)")
     max_turn_tokens: int = option(32, "most tokens one model turn may generate")
     temperature: float = option(1.0, "sampling temperature (0: greedy); log-probs are taken at it too")
+    eval_temperature: float = option(0.0, "sampling temperature of the held-out evaluation (0: greedy)")
     top_p: float = option(1.0, "nucleus sampling threshold (1.0: off)")
     top_k: int = option(0, "keep only the k most likely tokens (0: off)")
     stop: list[str] = option([CALL_STOP], "strings that end a model turn (the tool call's closing tag)")
@@ -128,8 +129,8 @@ class RolloutConfig:
         for key in ("max_turns", "max_tokens", "max_turn_tokens", "num_threads"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.temperature < 0 or self.eval_temperature < 0:
+            raise ValueError("temperature and eval_temperature must be >= 0")
         for key in ("prompt_template", "observation_template"):
             if "{observation}" not in getattr(self, key):
                 raise ValueError(f"{key} must contain '{{observation}}'")

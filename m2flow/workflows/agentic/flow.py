@@ -324,7 +324,8 @@ class AgenticFlow:
         start = time.perf_counter()
         kwargs = {**self.cfg.env.kwargs, **self.cfg.env.eval_kwargs}
         seeds = list(range(EVAL_SEED, EVAL_SEED + self.cfg.eval_episodes))
-        out = gather([self.rollout.evaluate(env_settings(self.cfg, 1, kwargs), seeds, ranks=[0])], self.timeout,
+        settings = env_settings(self.cfg, 1, kwargs)
+        out = gather([self.rollout.evaluate(settings, seeds, self.cfg.rollout.eval_temperature, ranks=[0])], self.timeout,
                      "the held-out evaluation")[0][0]
         out["time/eval"] = time.perf_counter() - start
         return out
