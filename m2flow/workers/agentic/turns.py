@@ -15,13 +15,73 @@ environments and that episodes may be at different turns in one round (a re-run 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 from m2flow.backends.generation.base import GenerationBackend, SamplingParams
 from m2flow.envs.text.batch import EnvStep
-from m2flow.workers.agentic.episode import EpisodeConfig, EpisodeStats
+from m2flow.envs.text.batch import TextEnvStats
+from m2flow.rewards.tools.calls import CALL_STOP
 from m2flow.workers.agentic.trajectory import FinishReason, Trajectory
+
+
+@dataclass(frozen=True)
+class EpisodeConfig:
+    """How episodes are rolled out."""
+
+    max_turns: int = 4
+    """Most model turns per episode (the turn budget)."""
+    max_tokens: int = 256
+    """Most response tokens per episode, model and observation tokens together (the token budget)."""
+    max_turn_tokens: int = 64
+    """Most tokens one model turn may generate."""
+    temperature: float = 1.0
+    """Sampling temperature; 0 is greedy."""
+    top_p: float = 1.0
+    top_k: int = 0
+    stop: tuple[str, ...] = (CALL_STOP,)
+    """Strings that end a model turn (besides end-of-sequence); the tool-call closing tag by default."""
+    prompt_template: str = "{observation}"
+    """How the first observation becomes the prompt."""
+    observation_template: str = "{observation}"
+    """How a later observation is written into the context (an empty observation adds nothing)."""
+    seed: int = 0
+    """Seed of the sampling; the same seed, batch and environments give the same trajectories."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_tokens", "max_turn_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("prompt_template", "observation_template"):
+            if "{observation}" not in getattr(self, name):
+                raise ValueError(f"{name} must contain '{{observation}}'")
+
+
+@dataclass
+class EpisodeStats:
+    """What a batch of episodes did; metric names under ``rollout/``, ``tool/`` and ``env/``."""
+
+    trajectories: int = 0
+    turns: int = 0
+    model_tokens: int = 0
+    observation_tokens: int = 0
+    finish: Counter = field(default_factory=Counter)
+    tool_outcomes: Counter = field(default_factory=Counter)
+    env: TextEnvStats = field(default_factory=TextEnvStats)
+    generate_s: float = 0.0
+    env_s: float = 0.0
+
+    def as_metrics(self) -> dict[str, float]:
+        n = max(1, self.trajectories)
+        out = {"rollout/trajectories": float(self.trajectories), "rollout/turns_mean": self.turns / n,
+               "rollout/model_tokens": float(self.model_tokens),
+               "rollout/observation_tokens": float(self.observation_tokens),
+               "time/generate_s": self.generate_s, "time/env_s": self.env_s}
+        out.update({f"rollout/finish_{k}": float(v) for k, v in sorted(self.finish.items())})
+        out.update({f"tool/{k}": float(v) for k, v in sorted(self.tool_outcomes.items())})
+        out.update(self.env.as_metrics())
+        return out
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,6 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
