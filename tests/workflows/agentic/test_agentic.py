@@ -113,3 +113,11 @@ def test_plan_show_covers_the_agentic_graph(capsys):
     assert "workflow agentic: components" in out and "env" in out and "trajectories" in out
     assert main(["plan", "show", str(EXAMPLES[0]), "env.fuse_with_rollout=true"]) == 0
     assert "rollout (fused)" in capsys.readouterr().out
+
+
+def test_ppo_with_a_critic_trains_policy_and_value_model(tmp_path, model):
+    history = train(tiny_config(tmp_path, model, steps=2, **{"algorithm.adv_estimator": "gae"})).history
+    import math
+
+    assert all(math.isfinite(h["critic/value_loss"]) and h["critic/grad_norm"] > 0 for h in history)
+    assert all(math.isfinite(h["actor/pg_loss"]) for h in history)
