@@ -12,7 +12,7 @@ the turn rewards. With ``env`` settings the environments live in this process to
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 import torch
@@ -29,6 +29,9 @@ from m2flow.workers.agentic.turns import EpisodeSpec, TurnEngine
 from m2flow.workers.common import ReasoningWorker, derive_seed, state_digest
 from m2flow.workers.messages import GroupSample
 from m2flow.workers.streams import GroupStream
+
+
+EMITTED_LOG = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -71,8 +74,8 @@ class AgenticRolloutWorker(EnvHost, ReasoningWorker):
         self.policy_version = 0
         self.engine: TurnEngine | None = None
         self.step = -1
-        self.emitted: list[int] = []
-        """Ids of every trajectory sent to the actor (each must appear once: checked by tests)."""
+        self.emitted: deque[int] = deque(maxlen=EMITTED_LOG)
+        """Ids of the trajectories sent to the actor, the latest ``EMITTED_LOG`` (each once: checked by tests)."""
         if env is not None:
             self.setup_envs(env)
 

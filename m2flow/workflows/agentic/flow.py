@@ -42,7 +42,7 @@ from m2flow.workers.agentic.env_worker import EnvSettings
 from m2flow.workers.agentic.episode import EpisodeConfig
 from m2flow.workers.agentic.rollout_worker import RolloutSettings
 from m2flow.workers.agentic.turns import EpisodeSpec
-from m2flow.workers.stats import WEIGHT_KEY, merge_rank_metrics
+from m2flow.workers.stats import WEIGHT_KEY
 from m2flow.workers.streams import GroupStream
 from m2flow.workflows.agentic.config import AgenticConfig
 
@@ -86,8 +86,18 @@ def rollout_settings(cfg: AgenticConfig) -> RolloutSettings:
     return RolloutSettings(r.backend, r.dtype, episode, cfg.episodes.group_size)
 
 
-class EnvLost(Exception):
-    """An env worker died or hung; it has been launched again."""
+def merge_rollout_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
+    """The rollout ranks' metrics as one: counts summed, means weighted by each rank's trajectories."""
+    weights = [p.get("rollout/trajectories", 0.0) for p in parts]
+    out: dict[str, float] = {}
+    for key in sorted({k for p in parts for k in p}):
+        present = [(w, p[key]) for w, p in zip(weights, parts) if key in p]
+        if key.endswith(("_mean", "/mean", "/success")):
+            total = sum(w for w, _ in present)
+            out[key] = sum(w * v for w, v in present) / total if total else 0.0
+        else:
+            out[key] = float(sum(v for _, v in present))
+    return out
 
 
 class AgenticFlow:
@@ -248,12 +258,11 @@ class AgenticFlow:
                                                             for r in range(self.rollout_ranks)])], self.timeout)
                 reset(again)
             round_ += 1
-        metrics = merge_rank_metrics(gather([self.rollout.end()], self.timeout, "rollout: end")[0])
+        metrics = merge_rollout_metrics(gather([self.rollout.end()], self.timeout, "rollout: end")[0])
         env_stats, _ = self._env_round({e: ("env_stats", (f"in iteration {step}",)) for e in range(self.env_ranks)})
         for out in env_stats.values():
             for k, v in out.items():
                 metrics[k] = metrics.get(k, 0.0) + v
-        metrics.pop(WEIGHT_KEY, None)
         metrics.update({"time/env_busy_s": busy["env"], "time/generate_busy_s": busy["generate"],
                         "time/rollout_s": time.perf_counter() - t_start, "rollout/rounds": float(round_)})
         return metrics
