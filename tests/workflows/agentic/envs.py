@@ -41,12 +41,12 @@ class Faulty(GuessNumber):
 
 @register_text_env("test_dies_once")
 class DiesOnce(GuessNumber):
-    """Guess-the-number whose process kills itself (SIGKILL) at the first step with a seed of at least
-    ``from_seed``, once per ``marker`` file (the first process to create it)."""
+    """Guess-the-number whose process kills itself (SIGKILL; ``hang_s`` > 0: sleeps that long instead) at the
+    first step with a seed of at least ``from_seed``, once per ``marker`` file (the first process to create it)."""
 
-    def __init__(self, marker: str = "", from_seed: int = 0, **kwargs: Any) -> None:
+    def __init__(self, marker: str = "", from_seed: int = 0, hang_s: float = 0.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.marker, self.from_seed, self.seed = marker, from_seed, 0
+        self.marker, self.from_seed, self.hang_s, self.seed = marker, from_seed, hang_s, 0
 
     def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         self.seed = int(seed or 0)
@@ -61,7 +61,10 @@ class DiesOnce(GuessNumber):
             else:
                 os.write(fd, str(os.getpid()).encode())
                 os.close(fd)
-                os.kill(os.getpid(), signal.SIGKILL)
+                if self.hang_s:
+                    time.sleep(self.hang_s)
+                else:
+                    os.kill(os.getpid(), signal.SIGKILL)
         return super().step(action)
 
 

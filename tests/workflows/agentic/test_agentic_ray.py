@@ -49,3 +49,19 @@ def test_an_env_worker_killed_mid_iteration_is_restarted_alone_and_nothing_is_lo
     assert result.history[1]["rollout/reruns"] > 0 and result.history[0]["rollout/reruns"] == 0
     assert sorted(emitted) == list(range(12))  # every trajectory once: none lost, none twice
     assert sorted(taken) == [(s, g) for s in range(3) for g in range(2)]
+
+
+def test_a_hung_env_worker_is_restarted_alone_after_its_deadline(tmp_path):
+    marker = tmp_path / "hung"
+    cfg = tiny_config(tmp_path, steps=2, placement="env: 0-1, rollout,actor: 0", **{
+        "env.name": "test_dies_once", "env.step_timeout_s": None, "env.worker_timeout_s": 5.0,
+        "env.kwargs": {"marker": str(marker), "from_seed": 0, "hang_s": 600.0, "high": 8, "max_turns": 4}})
+    with Run(WORKFLOW, cfg, shared_cluster()) as run:
+        env_pids = run.flow.env_pids()
+        result = run.train()
+        emitted = [t for part in gather([run.flow.rollout.emitted_ids()])[0] for t in part]
+        after = run.flow.env_pids()
+    hung = env_pids.index(marker_pid(str(marker)))
+    assert after[hung] != env_pids[hung] and after[1 - hung] == env_pids[1 - hung] and result.restarts == 0
+    assert result.history[0]["faults/env_restarts"] == 1 and result.history[0]["rollout/reruns"] > 0
+    assert sorted(emitted) == list(range(8))
