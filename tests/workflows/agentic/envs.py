@@ -1,5 +1,5 @@
-"""Environments that misbehave on purpose, for the agentic workflow's tests (imported through ``env.module``,
-so env workers in other processes register them too)."""
+"""Environments that misbehave on purpose, and a generation backend that writes malformed tool calls, for the
+agentic workflow's tests (imported through ``env.module``, so env workers in other processes register them too)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from m2flow.backends.generation.base import register_generation_backend
 from m2flow.envs.text import register_text_env
 from m2flow.envs.text.guess import GuessNumber
+from tests.workers.agentic.scripted import ScriptedBackend
 
 
 @register_text_env("test_faulty")
@@ -71,3 +73,27 @@ class DiesOnce(GuessNumber):
 def marker_pid(marker: str) -> int:
     """The pid of the process that killed itself."""
     return int(Path(marker).read_text())
+
+
+@register_generation_backend("test_malformed_caller")
+class MalformedCaller(ScriptedBackend):
+    """Writes a call without ``NAME:`` (malformed) first, then a wrong answer once the error is read."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__(tokenizer, lambda context: "0" if "<error>" in context
+                         else "<tool>calculator " + context.split("=")[0] + "</tool>")
+
+    @classmethod
+    def from_options(cls, model_path: str, options: Any) -> MalformedCaller:
+        from m2flow.models.tokenizer import load_tokenizer
+
+        return cls(load_tokenizer(model_path))
+
+    def load_weights(self, state_dict: Any) -> None:
+        """Its turns are scripted: weights change nothing."""
+
+    def offload(self) -> None:
+        pass
+
+    def onload(self) -> None:
+        pass

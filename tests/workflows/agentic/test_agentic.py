@@ -121,3 +121,12 @@ def test_ppo_with_a_critic_trains_policy_and_value_model(tmp_path, model):
 
     assert all(math.isfinite(h["critic/value_loss"]) and h["critic/grad_norm"] > 0 for h in history)
     assert all(math.isfinite(h["actor/pg_loss"]) for h in history)
+
+
+def test_a_malformed_tool_call_is_answered_with_an_error_and_counted(tmp_path, model):
+    history = train(tiny_config(tmp_path, model, steps=1, **{
+        "rollout.backend": "test_malformed_caller", "rollout.max_turn_tokens": 24, "rollout.max_tokens": 96,
+        "rollout.stop": ["</tool>"], "env.name": "calculator", "env.kwargs": {"digits": 2}})).history
+    h = history[0]
+    assert h["tool/malformed"] == 4 and h["rollout/finish_terminated"] == 4  # each: a bad call, then an answer
+    assert h["reward/mean"] == 0.0 and h["env/raised"] == 0
