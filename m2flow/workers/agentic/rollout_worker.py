@@ -100,7 +100,8 @@ class AgenticRolloutWorker(EnvHost, ReasoningWorker):
         token budget ended)."""
         assert self.engine is not None
         with self.device_turn():
-            actions, cut = self.engine.turn(self.backend, derive_seed(self.seed, self.step, self.rank, round_))
+            actions, cut = self.engine.turn(self.backend, derive_seed(self.seed, self.step, self.rank, round_),
+                                            seed_base=self.seed)
         return actions, self._send(cut)
 
     def observe(self, results: Mapping[int, EnvStep]) -> list[int]:

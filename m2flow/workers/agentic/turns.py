@@ -19,6 +19,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from m2flow.backends.generation.base import GenerationBackend, SamplingParams
 from m2flow.envs.text.batch import EnvStep
 from m2flow.envs.text.batch import TextEnvStats
@@ -116,6 +118,11 @@ class _Live:
         self.traj.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
 
 
+def episode_seed(seed: int, traj_id: int, turn: int) -> int:
+    """The sampling seed of one model turn of one episode: distinct per (seed, trajectory, turn), reproducible."""
+    return int(np.random.SeedSequence([seed, traj_id, turn]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
 def _encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
 
@@ -149,9 +156,11 @@ class TurnEngine:
         """Ids of the started episodes that go on."""
         return [tid for tid, ep in self.episodes.items() if ep.started and not ep.done]
 
-    def turn(self, backend: GenerationBackend, seed: int) -> tuple[dict[int, str], list[int]]:
-        """One model turn for every running episode (sampled with ``seed``): the actions to step the
-        environments with, and the ids of episodes the token budget ended (their environments get nothing)."""
+    def turn(self, backend: GenerationBackend, seed: int, seed_base: int | None = None) -> tuple[dict[int, str], list[int]]:
+        """One model turn for every running episode: the actions to step the environments with, and the ids of
+        episodes the token budget ended (their environments get nothing). The round is sampled from ``seed``;
+        with ``seed_base`` and a backend with continuous batching, each episode's turn from
+        ``episode_seed(seed_base, trajectory id, turn)`` instead."""
         live = [self.episodes[t] for t in self.running()]
         if not live:
             return {}, []
@@ -159,7 +168,16 @@ class TurnEngine:
         budgets = [cfg.max_tokens - len(ep.traj.response_ids) for ep in live]
         params = SamplingParams(n=1, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                                 max_new_tokens=min(cfg.max_turn_tokens, max(budgets)), stop=cfg.stop, seed=seed)
-        groups = backend.generate([ep.context for ep in live], params)
+        contexts = [ep.context for ep in live]
+        if seed_base is not None and getattr(backend, "continuous", False):
+            # Each episode's turn drawn from a generator of its own (seed, trajectory, turn): the same episode
+            # plays the same turns whatever else shares the batch, so a re-run episode plays as it first did.
+            seeds = [episode_seed(seed_base, ep.spec.traj_id, ep.traj.num_turns) for ep in live]
+            by_prompt = {g.prompt_index: g for done in backend.generate_stream(contexts, params, seeds, len(contexts))
+                         for g in done}
+            groups = [by_prompt[i] for i in range(len(contexts))]
+        else:
+            groups = backend.generate(contexts, params)
         actions: dict[int, str] = {}
         cut = []
         for ep, budget, group in zip(live, budgets, groups):

@@ -49,6 +49,19 @@ def test_an_env_worker_killed_mid_iteration_is_restarted_alone_and_nothing_is_lo
     assert result.history[1]["rollout/reruns"] > 0 and result.history[0]["rollout/reruns"] == 0
     assert sorted(emitted) == list(range(12))  # every trajectory once: none lost, none twice
     assert sorted(taken) == [(s, g) for s in range(3) for g in range(2)]
+    # Each episode's turns are seeded by its own id: the re-run episodes played as they would have, so the run
+    # ends where an uninterrupted one does (up to the order in which the actor summed the groups).
+    calm = tiny_config(tmp_path / "calm", tmp_path / "model", steps=3, placement="env: 0-1, rollout,actor: 0", **{
+        "env.name": "test_dies_once", "env.kwargs": {"marker": "", "high": 8, "max_turns": 4}})
+    uninterrupted = train(calm, cluster=shared_cluster())
+    assert _learning(result.history) == pytest.approx(_learning(uninterrupted.history), rel=1e-5)
+
+
+def _learning(history: list[dict[str, float]]) -> dict[str, float]:
+    """What the data and the updates were, by (iteration, metric): every metric but timings, env call counts
+    and fault counters."""
+    skip = ("env/", "faults/", "rollout/reruns", "rollout/rounds")
+    return {f"{i}:{k}": v for i, h in enumerate(comparable(history)) for k, v in h.items() if not k.startswith(skip)}
 
 
 def test_a_hung_env_worker_is_restarted_alone_after_its_deadline(tmp_path):
