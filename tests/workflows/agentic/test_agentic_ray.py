@@ -64,6 +64,7 @@ def _learning(history: list[dict[str, float]]) -> dict[str, float]:
     return {f"{i}:{k}": v for i, h in enumerate(comparable(history)) for k, v in h.items() if not k.startswith(skip)}
 
 
+@pytest.mark.slow
 def test_a_hung_env_worker_is_restarted_alone_after_its_deadline(tmp_path):
     marker = tmp_path / "hung"
     cfg = tiny_config(tmp_path, steps=2, placement="env: 0-1, rollout,actor: 0", **{
