@@ -29,13 +29,13 @@ class EnvSettings:
     step_timeout_s: float | None = 10.0
     max_error_rate: float = 0.0
     concurrent: bool = False
-    module: str | None = None
-    """a module imported before the environment is built (where a custom environment registers itself)"""
+    imports: tuple[str, ...] = ()
+    """modules imported before the environment is built (where a custom environment registers itself)"""
 
     def batch(self, max_error_rate: float | None = None) -> TextEnvBatch:
         """A new ``TextEnvBatch`` of these environments (``max_error_rate``: instead of the configured one)."""
-        if self.module:
-            importlib.import_module(self.module)
+        for module in self.imports:
+            importlib.import_module(module)
         rate = self.max_error_rate if max_error_rate is None else max_error_rate
         return TextEnvBatch.from_registry(self.name, self.num_envs, self.kwargs, step_timeout_s=self.step_timeout_s,
                                           max_error_rate=rate, concurrent=self.concurrent)
@@ -74,11 +74,6 @@ class EnvHost:
         stats = self.envs.pop_stats()
         self.envs.check_health(stats, where)
         return stats.as_metrics()
-
-    def env_pid(self) -> int:
-        import os
-
-        return os.getpid()
 
 
 class EnvWorker(EnvHost, Worker):

@@ -41,7 +41,6 @@ class RolloutSettings:
     backend: str
     dtype: str
     episode: EpisodeConfig
-    group_size: int
 
 
 def empty_batch(pad_id: int) -> RolloutBatch:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from m2flow.config.schema import option
 from m2flow.driver.run_config import RunConfig, is_auto
@@ -69,9 +69,9 @@ class EnvConfig:
 
     name: str = option("calculator", "registered text environment (calculator, guess_number, gem, reasoning_gym ...)")
     kwargs: dict[str, Any] = option({}, "the environment's own settings")
-    module: str | None = option(
-        None, "a module imported first, in the driver and in every worker that builds environments (where an "
-              "environment of your own registers itself with register_text_env)")
+    imports: list[str] = option(
+        [], "modules imported first, in the driver and in every worker that builds environments (where an "
+            "environment of your own registers itself with register_text_env)")
     eval_kwargs: dict[str, Any] = option(
         {"split": "test"}, "settings of the held-out environments, over kwargs (a setting the env lacks fails)")
     step_timeout_s: float | None = option(10.0, "a reset or step that gives nothing for this long ends its episode")
@@ -101,8 +101,11 @@ class EnvConfig:
 
         from m2flow.envs.text import text_env_names
 
-        if self.module:
-            importlib.import_module(self.module)
+        for module in self.imports:
+            try:
+                importlib.import_module(module)
+            except ImportError as e:
+                raise ValueError(f"imports: cannot import {module!r}: {e}") from None
         if self.name not in text_env_names():
             raise ValueError(f"unknown environment {self.name!r}; registered: {', '.join(text_env_names())}")
 
@@ -196,5 +199,3 @@ class AgenticConfig(RunConfig):
         except PlacementError as e:
             raise ValueError(f"placement: {e}") from None
 
-
-Mode = Literal["train", "eval"]

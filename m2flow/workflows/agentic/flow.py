@@ -74,7 +74,7 @@ def env_settings(cfg: AgenticConfig, env_ranks: int, kwargs: dict[str, Any] | No
     per_step = cfg.episodes.groups_per_step * cfg.episodes.group_size
     return EnvSettings(cfg.env.name, dict(cfg.env.kwargs if kwargs is None else kwargs),
                        math.ceil(per_step / env_ranks), cfg.env.step_timeout_s, cfg.env.max_error_rate,
-                       cfg.env.concurrent, cfg.env.module)
+                       cfg.env.concurrent, tuple(cfg.env.imports))
 
 
 def rollout_settings(cfg: AgenticConfig) -> RolloutSettings:
@@ -83,7 +83,7 @@ def rollout_settings(cfg: AgenticConfig) -> RolloutSettings:
                             temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, stop=tuple(r.stop),
                             prompt_template=r.prompt_template, observation_template=r.observation_template,
                             seed=cfg.seed)
-    return RolloutSettings(r.backend, r.dtype, episode, cfg.episodes.group_size)
+    return RolloutSettings(r.backend, r.dtype, episode)
 
 
 def merge_rollout_metrics(parts: list[dict[str, float]]) -> dict[str, float]:

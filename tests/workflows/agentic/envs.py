@@ -1,5 +1,5 @@
 """Environments that misbehave on purpose, and a generation backend that writes malformed tool calls, for the
-agentic workflow's tests (imported through ``env.module``, so env workers in other processes register them too)."""
+agentic workflow's tests (imported through ``env.imports``, so env workers in other processes register them too)."""
 
 from __future__ import annotations
 

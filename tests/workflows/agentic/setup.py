@@ -18,7 +18,7 @@ def tiny_config(tmp_path: Path, model: Path | None = None, **overrides: Any) -> 
         "metrics": {"sinks": ["jsonl"]}, "eval_episodes": 4,
         "model": {"path": str(model or tmp_path / "model"), "create_tiny": True,
                   "tiny": {"hidden_size": 32, "num_layers": 1, "intermediate_size": 64}},
-        "env": {"name": "guess_number", "kwargs": {"high": 8, "max_turns": 4}, "eval_kwargs": {}, "module": ENVS},
+        "env": {"name": "guess_number", "kwargs": {"high": 8, "max_turns": 4}, "eval_kwargs": {}, "imports": [ENVS]},
         "episodes": {"groups_per_step": 2, "group_size": 2},
         "rollout": {"max_turns": 4, "max_tokens": 40, "max_turn_tokens": 4, "stop": [" "]},
         "actor": {"micro_batch_size": 4, "optim": {"lr": 1e-3}},
