@@ -130,3 +130,11 @@ def test_a_malformed_tool_call_is_answered_with_an_error_and_counted(tmp_path, m
     h = history[0]
     assert h["tool/malformed"] == 4 and h["rollout/finish_terminated"] == 4  # each: a bad call, then an answer
     assert h["reward/mean"] == 0.0 and h["env/raised"] == 0
+
+
+def test_rollout_ranks_metrics_add_counts_and_weigh_means_by_trajectories():
+    from m2flow.workflows.agentic.flow import merge_rollout_metrics
+
+    merged = merge_rollout_metrics([{"rollout/trajectories": 3.0, "reward/mean": 1.0, "tool/ok": 2.0},
+                                    {"rollout/trajectories": 1.0, "reward/mean": 0.0, "tool/ok": 1.0}])
+    assert merged == {"rollout/trajectories": 4.0, "reward/mean": 0.75, "tool/ok": 3.0}
