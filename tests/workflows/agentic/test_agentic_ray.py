@@ -15,6 +15,7 @@ from tests.workflows.agentic.setup import comparable, tiny_config
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
 
+@pytest.mark.slow
 def test_ray_computes_what_the_local_executor_computes(tmp_path):
     local = train(tiny_config(tmp_path / "local", tmp_path / "model", steps=2))
     on_ray = train(tiny_config(tmp_path / "ray", tmp_path / "model", steps=2,
