@@ -1,0 +1,85 @@
+"""``EnvWorker``: many text environments in one process, reset and stepped for the rollout.
+
+An env worker holds a ``TextEnvBatch`` of the configured environment and plays the episodes the flow
+assigns it, keyed by trajectory id: ``env_reset`` starts them, ``env_step`` steps those given an action,
+``env_stats`` gives (and clears) the counts of calls and failures. An environment that raises, hangs or
+returns a bad value ends only its own episode (``TextEnvBatch``); too many such failures stop the run
+(``RunHealthError``). ``EnvHost`` is the same as a mixin, so the environments can live inside the
+rollout's processes (the ``env`` component fused into ``rollout``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from m2flow.envs.text.batch import EnvStep, TextEnvBatch, TextEnvStats
+from m2flow.runtime.worker import Worker
+
+
+@dataclass(frozen=True)
+class EnvSettings:
+    """What an env worker builds: the environment by name and its settings, how many, and their limits."""
+
+    name: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    num_envs: int = 1
+    step_timeout_s: float | None = 10.0
+    max_error_rate: float = 0.0
+    concurrent: bool = False
+    imports: tuple[str, ...] = ()
+    """modules imported before the environment is built (where a custom environment registers itself)"""
+
+    def batch(self, max_error_rate: float | None = None) -> TextEnvBatch:
+        """A new ``TextEnvBatch`` of these environments (``max_error_rate``: instead of the configured one)."""
+        for module in self.imports:
+            importlib.import_module(module)
+        rate = self.max_error_rate if max_error_rate is None else max_error_rate
+        return TextEnvBatch.from_registry(self.name, self.num_envs, self.kwargs, step_timeout_s=self.step_timeout_s,
+                                          max_error_rate=rate, concurrent=self.concurrent)
+
+
+class EnvHost:
+    """Environments keyed by trajectory id, for the episodes of one iteration at a time."""
+
+    def setup_envs(self, settings: EnvSettings) -> None:
+        self.env_settings = settings
+        self.envs = settings.batch()
+        self._slots: dict[int, int] = {}  # trajectory id -> index of its environment
+        self._env_stats = TextEnvStats()
+
+    def env_reset(self, traj_ids: Sequence[int], seeds: Sequence[int]) -> dict[int, EnvStep]:
+        """Start one episode per trajectory id (reset with its seed); the first observations, by id."""
+        n = len(self.envs)
+        if len(traj_ids) > n:
+            raise ValueError(f"{len(traj_ids)} episodes for {n} environments")
+        # Every environment is reset (the batch plays one episode each); the spare ones stop at once.
+        padded = list(seeds) + [seeds[0] if seeds else 0] * (n - len(seeds))
+        steps = self.envs.reset(padded)
+        for i in range(len(traj_ids), n):
+            self.envs.stop(i)
+        self._slots = {tid: i for i, tid in enumerate(traj_ids)}
+        return {tid: steps[i] for tid, i in self._slots.items()}
+
+    def env_step(self, actions: Mapping[int, str]) -> dict[int, EnvStep]:
+        """Step the episodes given an action (by trajectory id); what each environment answered."""
+        results = self.envs.step({self._slots[tid]: text for tid, text in actions.items()})
+        by_index = {i: tid for tid, i in self._slots.items()}
+        return {by_index[i]: step for i, step in results.items()}
+
+    def env_stats(self, where: str = "") -> dict[str, float]:
+        """The calls and failures since the last call (``env/...``); too many failures raise ``RunHealthError``."""
+        stats = self.envs.pop_stats()
+        self.envs.check_health(stats, where)
+        return stats.as_metrics()
+
+
+class EnvWorker(EnvHost, Worker):
+    """An env worker: a process (of its own) holding ``settings.num_envs`` environments."""
+
+    def __init__(self, settings: EnvSettings, index: int = 0) -> None:
+        self.index = index
+        """Which env worker of the flow this is (each is a group of one, restarted alone)."""
+        self.setup_envs(settings)

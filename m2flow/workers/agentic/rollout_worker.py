@@ -1,0 +1,203 @@
+"""``AgenticRolloutWorker``: model turns for the episodes routed to this rank, finished groups streamed on.
+
+Per iteration the flow calls ``begin`` (the rank's episodes), ``start_episodes`` (their first
+observations), then rounds of ``turn`` (one model turn for every running episode) and ``observe`` (what
+the environments answered), until every episode has ended. A GRPO group (the ``group_size`` episodes of
+one seed, all on this rank) is put into the trajectories stream as a ``GroupSample`` the moment its last
+episode ends, so the actor trains on it while the long episodes of other groups still run.
+Observation tokens are in the response but out of the loss (``action_mask``); the return is the sum of
+the turn rewards. With ``env`` settings the environments live in this process too (``env`` fused into
+``rollout``): the flow then calls the ``EnvHost`` methods here.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+import torch
+
+from m2flow.backends.generation import GenerationOptions, create_generation_backend
+from m2flow.data.batch import RolloutBatch
+from m2flow.envs.text.batch import EnvStep
+from m2flow.models.tokenizer import load_tokenizer
+from m2flow.runtime.trace import trace_category
+from m2flow.workers.agentic.env_worker import EnvHost, EnvSettings
+from m2flow.workers.agentic.episode import EpisodeConfig, run_episodes
+from m2flow.workers.agentic.trajectory import Trajectory, to_rollout_batch
+from m2flow.workers.agentic.turns import EpisodeSpec, TurnEngine
+from m2flow.workers.common import ReasoningWorker, derive_seed, state_digest
+from m2flow.workers.messages import GroupSample
+from m2flow.workers.streams import GroupStream
+
+
+EMITTED_LOG = 1 << 16
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """The generation backend and how episodes are played."""
+
+    backend: str
+    dtype: str
+    episode: EpisodeConfig
+
+
+def empty_batch(pad_id: int) -> RolloutBatch:
+    """A batch of no rows (a group whose every episode failed before the model spoke)."""
+    z = torch.zeros((0, 1), dtype=torch.long)
+    return RolloutBatch(prompt_ids=z, prompt_mask=z, response_ids=z, response_mask=z,
+                        group_ids=torch.zeros(0, dtype=torch.long), truncated=torch.zeros(0, dtype=torch.bool),
+                        pad_id=pad_id, action_mask=z, rewards=torch.zeros(0),
+                        rollout_logprobs=torch.zeros((0, 1)))
+
+
+def group_sample(step: int, slot: int, trajs: Sequence[Trajectory], pad_id: int, version: int) -> GroupSample:
+    """The finished episodes of one group as the actor's message; dropped when none holds a model token."""
+    live = [t for t in trajs if t.model_tokens > 0]
+    batch = to_rollout_batch(live, pad_id) if live else empty_batch(pad_id)
+    return GroupSample(step, slot, trajs[0].seed, None, ["".join(t.turn_texts) for t in live], batch,
+                       dropped=not live, version=version)
+
+
+class AgenticRolloutWorker(EnvHost, ReasoningWorker):
+    """Plays the model's turns of this rank's episodes; sends each finished group to the actor."""
+
+    def __init__(self, model_path: str, cfg: RolloutSettings, trajectories: GroupStream, *, seed: int = 0,
+                 shares_devices: bool = False, env: EnvSettings | None = None) -> None:
+        self.cfg, self.seed, self.shares_devices = cfg, seed, shares_devices
+        self.out = trajectories
+        self.tokenizer = load_tokenizer(model_path)
+        options = GenerationOptions(device=self.torch_device, dtype=cfg.dtype, seed=seed)
+        self.backend = create_generation_backend(cfg.backend, model_path, options)
+        self.policy_version = 0
+        self.engine: TurnEngine | None = None
+        self.step = -1
+        self.emitted: deque[int] = deque(maxlen=EMITTED_LOG)
+        """Ids of the trajectories sent to the actor, the latest ``EMITTED_LOG`` (each once: checked by tests)."""
+        if env is not None:
+            self.setup_envs(env)
+
+    # -- one iteration ---------------------------------------------------------------------
+    def begin(self, step: int, specs: Sequence[EpisodeSpec]) -> None:
+        """Take this rank's episodes of iteration ``step``."""
+        self.step = step
+        self.engine = TurnEngine(self.cfg.episode, self.tokenizer, specs)
+        self._groups: dict[int, list[int]] = defaultdict(list)
+        for s in specs:
+            self._groups[s.slot].append(s.traj_id)
+        self._sent: set[int] = set()
+
+    def start_episodes(self, first: Mapping[int, EnvStep]) -> list[int]:
+        """Start episodes from their first observations; the ids of those that ended at once."""
+        assert self.engine is not None
+        return self._send(self.engine.begin(first))
+
+    @trace_category("generate")
+    def play_turn(self, round_: int) -> tuple[dict[int, str], list[int]]:
+        """One model turn of every running episode: (the actions by trajectory id, the ids of episodes the
+        token budget ended)."""
+        assert self.engine is not None
+        with self.device_turn():
+            actions, cut = self.engine.turn(self.backend, derive_seed(self.seed, self.step, self.rank, round_),
+                                            seed_base=self.seed)
+        return actions, self._send(cut)
+
+    def observe(self, results: Mapping[int, EnvStep]) -> list[int]:
+        """Record the environments' answers; the ids of the episodes that ended."""
+        assert self.engine is not None
+        return self._send(self.engine.observe(results))
+
+    def rerun(self, traj_ids: Sequence[int]) -> None:
+        """Start these episodes over (their env worker was lost)."""
+        assert self.engine is not None
+        self.engine.rerun(traj_ids)
+
+    def running(self) -> int:
+        """Episodes of this rank still going on (started and not ended)."""
+        return len(self.engine.running()) if self.engine is not None else 0
+
+    def end(self) -> dict[str, float]:
+        """The iteration's rollout metrics (every episode has ended, every group was sent)."""
+        assert self.engine is not None
+        stats = self.engine.close()
+        if len(self._sent) != len(self._groups):
+            raise RuntimeError(f"rollout rank {self.rank}: {len(self._groups) - len(self._sent)} group(s) never sent")
+        trajs = [self.engine.trajectory(t) for ids in self._groups.values() for t in ids]
+        out = stats.as_metrics()
+        out.pop("time/generate_s", None)
+        out.pop("time/env_s", None)
+        returns = [t.reward for t in trajs]
+        out["reward/mean"] = sum(returns) / max(1, len(returns))
+        out["reward/success"] = sum(t.finish_reason == "terminated" and t.reward > 0 for t in trajs) / max(1, len(trajs))
+        out["rollout/reruns"] = float(self.engine.reruns)
+        out["rollout/responses_count"] = float(len(trajs))
+        out["rollout/tokens_count"] = float(stats.model_tokens + stats.observation_tokens)
+        self.engine = None
+        return out
+
+    def _send(self, ended: Sequence[int]) -> list[int]:
+        """Put every group whose last episode is among ``ended`` (all its episodes done) into the stream;
+        returns ``ended``."""
+        assert self.engine is not None
+        sent = []
+        for slot in sorted({self.engine.episodes[t].spec.slot for t in ended}):
+            ids = self._groups[slot]
+            if slot in self._sent or not all(self.engine.done(t) for t in ids):
+                continue
+            trajs = [self.engine.trajectory(t) for t in ids]
+            sent.append(group_sample(self.step, slot, trajs, self.backend.pad_id, self.policy_version))
+            self._sent.add(slot)
+            self.emitted.extend(ids)
+        if sent:
+            self.out.put_many(sent)
+        return list(ended)
+
+    def emitted_ids(self) -> list[int]:
+        return list(self.emitted)
+
+    # -- evaluation --------------------------------------------------------------------------
+    def evaluate(self, env: EnvSettings, seeds: Sequence[int], temperature: float = 0.0) -> dict[str, float]:
+        """Episodes on held-out environments (greedy at temperature 0): mean return, success rate, turns."""
+        from dataclasses import replace
+
+        envs = replace(env, num_envs=len(seeds)).batch(max_error_rate=1.0)
+        cfg = replace(self.cfg.episode, temperature=temperature, seed=self.seed)
+        with self.device_turn():
+            trajs, stats = run_episodes(self.backend, self.tokenizer, envs, list(seeds), list(range(len(seeds))), cfg)
+        n = max(1, len(trajs))
+        return {"eval/return_mean": sum(t.reward for t in trajs) / n,
+                "eval/success": sum(t.finish_reason == "terminated" and t.reward > 0 for t in trajs) / n,
+                "eval/turns_mean": stats.turns / n,
+                "eval/tool_calls": float(sum(stats.tool_outcomes.values())) / n}
+
+    # -- weights -----------------------------------------------------------------------------
+    def offload(self) -> None:
+        self.backend.offload()
+        self._offloaded = True
+
+    def onload(self) -> None:
+        if getattr(self, "_offloaded", False):  # waking an engine that never slept is not free (vLLM)
+            self.backend.onload()
+            self._offloaded = False
+
+    @trace_category("weight_sync")
+    def receive_weights(self, src_group: str, src_rank: int = 0, version: int | None = None) -> int:
+        """Load the policy weights streamed by the actor; ``version`` (iterations trained) marks the groups
+        generated from them."""
+        if version is not None:
+            self.policy_version = version
+        module = self.backend.module
+        if module is not None:
+            return self.receive_weights_into(module, src_group, src_rank)
+        from m2flow.runtime.comm import recv_weights
+
+        weights = recv_weights(self.comm, src_group, src_rank)
+        self.backend.load_weights(weights)
+        return len(weights)
+
+    def weights_digest(self) -> str:
+        module = self.backend.module
+        if module is None:
+            raise NotImplementedError(f"backend {self.cfg.backend!r} does not expose its weights")
+        return state_digest(module.state_dict())

@@ -1,0 +1,201 @@
+"""The config of the agentic RL workflow (``workflow: agentic``): model, environments, rollout, actor, run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from m2flow.config.schema import option
+from m2flow.driver.run_config import RunConfig, is_auto
+from m2flow.rewards.tools.calls import CALL_STOP
+from m2flow.runtime.cluster import expected_layout
+from m2flow.runtime.placement import SYNTAX_LAYOUT_DEVICES, NodeLayout, PlacementError, parse_placement
+from m2flow.workers.config import ActorConfig, AlgorithmConfig, DType
+from m2flow.workflows.agentic.graph import COMPONENTS
+
+
+@dataclass
+class TinyModelSpec:
+    """A tiny random causal LM (character tokenizer over the tasks' alphabet) built at ``model.path``."""
+
+    hidden_size: int = option(64, "width of the residual stream")
+    num_layers: int = option(2, "transformer blocks")
+    num_heads: int = option(4, "attention heads")
+    num_kv_heads: int = option(2, "key/value heads")
+    intermediate_size: int = option(128, "MLP width")
+    max_position_embeddings: int = option(512, "longest prompt + response")
+    seed: int = option(0, "seed of the random initialisation")
+
+
+@dataclass
+class WarmStartConfig:
+    """Supervised steps on an imperfect teacher's demonstrations of the calculator's call format, once,
+    before the workers start (saved in run_dir/warm_start, reused while its settings match)."""
+
+    steps: int = option(0, "supervised steps (0: none)")
+    batch_size: int = option(32, "demonstrations per step")
+    lr: float = option(3e-3, "AdamW learning rate after the warm-up")
+    warmup_steps: int = option(0, "steps over which the learning rate rises linearly from 0")
+    skip_rate: float = option(0.2, "share of the teacher's demonstrations that skip the tool and guess")
+    copy_error_rate: float = option(0.1, "share that call the tool and copy its result wrong")
+    digits: int = option(3, "digits of each operand in the demonstrations")
+    threads: int = option(0, "torch threads of the warm start, which runs in the driver (0: torch's default)")
+
+    def validate(self) -> None:
+        for key in ("steps", "warmup_steps", "threads"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not (0 <= self.skip_rate and 0 <= self.copy_error_rate and self.skip_rate + self.copy_error_rate <= 1):
+            raise ValueError("skip_rate and copy_error_rate must be >= 0 with a sum <= 1")
+
+
+@dataclass
+class ModelConfig:
+    """The policy model."""
+
+    path: str = option("runs/models/tiny-agentic", "local Hugging Face model directory (model + tokenizer)")
+    create_tiny: bool = option(False, "build a tiny random model at path first when the directory does not exist")
+    tiny: TinyModelSpec = option(TinyModelSpec(), "shape of the tiny model built by create_tiny")
+    warm_start: WarmStartConfig = option(WarmStartConfig(), "supervised warm start on the calculator's call format")
+
+
+@dataclass
+class EnvConfig:
+    """The text environments and the env workers that hold them."""
+
+    name: str = option("calculator", "registered text environment (calculator, guess_number, gem, reasoning_gym ...)")
+    kwargs: dict[str, Any] = option({}, "the environment's own settings")
+    imports: list[str] = option(
+        [], "modules imported first, in the driver and in every worker that builds environments (where an "
+            "environment of your own registers itself with register_text_env)")
+    eval_kwargs: dict[str, Any] = option(
+        {"split": "test"}, "settings of the held-out environments, over kwargs (a setting the env lacks fails)")
+    step_timeout_s: float | None = option(10.0, "a reset or step that gives nothing for this long ends its episode")
+    max_error_rate: float = option(
+        0.05, "failed environment calls (raised, hung, bad value) tolerated per iteration, as a share of calls; "
+              "more stop the run with one error line")
+    concurrent: bool = option(False, "step a worker's environments side by side, a thread each (tools with latency)")
+    worker_timeout_s: float | None = option(
+        60.0, "an env worker that gives no answer for this long is restarted alone (None: wait for ever)")
+    max_worker_restarts: int = option(
+        4, "env-worker restarts per run; one more ends the attempt like any other dead worker")
+    num_threads: int = option(1, "torch threads of each env worker")
+    fuse_with_rollout: bool = option(
+        False, "when env and rollout ranks sit on the same devices rank for rank, hold the environments in the "
+               "rollout's processes (no messages, but a failing environment process then takes the rollout along)")
+
+    def validate(self) -> None:
+        if self.step_timeout_s is not None and self.step_timeout_s <= 0:
+            raise ValueError(f"step_timeout_s must be > 0 or None, got {self.step_timeout_s}")
+        if self.worker_timeout_s is not None and self.worker_timeout_s <= 0:
+            raise ValueError(f"worker_timeout_s must be > 0 or None, got {self.worker_timeout_s}")
+        if not 0.0 <= self.max_error_rate <= 1.0:
+            raise ValueError(f"max_error_rate must be in [0, 1], got {self.max_error_rate}")
+        if self.max_worker_restarts < 0:
+            raise ValueError(f"max_worker_restarts must be >= 0, got {self.max_worker_restarts}")
+        import importlib
+
+        from m2flow.envs.text import text_env_names
+
+        for module in self.imports:
+            try:
+                importlib.import_module(module)
+            except ImportError as e:
+                raise ValueError(f"imports: cannot import {module!r}: {e}") from None
+        if self.name not in text_env_names():
+            raise ValueError(f"unknown environment {self.name!r}; registered: {', '.join(text_env_names())}")
+
+
+@dataclass
+class RolloutConfig:
+    """The rollout workers: model turns of multi-turn episodes."""
+
+    backend: str = option("lean", "generation backend: 'hf', 'lean' (small Qwen2/Llama on a CPU) or 'vllm' (CUDA)")
+    dtype: DType = option("float32", "weight dtype of the generation model")
+    num_threads: int = option(1, "torch threads of each rollout rank")
+    max_turns: int = option(4, "most model turns per episode (the turn budget)")
+    max_tokens: int = option(128, "most response tokens per episode, model and observation together (token budget)")
+    max_turn_tokens: int = option(32, "most tokens one model turn may generate")
+    temperature: float = option(1.0, "sampling temperature (0: greedy); log-probs are taken at it too")
+    eval_temperature: float = option(0.0, "sampling temperature of the held-out evaluation (0: greedy)")
+    top_p: float = option(1.0, "nucleus sampling threshold (1.0: off)")
+    top_k: int = option(0, "keep only the k most likely tokens (0: off)")
+    stop: list[str] = option([CALL_STOP], "strings that end a model turn (the tool call's closing tag)")
+    prompt_template: str = option("{observation}", "how the first observation becomes the prompt")
+    observation_template: str = option("{observation}", "how a later observation is written into the context")
+
+    def validate(self) -> None:
+        for key in ("max_turns", "max_tokens", "max_turn_tokens", "num_threads"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        if self.temperature < 0 or self.eval_temperature < 0:
+            raise ValueError("temperature and eval_temperature must be >= 0")
+        for key in ("prompt_template", "observation_template"):
+            if "{observation}" not in getattr(self, key):
+                raise ValueError(f"{key} must contain '{{observation}}'")
+        from m2flow.backends.generation import generation_backend_class
+
+        generation_backend_class(self.backend)  # an unknown name raises, listing the valid ones
+
+
+@dataclass
+class EpisodesConfig:
+    """The episodes of an iteration: GRPO groups of episodes reset with the same seed."""
+
+    groups_per_step: int = option(8, "groups (seeds) per iteration")
+    group_size: int = option(4, "episodes per group, reset with the same seed (GRPO's n)")
+    seed_offset: int = option(0, "training seeds are seed_offset + a running count (held-out ones lie apart)")
+
+    def validate(self) -> None:
+        if self.groups_per_step < 1 or self.group_size < 1:
+            raise ValueError("groups_per_step and group_size must be >= 1")
+
+
+@dataclass
+class AgenticConfig(RunConfig):
+    """Agentic RL: a language model acting over several turns in text environments and with tools."""
+
+    placement: str = option(
+        "env,rollout,actor: 0",
+        "devices of each component (env, rollout, actor); shared devices are taken in turn; 'local': one rank "
+        "each, all in this process (no Ray); 'auto': the planner chooses (see auto)")
+    run_dir: str = option("runs/agentic", "where logs, metrics, checkpoints and the trace go")
+    model: ModelConfig = option(ModelConfig(), "the policy model")
+    env: EnvConfig = option(EnvConfig(), "environments and env workers")
+    episodes: EpisodesConfig = option(EpisodesConfig(), "episodes per iteration")
+    rollout: RolloutConfig = option(RolloutConfig(), "multi-turn generation")
+    actor: ActorConfig = option(ActorConfig(), "policy updates")
+    algorithm: AlgorithmConfig = option(AlgorithmConfig(old_logprobs="rollout"), "advantages and losses")
+    steps: int = option(20, "training iterations")
+    eval_episodes: int = option(64, "held-out episodes per evaluation (greedy)")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.eval_episodes < 1:
+            raise ValueError(f"eval_episodes must be >= 1, got {self.eval_episodes}")
+        algo = self.algorithm
+        if algo.old_logprobs == "inference":
+            raise ValueError("algorithm.old_logprobs: the agentic workflow has no inference component; use "
+                             "'rollout' (the generator's log-probs) or 'actor'")
+        if algo.needs_reference:
+            raise ValueError("algorithm: a reference model (kl_loss_coef / kl_reward_coef > 0) is not supported "
+                             "by the agentic workflow")
+        if (algo.old_logprobs == "actor" or algo.max_staleness > 0) and not self.actor.updates_once:
+            raise ValueError("algorithm.old_logprobs 'actor' and max_staleness > 0 need one optimizer step per "
+                             "iteration (actor.mini_batches = actor.update_epochs = 1)")
+        if self.model.warm_start.steps and self.env.name != "calculator":
+            raise ValueError(f"model.warm_start: the teacher demonstrates the calculator task, not {self.env.name!r}")
+        if is_auto(self.placement):
+            return
+        layout = expected_layout(self.cluster) or NodeLayout((SYNTAX_LAYOUT_DEVICES,))
+        try:
+            parse_placement(self.placement, layout, COMPONENTS)
+        except PlacementError as e:
+            raise ValueError(f"placement: {e}") from None
+

@@ -1,0 +1,373 @@
+"""The agentic workflow's live system: env workers, rollout and actor groups, and the turn loop between them.
+
+One iteration is ``groups_per_step`` GRPO groups of ``group_size`` episodes (a group's episodes are
+reset with the same seed). The turn loop (``_play``) runs on a thread of the flow, one iteration after
+another: env workers reset their environments, then rounds of one model turn for every running episode
+(rollout) and one step of each environment that got an action (env workers), until every episode has
+ended or spent its turn or token budget. The rollout puts each group into the trajectories stream the
+moment its last episode ends, and the actor, called before the loop runs, trains on what is ready, so a
+few long episodes do not idle it. Actions and observations travel as the arguments and results of the
+env workers' calls.
+
+Bounded staleness (``algorithm.max_staleness`` s): the episodes of iteration j are played behind the
+weights of iteration max(0, j - s), as in the reasoning workflow; every call on a group runs in the
+order issued (the weight send on the actor from the driver, everything on the rollout from the loop
+thread), so which weights play which iteration is fixed by the loop, not by timing.
+
+Fault isolation: every env worker is a group of one rank of its own. One that dies or gives no answer
+within ``env.worker_timeout_s`` is shut down and launched again alone through the executor (the other
+groups keep their processes), and only its episodes that had not ended are played again from their
+reset, under their own trajectory ids: nothing is lost, nothing is sent twice. The runtime restarts
+whole flows only; this one-group restart lives here, in the flow, on the executor's ``launch``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from m2flow.driver.restarts import gather
+from m2flow.driver.workflow import Launch
+from m2flow.planner import Plan
+from m2flow.runtime.errors import worker_died
+from m2flow.runtime.executors import Executor, GroupSpec, Handle, WorkerGroup
+from m2flow.runtime.placement import ComponentPlacement
+from m2flow.workers.agentic.env_worker import EnvSettings
+from m2flow.workers.agentic.episode import EpisodeConfig
+from m2flow.workers.agentic.rollout_worker import RolloutSettings
+from m2flow.workers.agentic.turns import EpisodeSpec
+from m2flow.workers.stats import WEIGHT_KEY
+from m2flow.workers.streams import GroupStream
+from m2flow.workflows.agentic.config import AgenticConfig
+
+log = logging.getLogger(__name__)
+
+EVAL_SEED = 1_000_000_007
+"""First seed of the held-out episodes (the same every evaluation, so curves compare like with like)."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What the driver prepares once before any worker starts: the model to load."""
+
+    model_path: Path
+
+
+def episode_specs(cfg: AgenticConfig, step: int, env_ranks: int) -> list[EpisodeSpec]:
+    """The episodes of iteration ``step``: group ``slot``'s ``group_size`` episodes share a seed; ids run on
+    across iterations; episode i of the iteration plays on env worker i mod ``env_ranks``."""
+    e = cfg.episodes
+    per_step = e.groups_per_step * e.group_size
+    return [EpisodeSpec(step * per_step + i, i // e.group_size, e.seed_offset + step * e.groups_per_step + i // e.group_size,
+                        i % env_ranks)
+            for i in range(per_step)]
+
+
+def env_settings(cfg: AgenticConfig, env_ranks: int, kwargs: dict[str, Any] | None = None) -> EnvSettings:
+    """What each env worker holds: enough environments for its share of an iteration's episodes."""
+    per_step = cfg.episodes.groups_per_step * cfg.episodes.group_size
+    return EnvSettings(cfg.env.name, dict(cfg.env.kwargs if kwargs is None else kwargs),
+                       math.ceil(per_step / env_ranks), cfg.env.step_timeout_s, cfg.env.max_error_rate,
+                       cfg.env.concurrent, tuple(cfg.env.imports))
+
+
+def rollout_settings(cfg: AgenticConfig) -> RolloutSettings:
+    r = cfg.rollout
+    episode = EpisodeConfig(max_turns=r.max_turns, max_tokens=r.max_tokens, max_turn_tokens=r.max_turn_tokens,
+                            temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, stop=tuple(r.stop),
+                            prompt_template=r.prompt_template, observation_template=r.observation_template,
+                            seed=cfg.seed)
+    return RolloutSettings(r.backend, r.dtype, episode)
+
+
+def merge_rollout_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
+    """The rollout ranks' metrics as one: counts summed, means weighted by each rank's trajectories."""
+    weights = [p.get("rollout/trajectories", 0.0) for p in parts]
+    out: dict[str, float] = {}
+    for key in sorted({k for p in parts for k in p}):
+        present = [(w, p[key]) for w, p in zip(weights, parts) if key in p]
+        if key.endswith(("_mean", "/mean", "/success")):
+            total = sum(w for w, _ in present)
+            out[key] = sum(w * v for w, v in present) / total if total else 0.0
+        else:
+            out[key] = float(sum(v for _, v in present))
+    return out
+
+
+class AgenticFlow:
+    """The launched system of one run attempt (the driver's ``Flow``)."""
+
+    def __init__(self, workflow: Any, cfg: AgenticConfig, plan: Plan, executor: Executor, run: Launch) -> None:
+        state = run.state or {}
+        self.cfg, self.plan, self.executor, self.run = cfg, plan, executor, run
+        self.timeout = cfg.fault_tolerance.iteration_timeout_s
+        self.iterations = self.progress_total = cfg.steps
+        self.max_staleness = int(plan.settings.get("max_staleness", 0))
+        self.description = plan.mode
+        self.env_fused = plan.fused("env")
+        self.rollout_ranks, self.actor_ranks = plan["rollout"].world_size, plan["actor"].world_size
+        self.env_ranks = self.rollout_ranks if self.env_fused else plan["env"].world_size
+        self.stream = GroupStream.create(f"trajectories-{run.run_id}", self.actor_ranks, self.max_staleness + 1)
+        path = str(run.prepared.model_path)
+        self.settings = env_settings(cfg, self.env_ranks)
+        specs: dict[str, GroupSpec] = {
+            "rollout": workflow.group_spec("rollout", plan, path, rollout_settings(cfg), self.stream, seed=cfg.seed,
+                                           shares_devices=plan["rollout"].shares_devices,
+                                           env=self.settings if self.env_fused else None),
+            "actor": workflow.group_spec("actor", plan, path, cfg.actor, cfg.algorithm, cfg.rollout.temperature,
+                                         cfg.episodes.group_size, self.stream, total_steps=cfg.steps, seed=cfg.seed,
+                                         shares_devices=plan["actor"].shares_devices,
+                                         resume_dir=str(run.checkpoint) if run.checkpoint else None,
+                                         counters=state.get("actor"), start_step=run.start),
+        }
+        self.names = {c: f"{c}-{run.run_id}" for c in ("rollout", "actor")}
+        placements: dict[str, Any] = {c: plan[c].placement for c in ("rollout", "actor")}
+        if not self.env_fused:
+            self._env_spec = workflow.group_spec("env", plan, self.settings)
+            for e in range(self.env_ranks):
+                key = f"env/{e}"
+                specs[key] = replace(self._env_spec, kwargs={"index": e})
+                self.names[key] = f"env{e}-{run.run_id}"
+                placements[key] = self._env_placement(e)
+        groups = executor.launch(self.names, placements, specs, run.run_dir / "logs", run.trace_dir)
+        self.rollout: WorkerGroup = groups["rollout"]
+        self.actor: WorkerGroup = groups["actor"]
+        self.envs: list[WorkerGroup] = [groups[f"env/{e}"] for e in range(self.env_ranks)] if not self.env_fused \
+            else []
+        self.env_restarts = 0
+        self._loop = ThreadPoolExecutor(1, thread_name_prefix="agentic-turns")
+        self._played: dict[int, Future] = {}
+        self._training: dict[int, Handle] = {}
+        self._next = run.start  # the first iteration whose episodes are not queued yet
+        self._done = run.start  # iterations trained
+        self._synced: int | None = None
+        log.info("launched %s: env x%d%s, rollout x%d, actor x%d", plan.mode, self.env_ranks,
+                 " (in the rollout processes)" if self.env_fused else "", self.rollout_ranks, self.actor_ranks)
+
+    # -- env workers -----------------------------------------------------------------------------
+    def _env_placement(self, e: int) -> ComponentPlacement:
+        """Env worker ``e`` as a group of one rank (so it can be restarted alone)."""
+        rank = self.plan["env"].placement.ranks[e]
+        return ComponentPlacement("env", (replace(rank, rank=0),))
+
+    def _env_call(self, e: int, method: str, *args: Any) -> Handle:
+        if self.env_fused:
+            return self.rollout.execute(method, *args, ranks=[e])
+        return self.envs[e].execute(method, *args)
+
+    def _restart_env(self, e: int, error: BaseException) -> None:
+        """Shut env worker ``e`` down and launch it again, alone; too many restarts re-raise ``error``."""
+        if self.env_fused or self.env_restarts >= self.cfg.env.max_worker_restarts:
+            raise error
+        self.env_restarts += 1
+        log.warning("env worker %d lost (%s); restarting it alone (%d so far)", e, str(error).splitlines()[0],
+                    self.env_restarts)
+        try:
+            self.envs[e].shutdown()
+        except Exception:  # noqa: BLE001 - it is gone already
+            log.debug("env worker %d: shutdown failed", e, exc_info=True)
+        key = f"env/{e}"
+        name = f"env{e}-{self.run.run_id}-r{self.env_restarts}"
+        groups = self.executor.launch({key: name}, {key: self._env_placement(e)},
+                                      {key: replace(self._env_spec, kwargs={"index": e})},
+                                      self.run.run_dir / "logs", self.run.trace_dir)
+        self.envs[e] = groups[key]
+
+    def _env_round(self, calls: dict[int, tuple[str, tuple]]) -> tuple[dict[int, Any], list[int]]:
+        """Call each env worker (``e -> (method, args)``) and wait for all: the results of those that answered,
+        and the env workers that died or hung (restarted already)."""
+        handles = {e: self._env_call(e, method, *args) for e, (method, args) in calls.items()}
+        limit = self.cfg.env.worker_timeout_s
+        results, lost = {}, []
+        for e, h in handles.items():
+            try:
+                results[e] = gather([h], limit, f"env worker {e}: {h.method}")[0][0]
+            except Exception as error:  # noqa: BLE001 - only a lost worker is survived
+                if not worker_died(error):
+                    raise
+                self._restart_env(e, error)
+                lost.append(e)
+        return results, lost
+
+    def env_pids(self) -> list[int]:
+        """The process id of every env worker (tests check that a restart touches one only)."""
+        return [g.pids()[0] for g in self.envs]
+
+    # -- the turn loop ---------------------------------------------------------------------------
+    def _play(self, step: int, version: int | None) -> dict[str, float]:
+        """Every episode of iteration ``step`` until it ends (on the loop thread); the rollout and env metrics."""
+        t_start = time.perf_counter()
+        if version is not None:  # the weights this iteration plays with (the actor sends them; see ``start``)
+            gather([self.rollout.receive_weights(self.names["actor"], 0, version)], self.timeout, "a weight sync")
+        specs = episode_specs(self.cfg, step, self.env_ranks)
+        by_id = {s.traj_id: s for s in specs}
+        per_rollout: list[list[EpisodeSpec]] = [[] for _ in range(self.rollout_ranks)]
+        for s in specs:
+            per_rollout[s.slot % self.rollout_ranks].append(s)
+        gather([self.rollout.execute_each("begin", [(step, mine) for mine in per_rollout])], self.timeout)
+        open_ids = set(by_id)
+        busy = {"env": 0.0, "generate": 0.0}
+
+        def rollout_round(method: str, per_rank: list[tuple]) -> None:
+            ended = gather([self.rollout.execute_each(method, per_rank)], self.timeout, f"rollout: {method}")[0]
+            for ids in ended:
+                open_ids.difference_update(ids)
+
+        def reset(ids: list[int]) -> None:
+            """Reset the environments of these episodes and start them, again after any env worker is lost."""
+            while ids:
+                by_env: dict[int, list[int]] = defaultdict(list)
+                for tid in ids:
+                    by_env[by_id[tid].env_rank].append(tid)
+                t0 = time.perf_counter()
+                firsts, lost = self._env_round({e: ("env_reset", (tids, [by_id[t].seed for t in tids]))
+                                                for e, tids in by_env.items()})
+                busy["env"] += time.perf_counter() - t0
+                first = {tid: step_ for out in firsts.values() for tid, step_ in out.items()}
+                rollout_round("start_episodes", [({t: s for t, s in first.items() if by_id[t].slot % self.rollout_ranks == r},)
+                                                 for r in range(self.rollout_ranks)])
+                ids = [tid for e in lost for tid in by_env[e]]
+
+        reset(sorted(open_ids))
+        round_ = 0
+        while open_ids:
+            t0 = time.perf_counter()
+            outs = gather([self.rollout.execute_each("play_turn", [(round_,)] * self.rollout_ranks)], self.timeout,
+                          "rollout: play_turn")[0]
+            busy["generate"] += time.perf_counter() - t0
+            actions: dict[int, dict[int, str]] = defaultdict(dict)
+            for acts, cut in outs:
+                open_ids.difference_update(cut)
+                for tid, text in acts.items():
+                    actions[by_id[tid].env_rank][tid] = text
+            t0 = time.perf_counter()
+            answered, lost = self._env_round({e: ("env_step", (acts,)) for e, acts in actions.items()})
+            busy["env"] += time.perf_counter() - t0
+            results = {tid: s for out in answered.values() for tid, s in out.items()}
+            rollout_round("observe", [({t: s for t, s in results.items() if by_id[t].slot % self.rollout_ranks == r},)
+                                      for r in range(self.rollout_ranks)])
+            if lost:  # the lost workers' episodes that had not ended start over, on their new workers
+                again = sorted(t for t in open_ids if by_id[t].env_rank in lost)
+                gather([self.rollout.execute_each("rerun", [([t for t in again if by_id[t].slot % self.rollout_ranks == r],)
+                                                            for r in range(self.rollout_ranks)])], self.timeout)
+                reset(again)
+            round_ += 1
+        metrics = merge_rollout_metrics(gather([self.rollout.end()], self.timeout, "rollout: end")[0])
+        env_stats, _ = self._env_round({e: ("env_stats", (f"in iteration {step}",)) for e in range(self.env_ranks)})
+        for out in env_stats.values():
+            for k, v in out.items():
+                metrics[k] = metrics.get(k, 0.0) + v
+        metrics.update({"time/env_busy_s": busy["env"], "time/generate_busy_s": busy["generate"],
+                        "time/rollout_s": time.perf_counter() - t_start, "rollout/rounds": float(round_)})
+        return metrics
+
+    # -- the driver's Flow -------------------------------------------------------------------------
+    def start(self, it: int, horizon: int) -> None:
+        """Queue the episodes of every iteration up to ``horizon`` not started yet, the first behind the weights
+        of version ``it``; the actor's training of ``it`` is called at once, so it takes groups as they end."""
+        if self._next <= horizon:
+            version = None
+            if self._synced != it:
+                # Issued here, on the driver: on the actor the send comes after training it - 1, before
+                # training it. The rollout's receive is the first call the loop thread makes.
+                self._sending = self.actor.send_weights([(self.names["rollout"], list(range(self.rollout_ranks)))])
+                version, self._synced = it, it
+            for j in range(max(self._next, it), horizon + 1):
+                self._played[j] = self._loop.submit(self._play, j, version)
+                version = None
+            self._next = horizon + 1
+        if it not in self._training:
+            self._training[it] = self.actor.train(it, self.cfg.episodes.groups_per_step)
+
+    def finish(self, it: int) -> dict[str, float]:
+        """Wait for iteration ``it``'s episodes and the actor's update on them; one dict of metrics."""
+        played = self._played.pop(it)
+        training = self._training.pop(it)
+        try:
+            metrics = dict(played.result())
+        except BaseException:
+            self._abandon()
+            raise
+        actor = gather([training, self._sending] if self._sending is not None else [training],
+                       self.timeout, f"iteration {it}")[0]
+        self._sending = None
+        metrics.update({k: v for k, v in actor[0].items() if k != WEIGHT_KEY})
+        metrics["faults/env_restarts"] = float(self.env_restarts)
+        self._done = it + 1
+        return metrics
+
+    _sending: Handle | None = None
+
+    def _abandon(self) -> None:
+        """A failed turn loop: close the stream, so an actor waiting for its groups stops waiting."""
+        try:
+            self.stream.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def rates(self, metrics: dict[str, float], seconds: float) -> dict[str, float]:
+        return {"time/step": seconds,
+                "perf/trajectories_per_s": metrics.get("rollout/responses_count", 0.0) / seconds,
+                "perf/tokens_per_s": metrics.get("rollout/tokens_count", 0.0) / seconds}
+
+    def in_flight(self, it: int) -> bool:
+        return self._next > it + 1
+
+    def progress(self) -> int:
+        return self._done
+
+    def evaluate(self) -> dict[str, float]:
+        """Greedy held-out episodes of the current policy on rollout rank 0 (``eval/...``)."""
+        if self._synced != self._done:
+            send = self.actor.send_weights([(self.names["rollout"], list(range(self.rollout_ranks)))])
+            gather([send, self.rollout.receive_weights(self.names["actor"], 0, self._done)], self.timeout,
+                   "the weight sync before an evaluation")
+            self._synced = self._done
+        start = time.perf_counter()
+        kwargs = {**self.cfg.env.kwargs, **self.cfg.env.eval_kwargs}
+        seeds = list(range(EVAL_SEED, EVAL_SEED + self.cfg.eval_episodes))
+        settings = env_settings(self.cfg, 1, kwargs)
+        out = gather([self.rollout.evaluate(settings, seeds, self.cfg.rollout.eval_temperature, ranks=[0])], self.timeout,
+                     "the held-out evaluation")[0][0]
+        out["time/eval"] = time.perf_counter() - start
+        return out
+
+    def save(self, path: Path) -> dict[str, Any]:
+        """The actor's weights, optimizer and RNG; nothing may be in flight (the loop drains first)."""
+        if self._next > self._done:
+            raise RuntimeError(f"checkpoint after iteration {self._done}: iteration {self._next - 1} has started")
+        counters = gather([self.actor.save_checkpoint(str(path))], self.timeout, "a checkpoint")[0][0]
+        return {"actor": counters}
+
+    def summary(self, history: list[dict[str, float]]) -> str:
+        parts = [f"agentic ({self.plan.mode}): {len(history)} iteration(s)"]
+        for key in ("reward/mean", "eval/return_mean"):
+            seen = [h[key] for h in history if key in h]
+            if seen:
+                parts.append(f"{key} {seen[0]:.3f} -> {seen[-1]:.3f}")
+        if self.env_restarts:
+            parts.append(f"{self.env_restarts} env worker restart(s)")
+        return "; ".join(parts)
+
+    def shutdown(self) -> None:
+        """Close the stream (ending any wait on it), stop the loop and every group, then release the stream."""
+        try:
+            self.stream.close()
+        except Exception:  # noqa: BLE001 - the host may be gone already
+            pass
+        self._loop.shutdown(wait=True, cancel_futures=True)
+        for group in [self.rollout, self.actor, *self.envs]:
+            try:
+                group.shutdown()
+            except Exception:  # noqa: BLE001 - a group already gone
+                log.debug("shutdown of %s failed", getattr(group, "name", group), exc_info=True)
+        try:
+            self.stream.destroy()
+        except Exception:  # noqa: BLE001
+            log.debug("stream %s: releasing its host failed", self.stream.name, exc_info=True)

@@ -1,0 +1,99 @@
+"""The agentic RL workflow (``workflow: agentic``): its declaration, registered by name.
+
+A language model acting over several turns in text environments and with tools, trained with GRPO (or
+PPO with a critic) on its own tokens only. The graph (``graph.py``) declares the components; the
+default plan function of ``Workflow`` decides how a config runs (env fused into the rollout or not, who
+shares devices), with this workflow's settings; the flow (``flow.py``) is the live system one iteration
+at a time; the driver runs the loop.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from m2flow.driver.registry import register_workflow
+from m2flow.driver.workflow import Launch, Workflow
+from m2flow.planner import Plan
+from m2flow.planner.setup import Workload
+from m2flow.runtime.executors import Executor
+from m2flow.workflows.agentic.config import AgenticConfig
+from m2flow.workflows.agentic.flow import AgenticFlow, Prepared
+from m2flow.workflows.agentic.graph import GRAPH
+
+# An item is one episode; env and rollout alternate for up to max_turns rounds, then the actor trains.
+WORKLOAD = Workload(
+    chain=("actor",),
+    items=("groups_per_step", "group_size"),
+    loop=("env", "rollout"),
+    loop_steps="max_turns",
+    loop_items=("groups_per_step", "group_size"),
+    inputs={"rollout": ("observations",), "env": ("actions",), "actor": ("trajectories",)},
+    weights=(("actor", "rollout"),),
+    categories={"env": "env_step", "rollout": "generate", "actor": "train"},
+)
+
+
+class AgenticWorkflow(Workflow):
+    name = "agentic"
+    schema = AgenticConfig
+    graph = GRAPH
+    help = "Agentic RL: a language model acting over several turns in text environments and with tools"
+
+    def settings(self, cfg: AgenticConfig) -> dict[str, Any]:
+        return {"groups_per_step": cfg.episodes.groups_per_step, "group_size": cfg.episodes.group_size,
+                "max_turns": cfg.rollout.max_turns, "max_staleness": cfg.algorithm.max_staleness}
+
+    def workload(self) -> Workload:
+        return WORKLOAD
+
+    def prepare(self, cfg: AgenticConfig, run_dir: Path) -> Prepared:
+        """The model (built, then warm-started once, before any worker loads it)."""
+        from m2flow.workflows.agentic.warm_start import prepare_model, warm_start_model
+
+        path = prepare_model(cfg.model)
+        if cfg.model.warm_start.steps:
+            path = warm_start_model(cfg, path)
+        return Prepared(path)
+
+    def launch(self, cfg: AgenticConfig, plan: Plan, executor: Executor, run: Launch) -> AgenticFlow:
+        return AgenticFlow(self, cfg, plan, executor, run)
+
+    def iterations(self, cfg: AgenticConfig, plan: Plan) -> int:
+        return cfg.steps
+
+    def profile_probes(self, cfg: AgenticConfig) -> list[dict[str, Any]]:
+        """Batch sizes to profile: a quarter, half and all of ``groups_per_step``."""
+        g = cfg.episodes.groups_per_step
+        return [{"episodes.groups_per_step": s} for s in sorted({max(1, g // 4), max(1, g // 2), g})]
+
+    def profile_length(self, cfg: AgenticConfig, iterations: int) -> dict[str, Any]:
+        """``iterations`` iterations, no warm start and no held-out evaluation (a profile prices the loop)."""
+        return {"steps": iterations, "model.warm_start.steps": 0, "eval_every": 0}
+
+    def edge_bytes(self, cfg: AgenticConfig) -> dict[str, float]:
+        """Bytes per episode on each data edge: a turn's text each way, and the trajectory's ids, masks and
+        log-probs (8 + 8 + 8 + 4 bytes a token) on its way to the actor."""
+        r = cfg.rollout
+        return {"actions": 4.0 * r.max_turn_tokens, "observations": 4.0 * r.max_turn_tokens,
+                "trajectories": 28.0 * (r.max_tokens + cfg.model.tiny.max_position_embeddings // 4)}
+
+    def model_bytes(self, checkpoint: Path | None) -> tuple[float, float]:
+        """(the policy's weight files, the whole checkpoint: weights, optimizer and schedule state)."""
+        if checkpoint is None:
+            return 0.0, 0.0
+        from m2flow.workers.actor import ACTOR_DIR
+
+        weights = sum(f.stat().st_size for f in (checkpoint / ACTOR_DIR).glob("*.safetensors"))
+        return float(weights), float(sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file()))
+
+
+WORKFLOW = register_workflow(AgenticWorkflow())
+
+
+def train(cfg: AgenticConfig, cluster: Any = None, watch: Any = None) -> Any:
+    """Run (or resume) an agentic config: ``placement: auto`` plans first; a lost env worker is restarted alone,
+    any other dead or hung worker restarts the flow from this run's newest checkpoint."""
+    from m2flow.autoplan.entry import train as train_workflow
+
+    return train_workflow(WORKFLOW, cfg, cluster, watch)

@@ -1,0 +1,65 @@
+"""The turn engine on its own: episodes started from given observations, re-run from their start, seeded
+per episode with a continuous-batching backend so a re-run plays as it first did."""
+
+from __future__ import annotations
+
+import pytest
+
+from m2flow.backends.generation.lean import LeanGenerationBackend
+from m2flow.envs.text import TextEnvBatch
+from m2flow.models.tiny import TinyModelConfig, build_tiny_model
+from m2flow.workers.agentic.turns import EpisodeConfig, EpisodeSpec, TurnEngine
+from tests.workers.agentic.scripted import char_tokenizer
+
+TOK = char_tokenizer()
+
+
+def _play(engine: TurnEngine, envs: TextEnvBatch, backend, specs, lose_after: int | None = None) -> int:
+    """Play every episode to its end, stepping ``envs`` (episode i on env i); with ``lose_after`` the episodes
+    still running after that many rounds start over once. Returns the rounds played."""
+    first = envs.reset([s.seed for s in specs])
+    engine.begin({s.traj_id: f for s, f in zip(specs, first)})
+    rounds = 0
+    while engine.running():
+        actions, _ = engine.turn(backend, seed=rounds, seed_base=3)
+        results = envs.step({s.env_rank: actions[s.traj_id] for s in specs if s.traj_id in actions})
+        engine.observe({s.traj_id: results[s.env_rank] for s in specs if s.env_rank in results})
+        rounds += 1
+        if rounds == lose_after:
+            again = engine.running()
+            engine.rerun(again)
+            restarted = envs.reset([s.seed for s in specs])  # a fresh worker: every env starts over
+            engine.begin({s.traj_id: f for s, f in zip(specs, restarted) if s.traj_id in again})
+    return rounds
+
+
+def test_a_re_run_episode_plays_as_it_first_did():
+    model = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=1, seed=0), TOK)
+    backend = LeanGenerationBackend(model, TOK)
+    cfg = EpisodeConfig(max_turns=4, max_tokens=40, max_turn_tokens=3, stop=(" ",), temperature=1.0)
+    specs = [EpisodeSpec(10 + i, i // 2, i // 2, i) for i in range(4)]
+
+    def run(lose_after):
+        envs = TextEnvBatch.from_registry("guess_number", 4, env_kwargs={"high": 8, "max_turns": 4})
+        engine = TurnEngine(cfg, TOK, specs)
+        rounds = _play(engine, envs, backend, specs, lose_after)
+        return [engine.trajectory(s.traj_id) for s in specs], engine.close(), rounds
+
+    calm, _, calm_rounds = run(None)
+    lost, stats, rounds = run(1)
+    assert rounds > calm_rounds and stats.trajectories == 4
+    for a, b in zip(calm, lost):
+        assert (a.response_ids, a.action_mask, a.turn_rewards, a.finish_reason) == \
+            (b.response_ids, b.action_mask, b.turn_rewards, b.finish_reason)
+
+
+def test_an_ended_episode_is_not_re_run_and_closing_needs_every_episode_ended():
+    engine = TurnEngine(EpisodeConfig(), TOK, [EpisodeSpec(0, 0, 0, 0), EpisodeSpec(1, 0, 0, 0)])
+    from m2flow.envs.text.batch import EnvStep
+
+    ended = engine.begin({0: EnvStep("", error="reset raised"), 1: EnvStep("1*2=")})
+    assert ended == [0] and engine.running() == [1]
+    with pytest.raises(ValueError, match="trajectory 0 has ended"):
+        engine.rerun([0])
+    with pytest.raises(RuntimeError, match="have not ended"):
+        engine.close()

@@ -1,0 +1,99 @@
+"""Environments that misbehave on purpose, and a generation backend that writes malformed tool calls, for the
+agentic workflow's tests (imported through ``env.imports``, so env workers in other processes register them too)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from m2flow.backends.generation.base import register_generation_backend
+from m2flow.envs.text import register_text_env
+from m2flow.envs.text.guess import GuessNumber
+from tests.workers.agentic.scripted import ScriptedBackend
+
+
+@register_text_env("test_faulty")
+class Faulty(GuessNumber):
+    """Guess-the-number whose second step misbehaves in one episode of ``every`` seeds: ``fault`` is
+    'raise', 'hang' (sleeps ``hang_s``) or 'bad' (a non-string observation)."""
+
+    def __init__(self, fault: str = "raise", every: int = 2, hang_s: float = 2.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.fault, self.every, self.hang_s = fault, every, hang_s
+        self.seed = 0
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+        self.seed = int(seed or 0)
+        return super().reset(seed)
+
+    def step(self, action: str) -> Any:
+        out = super().step(action)
+        if self.turns == 2 and self.seed % self.every == 0:
+            if self.fault == "raise":
+                raise RuntimeError("the environment broke")
+            if self.fault == "hang":
+                time.sleep(self.hang_s)
+            if self.fault == "bad":
+                return (123, *out[1:])
+        return out
+
+
+@register_text_env("test_dies_once")
+class DiesOnce(GuessNumber):
+    """Guess-the-number whose process kills itself (SIGKILL; ``hang_s`` > 0: sleeps that long instead) at the
+    first step with a seed of at least ``from_seed``, once per ``marker`` file (the first process to create it)."""
+
+    def __init__(self, marker: str = "", from_seed: int = 0, hang_s: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.marker, self.from_seed, self.hang_s, self.seed = marker, from_seed, hang_s, 0
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+        self.seed = int(seed or 0)
+        return super().reset(seed)
+
+    def step(self, action: str) -> Any:
+        if self.marker and self.seed >= self.from_seed:
+            try:
+                fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                pass
+            else:
+                os.write(fd, str(os.getpid()).encode())
+                os.close(fd)
+                if self.hang_s:
+                    time.sleep(self.hang_s)
+                else:
+                    os.kill(os.getpid(), signal.SIGKILL)
+        return super().step(action)
+
+
+def marker_pid(marker: str) -> int:
+    """The pid of the process that killed itself."""
+    return int(Path(marker).read_text())
+
+
+@register_generation_backend("test_malformed_caller")
+class MalformedCaller(ScriptedBackend):
+    """Writes a call without ``NAME:`` (malformed) first, then a wrong answer once the error is read."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__(tokenizer, lambda context: "0" if "<error>" in context
+                         else "<tool>calculator " + context.split("=")[0] + "</tool>")
+
+    @classmethod
+    def from_options(cls, model_path: str, options: Any) -> MalformedCaller:
+        from m2flow.models.tokenizer import load_tokenizer
+
+        return cls(load_tokenizer(model_path))
+
+    def load_weights(self, state_dict: Any) -> None:
+        """Its turns are scripted: weights change nothing."""
+
+    def offload(self) -> None:
+        pass
+
+    def onload(self) -> None:
+        pass
