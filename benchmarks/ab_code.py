@@ -3,7 +3,8 @@
 A change that only restructures code must not slow a workload down. This script checks out ``--ref``
 into a worktree under ``benchmarks/.venvs/ab/`` (git-ignored), then runs the chosen benchmark's m2flow
 side alternately from this checkout (A) and from that one (B), with the same arguments and the same
-Python environment, and reports each round's figure and the median ratio A / B:
+Python environment (A B, then B A, so neither side always runs first), and reports each round's figure
+and the median ratio A / B:
 
 - ``g1``: ``g1_reasoning.py --sides m2flow``, completions per second of one plan;
 - ``e1``: ``e1_embodied.py --sides m2flow``, env steps per second of the whole run (start-up included).
@@ -80,7 +81,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="m2flow-ab-") as tmp:
         for r in range(args.rounds):
             row = {}
-            for side, tree in (("this", ROOT), ("ref", old)):
+            order = (("this", ROOT), ("ref", old)) if r % 2 == 0 else (("ref", old), ("this", ROOT))
+            for side, tree in order:  # A B, then B A: neither side always runs first
                 row[side] = run_side(args.bench, tree, extra, Path(tmp) / f"{side}{r}.json")
             row["ratio"] = row["this"] / row["ref"]
             rounds.append(row)
