@@ -62,5 +62,7 @@ class PackedLayout:
             raise ValueError(f"expected packed uint8 observations of {self.size} bytes, got {obs.dtype} {tuple(obs.shape)}")
         a, b = self.image_bytes, self.image_bytes + self.text_len
         image = obs[:, :a].reshape(-1, self.height, self.width, self.channels)
-        proprio = obs[:, b:].contiguous().view(torch.float32)
+        raw = obs[:, b:]
+        # A fresh dense copy: its rows start at multiples of 4 bytes, as the float view needs.
+        proprio = torch.empty(raw.shape, dtype=torch.uint8, device=obs.device).copy_(raw).view(torch.float32)
         return image, obs[:, a:b].long(), proprio
