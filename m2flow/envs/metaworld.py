@@ -102,7 +102,7 @@ def _close_cameras() -> None:
 class OffscreenCamera:
     """Renders one named camera of a MuJoCo model into (H, W, 3) uint8 images with cheap settings."""
 
-    def __init__(self, model: Any, camera: str, height: int, width: int, rotate: bool) -> None:
+    def __init__(self, model: Any, camera: str, height: int, width: int, rotate: bool, fast: bool = True) -> None:
         import mujoco
 
         backend = gl_backend()
@@ -118,8 +118,8 @@ class OffscreenCamera:
         if cam_id < 0:
             names = [model.camera(i).name for i in range(model.ncam)]
             raise ValueError(f"camera: {camera!r} is not in the scene; valid: {names}")
-        # Multisampling is read when the render context is made: off before it exists.
-        model.vis.quality.offsamples = 0
+        if fast:  # multisampling is read when the render context is made: off before it exists
+            model.vis.quality.offsamples = 0
         model.vis.global_.offwidth = max(model.vis.global_.offwidth, width)
         model.vis.global_.offheight = max(model.vis.global_.offheight, height)
         self._gl = GLContext(width, height)
@@ -135,7 +135,7 @@ class OffscreenCamera:
         mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self._context)
         self._scene = mujoco.MjvScene(model, maxgeom=1000)
         for flag in (mujoco.mjtRndFlag.mjRND_SHADOW, mujoco.mjtRndFlag.mjRND_REFLECTION, mujoco.mjtRndFlag.mjRND_SKYBOX):
-            self._scene.flags[flag] = 0
+            self._scene.flags[flag] = 0 if fast else self._scene.flags[flag]
         self._option = mujoco.MjvOption()
         self._camera = mujoco.MjvCamera()
         self._camera.type = mujoco.mjtCamera.mjCAMERA_FIXED
@@ -170,6 +170,8 @@ class MetaWorldPixelEnv(gym.Env):
     ``reward``: ``"success"`` gives 1 on the step the task is solved and 0 otherwise; ``"dense"``
     MetaWorld's shaped reward divided by 10 (in [0, 1]). With ``terminate_on_success`` the episode
     ends (terminated) at the first success; it is truncated after ``max_episode_steps`` in any case.
+    ``fast_render=False`` keeps the scene's multisampling, shadows, reflections and skybox (nicer
+    pictures, ~10-20x slower in a software renderer).
     """
 
     metadata = {"render_modes": ["rgb_array"]}
@@ -186,6 +188,7 @@ class MetaWorldPixelEnv(gym.Env):
         max_episode_steps: int = 200,
         reward: Literal["success", "dense"] = "success",
         terminate_on_success: bool = True,
+        fast_render: bool = True,
     ) -> None:
         reason = metaworld_unavailable_reason()
         if reason is not None:
@@ -212,7 +215,7 @@ class MetaWorldPixelEnv(gym.Env):
         self.layout = PackedLayout(height, width, 3, text_len, PROPRIO_DIM if proprio else 0)
         self._tokens = WordTokenizer.from_instructions().encode(self.instruction, text_len)
         rotate = camera in FLIPPED_CAMERAS if flip is None else flip
-        self._camera = OffscreenCamera(self._mw.model, camera, height, width, rotate)
+        self._camera = OffscreenCamera(self._mw.model, camera, height, width, rotate, fast_render)
         self.observation_space = gym.spaces.Box(0, 255, (self.layout.size,), dtype=np.uint8)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (4,), dtype=np.float32)
         self.state = np.zeros(39)
