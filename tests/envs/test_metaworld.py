@@ -140,3 +140,19 @@ def test_bad_settings_fail_naming_them():
         MetaWorldPixelEnv("reach-v3", camera="nope")
     with pytest.raises(ValueError, match="max_episode_steps"):
         MetaWorldPixelEnv("reach-v3", max_episode_steps=10_000)
+
+
+def test_gl_backend_choice_and_the_reason_without_one(monkeypatch):
+    import m2flow.envs.metaworld as mw
+
+    monkeypatch.setenv("MUJOCO_GL", "osmesa")
+    assert mw.gl_backend() == "osmesa"
+    monkeypatch.delenv("MUJOCO_GL")
+    monkeypatch.setattr(mw.ctypes.util, "find_library", lambda name: "libOSMesa.so" if name == "OSMesa" else None)
+    assert mw.gl_backend() == "osmesa"
+    monkeypatch.setattr(mw.ctypes.util, "find_library", lambda name: None)
+    assert mw.gl_backend() is None
+    reason = mw.metaworld_unavailable_reason()
+    assert reason is not None and ("OpenGL" in reason or "metaworld" in reason)
+    with pytest.raises(RuntimeError, match="'metaworld' is unavailable"):
+        MetaWorldPixelEnv("reach-v3")
