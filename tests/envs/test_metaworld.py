@@ -78,14 +78,15 @@ def test_seeded_resets_are_deterministic_and_seeds_differ(reach):
 
     def rollout(seed):
         frames = [reach.reset(seed=seed)[0]]
+        goal = reach.state[-3:].copy()  # the goal position drawn at reset
         frames += [reach.step(a)[0] for a in actions]
-        return np.stack(frames), reach.state.copy()
+        return np.stack(frames), reach.state.copy(), goal
 
-    first, state = rollout(HELD_OUT_SEED_BASE)
-    again, state_again = rollout(HELD_OUT_SEED_BASE)
-    other, _ = rollout(HELD_OUT_SEED_BASE + 1)
-    assert np.array_equal(first, again) and np.array_equal(state, state_again)
-    assert not np.array_equal(state[-3:], other[0][-3:]) or not np.array_equal(first[0], other[0])
+    first, state, goal = rollout(HELD_OUT_SEED_BASE)
+    again, state_again, goal_again = rollout(HELD_OUT_SEED_BASE)
+    _, _, other_goal = rollout(HELD_OUT_SEED_BASE + 1)
+    assert np.array_equal(first, again) and np.array_equal(state, state_again) and np.array_equal(goal, goal_again)
+    assert not np.allclose(goal, other_goal)
 
 
 @needs_metaworld
