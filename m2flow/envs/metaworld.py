@@ -100,7 +100,12 @@ def _close_cameras() -> None:
 
 
 class OffscreenCamera:
-    """Renders one named camera of a MuJoCo model into (H, W, 3) uint8 images with cheap settings."""
+    """Renders one named camera of a MuJoCo model into (H, W, 3) uint8 images with cheap settings.
+
+    Not ``mujoco.Renderer``: that takes its OpenGL backend from ``MUJOCO_GL`` as it was when
+    ``mujoco`` was first imported (often by gymnasium, before any env asked for pixels); here the
+    EGL or OSMesa context is made explicitly, whatever was imported first.
+    """
 
     def __init__(self, model: Any, camera: str, height: int, width: int, rotate: bool, fast: bool = True) -> None:
         import mujoco
@@ -134,8 +139,9 @@ class OffscreenCamera:
         self._context = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150)
         mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self._context)
         self._scene = mujoco.MjvScene(model, maxgeom=1000)
-        for flag in (mujoco.mjtRndFlag.mjRND_SHADOW, mujoco.mjtRndFlag.mjRND_REFLECTION, mujoco.mjtRndFlag.mjRND_SKYBOX):
-            self._scene.flags[flag] = 0 if fast else self._scene.flags[flag]
+        if fast:  # in a software renderer shadows and reflections are extra passes over the scene
+            for flag in (mujoco.mjtRndFlag.mjRND_SHADOW, mujoco.mjtRndFlag.mjRND_REFLECTION, mujoco.mjtRndFlag.mjRND_SKYBOX):
+                self._scene.flags[flag] = 0
         self._option = mujoco.MjvOption()
         self._camera = mujoco.MjvCamera()
         self._camera.type = mujoco.mjtCamera.mjCAMERA_FIXED
