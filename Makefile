@@ -11,7 +11,7 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[llm,mujoco,viz,dev]'
+	$(BIN)/pip install -q -e '.[llm,mujoco,metaworld,viz,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)

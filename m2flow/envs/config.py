@@ -12,8 +12,12 @@ from m2flow.config import option
 class EnvConfig:
     """One env worker's vector of environments and its normalisation pipeline."""
 
-    env_id: str = option("HalfCheetah-v5", "registered gymnasium id (or ManiSkill id with backend 'maniskill')")
-    backend: str = option("gymnasium", "how single envs are built: 'gymnasium' or 'maniskill'")
+    env_id: str = option(
+        "HalfCheetah-v5",
+        "registered gymnasium id; ManiSkill id with backend 'maniskill'; with backend 'metaworld' a task "
+        "('reach-v3'), a comma-separated task list or a family ('mt3', 'mt10'), env i running task i mod len",
+    )
+    backend: str = option("gymnasium", "how single envs are built: 'gymnasium', 'maniskill' or 'metaworld'")
     num_envs: int = option(8, "environments per env-worker rank")
     num_groups: int = option(1, "pipeline stages: the envs split into this many independently stepped groups")
     seed: int = option(0, "base seed; env i of rank r is seeded with seed + r * num_envs + i")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import logging
 from collections.abc import Callable
@@ -15,19 +16,43 @@ logger = logging.getLogger(__name__)
 EnvMaker = Callable[[EnvConfig], gym.Env]
 """Builds one (unseeded) single environment from the config."""
 
+TaskExpander = Callable[[str], list[str]]
+"""Maps a config's ``env_id`` to the ids of the vector's envs, env ``i`` taking id ``i mod len``."""
+
 _BACKENDS: dict[str, EnvMaker] = {}
+_EXPANDERS: dict[str, TaskExpander] = {}
 
 
-def register_env_backend(name: str) -> Callable[[EnvMaker], EnvMaker]:
-    """Decorator registering an env maker under ``name``; registering a name twice raises."""
+def register_env_backend(name: str, expand: TaskExpander | None = None) -> Callable[[EnvMaker], EnvMaker]:
+    """Decorator registering an env maker under ``name``; registering a name twice raises.
+
+    ``expand``: for backends whose ``env_id`` may name several tasks (a multi-task vector), the
+    function listing them; without it every env of the vector is built from ``env_id`` itself.
+    """
 
     def wrap(maker: EnvMaker) -> EnvMaker:
         if name in _BACKENDS:
             raise ValueError(f"env backend {name!r} is already registered")
         _BACKENDS[name] = maker
+        if expand is not None:
+            _EXPANDERS[name] = expand
         return maker
 
     return wrap
+
+
+def env_ids(config: EnvConfig) -> list[str]:
+    """The distinct env ids ``config.env_id`` names (one, unless the backend expands task lists)."""
+    expand = _EXPANDERS.get(config.backend)
+    return [config.env_id] if expand is None else expand(config.env_id)
+
+
+def config_for_env(config: EnvConfig, index: int) -> EnvConfig:
+    """The config of env ``index`` of a vector: ``config`` with ``env_id`` narrowed to its task."""
+    ids = env_ids(config)
+    if len(ids) == 1 and ids[0] == config.env_id:
+        return config
+    return dataclasses.replace(config, env_id=ids[index % len(ids)])
 
 
 def available_env_backends() -> list[str]:
@@ -36,14 +61,14 @@ def available_env_backends() -> list[str]:
 
 
 def make_env(config: EnvConfig) -> gym.Env:
-    """One single environment built by ``config.backend``."""
+    """One single environment built by ``config.backend`` (the first task where ``env_id`` names several)."""
     try:
         maker = _BACKENDS[config.backend]
     except KeyError:
         raise ValueError(
             f"backend: unknown env backend {config.backend!r}; valid: {available_env_backends()}"
         ) from None
-    return maker(config)
+    return maker(config_for_env(config, 0))
 
 
 def check_env_id(env_id: str) -> None:
@@ -103,3 +128,21 @@ def _make_maniskill(config: EnvConfig) -> gym.Env:
     from m2flow.envs.maniskill import make_maniskill_env
 
     return make_maniskill_env(config)
+
+
+def _expand_metaworld(env_id: str) -> list[str]:
+    from m2flow.envs.metaworld import expand_tasks
+
+    return expand_tasks(env_id)
+
+
+@register_env_backend("metaworld", expand=_expand_metaworld)
+def _make_metaworld(config: EnvConfig) -> gym.Env:
+    # Imported here: MetaWorld (and its pinned MuJoCo) is an optional extra.
+    from m2flow.envs.metaworld import MetaWorldPixelEnv, expand_tasks
+
+    (task,) = expand_tasks(config.env_id)  # config_for_env has narrowed it to one task
+    kwargs = dict(config.env_kwargs)
+    if config.max_episode_steps is not None:
+        kwargs["max_episode_steps"] = config.max_episode_steps
+    return MetaWorldPixelEnv(task, **kwargs)

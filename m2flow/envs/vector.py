@@ -27,7 +27,7 @@ import gymnasium as gym
 import numpy as np
 
 from m2flow.envs.config import EnvConfig
-from m2flow.envs.factory import make_env
+from m2flow.envs.factory import config_for_env, make_env
 from m2flow.envs.normalize import ObsNormalizer, RewardScaler
 from m2flow.envs.types import StepResult
 from m2flow.runtime.errors import RunHealthError
@@ -210,7 +210,9 @@ class VecEnv:
             raise ValueError(f"rank must be >= 0, got {rank}")
         self.config = config
         self.rank = rank
-        envs = [env_maker(config) for _ in range(config.num_envs)]
+        # A multi-task env_id gives env i of the worker its own task (config_for_env).
+        first = rank * config.num_envs
+        envs = [env_maker(config_for_env(config, first + i)) for i in range(config.num_envs)]
         self.single_observation_space = envs[0].observation_space
         self.single_action_space = envs[0].action_space
         for env in envs[1:]:

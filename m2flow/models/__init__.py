@@ -1,4 +1,5 @@
-"""Policy models: Hugging Face causal LMs (with value heads, tokenizers, tiny test models) and embodied policies.
+"""Policy models: Hugging Face causal LMs (with value heads, tokenizers, tiny test models) and embodied policies
+(MLP/CNN actor-critics, the small vision-language-action policy and its behaviour-cloning warm start).
 
 Language-model helpers import `transformers`, an optional dependency, so they are loaded on first
 use: `from m2flow.models import response_logprobs` works, while embodied code that never touches
@@ -31,6 +32,12 @@ _LAZY = {
     "train_bpe_tokenizer": "m2flow.models.tokenizer",
     "train_char_tokenizer": "m2flow.models.tokenizer",
     "train_tokenizer": "m2flow.models.tokenizer",
+    "ActionBins": "m2flow.models.action_tokens",
+    "BCConfig": "m2flow.models.bc",
+    "behaviour_clone": "m2flow.models.bc",
+    "VLAConfig": "m2flow.models.vla",
+    "VLAPolicy": "m2flow.models.vla",
+    "build_vla": "m2flow.models.vla",
 }
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import gymnasium as gym
 import numpy as np
@@ -82,6 +82,7 @@ class EvalOutput(NamedTuple):
     """(B,): critic estimate of each observation."""
 
 
+@runtime_checkable
 class Policy(Protocol):
     """What rollout and actor workers need from an embodied policy."""
 

@@ -1,0 +1,199 @@
+"""A small vision-language-action policy: image, instruction and proprio in, action tokens out.
+
+Layout (sizes at the defaults, ~1M parameters):
+
+- image encoder: a conv stem (64x64x3 -> 4x4 grid of ``dim`` channels) whose grid cells are the
+  image tokens, plus learned position embeddings;
+- instruction: word ids (``m2flow.envs.instructions``) embedded, with position embeddings;
+  padding is masked out of attention;
+- proprio: one token from a linear map of the proprio vector;
+- ``A`` learned action queries and one value query; a pre-norm transformer encoder runs over
+  ``[image | instruction | proprio | action queries | value query]``;
+- action head: each action query's output -> ``num_bins`` logits (one shared linear layer). The
+  dimensions are decoded in parallel (independent given the observation, as OpenVLA-OFT), so the
+  log-probability of an action is the sum of its ``A`` token log-probabilities;
+- value head: the value query's output -> V(s), for PPO.
+
+The policy reads packed uint8 observations (:class:`~m2flow.envs.packed.PackedLayout`) and
+implements the embodied ``Policy`` interface (``act``/``evaluate``/``value``) over continuous
+actions, the bin centres of its tokens (:mod:`m2flow.models.action_tokens`); token-level losses use
+``token_outputs``, whose (B, A) log-probs feed the registered losses of ``m2flow.algorithms``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import gymnasium as gym
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from m2flow.config import option
+from m2flow.envs.instructions import PAD_ID, WordTokenizer
+from m2flow.envs.packed import PackedLayout
+from m2flow.models.action_tokens import ActionBins
+from m2flow.models.policies import ActOutput, EvalOutput
+
+
+@dataclass
+class VLAConfig:
+    """Shape of the small VLA policy and of the observations it reads."""
+
+    height: int = option(64, "image height in pixels")
+    width: int = option(64, "image width in pixels")
+    text_len: int = option(16, "instruction tokens per observation (padded)")
+    proprio_dim: int = option(4, "proprioception floats per observation (0: none)")
+    vocab_size: int = option(0, "instruction vocabulary size; 0: the word vocabulary of the instruction table")
+    dim: int = option(128, "transformer width")
+    depth: int = option(4, "transformer layers")
+    heads: int = option(4, "attention heads")
+    mlp_ratio: int = option(4, "MLP hidden width / dim")
+    stem_channels: list[int] = option([32, 64, 128], "channels of the stride-2 convolutions before the grid")
+    grid: int = option(4, "image tokens per side (the stem's output grid)")
+    num_bins: int = option(256, "bins per action dimension")
+    action_low: float = option(-1.0, "lower bound of every action dimension")
+    action_high: float = option(1.0, "upper bound of every action dimension")
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field for impossible values."""
+        if self.dim % self.heads:
+            raise ValueError(f"dim: {self.dim} is not divisible by heads={self.heads}")
+        smallest = min(self.height, self.width) // 2 ** len(self.stem_channels)
+        if not 1 <= self.grid <= smallest:
+            raise ValueError(f"grid: must be in [1, {smallest}] for {self.height}x{self.width} images, got {self.grid}")
+        if self.text_len < 1:
+            raise ValueError(f"text_len: must be >= 1, got {self.text_len}")
+        if self.vocab_size < 0 or self.vocab_size > 256:
+            raise ValueError(f"vocab_size: must be in [0, 256] (ids are stored as bytes), got {self.vocab_size}")
+
+    def layout(self) -> PackedLayout:
+        """The packed observation layout this policy reads."""
+        return PackedLayout(self.height, self.width, 3, self.text_len, self.proprio_dim)
+
+
+class TokenOutput(NamedTuple):
+    logprobs: Tensor
+    """(B, A): log-probability of each action token."""
+    entropy: Tensor
+    """(B, A): entropy of each action dimension's token distribution."""
+    values: Tensor
+    """(B,): critic estimate of each observation."""
+
+
+class ConvStem(nn.Module):
+    """Images (B, H, W, 3) uint8 -> tokens (B, grid * grid, dim)."""
+
+    def __init__(self, channels: list[int], dim: int, grid: int) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        in_ch = 3
+        for out_ch in channels:
+            layers += [nn.Conv2d(in_ch, out_ch, 3, stride=2, padding=1), nn.GELU()]
+            in_ch = out_ch
+        layers += [nn.AdaptiveAvgPool2d(grid), nn.Conv2d(in_ch, dim, 1)]
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, images: Tensor) -> Tensor:
+        x = images.permute(0, 3, 1, 2).float() * (1.0 / 255.0) - 0.5  # [B, H, W, C] -> [B, C, H, W]
+        return self.net(x).flatten(2).transpose(1, 2)  # [B, dim, g, g] -> [B, g * g, dim]
+
+
+class VLAPolicy(nn.Module):
+    """Packed observations (B, size) uint8 -> per-dimension action-token logits and a value."""
+
+    def __init__(self, config: VLAConfig, action_dim: int) -> None:
+        super().__init__()
+        config.validate()
+        self.config = config
+        self.layout = config.layout()
+        self.action_dim = action_dim
+        self.bins = ActionBins(config.num_bins, config.action_low, config.action_high)
+        vocab = config.vocab_size or WordTokenizer.from_instructions().vocab_size
+        dim, n_img = config.dim, config.grid * config.grid
+        self.stem = ConvStem(config.stem_channels, dim, config.grid)
+        self.image_pos = nn.Parameter(torch.zeros(1, n_img, dim))
+        self.word = nn.Embedding(vocab, dim, padding_idx=PAD_ID)
+        self.text_pos = nn.Parameter(torch.zeros(1, config.text_len, dim))
+        self.proprio = nn.Linear(config.proprio_dim, dim) if config.proprio_dim else None
+        self.queries = nn.Parameter(torch.zeros(1, action_dim + 1, dim))  # A action queries, then the value query
+        layer = nn.TransformerEncoderLayer(
+            dim, config.heads, config.mlp_ratio * dim, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
+        )
+        self.encoder = nn.TransformerEncoder(layer, config.depth, norm=nn.LayerNorm(dim), enable_nested_tensor=False)
+        self.action_head = nn.Linear(dim, config.num_bins)
+        self.value_head = nn.Linear(dim, 1)
+        for p in (self.image_pos, self.text_pos, self.queries):
+            nn.init.normal_(p, std=0.02)
+        nn.init.normal_(self.action_head.weight, std=0.01)  # start near the uniform token distribution
+        nn.init.zeros_(self.action_head.bias)
+
+    def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, size) uint8 -> action-token logits (B, A, num_bins), values (B,)."""
+        images, ids, proprio = self.layout.unpack_torch(torch.as_tensor(obs))
+        b = images.shape[0]
+        parts = [self.stem(images) + self.image_pos, self.word(ids) + self.text_pos]
+        pad = [torch.zeros(b, parts[0].shape[1], dtype=torch.bool, device=images.device), ids == PAD_ID]
+        if self.proprio is not None:
+            parts.append(self.proprio(proprio).unsqueeze(1))
+            pad.append(pad[0][:, :1])
+        parts.append(self.queries.expand(b, -1, -1))
+        pad.append(torch.zeros(b, self.queries.shape[1], dtype=torch.bool, device=images.device))
+        h = self.encoder(torch.cat(parts, dim=1), src_key_padding_mask=torch.cat(pad, dim=1))
+        out = h[:, -self.queries.shape[1] :]  # [B, A + 1, dim]
+        return self.action_head(out[:, :-1]), self.value_head(out[:, -1]).squeeze(-1)
+
+    def token_outputs(self, obs: Tensor, tokens: Tensor) -> TokenOutput:
+        """(B, size), tokens (B, A) -> per-token log-probs (B, A), entropies (B, A), values (B,)."""
+        logits, values = self(obs)
+        log_p = F.log_softmax(logits.float(), dim=-1)
+        logprobs = log_p.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
+        entropy = -(log_p.exp() * log_p).sum(-1)
+        return TokenOutput(logprobs, entropy, values)
+
+    @torch.no_grad()
+    def act_tokens(self, obs: Tensor, deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+        """(B, size) -> sampled (or most likely) tokens (B, A), their log-probs (B, A), values (B,)."""
+        logits, values = self(obs)
+        log_p = F.log_softmax(logits.float(), dim=-1)
+        if deterministic:
+            tokens = log_p.argmax(-1)
+        else:
+            tokens = torch.multinomial(log_p.exp().reshape(-1, log_p.shape[-1]), 1).reshape(log_p.shape[:-1])
+        return tokens, log_p.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), values
+
+    # ------------------------------------------------------------- the embodied Policy interface
+
+    @torch.no_grad()
+    def act(self, obs: Tensor, deterministic: bool = False) -> ActOutput:
+        """(B, size) -> continuous actions (bin centres) (B, A), joint log-probs (B,), values (B,)."""
+        tokens, logprobs, values = self.act_tokens(obs, deterministic)
+        return ActOutput(self.bins.to_actions(tokens), logprobs.sum(-1), values)
+
+    def evaluate(self, obs: Tensor, actions: Tensor) -> EvalOutput:
+        """(B, size), continuous actions (B, A) -> joint log-probs, summed entropies, values, each (B,)."""
+        out = self.token_outputs(obs, self.bins.to_tokens(torch.as_tensor(actions)))
+        return EvalOutput(out.logprobs.sum(-1), out.entropy.sum(-1), out.values)
+
+    def value(self, obs: Tensor) -> Tensor:
+        """(B, size) -> values (B,)."""
+        return self(obs)[1]
+
+
+def build_vla(obs_space: gym.Space, action_space: gym.Space, config: VLAConfig | None = None) -> VLAPolicy:
+    """A VLA for packed observations ``obs_space`` and ``Box`` actions ``action_space``; sizes must agree."""
+    config = config if config is not None else VLAConfig()
+    config.validate()
+    size = config.layout().size
+    if not isinstance(obs_space, gym.spaces.Box) or obs_space.shape != (size,) or obs_space.dtype.name != "uint8":
+        raise ValueError(
+            f"the VLA reads packed uint8 observations of {size} bytes ({config.layout()}); got {obs_space}"
+        )
+    if not isinstance(action_space, gym.spaces.Box) or len(action_space.shape) != 1:
+        raise ValueError(f"the VLA emits Box actions of shape (A,); got {action_space}")
+    if (action_space.low < config.action_low).any() or (action_space.high > config.action_high).any():
+        raise ValueError(
+            f"action_low: the bins [{config.action_low}, {config.action_high}] do not cover the action space {action_space}"
+        )
+    return VLAPolicy(config, action_space.shape[0])

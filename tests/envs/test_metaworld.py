@@ -1,0 +1,159 @@
+"""MetaWorld pixel envs; skipped with the reason where metaworld or an offscreen OpenGL is missing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from m2flow.envs import EnvConfig, VecEnv
+from m2flow.envs.factory import config_for_env, env_ids, make_env
+from m2flow.envs.instructions import WordTokenizer
+from m2flow.envs.metaworld import (
+    HELD_OUT_SEED_BASE,
+    MetaWorldPixelEnv,
+    expand_tasks,
+    held_out_seeds,
+    metaworld_unavailable_reason,
+)
+
+REASON = metaworld_unavailable_reason()
+needs_metaworld = pytest.mark.skipif(REASON is not None, reason=f"MetaWorld pixels unavailable: {REASON}")
+
+
+@pytest.fixture(scope="module")
+def reach():
+    """One reach env, or a skip naming why no offscreen context could be made."""
+    if REASON is not None:
+        pytest.skip(f"MetaWorld pixels unavailable: {REASON}")
+    try:
+        env = MetaWorldPixelEnv("reach-v3", max_episode_steps=20)
+    except Exception as error:  # noqa: BLE001 - a GL driver that loads but cannot make a context
+        pytest.skip(f"no offscreen OpenGL context: {type(error).__name__}: {error}")
+    yield env
+    env.close()
+
+
+def test_task_lists_expand_without_metaworld():
+    assert expand_tasks("mt3") == ["reach-v3", "push-v3", "pick-place-v3"]
+    assert expand_tasks("metaworld/reach-v3,push-v3") == ["reach-v3", "push-v3"]
+    assert len(expand_tasks("mt10")) == 10
+    with pytest.raises(ValueError, match="no instruction"):
+        expand_tasks("reach-v3,fly-v3")
+    cfg = EnvConfig(backend="metaworld", env_id="mt3")
+    assert env_ids(cfg) == ["reach-v3", "push-v3", "pick-place-v3"]
+    assert [config_for_env(cfg, i).env_id for i in range(4)] == ["reach-v3", "push-v3", "pick-place-v3", "reach-v3"]
+    assert config_for_env(EnvConfig(), 3).env_id == "HalfCheetah-v5"  # other backends: unchanged
+    assert min(held_out_seeds(5)) == HELD_OUT_SEED_BASE
+
+
+@needs_metaworld
+def test_observation_layout_instruction_and_proprio(reach):
+    obs, info = reach.reset(seed=1)
+    lay = reach.layout
+    assert obs.shape == reach.observation_space.shape == (64 * 64 * 3 + 16 + 16,) and obs.dtype == np.uint8
+    image, ids, proprio = lay.unpack(obs)
+    assert image.shape == (64, 64, 3) and image.std() > 5  # a scene, not a blank frame
+    assert WordTokenizer.from_instructions().decode(ids) == reach.instruction == "move the gripper to the red goal point"
+    assert np.allclose(proprio, reach.state[:4])
+    assert info == {"success": 0.0}
+
+
+@needs_metaworld
+def test_corner_camera_is_rotated_right(reach):
+    raw = MetaWorldPixelEnv("reach-v3", flip=False)
+    try:
+        a, _ = reach.reset(seed=4)
+        b, _ = raw.reset(seed=4)
+        flipped = reach.layout.unpack(a)[0]
+        unflipped = raw.layout.unpack(b)[0]
+        assert np.array_equal(flipped, unflipped[::-1, ::-1])
+        assert not np.array_equal(flipped, unflipped)
+    finally:
+        raw.close()
+
+
+@needs_metaworld
+def test_seeded_resets_are_deterministic_and_seeds_differ(reach):
+    actions = np.random.default_rng(0).uniform(-1, 1, (5, 4)).astype(np.float32)
+
+    def rollout(seed):
+        frames = [reach.reset(seed=seed)[0]]
+        goal = reach.state[-3:].copy()  # the goal position drawn at reset
+        frames += [reach.step(a)[0] for a in actions]
+        return np.stack(frames), reach.state.copy(), goal
+
+    first, state, goal = rollout(HELD_OUT_SEED_BASE)
+    again, state_again, goal_again = rollout(HELD_OUT_SEED_BASE)
+    _, _, other_goal = rollout(HELD_OUT_SEED_BASE + 1)
+    assert np.array_equal(first, again) and np.array_equal(state, state_again) and np.array_equal(goal, goal_again)
+    assert not np.allclose(goal, other_goal)
+
+
+@needs_metaworld
+def test_success_flag_reward_and_termination(reach):
+    from m2flow.envs.metaworld_demos import expert_for
+
+    expert = expert_for("reach-v3")
+    env = MetaWorldPixelEnv("reach-v3", max_episode_steps=100)
+    try:
+        env.reset(seed=0)
+        for _ in range(100):
+            _, reward, term, trunc, info = env.step(expert.get_action(env.state))
+            if term or trunc:
+                break
+        assert term and not trunc and info["success"] == 1.0 and reward == 1.0
+    finally:
+        env.close()
+    reach.reset(seed=0)
+    for _ in range(20):
+        _, reward, term, trunc, info = reach.step(np.zeros(4, np.float32))
+    assert trunc and not term and info["success"] == 0.0 and reward == 0.0  # a still arm times out
+
+
+@needs_metaworld
+def test_multi_task_vector_env_tells_tasks_apart_by_instruction_only():
+    cfg = EnvConfig(backend="metaworld", env_id="mt3", num_envs=3, num_groups=3, normalize_obs=False,
+                    normalize_reward=False, info_keys=["success"], max_episode_steps=3)
+    try:
+        vec = VecEnv(cfg)
+    except RuntimeError as error:
+        pytest.skip(f"no offscreen OpenGL context: {error}")
+    try:
+        obs = vec.reset()
+        tasks = [g.envs[0].task for g in vec.groups]
+        assert tasks == ["reach-v3", "push-v3", "pick-place-v3"]
+        lay = vec.groups[0].envs[0].layout
+        ids = lay.unpack(obs)[1]
+        assert len({tuple(row) for row in ids}) == 3
+        for _ in range(3):
+            res = vec.step(np.zeros((3, 4), np.float32))
+        assert res.truncated.all() and (res.infos["success"] == 0).all()
+        assert make_env(cfg).task == "reach-v3"  # a probe builds the first task
+    finally:
+        vec.close()
+
+
+@needs_metaworld
+def test_bad_settings_fail_naming_them():
+    with pytest.raises(ValueError, match="no instruction for 'fly-v3'"):
+        make_env(EnvConfig(backend="metaworld", env_id="fly-v3"))
+    with pytest.raises(ValueError, match="camera"):
+        MetaWorldPixelEnv("reach-v3", camera="nope")
+    with pytest.raises(ValueError, match="max_episode_steps"):
+        MetaWorldPixelEnv("reach-v3", max_episode_steps=10_000)
+
+
+def test_gl_backend_choice_and_the_reason_without_one(monkeypatch):
+    import m2flow.envs.metaworld as mw
+
+    monkeypatch.setenv("MUJOCO_GL", "osmesa")
+    assert mw.gl_backend() == "osmesa"
+    monkeypatch.delenv("MUJOCO_GL")
+    monkeypatch.setattr(mw.ctypes.util, "find_library", lambda name: "libOSMesa.so" if name == "OSMesa" else None)
+    assert mw.gl_backend() == "osmesa"
+    monkeypatch.setattr(mw.ctypes.util, "find_library", lambda name: None)
+    assert mw.gl_backend() is None
+    reason = mw.metaworld_unavailable_reason()
+    assert reason is not None and ("OpenGL" in reason or "metaworld" in reason)
+    with pytest.raises(RuntimeError, match="'metaworld' is unavailable"):
+        MetaWorldPixelEnv("reach-v3")

@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from m2flow.envs.metaworld import metaworld_unavailable_reason
+from m2flow.envs.metaworld_demos import Demos, collect_demos, evaluate_success
+
+REASON = metaworld_unavailable_reason()
+needs_metaworld = pytest.mark.skipif(REASON is not None, reason=f"MetaWorld pixels unavailable: {REASON}")
+
+
+def fake_demos(n: int = 6) -> Demos:
+    return Demos(obs=np.arange(n * 10, dtype=np.uint8).reshape(n, 10), actions=np.zeros((n, 4), np.float32),
+                 episode=np.array([0] * (n // 2) + [1] * (n - n // 2)), tasks=np.array(["reach-v3", "push-v3"]),
+                 seeds=np.array([0, 1]), success=np.array([True, True]))
+
+
+def test_demos_round_trip_and_bad_files_are_named(tmp_path):
+    path = fake_demos().save(tmp_path / "d.npz")
+    back = Demos.load(path)
+    assert np.array_equal(back.obs, fake_demos().obs) and back.tasks.tolist() == ["reach-v3", "push-v3"]
+    junk = tmp_path / "junk.npz"
+    junk.write_bytes(b"not a zip")
+    with pytest.raises(ValueError, match="junk.npz"):
+        Demos.load(junk)
+    partial = tmp_path / "partial.npz"
+    np.savez(partial, obs=np.zeros((2, 3), np.uint8))
+    with pytest.raises(ValueError, match="partial.npz"):
+        Demos.load(partial)
+    bad = fake_demos()
+    bad.episode[0] = 7
+    with pytest.raises(ValueError, match="episode"):
+        Demos.load(bad.save(tmp_path / "bad.npz"))
+    pickled = tmp_path / "pickled.npz"
+    np.savez(pickled, obs=np.array([object()]), actions=np.zeros(1), episode=np.zeros(1), tasks=np.array(["a"]),
+             seeds=np.zeros(1), success=np.zeros(1))
+    with pytest.raises(ValueError, match="pickled.npz"):  # object arrays are never unpickled
+        Demos.load(pickled)
+
+
+@needs_metaworld
+def test_expert_demos_are_seeded_and_successful(tmp_path):
+    try:
+        demos = collect_demos(["reach-v3"], 2, seed=5, env_kwargs={"height": 32, "width": 32})
+    except RuntimeError as error:
+        pytest.skip(f"no offscreen OpenGL context: {error}")
+    assert demos.success.all() and demos.seeds.tolist() == [5, 6]
+    assert demos.obs.shape[1] == 32 * 32 * 3 + 16 + 16 and len(demos.actions) == len(demos)
+    assert np.abs(demos.actions).max() <= 1.0 and set(demos.episode.tolist()) == {0, 1}
+    assert not np.array_equal(demos.obs[demos.episode == 0][0], demos.obs[demos.episode == 1][0])  # two seeds
+    # A still arm never succeeds; every (task, seed) pair is counted.
+    rates = evaluate_success(lambda obs: np.zeros((len(obs), 4), np.float32), ["reach-v3", "push-v3"], [0],
+                             env_kwargs={"height": 32, "width": 32, "max_episode_steps": 5})
+    assert rates == {"reach-v3": 0.0, "push-v3": 0.0}

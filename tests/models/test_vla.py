@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from m2flow.algorithms.losses import policy_loss
+from m2flow.algorithms.minibatch_ppo import ppo_minibatch_loss
+from m2flow.envs.instructions import INSTRUCTIONS, WordTokenizer
+from m2flow.models.action_tokens import ActionBins
+from m2flow.models.policies import Policy, build_policy
+from m2flow.models.vla import VLAConfig, VLAPolicy, build_vla
+
+ACTIONS = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+
+
+def packed_obs(config: VLAConfig, n: int, seed: int = 0) -> torch.Tensor:
+    """n packed observations: random images, the instruction table's sentences, random proprio."""
+    rng = np.random.default_rng(seed)
+    lay, tok = config.layout(), WordTokenizer.from_instructions()
+    texts = list(INSTRUCTIONS.values())
+    rows = [lay.pack(rng.integers(0, 256, (lay.height, lay.width, 3), dtype=np.uint8),
+                     tok.encode(texts[i % len(texts)], lay.text_len),
+                     rng.normal(size=lay.proprio_dim).astype(np.float32)) for i in range(n)]
+    return torch.from_numpy(np.stack(rows))
+
+
+def small() -> VLAConfig:
+    return VLAConfig(height=32, width=32, dim=32, depth=1, heads=2, stem_channels=[8, 16], grid=2, num_bins=16)
+
+
+def test_action_bins_round_trip():
+    bins = ActionBins(256)
+    tokens = torch.arange(256).repeat(4, 1).T  # [256, 4]
+    assert torch.equal(bins.to_tokens(bins.to_actions(tokens)), tokens)
+    a = torch.empty(1000, 4).uniform_(-1.5, 1.5)
+    back = bins.to_actions(bins.to_tokens(a))
+    assert (back - a.clamp(-1, 1)).abs().max() <= bins.width / 2 + 1e-6
+    assert bins.to_tokens(torch.tensor([-1.0, 1.0])).tolist() == [0, 255]
+    with pytest.raises(ValueError, match="num_bins"):
+        ActionBins(1)
+
+
+def test_default_size_shapes_and_interface():
+    config = VLAConfig()
+    space = gym.spaces.Box(0, 255, (config.layout().size,), np.uint8)
+    policy = build_vla(space, ACTIONS, config)
+    params = sum(p.numel() for p in policy.parameters())
+    assert 0.5e6 <= params <= 5e6, params
+    assert isinstance(policy, Policy) and isinstance(build_policy(gym.spaces.Box(-1, 1, (3,)), ACTIONS), Policy)
+    obs = packed_obs(config, 3)
+    logits, values = policy(obs)
+    assert logits.shape == (3, 4, 256) and values.shape == (3,)
+    out = policy.act(obs)
+    assert out.actions.shape == (3, 4) and out.logprobs.shape == (3,) and out.values.shape == (3,)
+    assert out.actions.abs().max() < 1.0
+    ev = policy.evaluate(obs, out.actions)
+    assert torch.allclose(ev.logprobs, out.logprobs, atol=1e-5)  # the centres map back to the sampled tokens
+    assert torch.allclose(ev.values, out.values, atol=1e-5) and (ev.entropy > 0).all()
+
+
+def test_sampled_token_log_probs_match_the_distribution():
+    torch.manual_seed(0)
+    config = small()
+    policy = VLAPolicy(config, 4)
+    obs = packed_obs(config, 1).expand(2000, -1)
+    tokens, logprobs, _ = policy.act_tokens(obs)
+    logits, _ = policy(obs[:1])
+    probs = torch.softmax(logits[0], -1)  # [A, bins]
+    for d in range(4):
+        freq = torch.bincount(tokens[:, d], minlength=config.num_bins).float() / len(tokens)
+        assert (freq - probs[d]).abs().max() < 0.05
+    assert torch.allclose(logprobs, probs.log().gather(-1, tokens.T).T, atol=1e-5)
+    # Deterministic acting takes every dimension's most likely bin.
+    assert torch.equal(policy.act_tokens(obs[:1], deterministic=True)[0][0], probs.argmax(-1))
+
+
+def test_instruction_changes_the_output_and_padding_does_not_leak():
+    torch.manual_seed(0)
+    config = small()
+    policy = VLAPolicy(config, 4)
+    obs = packed_obs(config, 2)
+    lay = config.layout()
+    obs[1, : lay.image_bytes] = obs[0, : lay.image_bytes]
+    obs[1, lay.image_bytes + lay.text_len :] = obs[0, lay.image_bytes + lay.text_len :]
+    logits, _ = policy(obs)
+    assert not torch.allclose(logits[0], logits[1])  # same image and proprio, another instruction
+
+
+def test_token_log_probs_feed_the_registered_losses():
+    torch.manual_seed(0)
+    config = small()
+    policy = VLAPolicy(config, 4)
+    obs = packed_obs(config, 8)
+    tokens, old, values = policy.act_tokens(obs)
+    adv = torch.randn(8)
+    out = policy.token_outputs(obs, tokens)
+    assert torch.allclose(out.logprobs, old, atol=1e-5)
+    token_loss = policy_loss("ppo", out.logprobs, old, adv[:, None].expand(-1, 4), torch.ones(8, 4))
+    joint = policy.evaluate(obs, policy.bins.to_actions(tokens))
+    loss, _ = ppo_minibatch_loss(joint.logprobs - old.sum(-1), -adv / 8, joint.values, values + adv,
+                                 clip=0.2, scale=1 / 8, ent_coef=0.01, entropy_sum=joint.entropy.sum())
+    (token_loss.loss + loss).backward()
+    assert policy.action_head.weight.grad.abs().sum() > 0 and policy.value_head.weight.grad.abs().sum() > 0
+
+
+def test_mismatched_spaces_fail_naming_the_layout():
+    with pytest.raises(ValueError, match="packed uint8"):
+        build_vla(gym.spaces.Box(0, 255, (10,), np.uint8), ACTIONS)
+    with pytest.raises(ValueError, match="action_low"):
+        build_vla(gym.spaces.Box(0, 255, (VLAConfig().layout().size,), np.uint8), gym.spaces.Box(-2, 2, (4,)))
+    with pytest.raises(ValueError, match="dim"):
+        VLAConfig(dim=30, heads=4).validate()
