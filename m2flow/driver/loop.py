@@ -80,10 +80,12 @@ def train_loop(flow: Flow, cadence: Cadence, start: int, logger: Any,
     stopping = False
     for it in range(start, cadence.iterations):
         t0 = time.perf_counter()
-        with get_tracer().span("step", cat="step", step=it):
+        # The iteration marker carries the iteration and the step its metrics row is logged under.
+        with get_tracer().span("step", cat="step", iteration=it) as span:
             horizon = it if stopping else collect_horizon(it, flow.max_staleness, cadence.drains)
             flow.start(it, horizon)
             metrics = flow.finish(it)
+            span.annotate(step=flow.progress())
         metrics.update(flow.rates(metrics, time.perf_counter() - t0), **(constants or {}))
         if cadence.evaluates_after(it):  # timed on its own: time/ and perf/ describe training only
             evaluated = flow.evaluate()

@@ -86,6 +86,9 @@ class _NoopSpan:
     def __enter__(self) -> _NoopSpan:
         return self
 
+    def annotate(self, **args: Any) -> None:
+        return None
+
     # Named parameters, not *exc: packing a tuple costs as much as the rest of the call.
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         return None
@@ -109,6 +112,10 @@ class _Span:
     def __enter__(self) -> _Span:
         self._t0 = time.perf_counter_ns()
         return self
+
+    def annotate(self, **args: Any) -> None:
+        """Add arguments known only once the block has run (recorded when it ends)."""
+        self._args = {**self._args, **args}
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         t1 = time.perf_counter_ns()
