@@ -34,7 +34,8 @@ from m2flow.planner.setup import setup_from_plan  # noqa: E402
 from m2flow.planner.simulate import Simulator  # noqa: E402
 from m2flow.runtime.placement import NodeLayout  # noqa: E402
 from m2flow.workflows.embodied.config import EmbodiedConfig  # noqa: E402
-from m2flow.workflows.embodied.plan import GRAPH, WORKLOAD, plan_embodied  # noqa: E402
+from m2flow.workflows.embodied.graph import GRAPH  # noqa: E402
+from m2flow.workflows.embodied.plan import WORKLOAD, plan_embodied  # noqa: E402
 
 STEPS, ENVS = 256, 8
 

@@ -181,7 +181,9 @@ def run_one(workflow: str, config_json: str, skip: int) -> dict[str, Any]:
     setup_logging(console=False)
     spec = spec_of(workflow)
     cfg = from_dict(spec.schema, json.loads(config_json))
-    result = spec.auto.train(cfg, None, None)
+    from m2flow.autoplan.auto_config import auto_support
+
+    result = auto_support(spec).train(cfg, None, None)
     key = next(k for k in ITERATION_KEYS if k in result.history[0])
     return {"iterations": [h[key] for h in result.history[skip:]], "mode": result.mode}
 
@@ -300,14 +302,14 @@ def main() -> int:
         print(f"S1 {args.workflow}: {fitting} plan(s) fit ({sum(result.reasons.values())} rejected), {on_slots} on at most "
               f"{args.slots} device slot(s), {len(rows)} to measure; profiling took {profile_s:.0f} s, "
               f"planning {plan_s:.2f} s", file=sys.stderr)
-        from m2flow.workflows.plan_context import with_overrides
+        from m2flow.autoplan.plan_context import with_overrides
 
         for row in rows:  # each plan times enough iterations: --iterations, or --min-seconds of them
             enough = math.ceil(args.min_seconds / max(row["predicted_s"], 1e-9))
             timed = max(min(3, args.iterations), min(args.iterations, enough))
             row["timed_iterations"] = timed
             row["config"] = with_overrides(spec.schema, row["config"],
-                                           spec.auto.length(row["config"], args.warmup + timed))
+                                           spec.profile_length(row["config"], args.warmup + timed))
         discarded = 0
         for rnd in range(args.rounds):
             order = list(enumerate(rows))

@@ -130,7 +130,8 @@ def s2_embodied(variant: str, n: int) -> Scenario:
 def e2_embodied(e2: dict[str, Any], n: int) -> Scenario:
     """E2's measured costs (the sequential plan's busy times, the actor's 2-rank time; as the S1
     preview builds them) on ``n`` CPU devices sharing 2 cores, 8 envs in all, 256 steps."""
-    from m2flow.workflows.embodied.plan import GRAPH, WORKLOAD
+    from m2flow.workflows.embodied.graph import GRAPH
+    from m2flow.workflows.embodied.plan import WORKLOAD
 
     steps, envs = 256, 8
     seq, two = e2["collocated-sequential"], e2["hybrid-pipelined"]
