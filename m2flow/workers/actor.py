@@ -28,7 +28,6 @@ with the decoupled PPO objective against their behaviour log-probs
 from __future__ import annotations
 
 import math
-import random
 import time
 from collections import deque
 from pathlib import Path
@@ -42,6 +41,7 @@ from m2flow.backends.training.collectives import all_reduce_max, all_reduce_sum,
 from m2flow.data.batch import RolloutBatch
 from m2flow.models.causal_lm import CausalLMWithValueHead, load_causal_lm, response_logprobs
 from m2flow.models.response_forward import create_response_forward
+from m2flow.models.rng import global_rng_state, seed_global_rngs, set_global_rng_state
 from m2flow.models.tokenizer import load_tokenizer
 from m2flow.runtime.comm import send_weights
 from m2flow.runtime.comm.collectives import ExchangeSum
@@ -85,11 +85,7 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         self.shares_devices = shares_devices
         self.temperature = temperature if temperature > 0 else 1.0
         self.groups_per_micro_batch = max(1, cfg.micro_batch_size // group_size)
-        torch.manual_seed(seed)  # the same on every rank: a fresh value head starts identical
-        # numpy's and Python's generators are seeded too, so the RNG state a checkpoint holds is a function
-        # of the seed (a resumed run's checkpoint is byte-equal to the uninterrupted run's)
-        np.random.seed(seed)
-        random.seed(seed)
+        seed_global_rngs(seed)  # the same on every rank: a fresh value head starts identical
         if self.world_size > 1:
             self.init_process_group()
             if uses_exchange(cfg.host_sum, self.world_size, self.torch_device.type):
@@ -380,7 +376,7 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         else:
             self._save_whole(root)
         barrier()
-        save_state(_rng_state(), root / f"rng_actor{self.rank}.pt")
+        save_state(global_rng_state(), root / f"rng_actor{self.rank}.pt")
         return {"skipped_in_row": self.skipped_in_row}
 
     def _named(self) -> list[tuple[str, str, TrainedModel]]:
@@ -423,7 +419,7 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
                 self.critic.load_training_state(saved["critic"])
         rng = root / f"rng_actor{self.rank}.pt"
         if rng.is_file():
-            _set_rng_state(load_state(rng))
+            set_global_rng_state(load_state(rng))
 
 
 def _is_sharded(checkpoint: Path) -> bool:
@@ -490,18 +486,3 @@ def _with_zero_advantages(batch: RolloutBatch | None) -> RolloutBatch:
     if batch.values is None:
         batch.values = zeros
     return batch
-
-
-def _rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
