@@ -126,7 +126,7 @@ def test_in_process_peers_get_the_object_itself():
     a = Communicator("local-a", 0, namespace="t-local", rendezvous=rdv)
     b = Communicator("local-b", 0, namespace="t-local", rendezvous=rdv)
     try:
-        assert a.transport_to("local-b", 0) == "local"
+        assert a.transport_to("local-b", 0) == "inprocess"
         obj = {"t": torch.ones(3)}
         a.send(obj, "local-b", 0)
         a.send(2, "local-b", 0)

@@ -17,6 +17,7 @@ import torch
 
 from m2flow.runtime.comm.communicator import Communicator
 from m2flow.runtime.comm.errors import CommError
+from m2flow.runtime.comm.transport import LinkKind
 
 _TAG = "m2flow-sum"
 
@@ -37,7 +38,7 @@ class ExchangeSum:
 
     def _any_local(self, peers: list[int]) -> bool:
         if not hasattr(self, "_local"):
-            self._local = any(self.comm.transport_to(self.group, r) == "local" for r in peers)
+            self._local = any(self.comm.transport_to(self.group, r) == LinkKind.IN_PROCESS for r in peers)
         return self._local
 
     def __call__(self, tensor: torch.Tensor) -> None:

@@ -33,7 +33,7 @@ from m2flow.runtime.comm.rendezvous import (
 )
 from m2flow.runtime.comm.serialization import encode
 from m2flow.runtime.comm.shm import SegmentCache, SegmentPool
-from m2flow.runtime.comm.transport import LocalTransport, SocketTransport, Transport
+from m2flow.runtime.comm.transport import LinkKind, LocalTransport, SocketTransport, Transport
 from m2flow.runtime.comm.wire import BufferPool, Connection, ConnectionLost, Listener
 from m2flow.runtime.comm.work import CommWork, Inbox, done_work
 
@@ -182,12 +182,12 @@ class Communicator:
 
     def _pack(self, obj: Any, links: list[Transport]) -> list[Any]:
         """One message per link: the object itself for local links, else a ``Packed`` payload."""
-        if all(link.kind == "local" for link in links):
+        if all(link.kind == LinkKind.IN_PROCESS for link in links):
             return [obj] * len(links)
         enc = encode(obj)
         if enc.has_cuda() and self.record.cuda_uuids:
-            return [obj if link.kind == "local" else self._pack_gpu(obj, link) for link in links]
-        shm = [i for i, link in enumerate(links) if link.kind == "shm"]
+            return [obj if link.kind == LinkKind.IN_PROCESS else self._pack_gpu(obj, link) for link in links]
+        shm = [i for i, link in enumerate(links) if link.kind == LinkKind.SHM]
         out: list[Any] = [None] * len(links)
         if shm:
             shared = pack(enc, self._pool, nslots=len(shm))
@@ -195,9 +195,9 @@ class Communicator:
                 out[i] = Packed(shared.desc.for_slot(slot), shared.inline, shared.segment)
         inline: Packed | None = None
         for i, link in enumerate(links):
-            if link.kind == "local":
+            if link.kind == LinkKind.IN_PROCESS:
                 out[i] = obj
-            elif link.kind != "shm":
+            elif link.kind != LinkKind.SHM:
                 inline = inline or pack(enc, None)
                 out[i] = inline
         return out
@@ -206,8 +206,8 @@ class Communicator:
         """CUDA tensors by IPC or NCCL, decided per receiver (see ``cuda.py``)."""
         from m2flow.runtime.comm.cuda import GpuReducer
 
-        reducer = GpuReducer(link.peer, same_node=link.kind == "shm")
-        return pack(encode(obj, reducer), self._pool if link.kind == "shm" else None)
+        reducer = GpuReducer(link.peer, same_node=link.kind == LinkKind.SHM)
+        return pack(encode(obj, reducer), self._pool if link.kind == LinkKind.SHM else None)
 
     def _submit(self, dst: Peer, fn: Any, *args: Any) -> Future:
         with self._lock:
@@ -255,11 +255,11 @@ class Communicator:
             if target is not None and not target.closed:
                 return LocalTransport((self.group, self.rank), target, record)
         same_node = record.node_id == self.record.node_id
-        kind = "shm" if same_node and self._policy == "auto" else "tcp"
-        pool = self._pool if kind == "shm" else None
+        kind = LinkKind.SHM if same_node and self._policy == "auto" else LinkKind.TCP
+        pool = self._pool if kind == LinkKind.SHM else None
         return SocketTransport((self.group, self.rank), PROCESS_UID, record, kind, pool, self.record.tcp_address[1][0])
 
-    def transport_to(self, dst_group: str, dst_rank: int) -> str:
+    def transport_to(self, dst_group: str, dst_rank: int) -> LinkKind:
         """The transport kind used towards ``dst_group[dst_rank]`` (opens the connection)."""
         return self._link((dst_group, dst_rank)).kind
 

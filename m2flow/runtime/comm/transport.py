@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import logging
+from enum import StrEnum
 from typing import Any, Protocol
 
 from m2flow.runtime.comm.errors import PeerDiedError
@@ -29,10 +30,18 @@ class Transport(Protocol):
     peer: PeerRecord
 
     def send(self, message: Any) -> None:
-        """Deliver one message; for ``local`` it is the object, otherwise a ``Packed`` payload."""
+        """Deliver one message; in process it is the object, otherwise a ``Packed`` payload."""
         ...
 
     def close(self) -> None: ...
+
+
+class LinkKind(StrEnum):
+    """How a message reaches its peer: as the object itself, through shared memory, or over a socket."""
+
+    IN_PROCESS = "inprocess"
+    SHM = "shm"
+    TCP = "tcp"
 
 
 class Inboxes(Protocol):
@@ -46,7 +55,7 @@ class Inboxes(Protocol):
 class LocalTransport:
     """Both ends live in this process: the receiver gets the very object that was sent."""
 
-    kind = "local"
+    kind = LinkKind.IN_PROCESS
 
     def __init__(self, src: tuple[str, int], target: Inboxes, peer: PeerRecord) -> None:
         self._src = src
@@ -66,7 +75,7 @@ class SocketTransport:
     """A direct connection (Unix socket on one node, TCP across nodes) opened on first use."""
 
     def __init__(
-        self, src: tuple[str, int], src_uid: str, peer: PeerRecord, kind: str, pool: SegmentPool | None, local_ip: str = "127.0.0.1"
+        self, src: tuple[str, int], src_uid: str, peer: PeerRecord, kind: LinkKind, pool: SegmentPool | None, local_ip: str = "127.0.0.1"
     ) -> None:
         self.kind = kind
         self._local_ip = local_ip
@@ -74,7 +83,7 @@ class SocketTransport:
         self.peer = peer
         self.pool = pool  # only same-node transports place bytes in shared memory
         self.key = f"{peer.process_uid}:{peer.group}:{peer.rank}"
-        address = peer.unix_address if kind == "shm" else peer.tcp_address
+        address = peer.unix_address if kind == LinkKind.SHM else peer.tcp_address
         try:
             self.conn: Connection = connect(address)
             self.conn.send(("hello", src[0], src[1], src_uid))
@@ -100,7 +109,7 @@ class SocketTransport:
     def _open_nccl(self) -> None:
         from m2flow.runtime.comm.cuda import NcclPair, free_port
 
-        host = self._local_ip if self.kind == "tcp" else "127.0.0.1"
+        host = self._local_ip if self.kind == LinkKind.TCP else "127.0.0.1"
         port = free_port(host)
         self.conn.send(("nccl-init", host, port))  # the receiver joins while we wait below
         self._nccl = NcclPair(host, port, rank=0)

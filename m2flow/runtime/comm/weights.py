@@ -15,6 +15,7 @@ import torch
 
 from m2flow.runtime.comm.communicator import Communicator
 from m2flow.runtime.comm.errors import CommError
+from m2flow.runtime.comm.transport import LinkKind
 
 Named = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | torch.nn.Module
 
@@ -40,7 +41,7 @@ def send_weights(
     # A receiver in this process would get the live tensors themselves and copy them whenever it
     # gets to it: it gets a copy taken now instead, as a receiver elsewhere does.
     dst_ranks = list(dst_ranks) if dst_ranks is not None else None
-    in_process = any(comm.transport_to(dst_group, r) == "local" for r in (dst_ranks if dst_ranks is not None else [0]))
+    in_process = any(comm.transport_to(dst_group, r) == LinkKind.IN_PROCESS for r in (dst_ranks if dst_ranks is not None else [0]))
 
     def flush(kind: str = "weights") -> None:
         nonlocal count, bucket, size

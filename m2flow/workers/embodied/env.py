@@ -28,6 +28,7 @@ import numpy as np
 
 from m2flow.envs import EnvConfig, VecEnv
 from m2flow.models.policies import PolicyConfig
+from m2flow.runtime.comm.transport import LinkKind
 from m2flow.runtime.errors import RunHealthError
 from m2flow.runtime.trace import get_tracer, trace_category
 from m2flow.runtime.worker import Worker
@@ -142,7 +143,7 @@ class EnvWorker(Worker):
         shared = getattr(self, "_actors_share_process", None)
         if shared is None:
             shared = self._actors_share_process = any(
-                self.comm.transport_to(self.actor_group, r) == "local" for r in range(self.actor_ranks))
+                self.comm.transport_to(self.actor_group, r) == LinkKind.IN_PROCESS for r in range(self.actor_ranks))
         return shared
 
     def _run(self, iteration: int) -> InteractStats:

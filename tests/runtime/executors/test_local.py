@@ -236,7 +236,7 @@ class Peer(Worker):
 def test_comm_between_ranks_of_one_process(executor, tmp_path) -> None:
     groups = _launch(executor, tmp_path, {"src": GroupSpec(Peer), "dst": GroupSpec(Peer)}, "src: 0, dst: 0-1")
     src, dst = groups["src"], groups["dst"]
-    assert src.transport(dst.name, 1).wait(timeout=10) == ["local"]
+    assert src.transport(dst.name, 1).wait(timeout=10) == ["inprocess"]
     receiving = dst.recv_from(src.name, 0, ranks=[1])
     src.send_to({"x": torch.arange(3)}, dst.name, 1).wait(timeout=10)
     got = receiving.wait(timeout=10)[0]
