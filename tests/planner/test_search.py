@@ -149,3 +149,19 @@ def test_the_fast_bound_never_exceeds_the_simulation():
             cand = searcher._candidate(entry)
             assert cand.bound == pytest.approx(searcher.bound(cand.setup))
             assert cand.bound <= searcher.sim.simulate(cand.setup).iteration_time + 1e-9
+
+
+def test_nothing_in_the_planner_but_the_graphs_declarations_reads_a_config_key():
+    """The search states plans as PlanChoices; the config keys a workflow declares in its graph (a fusion's
+    key, a component's threads key) are read by the workflow's side alone (``Workflow.apply``)."""
+    import ast
+    from pathlib import Path
+
+    import m2flow.planner as planner
+
+    declared = {"key", "section", "threads_key", "fusion_keys", "thread_keys"}
+    for path in sorted(Path(planner.__file__).parent.glob("*.py")):
+        if path.name == "graph.py":  # where the declarations live
+            continue
+        read = {n.attr for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Attribute)}
+        assert not read & declared, f"{path.name} reads {sorted(read & declared)}"
