@@ -12,6 +12,7 @@ from typing import Any
 
 from m2flow.config.errors import ConfigError
 from m2flow.autoplan.plan_context import PlanContext
+from m2flow.planner.choice import PlanChoice
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ class Choice:
     runner_up: Any = None
     collocated: Any = None
     profile: Path | None = None
-    choice: Any = field(init=False)
+    choice: PlanChoice = field(init=False)
     """the ``PlanChoice`` that runs: the candidate's (``placement: local`` for a plan on one device)"""
     cfg: Any = field(init=False)
     """the config that runs it: the workflow's ``apply`` of ``choice`` (a concrete placement among it)"""

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from m2flow.config import with_overrides
+from m2flow.planner.choice import PlanChoice
 
 
 def layout_of(cfg: Any) -> Any:
@@ -47,11 +48,11 @@ class PlanContext:
         """The config with dotted ``changes`` applied, validated (the profiler's probes)."""
         return with_overrides(self.spec.schema, self.cfg, changes)
 
-    def config_of(self, choice: Any) -> Any:
+    def config_of(self, choice: PlanChoice) -> Any:
         """The config that runs the search's ``PlanChoice`` ``choice`` (the workflow's ``apply``)."""
         return self.spec.apply(self.cfg, choice)
 
-    def build(self, choice: Any) -> Any:
+    def build(self, choice: PlanChoice) -> Any:
         """The validated Plan of ``choice``: its config, then the workflow's plan function (a ValueError refuses it)."""
         return self.spec.plan(self.config_of(choice), self.layout)
 
