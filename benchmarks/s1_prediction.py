@@ -152,8 +152,7 @@ def candidates(ctx: Any, cost: Any) -> tuple[list[dict[str, Any]], list[dict[str
     from m2flow.planner.search import search
     from m2flow.autoplan.auto_choice import Choice
 
-    result = search(ctx.space, cost, ctx.devices, top=10_000, plan_fn=ctx.spec.plan, configure=ctx.configure,
-                    layout=ctx.layout)
+    result = search(ctx.space, cost, ctx.devices, top=10_000, build_plan=ctx.build)
     rows, seen = [], set()
     for cand in result.ranked:
         # What placement: auto would run for this candidate (a one-device plan on the local executor).
@@ -302,7 +301,7 @@ def main() -> int:
         print(f"S1 {args.workflow}: {fitting} plan(s) fit ({sum(result.reasons.values())} rejected), {on_slots} on at most "
               f"{args.slots} device slot(s), {len(rows)} to measure; profiling took {profile_s:.0f} s, "
               f"planning {plan_s:.2f} s", file=sys.stderr)
-        from m2flow.autoplan.plan_context import with_overrides
+        from m2flow.config import with_overrides
 
         for row in rows:  # each plan times enough iterations: --iterations, or --min-seconds of them
             enough = math.ceil(args.min_seconds / max(row["predicted_s"], 1e-9))

@@ -73,8 +73,8 @@ def grpo(variant: str, devices: int) -> tuple[SearchSpace, CostModel]:
     prompts = 4 * devices
     chunks = tuple(sorted({max(1, prompts // k) for k in (1, 4, 16, 64)}))
     space = SearchSpace(GRPO_GRAPH, GRPO, ("rollout", "reward", "inference", "actor"),
-                        {"prompts": prompts, "group": 16, "chunk": prompts}, knobs={"chunk": chunks},
-                        knob_settings={"chunk": "chunk"}, fusion_keys={("reward", "rollout"): "fuse_reward"})
+                        {"prompts": prompts, "group": 16, "chunk": prompts}, varied={"chunk": chunks},
+                        fusions=(("reward", "rollout"),))
     comps = {
         # Generation: a call's longest response is a floor (a); decoding scales sub-linearly.
         # Long context: decoding is memory-bound and a call's longest response sets its length, so
@@ -99,8 +99,7 @@ def ppo(variant: str, devices: int) -> tuple[SearchSpace, CostModel]:
     """Embodied PPO with a VLA-sized policy: 64 envs per env rank, 32 steps per iteration."""
     heavy = variant == "heavy"
     space = SearchSpace(PPO_GRAPH, PPO, ("env", "rollout", "actor"), {"envs": 64, "steps": 32, "stages": 1},
-                        knobs={"stages": (1, 2, 4)}, knob_settings={"stages": "stages"},
-                        fusion_keys={("rollout", "env"): "fuse_policy"})
+                        varied={"stages": (1, 2, 4)}, fusions=(("rollout", "env"),))
     comps = {
         "env": ComponentCost(a=0.01, c=0.02 if heavy else 0.0004, alpha=1.0, mem_fixed=4 * GIB,
                              mem_per_item=0.05 * GIB),
@@ -135,7 +134,7 @@ def plan_once(name: str, variant: str, devices: int, exact_limit: int = 16, **op
     ref = result.collocated.seconds_per_item if result.collocated is not None else float("nan")
     return seconds, {
         "best_mode": best.shape.mode, "placement": best.placement if devices <= 64 else _short(best),
-        "overrides": {k: v for k, v in best.overrides.items() if k != "placement"},
+        "fusions": [list(pair) for pair in best.choice.fusions], "settings": best.choice.values,
         "iteration_s": best.result.iteration_time, "speedup_vs_collocated": ref / best.seconds_per_item,
         "bottleneck": best.result.bottleneck, "considered": result.considered, "simulated": result.simulated,
         "rejected": len(result.rejected), "exact": result.exact,

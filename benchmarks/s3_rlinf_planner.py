@@ -68,40 +68,39 @@ def rlinf_blocks(sc: Scenario, placement: list[list[Any]]) -> list[tuple[tuple[s
     return blocks
 
 
-def _setup(sc: Scenario, blocks, overrides: dict[str, Any]) -> SimSetup:
+def _setup(sc: Scenario, blocks, settings: dict[str, Any], fusions: tuple[tuple[str, str], ...]) -> SimSetup:
     sp = sc.space
     where = {c: (lo, n) for comps, lo, n in blocks for c in comps}
     hosts = {c: c for c in sp.running}
-    for (c, h), key in sp.fusion_keys.items():
-        if overrides.get(key) and where.get(c) == where.get(h):
+    for c, h in fusions:
+        if where.get(c) == where.get(h):
             hosts[c] = h
-    settings = {**sp.settings, **{sp.knob_settings[k]: v for k, v in overrides.items() if k in sp.knob_settings}}
-    return build_setup(blocks, hosts, settings, holders=sp.holders, threads=sp.threads,
+    return build_setup(blocks, hosts, {**sp.settings, **settings}, holders=sp.holders, threads=sp.threads,
                        devices_per_node=sc.devices if sc.cost.cores is not None else None)
 
 
-def evaluate(sc: Scenario, blocks, overrides: dict[str, Any]) -> dict[str, Any]:
-    """Our simulator's verdict on one plan given as blocks and config overrides."""
-    setup = _setup(sc, blocks, overrides)
+def evaluate(sc: Scenario, blocks, settings: dict[str, Any], fusions: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
+    """Our simulator's verdict on one plan given as blocks, plan setting values and the fusions taken."""
+    setup = _setup(sc, blocks, settings, fusions)
     _, why = Searcher(sc.space, sc.cost, sc.devices).memory(setup)
     sim = Simulator(sc.space.graph, sc.space.workload, sc.cost)
     res = sim.simulate(setup)
     items = sim.items(setup)
-    return {"overrides": overrides, "iteration_s": res.iteration_time, "seconds_per_item": res.iteration_time / items,
+    return {"settings": settings, "fusions": [list(f) for f in fusions], "iteration_s": res.iteration_time, "seconds_per_item": res.iteration_time / items,
             "items": items, "bottleneck": res.bottleneck, "fits": not why, "memory": why}
 
 
 def best_knobs(sc: Scenario, blocks, with_assumed: bool = True) -> dict[str, Any]:
-    """The best of our settings (knob values, fusions) on a fixed placement."""
+    """The best of our settings (values of the varied plan settings, fusions) on a fixed placement."""
     sp = sc.space
-    keys = list(sp.knobs)
+    names = list(sp.varied)
     extra = set(sc.assumed) if with_assumed else set()
-    values = [sorted(set(sp.knobs[k]) | (extra if k == sc.knob else set())) for k in keys]
-    flags = list(sp.fusion_keys.values())
+    values = [sorted(set(sp.varied[k]) | (extra if k == sc.setting else set())) for k in names]
     best = None
     for combo in itertools.product(*values):
-        for fl in itertools.product((False, True), repeat=len(flags)):
-            r = evaluate(sc, blocks, {**dict(zip(keys, combo)), **dict(zip(flags, fl))})
+        for taken in itertools.product((False, True), repeat=len(sp.fusions)):
+            fusions = tuple(pair for pair, on in zip(sp.fusions, taken) if on)
+            r = evaluate(sc, blocks, dict(zip(names, combo)), fusions)
             if best is None or (r["fits"], -r["seconds_per_item"]) > (best["fits"], -best["seconds_per_item"]):
                 best = r
     assert best is not None
@@ -205,7 +204,7 @@ def main() -> int:
                                "ours_plan_s": o["plan_s"], "ours_cpu_s": o["cpu_s"]}
         sim_best = cand.result.iteration_time
         row["ours"] = {"placement": cand.placement, "mode": cand.shape.mode,
-                       "overrides": {k: v for k, v in cand.overrides.items() if k != "placement"},
+                       "settings": cand.choice.values, "fusions": [list(f) for f in cand.choice.fusions],
                        "iteration_s": sim_best, "seconds_per_item": cand.seconds_per_item,
                        "bottleneck": cand.result.bottleneck,
                        "rlinf_estimate_s": (a.get("estimates") or [None])[0], "not_expressible": o["not_expressible"]}

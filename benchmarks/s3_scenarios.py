@@ -51,17 +51,17 @@ class Scenario:
     rlinf: dict[str, Any]
     """the RLinf driver's input (without ``name``/``estimate``, added when it is sent)"""
     notes: list[str] = field(default_factory=list)
-    knob: str = ""
-    """our setting RLinf's plan is read with (``chunk`` or the pipeline stages)"""
+    setting: str = ""
+    """our plan setting RLinf's plan is read with (``chunk`` or the pipeline stages)"""
     assumed: tuple[Any, Any] = (None, None)
     """its value for RLinf's collocated and split plans, as its model or its examples have them"""
-    fusion_off: tuple[str, ...] = ()
 
     def as_assumed(self, split: bool) -> dict[str, Any]:
-        """Our settings for an RLinf plan taken as the planner states it: reasoning phases on the whole
-        batch when collocated, pipelined one prompt's group at a time when split (its cost formula);
-        embodied one pipeline stage collocated, two split (RLinf's disaggregated example configs)."""
-        return {self.knob: self.assumed[split], **{k: False for k in self.fusion_off}}
+        """Our plan settings for an RLinf plan taken as the planner states it (nothing fused): reasoning
+        phases on the whole batch when collocated, pipelined one prompt's group at a time when split (its
+        cost formula); embodied one pipeline stage collocated, two split (RLinf's disaggregated example
+        configs)."""
+        return {self.setting: self.assumed[split]}
 
 
 def collocated_setup(space: SearchSpace, cost: CostModel, n: int, settings: dict[str, Any] | None = None):
@@ -94,7 +94,7 @@ def reasoning_from_ours(name: str, space: SearchSpace, cost: CostModel, n: int, 
     notes = [f"collocated seconds per iteration: rollout {busy['rollout']:.2f}, inference {busy['inference']:.2f}, "
              f"actor {busy['actor']:.2f} (reward {busy['reward']:.3f}, which RLinf does not plan); "
              f"max_running_requests {held} ({why})"]
-    return Scenario(name, "reasoning", n, space, cost, rl, notes, "chunk", (prompts, 1), ("fuse_reward",))
+    return Scenario(name, "reasoning", n, space, cost, rl, notes, "chunk", (prompts, 1))
 
 
 def embodied_from_ours(name: str, space: SearchSpace, cost: CostModel, n: int, env_num: int,
@@ -111,8 +111,7 @@ def embodied_from_ours(name: str, space: SearchSpace, cost: CostModel, n: int, e
           "rollout_profile_data": {k: steps * pol.time(env_num, env_num / k) for k in keys}}
     notes = [f"{env_num} envs in all, {steps} steps; collocated actor {busy['actor']:.3f} s; env and policy "
              f"seconds per iteration given at every envs-per-instance count the planner can ask for"]
-    return Scenario(name, "embodied", n, space, cost, rl, notes, space.workload.stages, (1, 2),
-                    tuple(space.fusion_keys.values()))
+    return Scenario(name, "embodied", n, space, cost, rl, notes, space.workload.stages, (1, 2))
 
 
 def s2_reasoning(variant: str, n: int, slots: str = "memory") -> Scenario:
@@ -141,8 +140,7 @@ def e2_embodied(e2: dict[str, Any], n: int) -> Scenario:
                      link=Link(bandwidth=1e9, latency=240e-6), cores=2)
     space = SearchSpace(GRAPH, replace(WORKLOAD, items_per_rank_of=""), ("env", "rollout", "actor"),
                         {"pipeline_stages": 1, "rollout_steps": steps, "envs_per_rank": envs},
-                        knobs={"pipeline_stages": (1, 2, 4)}, knob_settings={"pipeline_stages": "pipeline_stages"},
-                        fusion_keys={("rollout", "env"): "rollout.fuse_with_env"})
+                        varied={"pipeline_stages": (1, 2, 4)}, fusions=(("rollout", "env"),))
     return embodied_from_ours("e2 (measured costs, 2 cores)", space, cost, n, envs, "rollout_steps",
                               "envs_per_rank")
 
@@ -187,11 +185,11 @@ def from_rlinf(name: str) -> Scenario:
         cost = CostModel({**lin, "reward": ComponentCost()})
         chunks = tuple(sorted({max(1, prompts // k) for k in (1, 4, 16, 64)}))
         space = SearchSpace(GRPO_GRAPH, GRPO, ("rollout", "reward", "inference", "actor"),
-                            {"prompts": prompts, "group": group, "chunk": prompts}, knobs={"chunk": chunks},
-                            knob_settings={"chunk": "chunk"}, fusion_keys={("reward", "rollout"): "fuse_reward"})
+                            {"prompts": prompts, "group": group, "chunk": prompts}, varied={"chunk": chunks},
+                            fusions=(("reward", "rollout"),))
         notes = ["ours: each component linear in items per device from its one collocated figure; reward free; "
                  "no memory limit (the input gives none); our search does not impose the TP-2 even device counts"]
-        return Scenario(name, "reasoning", n, space, cost, rl, notes, "chunk", (prompts, 1), ("fuse_reward",))
+        return Scenario(name, "reasoning", n, space, cost, rl, notes, "chunk", (prompts, 1))
     env_num, steps = rl["env_num"], RLINF_STEPS[name]
     # its figures are seconds per iteration (a rollout epoch): per step, 1/steps of them
     fits = {c: fit_component([(k, 1, v / steps) for k, v in rl[f"{key}_profile_data"].items()])
@@ -199,8 +197,8 @@ def from_rlinf(name: str) -> Scenario:
     cost = CostModel({"env": fits["env"].cost, "rollout": fits["rollout"].cost,
                       "actor": ComponentCost(c=rl["actor_cost"] * n / (env_num * steps))})
     space = SearchSpace(PPO_GRAPH, replace(PPO, items_per_rank_of=""), ("env", "rollout", "actor"),
-                        {"envs": env_num, "steps": steps, "stages": 1}, knobs={"stages": (1, 2, 4)},
-                        knob_settings={"stages": "stages"}, fusion_keys={("rollout", "env"): "fuse_policy"})
+                        {"envs": env_num, "steps": steps, "stages": 1}, varied={"stages": (1, 2, 4)},
+                        fusions=(("rollout", "env"),))
     notes = [f"ours: {steps} loop steps per iteration; env fitted a + c*envs (fit error {fits['env'].error:.0%}), "
              f"policy likewise ({fits['rollout'].error:.0%}); actor linear from its collocated figure"]
-    return Scenario(name, "embodied", n, space, cost, rl, notes, "stages", (1, 2), ("fuse_policy",))
+    return Scenario(name, "embodied", n, space, cost, rl, notes, "stages", (1, 2))

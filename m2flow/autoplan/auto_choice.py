@@ -12,6 +12,7 @@ from typing import Any
 
 from m2flow.config.errors import ConfigError
 from m2flow.autoplan.plan_context import PlanContext
+from m2flow.planner.choice import PlanChoice
 
 log = logging.getLogger(__name__)
 
@@ -30,19 +31,22 @@ class Choice:
     runner_up: Any = None
     collocated: Any = None
     profile: Path | None = None
+    choice: PlanChoice = field(init=False)
+    """the ``PlanChoice`` that runs: the candidate's (``placement: local`` for a plan on one device)"""
     cfg: Any = field(init=False)
-    """the config that runs it: the candidate's overrides (a concrete placement among them) applied"""
+    """the config that runs it: the workflow's ``apply`` of ``choice`` (a concrete placement among it)"""
     overrides: dict[str, Any] = field(init=False)
-    """the overrides ``cfg`` was made with (``placement: local`` for a plan on one device)"""
+    """the config overrides of ``choice`` (``Workflow.overrides``), as logged and recorded"""
 
     def __post_init__(self) -> None:
-        overrides = dict(self.best.overrides)
+        choice = self.best.choice
         if _one_device(self.best.plan):
             # Every component on device 0, one rank each, is the plan the local executor runs in this
             # process: the same ranks and turns without starting Ray.
-            overrides["placement"] = "local"
-        self.overrides = overrides
-        self.cfg = self.ctx.configure(overrides)
+            choice = choice.at("local")
+        self.choice = choice
+        self.overrides = self.ctx.spec.overrides(choice)
+        self.cfg = self.ctx.config_of(choice)
 
     @property
     def seconds(self) -> float:
@@ -66,7 +70,8 @@ class Choice:
 
     def record(self) -> dict[str, Any]:
         def one(c: Any) -> dict[str, Any] | None:
-            return None if c is None else {"mode": c.shape.mode, "overrides": c.overrides,
+            return None if c is None else {"mode": c.shape.mode, "choice": c.choice.to_json(),
+                                           "overrides": self.ctx.spec.overrides(c.choice),
                                            "seconds_per_iteration": c.result.iteration_time,
                                            "bottleneck": c.result.bottleneck}
         return {"profile": str(self.profile) if self.profile else None, "chosen": one(self.best),
@@ -90,8 +95,7 @@ def choose(ctx: PlanContext, cost: Any, profile: Path | None = None,
     """The fastest plan under ``cost`` that ``keep`` accepts, with the runner-up."""
     from m2flow.planner.search import search
 
-    result = search(ctx.space, cost, ctx.devices, top=5, plan_fn=ctx.spec.plan, configure=ctx.configure,
-                    layout=ctx.layout)
+    result = search(ctx.space, cost, ctx.devices, top=5, build_plan=ctx.build)
     ranked = [c for c in result.ranked if keep(c)]
     if not ranked:
         shown = ([result.best_rejected] if result.best_rejected is not None else []) + result.rejected[:1]

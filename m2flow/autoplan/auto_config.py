@@ -14,14 +14,14 @@ from typing import Any
 from m2flow.driver.run_config import RUN_KEYS
 
 
-def profile_hash(cfg: Any, space: Any, workflow: Any = None) -> str:
-    """The hash a profile of ``cfg`` carries: the config without the keys the search varies (``space``:
-    a ``SearchSpace``), the workflow's execution keys and ``RUN_KEYS``."""
+def profile_hash(cfg: Any, workflow: Any) -> str:
+    """The hash a profile of ``cfg`` carries: the config without the workflow's execution keys (placement,
+    cluster, fusion, threads and tunable keys: what the search varies or a plan decides), ``plan_file``
+    and ``RUN_KEYS``."""
     from m2flow.planner.profile import config_hash
 
-    execution = tuple(workflow.execution_keys()) if workflow is not None else ()
-    varied = ("placement", "cluster", "plan_file", *space.knobs, *space.fusion_keys.values(), *RUN_KEYS)
-    return config_hash(asdict(cfg), ignore=tuple(dict.fromkeys((*varied, *execution))))
+    ignore = ("placement", "cluster", "plan_file", *workflow.execution_keys(), *RUN_KEYS)
+    return config_hash(asdict(cfg), ignore=tuple(dict.fromkeys(ignore)))
 
 
 @dataclass(frozen=True)

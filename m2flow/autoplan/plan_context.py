@@ -1,9 +1,8 @@
-"""A config object as the planner needs it: its layout, its search space, its profile hash, and how to
-make the config of a candidate plan (the config with a candidate's overrides applied).
+"""A config object as the planner needs it: its layout, its search space, its profile hash, and the
+Plan of a candidate (the workflow asks its config for the ``PlanChoice``, then plans it).
 
-``m2flow profile`` and ``placement: auto`` start from a loaded config (not a file), so candidates
-are configured from the config's own data; ``m2flow plan search`` (``plan_search.py``) works the
-same from a file and its overrides.
+``m2flow profile``, ``placement: auto`` and ``m2flow plan search`` (``plan_search.py``) all start
+from a loaded config (not a file), so candidates are configured from the config's own data.
 """
 
 from __future__ import annotations
@@ -11,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from m2flow.config.convert import from_dict, to_dict
+from m2flow.config import with_overrides
+from m2flow.planner.choice import PlanChoice
 
 
 def layout_of(cfg: Any) -> Any:
@@ -25,18 +25,6 @@ def layout_of(cfg: Any) -> Any:
                           "connected, and planning needs them first; plan without it (cluster.cpu_devices_per_node "
                           "sets the devices per node)")
     return layout
-
-
-def with_overrides(schema: type, cfg: Any, changes: Mapping[str, Any]) -> Any:
-    """A validated copy of ``cfg`` with dotted ``changes`` applied (``{"rollout.prompts_per_chunk": 2}``)."""
-    data = to_dict(cfg)
-    for key, value in changes.items():
-        node = data
-        *parents, last = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
-    return from_dict(schema, data)
 
 
 class PlanContext:
@@ -57,9 +45,18 @@ class PlanContext:
         self.space = spec.search_space(self.cfg, base)
 
     def configure(self, changes: Mapping[str, Any]) -> Any:
+        """The config with dotted ``changes`` applied, validated (the profiler's probes)."""
         return with_overrides(self.spec.schema, self.cfg, changes)
+
+    def config_of(self, choice: PlanChoice) -> Any:
+        """The config that runs the search's ``PlanChoice`` ``choice`` (the workflow's ``apply``)."""
+        return self.spec.apply(self.cfg, choice)
+
+    def build(self, choice: PlanChoice) -> Any:
+        """The validated Plan of ``choice``: its config, then the workflow's plan function (a ValueError refuses it)."""
+        return self.spec.plan(self.config_of(choice), self.layout)
 
     def config_hash(self) -> str:
         from m2flow.autoplan.auto_config import profile_hash
 
-        return profile_hash(self.cfg, self.space, self.spec)
+        return profile_hash(self.cfg, self.spec)

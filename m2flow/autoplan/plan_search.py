@@ -1,8 +1,9 @@
 """``m2flow plan search CONFIG --profile FILE``: rank the plans of a config by predicted iteration time.
 
-The workflow says what may vary (its registered ``search``); the planner enumerates candidates,
-simulates them from the profile's cost model and turns them into Plans with the workflow's own plan
-function; this module only loads configs, checks the profile and prints. ``m2flow plan
+The workflow says what may vary (``Workflow.search_space``); the planner enumerates ``PlanChoice``s,
+simulates them from the profile's cost model and has the workflow build each into a Plan (its config
+asked for the choice, then its plan function); this module only loads configs, checks the profile
+and prints, with each plan the config overrides that run it (``Workflow.overrides``). ``m2flow plan
 profile-template CONFIG FILE`` writes an empty profile naming this machine and config, for
 measured points to be filled in.
 """
@@ -68,44 +69,25 @@ def _override(key: str, value: Any) -> str:
     return f"{key}={json.dumps(value)}"  # JSON is YAML: placements with ':' and ',' stay one string
 
 
-class _Context:
-    """The config, its base plan and what the search may vary."""
+def _context(config: Path, overrides: list[str], devices: int | None) -> Any:
+    """The loaded config (on one node of ``devices`` devices when given), its base plan and what the search
+    may vary; candidates are configured from it, not read from the file again (the search builds hundreds)."""
+    from m2flow.autoplan.plan_context import PlanContext
+    from m2flow.config import with_overrides
+    from m2flow.driver.registry import load_workflow_config
+    from m2flow.runtime.placement import NodeLayout
 
-    def __init__(self, config: Path, overrides: list[str], devices: int | None) -> None:
-        from m2flow.runtime.placement import NodeLayout, PlacementError
-        from m2flow.driver.registry import load_workflow_config
-
-        self.config, self.overrides = config, list(overrides)
-        self.spec, self.cfg = load_workflow_config(config, self.overrides)
-        self.layout = NodeLayout((devices,)) if devices else layout_of(self.cfg)
-        self.devices = sum(self.layout.devices_per_node)
-        try:
-            base = self.spec.plan(self.cfg, self.layout)
-        except (PlacementError, ValueError):  # the config's own placement may not fit: start collocated
-            self.cfg = self.configure({"placement": "all"})
-            base = self.spec.plan(self.cfg, self.layout)
-        self.space = self.spec.search_space(self.cfg, base)
-
-    def configure(self, changes: dict[str, Any]) -> Any:
-        """The loaded config with a candidate's changes, validated (not read from the file again: the
-        search builds hundreds)."""
-        from m2flow.autoplan.plan_context import with_overrides
-
-        extra = dict(changes)
-        if self.devices and len(self.layout.devices_per_node) == 1:
-            extra["cluster.cpu_devices_per_node"] = self.devices
-        return with_overrides(self.spec.schema, self.cfg, extra)
-
-    def config_hash(self) -> str:
-        from m2flow.autoplan.auto_config import profile_hash
-
-        return profile_hash(self.cfg, self.space, self.spec)
+    spec, cfg = load_workflow_config(config, list(overrides))
+    if not devices:
+        return PlanContext(spec, cfg, layout_of(cfg))
+    cfg = with_overrides(spec.schema, cfg, {"cluster.cpu_devices_per_node": devices})
+    return PlanContext(spec, cfg, NodeLayout((devices,)))
 
 
 def run_template(args: argparse.Namespace) -> int:
     from m2flow.planner.profile import new_profile
 
-    ctx = _Context(args.config, args.overrides, None)
+    ctx = _context(args.config, args.overrides, None)
     comps = {c: {"points": [], "mem_fixed": 0, "mem_per_item": 0, "state_bytes": 0, "startup_s": 0}
              for c in ctx.space.running}
     profile = new_profile(ctx.spec.name, ctx.config_hash(), comps,
@@ -132,13 +114,12 @@ def run_search(args: argparse.Namespace) -> int:
         raise CommandError(NO_PROFILE)
     if args.top < 1:
         raise CommandError("--top must be at least 1")
-    ctx = _Context(args.config, args.overrides, args.devices)
+    ctx = _context(args.config, args.overrides, args.devices)
     try:
         cost = load_profile(args.profile, ctx.spec.name, ctx.config_hash())
     except ProfileError as e:
         raise CommandError(str(e)) from None
-    result = search(ctx.space, cost, ctx.devices, top=args.top, plan_fn=ctx.spec.plan, configure=ctx.configure,
-                    layout=ctx.layout)
+    result = search(ctx.space, cost, ctx.devices, top=args.top, build_plan=ctx.build)
     fits = ", ".join(f"{c} {cost.component(c).fit_error:.1%}" for c in ctx.space.running)
     say(f"plan search: workflow {ctx.spec.name}, {ctx.devices} device(s), profile {args.profile} (fit error {fits})")
     how = "every device split" if result.exact else "device splits on a grid refined by local search"
@@ -158,7 +139,7 @@ def run_search(args: argparse.Namespace) -> int:
         util = res.utilisation()
         say("   devices: " + "; ".join(f"{k.label} busy {util[k.label]:.0%}, {_gib(cand.memory.get(k.label, 0))}"
                                        for k in cand.setup.classes))
-        settings = " ".join(_override(k, v) for k, v in cand.overrides.items())
+        settings = " ".join(_override(k, v) for k, v in ctx.spec.overrides(cand.choice).items())
         say(f"   use: {settings}")
     for line in rejection_summary(result):
         say(f"  {line}")

@@ -49,7 +49,8 @@ from pathlib import Path
 from typing import Any
 
 from m2flow.autoplan.auto_config import auto_support
-from m2flow.autoplan.plan_context import PlanContext, with_overrides
+from m2flow.autoplan.plan_context import PlanContext
+from m2flow.config import with_overrides
 
 log = logging.getLogger(__name__)
 

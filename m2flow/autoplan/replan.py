@@ -88,13 +88,14 @@ class ReplanMonitor:
         remaining = self.total - done
         startup = sum(cost.component(c).startup_s for c in ctx.space.running)
         decision = worth_switching(current.iteration_time, new.seconds, remaining, startup + current.iteration_time)
-        same = new.best.overrides == self.choice.best.overrides
+        same = new.best.choice == self.choice.best.choice
         scaled = ", ".join(f"{c} x{r:.2f}" for c, r in ratios.items())
         log.warning("auto: re-planned after iteration %d with measured times (%s): running plan %.4g s/iteration, "
                     "best %.4g s/iteration%s; %s", it, scaled, current.iteration_time, new.seconds,
                     " (the running one)" if same else f" (placement={new.best.placement!r})", decision.describe())
         record = {"iteration": it, "ratios": ratios, "current_s": current.iteration_time, "best_s": new.seconds,
-                  "best": new.best.overrides, "gain_s": decision.gain_s, "switch_cost_s": decision.cost_s,
+                  "best": ctx.spec.overrides(new.best.choice), "best_choice": new.best.choice.to_json(),
+                  "gain_s": decision.gain_s, "switch_cost_s": decision.cost_s,
                   "switched": decision.switch and not same}
         auto_choice.write_record(Path(self.cfg.run_dir), {}, record)
         if decision.switch and not same:

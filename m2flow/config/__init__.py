@@ -5,7 +5,7 @@ doc); optionally add ``validate(self) -> None`` raising ``ValueError`` for impos
 with :func:`load_config`; every problem surfaces as :class:`ConfigError` naming the dotted key.
 """
 
-from m2flow.config.convert import from_dict, to_dict, validate_tree
+from m2flow.config.convert import from_dict, to_dict, validate_tree, with_overrides
 from m2flow.config.errors import ConfigError
 from m2flow.config.loader import compose, load_config, parse_override, save_config, to_yaml
 from m2flow.config.schema import FieldInfo, describe, option, type_name, undocumented
@@ -25,4 +25,5 @@ __all__ = [
     "type_name",
     "undocumented",
     "validate_tree",
+    "with_overrides",
 ]

@@ -46,6 +46,18 @@ def to_dict(cfg: Any) -> Any:
     return cfg
 
 
+def with_overrides(schema: type[T], cfg: T, changes: Mapping[str, Any]) -> T:
+    """A validated copy of ``cfg`` with dotted ``changes`` applied (``{"rollout.prompts_per_chunk": 2}``)."""
+    data = to_dict(cfg)
+    for key, value in changes.items():
+        node = data
+        *parents, last = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return from_dict(schema, data)
+
+
 def validate_tree(cfg: Any, *, path: str = "") -> None:
     """Run ``validate()`` on every dataclass in ``cfg``, innermost first; failures raise ConfigError."""
     if isinstance(cfg, Mapping):

@@ -2,9 +2,12 @@
 
 ``Workflow`` is the static side, one object per workflow, registered by name: its config class, its
 graph (every component declared once: worker class, config section, threads key, timing metric,
-fusions and their keys), the one function that turns a config into a ``Plan``, and what the planner
-needs to profile and search it. ``Flow`` is the live side of one run: the groups a ``launch`` started
-from a Plan, driven by the one loop in ``driver/loop.py``.
+fusions and their keys), the plan settings the search may vary (``Tunable``: a setting's name in the
+Plan and the config key that sets it), the one function that turns a config into a ``Plan``, and
+what the planner needs to profile and search it. ``Workflow.apply`` is the one place where a
+``PlanChoice`` of the search becomes config: a placement, every fusion's key, every tunable's key.
+``Flow`` is the live side of one run: the groups a ``launch`` started from a Plan, driven by the one
+loop in ``driver/loop.py``.
 
 Adding a workflow is one package (or one module): a config dataclass extending ``RunConfig``, a
 ``WorkflowGraph``, a ``Workflow`` subclass with ``plan`` and ``launch``, a ``Flow``, and
@@ -14,13 +17,15 @@ Adding a workflow is one package (or one module): a config dataclass extending `
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
+from m2flow.config import with_overrides
 from m2flow.config.schema import get_key
 from m2flow.planner import Plan, WorkflowGraph
+from m2flow.planner.choice import PlanChoice
 from m2flow.runtime.executors import Executor, GroupSpec, WorkerGroup
 from m2flow.runtime.placement import NodeLayout
 
@@ -98,6 +103,18 @@ class Launch:
     """a short id unique to this attempt, for names of groups and channels"""
 
 
+@dataclass(frozen=True)
+class Tunable:
+    """A plan setting the plan search may vary, declared by its workflow next to its plan function."""
+
+    setting: str
+    """its name in the Plan's settings (``prompts_per_chunk``, ``pipeline_stages``)"""
+    key: str
+    """the dotted config key that sets it (``rollout.prompts_per_chunk``)"""
+    values: Callable[[Any], tuple[Any, ...]]
+    """``values(cfg)``: the values worth trying for a config"""
+
+
 def import_worker(path: str) -> type:
     """The worker class named ``module:Class``."""
     module, _, name = path.partition(":")
@@ -119,8 +136,8 @@ class Workflow:
     """the config dataclass (extends ``RunConfig``)"""
     graph: ClassVar[WorkflowGraph]
     help: ClassVar[str] = ""
-    knobs: ClassVar[Mapping[str, str]] = {}
-    """config key -> the plan setting it sets, for the granularity knobs the search may vary"""
+    tunables: ClassVar[tuple[Tunable, ...]] = ()
+    """the plan settings the search may vary, each with the config key that sets it"""
 
     # -- planning ------------------------------------------------------------------------------------
     def plan(self, cfg: Any, layout: NodeLayout) -> Plan:
@@ -172,18 +189,33 @@ class Workflow:
         """The plan's workflow-level settings (JSON values) the default ``plan`` records."""
         return {}
 
-    def knob_values(self, cfg: Any) -> dict[str, tuple[Any, ...]]:
-        """config key -> the values the plan search may try for it."""
-        return {}
-
     def search_space(self, cfg: Any, plan: Plan) -> Any:
-        """What ``m2flow plan search`` and ``placement: auto`` may vary for ``cfg``."""
+        """What ``m2flow plan search`` and ``placement: auto`` may vary for ``cfg``, in the Plan's terms: the
+        tunables' values by setting name, the fusions that have a config key as (component, host) pairs."""
         from m2flow.planner.search import SearchSpace
 
         return SearchSpace(self.graph, self.workload(), tuple(c.name for c in plan.components if c.active),
-                           dict(plan.settings), knobs=self.knob_values(cfg), knob_settings=dict(self.knobs),
-                           fusion_keys=self.graph.fusion_keys(), threads={c.name: c.threads for c in plan.components},
+                           dict(plan.settings), varied={t.setting: tuple(t.values(cfg)) for t in self.tunables},
+                           fusions=tuple(self.graph.fusion_keys()), threads={c.name: c.threads for c in plan.components},
                            offload=self.offload_settings(cfg))
+
+    def overrides(self, choice: PlanChoice) -> dict[str, Any]:
+        """The config overrides that ask for ``choice`` (what ``m2flow plan search`` prints after ``use:``):
+        its placement, every fusion key (true for the fusions it takes), the config key of each setting."""
+        keys = {t.setting: t.key for t in self.tunables}
+        unknown = sorted(set(choice.values) - set(keys))
+        if unknown:
+            raise ValueError(f"{self.name}: no tunable plan setting {unknown}; the tunables are {sorted(keys)}")
+        fusions = self.graph.fusion_keys()
+        foreign = sorted(set(choice.fusions) - set(fusions))
+        if foreign:
+            raise ValueError(f"{self.name}: no fusion with a config key for {foreign}; those are {sorted(fusions)}")
+        return {"placement": choice.placement, **{key: pair in choice.fusions for pair, key in fusions.items()},
+                **{keys[name]: value for name, value in choice.values.items()}}
+
+    def apply(self, cfg: Any, choice: PlanChoice) -> Any:
+        """``cfg`` asking for ``choice``, validated (a ConfigError names the key a value does not fit)."""
+        return with_overrides(self.schema, cfg, self.overrides(choice))
 
     def offload_settings(self, cfg: Any) -> dict[str, bool]:
         """model holder -> whether it offloads when it shares devices (missing: it does), so the search
@@ -207,7 +239,7 @@ class Workflow:
         """Config keys that change only how a run executes, not what it computes (placement, fusions,
         threads, granularity): a checkpoint may be resumed across them, and a profile outlives them."""
         return ("placement", "cluster", *self.graph.fusion_keys().values(), *self.graph.thread_keys().values(),
-                *self.knobs)
+                *(t.key for t in self.tunables))
 
     # -- running -------------------------------------------------------------------------------------
     def prepare(self, cfg: Any, run_dir: Path) -> Any:

@@ -1,11 +1,12 @@
 """The Plan of a search candidate for a graph that has no plan function of its own (synthetic workloads).
 
-A workflow turns candidates into Plans with its own plan function (which also validates its
-config). A bare ``SearchSpace`` (the scale benchmark, the tests' hand-made graphs) has none; this
-builds the Plan the same way from the graph alone: the placement string resolved to ranks, each
-asked-for fusion taken where component and host sit on the same devices rank for rank, and the
-process groups that hold a model (their own, or one fused into them) taking turns where they share
-devices with another such group, and offloading unless the space says that model does not. The Plan is validated against the graph.
+A workflow turns a ``PlanChoice`` into a Plan through its own plan function (which also validates
+its config). A bare ``SearchSpace`` (the scale benchmark, the tests' hand-made graphs) has none; this
+builds the Plan the same way from the graph alone: the choice's placement resolved to ranks, each
+fusion it takes applied where component and host sit on the same devices rank for rank, its setting
+values over the space's settings, and the process groups that hold a model (their own, or one fused
+into them) taking turns where they share devices with another such group, and offloading unless the
+space says that model does not. The Plan is validated against the graph.
 """
 
 from __future__ import annotations
@@ -13,22 +14,22 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from m2flow.planner.choice import PlanChoice
 from m2flow.planner.graph import WorkflowGraph
 from m2flow.planner.plan import ComponentPlan, Plan
 from m2flow.planner.setup import state_owners
 from m2flow.runtime.placement import NodeLayout, executor_kind, parse_placement
 
 
-def plan_of(graph: WorkflowGraph, running: Sequence[str], settings: Mapping[str, Any],
-            fusions: Sequence[tuple[str, str]], overrides: Mapping[str, Any], layout: NodeLayout,
-            knob_settings: Mapping[str, str] | None = None, threads: Mapping[str, int] | None = None,
+def plan_of(graph: WorkflowGraph, running: Sequence[str], settings: Mapping[str, Any], choice: PlanChoice,
+            layout: NodeLayout, threads: Mapping[str, int] | None = None,
             offload: Mapping[str, bool] | None = None) -> Plan:
-    """The validated Plan of ``overrides`` (``placement`` and knob values); ``fusions``: the (component,
-    host) pairs asked for. A placement that cannot be met raises PlacementError."""
-    placement = str(overrides["placement"])
+    """The validated Plan of ``choice`` (``settings``: the plan settings it leaves as they are). A placement
+    that cannot be met raises PlacementError."""
+    placement = choice.placement
     placed = parse_placement(placement, layout, graph.component_names)
     hosts = {c: c for c in graph.component_names}
-    for c, h in fusions:
+    for c, h in choice.fusions:
         if c in running and h in running and placed[c].same_devices(placed[hosts[h]]):
             hosts[c] = hosts[h]
     for c in hosts:  # a chain of fusions ends at a group of its own
@@ -47,6 +48,5 @@ def plan_of(graph: WorkflowGraph, running: Sequence[str], settings: Mapping[str,
                       offload=hosts[c] == c and shares(c) and all((offload or {}).get(m, True) for m in moved.get(c, ())),
                       threads=(threads or {}).get(c, 1))
         for c in graph.component_names)
-    plan_settings = dict(settings)
-    plan_settings.update({(knob_settings or {})[k]: v for k, v in overrides.items() if k in (knob_settings or {})})
-    return Plan(graph.name, executor_kind(placement), placement, components, (), plan_settings).validate(graph)
+    return Plan(graph.name, executor_kind(placement), placement, components, (),
+                {**settings, **choice.values}).validate(graph)

@@ -2,8 +2,9 @@
 
 Candidates: every shape (``shapes.py``) times a device count per block, every fusion the graph
 allows where component and host share devices, every value of each searched setting. A candidate
-is a placement string plus config overrides; its Plan is built by the workflow's own plan function
-(or ``candidate_plan.plan_of``), and only built, validated Plans are ranked.
+is a ``PlanChoice`` (placement, fusions taken, setting values, in the Plan's own terms); its Plan is
+built by the workflow (which asks its config for the choice and runs its plan function) or by
+``candidate_plan.plan_of``, and only built, validated Plans are ranked.
 
 Scoring: seconds per item of a simulated steady iteration (``Simulator``). Every candidate gets a
 lower bound on its iteration time and a memory check (``bound.FastBound``, ``memory.MemoryCheck``);
@@ -27,6 +28,7 @@ from typing import Any
 
 from m2flow.planner.bound import FastBound
 from m2flow.planner.candidate_plan import plan_of
+from m2flow.planner.choice import PlanChoice
 from m2flow.planner.cost import CostModel
 from m2flow.planner.graph import WorkflowGraph
 from m2flow.planner.memory import MemoryCheck
@@ -49,12 +51,10 @@ class SearchSpace:
     """components that run under the config (inactive optional ones ride on the last block)"""
     settings: Mapping[str, Any]
     """the plan settings of the config as it is"""
-    knobs: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
-    """config key -> the values to try"""
-    knob_settings: Mapping[str, str] = field(default_factory=dict)
-    """config key -> the plan setting it becomes (for candidates scored before a Plan exists)"""
-    fusion_keys: Mapping[tuple[str, str], str] = field(default_factory=dict)
-    """(component, host) -> the boolean config key that asks for the fusion"""
+    varied: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+    """plan setting -> the values to try (by the Plan's own setting names)"""
+    fusions: tuple[tuple[str, str], ...] = ()
+    """(component, host) pairs of the graph's fusions the search may take"""
     threads: Mapping[str, int] = field(default_factory=dict)
     offload: Mapping[str, bool] = field(default_factory=dict)
     """model holder -> whether it offloads while another takes the shared devices (missing: it does)"""
@@ -71,8 +71,8 @@ class Candidate:
     shape: Shape
     parts: tuple[int, ...]
     """devices of each block (then of the inner component, if the shape has one)"""
-    overrides: dict[str, Any]
-    """config overrides that ask for it (``placement`` among them)"""
+    choice: PlanChoice
+    """the plan: placement, fusions taken, values of the searched settings"""
     bound: float = 0.0
     """lower bound on its iteration time, seconds"""
     result: SimResult | None = None
@@ -86,7 +86,7 @@ class Candidate:
 
     @property
     def placement(self) -> str:
-        return str(self.overrides["placement"])
+        return self.choice.placement
 
     @property
     def seconds_per_item(self) -> float:
@@ -114,15 +114,17 @@ class SearchResult:
     """the rejected candidate predicted fastest (simulated as if it were allowed), with why it was not"""
 
 
-Entry = tuple[float, float, float, Shape, list[tuple[str, str]], dict[str, Any], tuple[int, ...], bool]
-"""A scored split: (bound per item, bound in seconds, items, shape, fusions taken, overrides, parts, fits)."""
+Variant = tuple[tuple[tuple[str, str], ...], tuple[tuple[str, Any], ...]]
+"""(fusions taken, (setting, value) pairs): what a candidate takes besides its placement."""
+Entry = tuple[float, float, float, Shape, Variant, tuple[int, ...], bool]
+"""A scored split: (bound per item, bound in seconds, items, shape, variant, parts, fits)."""
 
 
 class Searcher:
     """Enumerates, bounds, simulates and ranks the candidates of one ``SearchSpace``."""
 
     def __init__(self, space: SearchSpace, cost: CostModel, devices: int, *, devices_per_node: int | None = None,
-                 build_plan: Callable[[Mapping[str, Any]], Plan] | None = None, exact_limit: int = 16,
+                 build_plan: Callable[[PlanChoice], Plan] | None = None, exact_limit: int = 16,
                  cluster_devices: int | None = None, grid: int = 8, starts: int = 2,
                  keep: int | None = 16) -> None:
         self.space, self.cost, self.devices = space, cost, devices
@@ -137,14 +139,13 @@ class Searcher:
         """above ``exact_limit``: the splits (best by the lead variants' bound) every variant is scored on"""
         self.sim = Simulator(space.graph, space.workload, cost)
 
-    def _plan_of(self, overrides: Mapping[str, Any]) -> Plan:
+    def _plan_of(self, choice: PlanChoice) -> Plan:
         """The Plan of a candidate of a space without a plan function (``candidate_plan.plan_of``)."""
         per_node = min(self.devices_per_node, self.cluster_devices)
         nodes = -(-self.cluster_devices // per_node)
         layout = NodeLayout(tuple(per_node for _ in range(nodes)))
-        fusions = [pair for pair, key in self.space.fusion_keys.items() if overrides.get(key)]
-        return plan_of(self.space.graph, self.space.running, self.space.settings, fusions, overrides, layout,
-                       self.space.knob_settings, self.space.threads, self.space.offload)
+        return plan_of(self.space.graph, self.space.running, self.space.settings, choice, layout,
+                       self.space.threads, self.space.offload)
 
     # -- one candidate -----------------------------------------------------------------------------
     def _hosts(self, fused: Sequence[tuple[str, str]]) -> dict[str, str]:
@@ -177,8 +178,7 @@ class Searcher:
             items.append(f"{','.join(names)}: {lo}-{lo + k - 1}" if k > 1 else f"{','.join(names)}: {lo}")
         return ", ".join(items)
 
-    def _setup(self, shape: Shape, parts: Sequence[int], fused: Sequence[tuple[str, str]],
-               knobs: Mapping[str, Any]) -> SimSetup:
+    def _setup(self, shape: Shape, parts: Sequence[int], variant: Variant) -> SimSetup:
         blocks, lo = [], 0
         for block, n in zip(shape.blocks, parts):
             blocks.append((block, lo, n))
@@ -188,8 +188,8 @@ class Searcher:
         if shape.inner is not None:
             name, b = shape.inner
             blocks.append(((name,), sum(parts[:b]), parts[len(shape.blocks)]))
-        settings = dict(self.space.settings)
-        settings.update({self.space.knob_settings[k]: v for k, v in knobs.items() if k in self.space.knob_settings})
+        fused, values = variant
+        settings = {**self.space.settings, **dict(values)}
         return build_setup(blocks, self._hosts(fused), settings, holders=self.space.holders, offload=self.space.offload,
                            threads=self.space.threads,
                            devices_per_node=self.devices_per_node if self.cost.cores is not None else None)
@@ -206,17 +206,16 @@ class Searcher:
         return MemoryCheck(setup).evaluate(self.cost, self.sim.call_items(setup), ranks)
 
     # -- the enumeration ---------------------------------------------------------------------------
-    def _variants(self, shape: Shape) -> Iterator[tuple[list[tuple[str, str]], dict[str, Any]]]:
-        """(fusions taken, config overrides) for every fusion subset and knob value combination."""
+    def _variants(self, shape: Shape) -> Iterator[Variant]:
+        """(fusions taken, setting values) for every fusion subset and combination of the varied settings."""
         together = {c: i for i, b in enumerate(shape.blocks) for c in b}
-        possible = [(c, h) for (c, h) in self.space.fusion_keys
+        possible = [(c, h) for (c, h) in self.space.fusions
                     if c in together and h in together and together[c] == together[h]]
-        keys, values = list(self.space.knobs), [self.space.knobs[k] for k in self.space.knobs]
+        names, values = list(self.space.varied), [self.space.varied[k] for k in self.space.varied]
         for n in range(len(possible) + 1):
             for fused in itertools.combinations(possible, n):
-                flags = {key: (pair in fused) for pair, key in self.space.fusion_keys.items()}
                 for combo in itertools.product(*values):
-                    yield list(fused), {**flags, **dict(zip(keys, combo))}
+                    yield tuple(fused), tuple(zip(names, combo))
 
     def _inner_sizes(self, n: int) -> list[int]:
         """Devices the inner component may take of its block's ``n``: all fewer (exact), else halvings."""
@@ -260,7 +259,7 @@ class Searcher:
         return sorted(at, key=at.__getitem__)[:self.keep]
 
     def entries(self) -> list[Entry]:
-        """Every split and variant scored: (bound per item, bound, items, shape, fusions, overrides, parts, fits)."""
+        """Every split and variant scored: (bound per item, bound, items, shape, variant, parts, fits)."""
         out: list[Entry] = []
         for shape in shapes(self.space.running):
             m = len(shape.blocks)
@@ -274,7 +273,7 @@ class Searcher:
                 p0 += (1,)
             nodes = math.ceil(self.devices / self.devices_per_node)
             evaluators = [FastBound(self.space.graph, self.space.workload, self.cost,
-                                    self._setup(shape, p0, fused, knobs), nodes) for fused, knobs in variants]
+                                    self._setup(shape, p0, variant), nodes) for variant in variants]
 
             scored: dict[tuple[int, tuple[int, ...]], tuple[float, float, float, bool]] = {}
 
@@ -293,7 +292,7 @@ class Searcher:
                 return [parts + (k,) for k in self._inner_sizes(parts[shape.inner[1]])]
 
             # The split search is steered by the best bound of the lead variants: per fusion subset, the
-            # knob values best on an even split (every variant, when all visited splits are kept).
+            # setting values best on an even split (every variant, when all visited splits are kept).
             leads = list(range(len(variants)))
             by_fusion_score: dict[tuple[tuple[str, str], ...], float] = {}
             if self.keep is not None and not self.exact:
@@ -301,7 +300,7 @@ class Searcher:
                 even += (self.devices - sum(even),)
                 by_fusion: dict[tuple[tuple[str, str], ...], int] = {}
                 for v, (fused, _) in enumerate(variants):
-                    key = tuple(fused)
+                    key = fused
                     at_even = min((score(v, q)[0] for q in with_inner(even)), default=math.inf)
                     if key not in by_fusion or at_even < by_fusion_score[key]:
                         by_fusion[key] = v
@@ -313,19 +312,18 @@ class Searcher:
                 return min((score(v, q)[0] for v in leads for q in with_inner(parts)), default=math.inf)
 
             splits = self._block_splits(m, best_of)
-            for v in range(len(variants)):
-                fused, knobs = variants[v]
+            for v, variant in enumerate(variants):
                 for blocks in splits:
                     for parts in with_inner(blocks):
                         key, bound, items, fits = score(v, parts)
-                        out.append((key, bound, items, shape, fused, knobs, parts, fits))
+                        out.append((key, bound, items, shape, variant, parts, fits))
         return out
 
     def _candidate(self, entry: Entry) -> Candidate:
-        _, bound, items, shape, fused, knobs, parts, _ = entry
-        setup = self._setup(shape, parts, fused, knobs)
-        cand = Candidate(shape, parts, {"placement": self._placement(shape, parts), **knobs}, bound, setup=setup,
-                         items=items)
+        _, bound, items, shape, variant, parts, _ = entry
+        setup = self._setup(shape, parts, variant)
+        choice = PlanChoice(self._placement(shape, parts), *variant)
+        cand = Candidate(shape, parts, choice, bound, setup=setup, items=items)
         cand.memory, cand.rejected = self.memory(setup)
         return cand
 
@@ -333,7 +331,7 @@ class Searcher:
         """Build the candidate's Plan (the workflow's plan function validates plan and config); check its
         memory and simulate it from the Plan."""
         try:
-            cand.plan = self.build_plan(cand.overrides)
+            cand.plan = self.build_plan(cand.choice)
         except ValueError as e:  # PlacementError, PlanError and ConfigError are ValueErrors
             cand.rejected = f"the plan function refused it: {e}"
             return
@@ -354,7 +352,7 @@ class Searcher:
         simulated from its Plan at once). As bound <= simulated time, the first plan ranked is the
         fastest built plan of the set, whatever ``top`` is; ``top`` only says how many follow it.
         """
-        queue: list[tuple[float, int, int, Any]] = [(e[0], i, 0, e) for i, e in enumerate(entries) if e[7]]
+        queue: list[tuple[float, int, int, Any]] = [(e[0], i, 0, e) for i, e in enumerate(entries) if e[6]]
         heapq.heapify(queue)
         built: list[tuple[float, int, Candidate]] = []
         ranked: list[Candidate] = []
@@ -395,7 +393,7 @@ class Searcher:
         if collocated is None:
             found, _, n = self.best_first([e for e in entries if e[3].mode == "collocated"], 1)
             collocated, simulated = (found[0] if found else None), simulated + n
-        unfit = [e for e in entries if not e[7]]
+        unfit = [e for e in entries if not e[6]]
         reasons: dict[str, int] = {}
         for cand in rejected:
             kind = reason_kind(cand.rejected)
@@ -441,7 +439,7 @@ def rejection_summary(result: SearchResult) -> list[str]:
         than = (f"{best.seconds_per_item / lead:.2f}x the chosen plan's time per item, "
                 if lead and best.result is not None else "")
         lines.append(f"fastest rejected: {best.placement!r} ({best.shape.mode}; {speed}{than}"
-                     f"{' '.join(f'{k}={v}' for k, v in best.overrides.items() if k != 'placement')}): {best.rejected}")
+                     f"{best.choice.describe()}): {best.rejected}")
     return lines
 
 
@@ -473,25 +471,17 @@ def merge_results(results: Sequence[SearchResult], keep_rejected: int = 20) -> S
 
 
 def search(space: SearchSpace, cost: CostModel, devices: int, *, top: int = 5,
-           devices_per_node: int | None = None, plan_fn: Callable[[Any, Any], Plan] | None = None,
-           configure: Callable[[Mapping[str, Any]], Any] | None = None, layout: Any = None,
+           devices_per_node: int | None = None, build_plan: Callable[[PlanChoice], Plan] | None = None,
            exact_limit: int = 16, grid: int = 8, starts: int = 2, keep: int | None = 16) -> SearchResult:
     """Rank the plans of ``space`` on ``devices`` devices by predicted seconds per item (on CPU nodes,
     ``cost.cores`` set, plans on the first 1, 2, ... of them too: see ``device_counts``).
 
-    With ``plan_fn`` and ``configure`` (config overrides -> config), candidates become Plans through
-    ``plan_fn(configure(overrides), layout)`` (which validates the config too); without them, through
-    ``candidate_plan.plan_of`` from the graph. Only built, validated Plans are ranked (``best_first``).
+    ``build_plan`` turns a ``PlanChoice`` into its validated Plan (a workflow's: its config asked for the
+    choice, then its plan function, which validates the config too; it raises ValueError to refuse);
+    without it, ``candidate_plan.plan_of`` builds it from the graph. Only built, validated Plans are
+    ranked (``best_first``).
     """
-    build: Callable[[Mapping[str, Any]], Plan] | None = None
-    if plan_fn is not None and configure is not None:
-        make_plan, make_cfg = plan_fn, configure
-
-        def _build(overrides: Mapping[str, Any]) -> Plan:
-            return make_plan(make_cfg(overrides), layout)
-
-        build = _build
     counts = device_counts(devices, cost.cores, exact_limit)
-    return merge_results([Searcher(space, cost, n, devices_per_node=devices_per_node, build_plan=build,
+    return merge_results([Searcher(space, cost, n, devices_per_node=devices_per_node, build_plan=build_plan,
                                    exact_limit=exact_limit, cluster_devices=devices, grid=grid,
                                    starts=starts, keep=keep).run(top) for n in counts])

@@ -1,7 +1,8 @@
 """A third workflow written in this one module, with no edit anywhere in the package: two components
 (a source of noisy samples, a learner that fits their mean), one edge, one fusion (the source inside the
-learner's processes). Registered here, it runs on the local executor and on Ray, and ``placement: auto``
-profiles, searches and plans it like the shipped workflows.
+learner's processes), one plan setting the search may vary (the micro-batch: samples per learner call,
+a ``Tunable`` with its config key). Registered here, it runs on the local executor and on Ray, and
+``placement: auto`` profiles, searches and plans it like the shipped workflows.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from m2flow.config.schema import option
 from m2flow.driver.registry import get_workflow, register_workflow
 from m2flow.driver.restarts import gather
 from m2flow.driver.run_config import RunConfig
-from m2flow.driver.workflow import Launch, Workflow
+from m2flow.driver.workflow import Launch, Tunable, Workflow
 from m2flow.metrics import MetricsConfig
-from m2flow.planner import Component, Edge, Fusion, Plan, WorkflowGraph
+from m2flow.planner import Component, Edge, Fusion, Plan, PlanError, WorkflowGraph
+from m2flow.planner.choice import PlanChoice
 from m2flow.planner.setup import Workload
 from m2flow.runtime.executors import Executor
 from m2flow.runtime.worker import Worker
@@ -37,33 +39,45 @@ def rank_samples(seed: int, iteration: int, rank: int, batch: int, target: float
     return torch.randn(batch, generator=torch.Generator().manual_seed(seed * 100_003 + iteration * 101 + rank)) + target
 
 
-def make_samples(seed: int, iteration: int, ranks: int, batch: int, target: float) -> torch.Tensor:
-    """Every source rank's samples for one iteration, in rank order."""
-    return torch.cat([rank_samples(seed, iteration, r, batch, target) for r in range(ranks)])
+def rank_chunk(seed: int, iteration: int, rank: int, batch: int, target: float, chunk: int, size: int) -> torch.Tensor:
+    """Micro-batch ``chunk`` of one source rank's samples (``size`` of its ``batch`` each)."""
+    return rank_samples(seed, iteration, rank, batch, target)[chunk * size:(chunk + 1) * size]
+
+
+def make_samples(seed: int, iteration: int, ranks: int, batch: int, target: float, chunk: int,
+                 size: int) -> torch.Tensor:
+    """Micro-batch ``chunk`` of every source rank's samples for one iteration, in rank order."""
+    return torch.cat([rank_chunk(seed, iteration, r, batch, target, chunk, size) for r in range(ranks)])
 
 
 class Source(Worker):
-    """Makes ``batch`` noisy samples per iteration."""
+    """Makes ``batch`` noisy samples per iteration, one micro-batch of ``micro_batch`` (all ranks') per call."""
 
-    def __init__(self, batch: int, target: float, seed: int) -> None:
-        self.batch, self.target, self.seed = batch, target, seed
+    def __init__(self, batch: int, micro_batch: int, target: float, seed: int) -> None:
+        self.batch, self.micro_batch, self.target, self.seed = batch, micro_batch, target, seed
 
-    def make(self, iteration: int) -> torch.Tensor:
-        return rank_samples(self.seed, iteration, self.rank, self.batch // self.world_size, self.target)
+    def make(self, iteration: int, chunk: int) -> torch.Tensor:
+        n = self.world_size
+        return rank_chunk(self.seed, iteration, self.rank, self.batch // n, self.target, chunk, self.micro_batch // n)
 
 
 class Learner(Worker):
     """Fits one number to the samples by gradient steps; with ``fused_source`` it makes the samples itself.
+
+    Each call takes one micro-batch of the iteration's ``batch`` samples and adds its gradient; the call
+    with the last one (``chunks`` per iteration) takes the step and returns the iteration's metrics.
 
     ``sample_cost_s`` stands for compute that data parallelism divides: each rank spends its share of it per
     sample (every rank still computes the same update, so ranks stay equal). For the fault tests:
     ``delay_s`` slows every step, and ``hang_once_in`` ("evaluate" or "save") makes
     the first such call hang (until its process is killed) when the file ``marker`` exists, removing it."""
 
-    def __init__(self, lr: float, fused_source: dict[str, Any] | None = None, delay_s: float = 0.0,
-                 hang_once_in: str = "", marker: str = "", sample_cost_s: float = 0.0) -> None:
+    def __init__(self, lr: float, batch: int, chunks: int, fused_source: dict[str, Any] | None = None,
+                 delay_s: float = 0.0, hang_once_in: str = "", marker: str = "", sample_cost_s: float = 0.0) -> None:
         self.value = torch.zeros((), requires_grad=True)
         self.opt = torch.optim.SGD([self.value], lr=lr)
+        self.batch, self.chunks = batch, chunks
+        self._loss, self._busy = 0.0, 0.0
         self.fused_source = fused_source
         self.delay_s, self.hang_once_in, self.marker = delay_s, hang_once_in, marker
         self.sample_cost_s = sample_cost_s
@@ -76,22 +90,30 @@ class Learner(Worker):
             os.unlink(self.marker)
             time.sleep(3600)
 
-    def learn(self, iteration: int, samples: list[torch.Tensor] | None) -> dict[str, float]:
+    def learn(self, iteration: int, chunk: int, samples: list[torch.Tensor] | None) -> dict[str, float]:
         import time
 
         start = time.perf_counter()
         time.sleep(self.delay_s)
         if samples is None:  # the source runs in this process: every source rank's samples, made here
-            data = make_samples(iteration=iteration, **self.fused_source)
+            data = make_samples(iteration=iteration, chunk=chunk, **self.fused_source)
         else:
             data = torch.cat(samples)
         with self.device_turn():
             time.sleep(self.sample_cost_s * len(data) / self.world_size)
-            loss = ((self.value - data) ** 2).mean()
-            self.opt.zero_grad()
+            loss = ((self.value - data) ** 2).sum() / self.batch  # this micro-batch's part of the mean
             loss.backward()
-            self.opt.step()
-        return {"toy/loss": float(loss.detach()), "time/learner_busy_s": time.perf_counter() - start}
+            self._loss += float(loss.detach())
+            last = chunk == self.chunks - 1
+            if last:
+                self.opt.step()
+                self.opt.zero_grad()
+        self._busy += time.perf_counter() - start
+        if not last:
+            return {}
+        out = {"toy/loss": self._loss, "toy/micro_batches": float(self.chunks), "time/learner_busy_s": self._busy}
+        self._loss, self._busy = 0.0, 0.0
+        return out
 
     def get(self) -> float:
         self._maybe_hang("evaluate")
@@ -140,6 +162,8 @@ class LearnerConfig:
     hang_once_in: str = option("", "'evaluate' or 'save': hang there once while `marker` exists (fault tests)")
     marker: str = option("", "the file whose presence arms hang_once_in")
     sample_cost_s: float = option(0.0, "seconds of divisible work per sample, shared by the learner ranks")
+    micro_batch: int | None = option(None, "samples per learner call, a gradient step after the last (None: the "
+                                           "whole batch); it divides source.batch, the source ranks divide it")
 
 
 @dataclass
@@ -155,7 +179,8 @@ class ToyConfig(RunConfig):
 
 
 class ToyFlow:
-    """The live toy: iteration ``it`` makes samples (unless fused) and takes one learner step on them."""
+    """The live toy: iteration ``it`` makes samples (unless fused) and takes one learner step on them, the
+    samples going from source to learner in the plan's micro-batches."""
 
     max_staleness = 0
     description = "toy"
@@ -163,6 +188,7 @@ class ToyFlow:
     def __init__(self, cfg: ToyConfig, plan: Plan, groups: dict[str, Any], run: Launch) -> None:
         self.cfg, self.timeout = cfg, cfg.fault_tolerance.iteration_timeout_s
         self.fused = plan.fused("source")
+        self.chunks = plan.settings["batch"] // plan.settings["micro_batch"]
         self.source, self.learner = groups.get("source"), groups["learner"]
         self.iterations = self.progress_total = cfg.steps
         self._made: dict[int, Any] = {}
@@ -172,15 +198,18 @@ class ToyFlow:
 
     def start(self, it: int, horizon: int) -> None:
         if not self.fused and it not in self._made:
-            self._made[it] = self.source.make(it)
+            self._made[it] = [self.source.make(it, k) for k in range(self.chunks)]
 
     def finish(self, it: int) -> dict[str, float]:
         import time
 
-        t0 = time.perf_counter()
-        samples = None if self.fused else gather([self._made.pop(it)], self.timeout)[0]
-        made_s = time.perf_counter() - t0
-        out = gather([self.learner.learn(it, samples)], self.timeout)[0][0]
+        made_s, out = 0.0, {}
+        made = self._made.pop(it, [None] * self.chunks)
+        for k, handle in enumerate(made):
+            t0 = time.perf_counter()
+            samples = None if handle is None else gather([handle], self.timeout)[0]
+            made_s += time.perf_counter() - t0
+            out = gather([self.learner.learn(it, k, samples)], self.timeout)[0][0]
         self._done = it + 1
         return {**out, "time/source_busy_s": made_s}
 
@@ -209,29 +238,46 @@ class ToyFlow:
                 group.shutdown()
 
 
+def micro_batches(cfg: ToyConfig) -> tuple[int, ...]:
+    """Micro-batch sizes worth trying: the whole batch, its half and its quarter."""
+    batch = cfg.source.batch
+    return tuple(sorted({batch // k for k in (1, 2, 4) if batch % k == 0}))
+
+
 class ToyWorkflow(Workflow):
     name = "toy_mean"
     schema = ToyConfig
     graph = GRAPH
     help = "fit the mean of noisy samples"
+    tunables = (Tunable("micro_batch", "learner.micro_batch", micro_batches),)
+
+    def plan(self, cfg: ToyConfig, layout: Any) -> Plan:
+        plan = super().plan(cfg, layout)
+        batch, micro, ranks = plan.settings["batch"], plan.settings["micro_batch"], plan["source"].world_size
+        if batch % micro or micro % ranks:
+            raise PlanError(f"micro-batches of {micro} samples do not split a batch of {batch} over {ranks} "
+                            "source rank(s)")
+        return plan
 
     def settings(self, cfg: ToyConfig) -> dict[str, Any]:
-        return {"batch": cfg.source.batch}
+        return {"batch": cfg.source.batch, "micro_batch": cfg.learner.micro_batch or cfg.source.batch}
 
     def workload(self) -> Workload:
-        return Workload(chain=("source", "learner"), items=("batch",), inputs={"learner": ("samples",)},
-                        categories={"source": "make", "learner": "train"})
+        return Workload(chain=("source", "learner"), items=("batch",), micro_items=("micro_batch",),
+                        inputs={"learner": ("samples",)}, categories={"source": "make", "learner": "train"})
 
     def launch(self, cfg: ToyConfig, plan: Plan, executor: Executor, run: Launch) -> ToyFlow:
+        # Batch and micro-batch are the plan's, never read back from the config.
+        batch, micro = plan.settings["batch"], plan.settings["micro_batch"]
         source_ranks = plan["source"].world_size
-        fused = ({"seed": cfg.seed, "ranks": source_ranks, "batch": cfg.source.batch // source_ranks, "target": cfg.target}
-                 if plan.fused("source") else None)
+        fused = ({"seed": cfg.seed, "ranks": source_ranks, "batch": batch // source_ranks, "target": cfg.target,
+                  "size": micro // source_ranks} if plan.fused("source") else None)
         learner = cfg.learner
-        specs = {"learner": self.group_spec("learner", plan, learner.lr, fused_source=fused, delay_s=learner.delay_s,
-                                            hang_once_in=learner.hang_once_in, marker=learner.marker,
-                                            sample_cost_s=learner.sample_cost_s)}
+        specs = {"learner": self.group_spec("learner", plan, learner.lr, batch, batch // micro, fused_source=fused,
+                                            delay_s=learner.delay_s, hang_once_in=learner.hang_once_in,
+                                            marker=learner.marker, sample_cost_s=learner.sample_cost_s)}
         if plan["source"].launched:
-            specs["source"] = self.group_spec("source", plan, cfg.source.batch, cfg.target, cfg.seed)
+            specs["source"] = self.group_spec("source", plan, batch, micro, cfg.target, cfg.seed)
         _, groups = self.launch_groups(plan, executor, run, specs)
         return ToyFlow(cfg, plan, groups, run)
 
@@ -275,6 +321,34 @@ def test_the_toy_workflow_learns_on_the_local_executor_fused_or_not(tmp_path):
     assert json.loads((tmp_path / "fused" / "run" / "plan.json").read_text())["workflow"] == "toy_mean"
 
 
+def test_the_plans_micro_batch_is_what_the_learner_takes(tmp_path):
+    whole = _train(_config(tmp_path / "whole", placement="local"))
+    micro = _train(_config(tmp_path / "micro", placement="local", learner={"micro_batch": 16}))
+    assert whole.plan.settings["micro_batch"] == 64 and micro.plan.settings["micro_batch"] == 16
+    assert [h["toy/micro_batches"] for h in micro.history] == [4.0] * 8
+    # Four micro-batches add up to the gradient of the whole batch: the same learning, up to rounding.
+    assert [h["toy/loss"] for h in micro.history] == pytest.approx([h["toy/loss"] for h in whole.history], rel=1e-5)
+
+
+def test_a_plan_choice_becomes_config_only_through_the_workflow(tmp_path):
+    from m2flow.runtime.placement import NodeLayout
+
+    wf = get_workflow("toy_mean")
+    cfg = _config(tmp_path)
+    space = wf.search_space(cfg, wf.plan(cfg, NodeLayout((2,))))
+    # The search varies plan settings by the Plan's own names, and fusions as (component, host) pairs.
+    assert space.varied == {"micro_batch": (16, 32, 64)} and space.fusions == (("source", "learner"),)
+    choice = PlanChoice.of("source,learner: 0-1", [("source", "learner")], {"micro_batch": 32})
+    assert wf.overrides(choice) == {"placement": "source,learner: 0-1", "source.fuse_with_learner": True,
+                                    "learner.micro_batch": 32}
+    plan = wf.plan(wf.apply(cfg, choice), NodeLayout((2,)))
+    assert plan.fused("source") and plan.settings["micro_batch"] == 32 and plan["learner"].world_size == 2
+    with pytest.raises(PlanError, match="do not split a batch of 64"):  # refused as the search would see it
+        wf.plan(wf.apply(cfg, PlanChoice.of("source: 0-1, learner: 0", settings={"micro_batch": 3})), NodeLayout((2,)))
+    with pytest.raises(ValueError, match="no tunable plan setting \\['stages'\\]"):
+        wf.overrides(PlanChoice.of("local", settings={"stages": 2}))
+
+
 @pytest.mark.ray
 def test_placement_auto_profiles_searches_and_runs_the_toy_workflow_on_ray(tmp_path):
     from tests.ray_session import shared_cluster
@@ -285,6 +359,8 @@ def test_placement_auto_profiles_searches_and_runs_the_toy_workflow_on_ray(tmp_p
     result = _train(cfg, shared_cluster())
     record = json.loads((tmp_path / "run" / "auto.json").read_text())
     assert record["runs_with"]["placement"] == result.plan.placement  # the plan it chose is the plan that ran
+    assert record["runs_with"]["learner.micro_batch"] == result.plan.settings["micro_batch"]
+    assert record["chosen"]["choice"]["settings"] == {"micro_batch": result.plan.settings["micro_batch"]}
     assert len(result.history) == 8 and result.plan.executor == "ray"
     profile = json.loads((tmp_path / "run" / "profile.json").read_text())
     assert set(profile["components"]) == {"source", "learner"}

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from m2flow.planner import Component, ComponentPlan, Edge, Fusion, Plan, WorkflowGraph
+from m2flow.planner.choice import PlanChoice
 from m2flow.planner.cost import ComponentCost, CostModel, Link
 from m2flow.planner.search import SearchSpace, compositions, search, set_partitions, shapes
 from m2flow.planner.setup import Workload
@@ -19,8 +20,8 @@ GRAPH = WorkflowGraph("toy", (Component("gen", "generates", holds_model=True),
                       (Fusion("gen", "train", "same devices"),))
 WORKLOAD = Workload(chain=("gen", "train"), items=("batch",), micro_items=("micro",), inputs={"train": ("items",)},
                     weights=(("train", "gen"),))
-SPACE = SearchSpace(GRAPH, WORKLOAD, ("gen", "train"), {"batch": 4, "micro": 4}, knobs={"micro": (1, 2, 4)},
-                    knob_settings={"micro": "micro"}, fusion_keys={("gen", "train"): "fuse"})
+SPACE = SearchSpace(GRAPH, WORKLOAD, ("gen", "train"), {"batch": 4, "micro": 4}, varied={"micro": (1, 2, 4)},
+                    fusions=(("gen", "train"),))
 
 
 def _model(alpha: float, edge_bytes: float = 0.0, **kw: Any) -> CostModel:
@@ -41,7 +42,7 @@ def test_a_pipelined_plan_wins_when_work_scales_poorly():
     # (4 * 1.1 + 1.1 = 5.5 s) beat taking turns on both devices (2 * (0.1 + 4 / sqrt 2) = 5.76 s).
     result = search(SPACE, _model(0.5), 2, top=3)
     best = result.ranked[0]
-    assert result.exact and best.placement == "gen: 0, train: 1" and best.overrides["micro"] == 1
+    assert result.exact and best.placement == "gen: 0, train: 1" and best.choice.values == {"micro": 1}
     assert best.result.iteration_time == pytest.approx(5.5)
     assert best.result.bottleneck == "gen"
 
@@ -50,7 +51,7 @@ def test_collocated_fused_wins_when_edges_are_heavy():
     # 1 byte per item at 1 B/s: crossing processes costs 1 s per item; fused, it costs nothing.
     result = search(SPACE, _model(1.0, edge_bytes=1.0), 2, top=3)
     best = result.ranked[0]
-    assert best.placement == "all" and best.overrides == {"placement": "all", "fuse": True, "micro": 4}
+    assert best.choice == PlanChoice("all", (("gen", "train"),), (("micro", 4),))
     assert best.result.iteration_time == pytest.approx(2 * (0.1 + 4 / 2))
     assert best.shape.mode == "collocated"
 
@@ -59,18 +60,18 @@ def test_memory_limits_are_honoured_with_the_reason():
     gib = 2.0 ** 30
     model = _model(1.0, gen={"mem_per_item": 4 * gib}, device_memory=12 * gib)
     result = search(SPACE, model, 1, top=3)
-    assert result.ranked and all(c.overrides["micro"] < 4 for c in result.ranked)
+    assert result.ranked and all(c.choice.values["micro"] < 4 for c in result.ranked)
     # Every micro-batch-4 candidate is refused for memory; the fastest of them is named, with why.
     from m2flow.planner.search import MEMORY
 
     assert result.reasons[MEMORY] == result.unfit > 0
     best = result.best_rejected
-    assert best is not None and best.overrides["micro"] == 4 and best.result is not None
+    assert best is not None and best.choice.values["micro"] == 4 and best.result is not None
     assert "devices 0:0 need 16.0 GiB each (gen 16.0, train 0.0), more than the 12.0 GiB" in best.rejected
 
 
 def _toy_plan(cfg: dict[str, Any], layout: NodeLayout) -> Plan:
-    """A plan function as a workflow writes one: it refuses micro-batches of 2."""
+    """A plan function as a workflow writes one (of a config as a dict): it refuses micro-batches of 2."""
     if cfg["micro"] == 2:
         raise ValueError("micro must not be 2 in this toy")
     placed = parse_placement(cfg["placement"], layout, GRAPH.component_names)
@@ -85,13 +86,23 @@ def _toy_plan(cfg: dict[str, Any], layout: NodeLayout) -> Plan:
 
 def test_candidates_become_plans_through_the_plan_function():
     base = {"placement": "all", "micro": 4, "fuse": False}
-    result = search(SPACE, _model(0.5), 2, top=30, plan_fn=_toy_plan, configure=lambda o: {**base, **o},
-                    layout=NodeLayout((2,)))
+    asked: list[PlanChoice] = []
+
+    def build(choice: PlanChoice) -> Plan:
+        # As a workflow does it: the config asks for the choice, the plan function plans the config.
+        asked.append(choice)
+        cfg = {**base, "placement": choice.placement, "fuse": choice.fused("gen", "train"), **choice.values}
+        return _toy_plan(cfg, NodeLayout((2,)))
+
+    result = search(SPACE, _model(0.5), 2, top=30, build_plan=build)
     best = result.ranked[0]
     assert isinstance(best.plan, Plan) and best.plan.placement == "gen: 0, train: 1"
     assert best.result.iteration_time == pytest.approx(5.5)
     assert any("the plan function refused it: micro must not be 2" in c.rejected for c in result.rejected)
-    assert all(c.overrides["micro"] != 2 for c in result.ranked)
+    assert all(c.choice.values["micro"] != 2 for c in result.ranked)
+    # Every ranked plan is the one built from its choice; choices speak plan settings, not config keys.
+    assert all(c.plan.settings["micro"] == c.choice.values["micro"] for c in result.ranked)
+    assert {name for c in asked for name in c.values} == {"micro"}
 
 
 def test_the_scalable_search_stays_close_to_exhaustive():
@@ -118,11 +129,11 @@ def test_the_actor_on_part_of_the_env_devices_wins_when_collectives_cost():
     work = Workload(chain=("train",), items=("envs", "steps"), items_per_rank_of="env", loop=("env", "policy"),
                     loop_steps="steps", loop_items=("envs",), inputs={"policy": ("obs",), "env": ("actions",)})
     space = SearchSpace(graph, work, ("env", "policy", "train"), {"envs": 4, "steps": 8},
-                        fusion_keys={("policy", "env"): "fuse"})
+                        fusions=(("policy", "env"),))
     model = CostModel({"env": ComponentCost(0.001, 0.01), "policy": ComponentCost(0.002, 0.001),
                        "train": ComponentCost(0.05, 0.0005, 1.0, s=0.2)}, link=Link(latency=1e-3))
     best = search(space, model, 2, top=1).ranked[0]
-    assert best.placement == "env,policy: 0-1, train: 0" and best.overrides["fuse"] is True
+    assert best.placement == "env,policy: 0-1, train: 0" and best.choice.fused("policy", "env")
     assert best.shape.mode == "hybrid"
 
 
@@ -138,3 +149,19 @@ def test_the_fast_bound_never_exceeds_the_simulation():
             cand = searcher._candidate(entry)
             assert cand.bound == pytest.approx(searcher.bound(cand.setup))
             assert cand.bound <= searcher.sim.simulate(cand.setup).iteration_time + 1e-9
+
+
+def test_nothing_in_the_planner_but_the_graphs_declarations_reads_a_config_key():
+    """The search states plans as PlanChoices; the config keys a workflow declares in its graph (a fusion's
+    key, a component's threads key) are read by the workflow's side alone (``Workflow.apply``)."""
+    import ast
+    from pathlib import Path
+
+    import m2flow.planner as planner
+
+    declared = {"key", "section", "threads_key", "fusion_keys", "thread_keys"}
+    for path in sorted(Path(planner.__file__).parent.glob("*.py")):
+        if path.name == "graph.py":  # where the declarations live
+            continue
+        read = {n.attr for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Attribute)}
+        assert not read & declared, f"{path.name} reads {sorted(read & declared)}"

@@ -3,7 +3,8 @@
 The oracle below does not call the search, the simulator, the bound or the memory check: it
 enumerates every plan of the documented candidate set (each component on a contiguous device range:
 disjoint blocks covering the devices, optionally one component over all of them or on the first
-devices of one block; every allowed fusion where component and host share devices; every knob value)
+devices of one block; every allowed fusion where component and host share devices; every value of each
+varied plan setting)
 and times each with the documented cost rules (docs/planner.md, cost.py): a call takes
 ``a + c b / d^alpha + s log2 d``; a call receiving an edge from another process pays its bytes over
 the link; a weight sync between processes costs its bytes over the link before the receiver starts;
@@ -50,13 +51,12 @@ EMBODIED_WORK = Workload(chain=("actor",), items=("envs", "steps"), items_per_ra
 
 def reason_space(batch: int = 8, micros: tuple[int, ...] = (1, 2, 4, 8)) -> SearchSpace:
     return SearchSpace(REASON, REASON_WORK, ("gen", "train"), {"batch": batch, "micro": batch},
-                       knobs={"micro": micros}, knob_settings={"micro": "micro"}, fusion_keys={("gen", "train"): "fuse"})
+                       varied={"micro": micros}, fusions=(("gen", "train"),))
 
 
 def embodied_space(envs: int = 4, steps: int = 3, stages: tuple[int, ...] = (1, 2)) -> SearchSpace:
     return SearchSpace(EMBODIED, EMBODIED_WORK, ("env", "policy", "actor"), {"envs": envs, "steps": steps, "stages": 1},
-                       knobs={"stages": stages}, knob_settings={"stages": "stages"},
-                       fusion_keys={("policy", "env"): "fuse"})
+                       varied={"stages": stages}, fusions=(("policy", "env"),))
 
 
 # -- the oracle ---------------------------------------------------------------------------------------------
@@ -65,7 +65,8 @@ class OraclePlan:
     ranges: dict[str, tuple[int, int]]
     """component -> (first device, device count)"""
     host: dict[str, str]
-    knobs: dict[str, int]
+    settings: dict[str, int]
+    """the varied plan settings' values"""
     seconds_per_item: float = math.inf
     memory_ok: bool = True
 
@@ -118,17 +119,17 @@ def layouts(names: list[str], n: int):
 def oracle(space: SearchSpace, cost: CostModel, n: int) -> OraclePlan:
     """The fastest plan whose memory fits, by enumeration."""
     best = OraclePlan({}, {}, {})
-    knob_names = list(space.knobs)
+    names = list(space.varied)
     for ranges in layouts(list(space.running), n):
         for fuse in (False, True):
-            (c, h), = space.fusion_keys
+            (c, h), = space.fusions
             if fuse and ranges[c] != ranges[h]:
                 continue
             host = {x: x for x in space.running}
             if fuse:
                 host[c] = h
-            for values in itertools.product(*(space.knobs[k] for k in knob_names)):
-                plan = OraclePlan(ranges, host, dict(zip(knob_names, values)))
+            for values in itertools.product(*(space.varied[k] for k in names)):
+                plan = OraclePlan(ranges, host, dict(zip(names, values)))
                 evaluate(space, cost, plan)
                 if plan.memory_ok and plan.seconds_per_item < best.seconds_per_item * (1 - 1e-12):
                     best = plan
@@ -142,7 +143,7 @@ def call(cost: CostModel, name: str, items: float, ranks: int) -> float:
 
 def evaluate(space: SearchSpace, cost: CostModel, plan: OraclePlan) -> None:
     """Time one plan by the documented rules (fills seconds per item and whether memory fits)."""
-    g, w, s = space.graph, space.workload, {**space.settings, **plan.knobs}
+    g, w, s = space.graph, space.workload, {**space.settings, **plan.settings}
     ranks = {c: r[1] for c, r in plan.ranges.items()}
     host = plan.host
     bw = cost.link.bandwidth
@@ -324,14 +325,14 @@ def test_the_cases_pull_the_intended_ways():
         return oracle(*CASES[name])
 
     pipe = best("reason-pipelined")
-    assert pipe.ranges["gen"] != pipe.ranges["train"] and pipe.knobs["micro"] < 8
+    assert pipe.ranges["gen"] != pipe.ranges["train"] and pipe.settings["micro"] < 8
     col = best("reason-collocated")
     assert col.ranges["gen"] == col.ranges["train"] and col.host["gen"] == "train"
     assert best("reason-memory-fused").host["gen"] == "train"
     turns = best("embodied-memory-turns")
     assert turns.host["policy"] == "env" and _devices(turns.ranges["env"]) & _devices(turns.ranges["actor"])
     assert best("embodied-fused-wins").host["policy"] == "env"
-    assert best("embodied-stages").knobs["stages"] == 2
+    assert best("embodied-stages").settings["stages"] == 2
     off = best("reason-expensive-offload")
     assert off.host["gen"] == "train" or not _devices(off.ranges["gen"]) & _devices(off.ranges["train"])
     assert best("embodied-collectives").ranges["actor"][1] == 1
@@ -345,7 +346,7 @@ def test_the_cases_pull_the_intended_ways():
 def test_the_same_at_32_devices(name):
     space, cost, _ = CASES[name]
     if name.startswith("embodied"):
-        space = embodied_space(envs=4, steps=2, stages=(2,))  # one knob value: the oracle enumerates ~10^4 plans
+        space = embodied_space(envs=4, steps=2, stages=(2,))  # one stage count: the oracle enumerates ~10^4 plans
     best = oracle(space, cost, 32)
     found = search(space, cost, 32, top=1)
     assert not found.exact  # the scalable search, above the exhaustive range

@@ -19,8 +19,8 @@ GRAPH = WorkflowGraph("toy", (Component("gen", "generates", holds_model=True),
 WORKLOAD = Workload(chain=("gen", "train"), items=("batch",), micro_items=("micro",), inputs={"train": ("items",)},
                     weights=(("train", "gen"),))
 # As the demo config: the generator's own ranks have 1 thread, the trainer (and a generator fused into it) 2.
-SPACE = SearchSpace(GRAPH, WORKLOAD, ("gen", "train"), {"batch": 4, "micro": 4}, knobs={"micro": (1, 2, 4)},
-                    knob_settings={"micro": "micro"}, fusion_keys={("gen", "train"): "fuse"},
+SPACE = SearchSpace(GRAPH, WORKLOAD, ("gen", "train"), {"batch": 4, "micro": 4}, varied={"micro": (1, 2, 4)},
+                    fusions=(("gen", "train"),),
                     threads={"gen": 1, "train": 2})
 
 
@@ -76,7 +76,7 @@ def test_one_thread_ranks_of_a_two_thread_measurement_do_not_beat_the_collocated
     # rank has 1 thread: its calls take twice the measured time, and 3 threads on 2 cores share them.
     result = search(SPACE, _model(measured_threads=2), 4, top=50)
     best = result.ranked[0]
-    assert best.placement == "local" and best.overrides["fuse"] is True and best.overrides["micro"] == 4
+    assert best.placement == "local" and best.choice.fused("gen", "train") and best.choice.values == {"micro": 4}
     assert best.result.iteration_time == pytest.approx(8.2)
     assert result.collocated is best
     assert all(c.result.iteration_time >= 8.2 - 1e-9 for c in result.ranked)

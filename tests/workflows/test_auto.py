@@ -140,9 +140,9 @@ def test_drift_replans_at_a_checkpoint_and_resumes_under_the_new_plan(tiny, tmp_
     def choose(ctx, cost, profile=None, keep=lambda c: True):
         if not first:  # the initial choice
             choice = real(ctx, cost, profile, keep)
-            first.append(choice.best.overrides)
+            first.append(choice.best.choice)
             return choice
-        return real(ctx, cost, profile, lambda c: keep(c) and c.overrides != first[0])
+        return real(ctx, cost, profile, lambda c: keep(c) and c.choice != first[0])
 
     monkeypatch.setattr(auto_choice, "choose", choose)
     caplog.set_level(logging.INFO, logger="m2flow")

@@ -81,3 +81,35 @@ def test_above_the_exhaustive_range_every_plan_shown_is_valid_and_the_choice_doe
     assert "rejected" in out and "fastest rejected" in out and "must be at least the number of actor ranks" in out
     for use in uses:  # each is a plan the config accepts
         assert main(["plan", "show", EMBODIED, "cluster.cpu_devices_per_node=32", *small, *shlex.split(use)]) == 0
+
+
+@pytest.mark.parametrize("config, costs, tunable", [
+    (REASONING, {"rollout": (0.05, 0.02), "reward": (0.001, 0.0005), "actor": (0.05, 0.015)},
+     "rollout.prompts_per_chunk"),
+    (EMBODIED, {"env": (0.001, 0.2), "rollout": (0.002, 0.001), "actor": (0.05, 0.001)}, "pipeline_stages")])
+def test_each_ranked_plan_is_its_choice_as_the_workflow_builds_it(tmp_path, capsys, config, costs, tunable):
+    from pathlib import Path
+
+    from m2flow.autoplan.plan_context import PlanContext
+    from m2flow.config import with_overrides
+    from m2flow.driver.registry import load_workflow_config
+    from m2flow.planner.profile import load_profile
+    from m2flow.planner.search import search
+    from m2flow.runtime.placement import NodeLayout
+
+    path = _profile(tmp_path, capsys, config, costs)
+    spec, cfg = load_workflow_config(Path(config), ["cluster.cpu_devices_per_node=2"])
+    ctx = PlanContext(spec, cfg, NodeLayout((2,)))
+    result = search(ctx.space, load_profile(path, spec.name, ctx.config_hash()), 2, top=12, build_plan=ctx.build)
+    assert len(result.ranked) > 3
+    varied = set(ctx.space.varied)
+    assert varied and varied <= set(ctx.base.settings)  # the search varies settings the Plan itself has
+    for cand in result.ranked:
+        # What the search chose is what the built Plan holds, and the config the workflow makes of it
+        # plans the same Plan again.
+        assert cand.choice.values.items() <= cand.plan.settings.items()
+        assert cand.plan.placement == cand.choice.placement and set(cand.choice.values) == varied
+        assert ctx.build(cand.choice) == cand.plan
+    # The keys the workflow translates a choice to are execution keys: a profile outlives them.
+    other = with_overrides(spec.schema, ctx.cfg, {tunable: ctx.space.varied[varied.pop()][0]})
+    assert PlanContext(spec, other, NodeLayout((2,))).config_hash() == ctx.config_hash()

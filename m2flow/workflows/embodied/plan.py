@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from m2flow.config.schema import get_key
+from m2flow.driver.workflow import Tunable
 from m2flow.planner import ComponentPlan, EdgePlan, Plan
 from m2flow.planner.setup import Workload
 from m2flow.runtime.placement import NodeLayout, executor_kind, parse_placement
@@ -32,6 +33,16 @@ WORKLOAD = Workload(
     categories={"env": "env_step", "rollout": "rollout", "actor": "train"},
 )
 
+
+
+def stage_counts(cfg: EmbodiedConfig) -> tuple[int, ...]:
+    """Pipeline stages worth trying: 1, 2, 4 and the config's own, those that divide an env rank's envs."""
+    envs = cfg.env.num_envs
+    return tuple(sorted({k for k in (1, 2, 4, cfg.pipeline_stages) if k <= envs and envs % k == 0}))
+
+
+# The plan settings the search varies, and the config key of each.
+TUNABLES = (Tunable("pipeline_stages", "pipeline_stages", stage_counts),)
 
 def plan_embodied(cfg: EmbodiedConfig, layout: NodeLayout) -> Plan:
     """The plan of ``cfg`` on a cluster of ``layout``; a placement that cannot be met raises PlacementError."""

@@ -26,18 +26,13 @@ class EmbodiedWorkflow(Workflow):
     schema = EmbodiedConfig
     graph = GRAPH
     help = "Embodied RL: PPO on vectorised simulators with env, rollout and actor workers"
-    knobs = {"pipeline_stages": "pipeline_stages"}
+    tunables = planning.TUNABLES
 
     def plan(self, cfg: EmbodiedConfig, layout: NodeLayout) -> Plan:
         return planning.plan_embodied(cfg, layout)
 
     def workload(self) -> Any:
         return planning.WORKLOAD
-
-    def knob_values(self, cfg: EmbodiedConfig) -> dict[str, tuple[Any, ...]]:
-        envs = cfg.env.num_envs
-        return {"pipeline_stages": tuple(sorted({k for k in (1, 2, 4, cfg.pipeline_stages)
-                                                 if k <= envs and envs % k == 0}))}
 
     def offload_settings(self, cfg: EmbodiedConfig) -> dict[str, bool]:
         return {"rollout": cfg.rollout.offload, "actor": cfg.actor.offload}

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from m2flow.config.schema import get_key
+from m2flow.driver.workflow import Tunable
 from m2flow.planner import ComponentPlan, EdgePlan, Plan
 from m2flow.planner.graph import DRIVER
 from m2flow.planner.setup import Workload
@@ -33,6 +34,16 @@ WORKLOAD = Workload(
     categories={"rollout": "generate", "reward": "reward", "inference": "logprobs", "actor": "train"},
 )
 
+
+
+def chunk_sizes(cfg: ReasoningConfig) -> tuple[int, ...]:
+    """Prompts per generation chunk worth trying: 1, 2, 4, 8, 16 and all of a step's, those that divide it."""
+    prompts = cfg.data.prompts_per_step
+    return tuple(sorted({c for c in (1, 2, 4, 8, 16, prompts) if c <= prompts and prompts % c == 0}))
+
+
+# The plan settings the search varies, and the config key of each (chunked generation, when set).
+TUNABLES = (Tunable("prompts_per_chunk", "rollout.prompts_per_chunk", chunk_sizes),)
 
 def plan_reasoning(cfg: ReasoningConfig, layout: NodeLayout) -> Plan:
     """The plan of ``cfg`` on a cluster of ``layout``; a placement that cannot be met raises PlacementError."""

@@ -26,18 +26,13 @@ class ReasoningWorkflow(Workflow):
     schema = ReasoningConfig
     graph = GRAPH
     help = "Reasoning RL on a causal language model: GRPO, PPO, DAPO, REINFORCE++, RLOO"
-    knobs = {"rollout.prompts_per_chunk": "prompts_per_chunk"}
+    tunables = planning.TUNABLES
 
     def plan(self, cfg: ReasoningConfig, layout: NodeLayout) -> Plan:
         return planning.plan_reasoning(cfg, layout)
 
     def workload(self) -> Any:
         return planning.WORKLOAD
-
-    def knob_values(self, cfg: ReasoningConfig) -> dict[str, tuple[Any, ...]]:
-        prompts = cfg.data.prompts_per_step
-        return {"rollout.prompts_per_chunk": tuple(sorted({c for c in (1, 2, 4, 8, 16, prompts)
-                                                           if c <= prompts and prompts % c == 0}))}
 
     def prepare(self, cfg: ReasoningConfig, run_dir: Path) -> Prepared:
         """The model (built, then warm-started once, before any worker loads it) and the data sets."""
