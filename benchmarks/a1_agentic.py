@@ -265,7 +265,7 @@ def m2flow_side(workload: str, threads: int, plan_name: str, seed: int, save: st
         "generated_tokens": tokens, "trajectories_per_s": trajectories / seconds, "tokens_per_s": tokens / seconds,
         "seconds_per_step_median": statistics.median(h["time/step"] for h in history),
         "train_reward_first": rewards[0], "train_reward_last": rewards[-1],
-        "train_reward_mean": sum(rewards) / len(rewards),
+        "train_reward_mean": sum(rewards) / len(rewards), "train_rewards": rewards,
     }
 
 
@@ -322,7 +322,8 @@ def main() -> None:
     ap.add_argument("--max-turn-tokens", type=int, default=40, help="tokens per model turn")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--rounds", type=int, default=3, help="rounds; round r trains with seed r on every side")
-    ap.add_argument("--threads", default="1,2", help="comma-separated torch thread counts")
+    ap.add_argument("--threads", default="1",
+                    help="comma-separated torch thread counts (2 starves on a shared 2-core machine)")
     ap.add_argument("--plans", default=",".join(PLANS), help=f"m2flow plans: {', '.join(PLANS)}")
     ap.add_argument("--trl", default="whole,mb16", help=f"TRL settings: {', '.join(TRL_SETTINGS)}")
     ap.add_argument("--eval-episodes", type=int, default=400, help="held-out episodes per evaluation")
@@ -393,7 +394,8 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
-    parts = [f"{n} {s['trajectories_per_s']:.1f} traj/s acc {s['accuracy_mean']:.3f}" for n, s in result["sides"].items()]
+    parts = [f"{n} {s['trajectories_per_s']:.1f} traj/s acc {s['accuracy_mean']:.3f}"
+             for n, s in result["sides"].items()]
     ratio = f"; best m2flow / best TRL {result['ratio_trajectories']}x" if "ratio_trajectories" in result else ""
     print(f"A1 {args.groups}x{args.group} x {args.steps} steps: " + ", ".join(parts) + ratio)
 

@@ -227,7 +227,7 @@ def main() -> None:
         "trajectories_per_s": CountingTrainer.trajectories / seconds,
         "tokens_per_s": CountingTrainer.generated_tokens / seconds,
         "train_reward_first": rewards[0] if rewards else None, "train_reward_last": rewards[-1] if rewards else None,
-        "train_reward_mean": sum(rewards) / len(rewards) if rewards else None,
+        "train_reward_mean": sum(rewards) / len(rewards) if rewards else None, "train_rewards": rewards,
         "versions": {"trl": __import__("trl").__version__, "torch": torch.__version__,
                      "transformers": __import__("transformers").__version__},
     }))
