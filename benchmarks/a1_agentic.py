@@ -72,6 +72,9 @@ class M2flowPlan:
 PLANS = {
     # Env, rollout and actor as objects in one process (no Ray): the serial mode.
     "local": M2flowPlan("local"),
+    # The same without a deadline on each environment step (TRL's tool calls have none either): no
+    # thread per step, but a hung environment hangs the run.
+    "local_nodeadline": M2flowPlan("local", ("env.step_timeout_s=null",)),
     # Ray, everything on device 0: rollout and actor processes take turns; the environments live in the
     # rollout's process (no messages per turn).
     "collocated": M2flowPlan("env,rollout,actor: 0", ("env.fuse_with_rollout=true",), max_threads=1),
