@@ -29,8 +29,8 @@ episode engine of ``m2flow/workers/agentic``, sampled at temperature 1 on the sa
 problems) on each side's saved final weights.
 
     python benchmarks/a1_agentic.py --setup          # the TRL environment: benchmarks/.venvs/trl-a1
-    python benchmarks/a1_agentic.py                  # 40 steps of 8 x 4, 3 rounds
-    python benchmarks/a1_agentic.py --plans local --trl t1 --threads 1 --rounds 1 --steps 5
+    python benchmarks/a1_agentic.py                  # 40 steps of 8 x 4, 3 rounds, every plan, 1 thread
+    python benchmarks/a1_agentic.py --plans local --trl whole --rounds 1 --steps 5   # a quick check
 
 Writes ``benchmarks/results/a1.json`` (or ``--out``) and prints one summary line.
 """
