@@ -80,14 +80,14 @@ def main() -> None:
     rounds = []
     with tempfile.TemporaryDirectory(prefix="m2flow-ab-") as tmp:
         for r in range(args.rounds):
-            row = {}
+            row: dict = {"load_average": round(os.getloadavg()[0], 2)}  # a busy machine widens the spread
             order = (("this", ROOT), ("ref", old)) if r % 2 == 0 else (("ref", old), ("this", ROOT))
             for side, tree in order:  # A B, then B A: neither side always runs first
                 row[side] = run_side(args.bench, tree, extra, Path(tmp) / f"{side}{r}.json")
             row["ratio"] = row["this"] / row["ref"]
             rounds.append(row)
-            print(f"round {r + 1}: this {row['this']:.1f}, {args.ref} {row['ref']:.1f}, ratio {row['ratio']:.3f}",
-                  flush=True)
+            print(f"round {r + 1}: this {row['this']:.1f}, {args.ref} {row['ref']:.1f}, ratio {row['ratio']:.3f} "
+                  f"(load {row['load_average']})", flush=True)
     result = {"benchmark": f"ab_{args.bench}", "ref": args.ref, "figure": BENCHES[args.bench]["figure"],
               "args": BENCHES[args.bench]["args"] + extra, "rounds": rounds,
               "median_ratio": statistics.median(r["ratio"] for r in rounds),
