@@ -42,31 +42,66 @@ def make_samples(seed: int, iteration: int, ranks: int, batch: int, target: floa
     return torch.cat([rank_samples(seed, iteration, r, batch, target) for r in range(ranks)])
 
 
+@dataclass(frozen=True)
+class SourceSettings:
+    """The source: ``batch`` samples of ``target`` per iteration, shared by its ``ranks``."""
+
+    batch: int
+    target: float
+    seed: int
+    ranks: int
+
+    def hosted_in(self, host: Worker) -> FusedSource:
+        """Inside the learner's processes: each learner rank makes every source rank's samples."""
+        return FusedSource(self)
+
+
+class FusedSource:
+    """The source hosted in a learner rank: every source rank's samples of an iteration, made here."""
+
+    def __init__(self, settings: SourceSettings) -> None:
+        self.settings = settings
+
+    def make_all(self, iteration: int) -> torch.Tensor:
+        s = self.settings
+        return make_samples(s.seed, iteration, s.ranks, s.batch // s.ranks, s.target)
+
+
 class Source(Worker):
     """Makes ``batch`` noisy samples per iteration."""
 
-    def __init__(self, batch: int, target: float, seed: int) -> None:
-        self.batch, self.target, self.seed = batch, target, seed
+    def __init__(self, *, settings: SourceSettings) -> None:
+        self.batch, self.target, self.seed = settings.batch, settings.target, settings.seed
 
     def make(self, iteration: int) -> torch.Tensor:
         return rank_samples(self.seed, iteration, self.rank, self.batch // self.world_size, self.target)
 
 
+@dataclass(frozen=True)
+class LearnerSettings:
+    """The learner: its step size, and the fault tests' knobs."""
+
+    lr: float
+    delay_s: float = 0.0
+    hang_once_in: str = ""
+    marker: str = ""
+    sample_cost_s: float = 0.0
+
+
 class Learner(Worker):
-    """Fits one number to the samples by gradient steps; with ``fused_source`` it makes the samples itself.
+    """Fits one number to the samples by gradient steps; with the source hosted it makes the samples itself.
 
     ``sample_cost_s`` stands for compute that data parallelism divides: each rank spends its share of it per
     sample (every rank still computes the same update, so ranks stay equal). For the fault tests:
     ``delay_s`` slows every step, and ``hang_once_in`` ("evaluate" or "save") makes
     the first such call hang (until its process is killed) when the file ``marker`` exists, removing it."""
 
-    def __init__(self, lr: float, fused_source: dict[str, Any] | None = None, delay_s: float = 0.0,
-                 hang_once_in: str = "", marker: str = "", sample_cost_s: float = 0.0) -> None:
+    def __init__(self, *, settings: LearnerSettings, hosted: dict[str, Any] | None = None) -> None:
         self.value = torch.zeros((), requires_grad=True)
-        self.opt = torch.optim.SGD([self.value], lr=lr)
-        self.fused_source = fused_source
-        self.delay_s, self.hang_once_in, self.marker = delay_s, hang_once_in, marker
-        self.sample_cost_s = sample_cost_s
+        self.opt = torch.optim.SGD([self.value], lr=settings.lr)
+        self.host_components(hosted)
+        self.delay_s, self.hang_once_in, self.marker = settings.delay_s, settings.hang_once_in, settings.marker
+        self.sample_cost_s = settings.sample_cost_s
 
     def _maybe_hang(self, phase: str) -> None:
         import os
@@ -82,7 +117,7 @@ class Learner(Worker):
         start = time.perf_counter()
         time.sleep(self.delay_s)
         if samples is None:  # the source runs in this process: every source rank's samples, made here
-            data = make_samples(iteration=iteration, **self.fused_source)
+            data = self.hosted("source").make_all(iteration)
         else:
             data = torch.cat(samples)
         with self.device_turn():
@@ -223,16 +258,11 @@ class ToyWorkflow(Workflow):
                         categories={"source": "make", "learner": "train"})
 
     def launch(self, cfg: ToyConfig, plan: Plan, executor: Executor, run: Launch) -> ToyFlow:
-        source_ranks = plan["source"].world_size
-        fused = ({"seed": cfg.seed, "ranks": source_ranks, "batch": cfg.source.batch // source_ranks, "target": cfg.target}
-                 if plan.fused("source") else None)
         learner = cfg.learner
-        specs = {"learner": self.group_spec("learner", plan, learner.lr, fused_source=fused, delay_s=learner.delay_s,
-                                            hang_once_in=learner.hang_once_in, marker=learner.marker,
-                                            sample_cost_s=learner.sample_cost_s)}
-        if plan["source"].launched:
-            specs["source"] = self.group_spec("source", plan, cfg.source.batch, cfg.target, cfg.seed)
-        _, groups = self.launch_groups(plan, executor, run, specs)
+        settings = {"source": SourceSettings(cfg.source.batch, cfg.target, cfg.seed, plan["source"].world_size),
+                    "learner": LearnerSettings(learner.lr, learner.delay_s, learner.hang_once_in, learner.marker,
+                                               learner.sample_cost_s)}
+        _, groups = self.launch_groups(plan, executor, run, settings)
         return ToyFlow(cfg, plan, groups, run)
 
     def iterations(self, cfg: ToyConfig, plan: Plan) -> int:
