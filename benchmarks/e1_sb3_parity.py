@@ -180,7 +180,7 @@ def _local_env_worker(env_id: str, num_envs: int, rank: int, ranks: int):
     from m2flow.models.policies import PolicyConfig
     from m2flow.runtime.worker import WorkerContext
     from m2flow.workers.embodied.env import EnvWorker
-    from m2flow.workers.embodied.settings import EnvSettings, RolloutSettings
+    from m2flow.workers.embodied.settings import EmbodiedEnvSettings, EmbodiedRolloutSettings
 
     worker = EnvWorker.__new__(EnvWorker)
     worker._m2flow_ctx = WorkerContext(
@@ -189,10 +189,10 @@ def _local_env_worker(env_id: str, num_envs: int, rank: int, ranks: int):
         cluster_id="parity", num_threads=1)
     env = EnvConfig(env_id=env_id, num_envs=num_envs)
     probe = make_env(env)
-    policy = RolloutSettings(probe.observation_space, probe.action_space, PolicyConfig(), 0, env_group="env",
+    policy = EmbodiedRolloutSettings(probe.observation_space, probe.action_space, PolicyConfig(), 0, env_group="env",
                              env_ranks=ranks, stages=1, rollout_steps=STEPS)
     probe.close()
-    worker.__init__(settings=EnvSettings(env, STEPS, actor_group="actor", actor_ranks=1), hosted={"rollout": policy})
+    worker.__init__(settings=EmbodiedEnvSettings(env, STEPS, actor_group="actor", actor_ranks=1), hosted={"rollout": policy})
     worker.link = _ReplayLink()
     return worker
 

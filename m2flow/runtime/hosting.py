@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from m2flow.runtime.executors.base import Handle, WorkerGroup
-    from m2flow.runtime.worker import Worker
 
 SEPARATOR = "/"
 """Between a hosted component's name and its method, in a method name called on the host's group."""
@@ -23,8 +22,9 @@ SEPARATOR = "/"
 class Hostable(Protocol):
     """The settings of a component that can run inside another component's processes."""
 
-    def hosted_in(self, host: Worker) -> Any:
-        """The component's in-process part, built inside ``host`` (which may be asked for other hosted parts)."""
+    def hosted_in(self, host: Any) -> Any:
+        """The component's in-process part, built inside ``host`` (a ``Worker``, which may be asked for its
+        other hosted parts)."""
         ...
 
 

@@ -34,7 +34,7 @@ from m2flow.workers.config import uses_exchange
 from m2flow.workers.embodied.batch import build_batch
 from m2flow.workers.embodied.messages import Trajectory
 from m2flow.workers.embodied.ppo import PPOBatch, PPOUpdater
-from m2flow.workers.embodied.settings import ActorSettings
+from m2flow.workers.embodied.settings import EmbodiedActorSettings
 from m2flow.workers.state_file import load_state, save_state
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ def _all_reduce_sum(tensor: torch.Tensor) -> None:
 class ActorWorker(Worker):
     """Trains the policy on each iteration's trajectories; rank 0 sends weights and checkpoints."""
 
-    def __init__(self, *, settings: ActorSettings) -> None:
+    def __init__(self, *, settings: EmbodiedActorSettings) -> None:
         s = settings
         obs_space, action_space, actor, ppo, seed = s.obs_space, s.action_space, s.actor, s.ppo, s.seed
         self.cfg = ppo

@@ -36,13 +36,13 @@ from m2flow.workers.embodied.inference import PolicyEngine
 from m2flow.workers.embodied.link import CommLink, InlineLink, StepLink
 from m2flow.workers.embodied.messages import InteractStats, Trajectory
 from m2flow.workers.embodied.normsync import NormSync
-from m2flow.workers.embodied.settings import EnvSettings, RolloutSettings
+from m2flow.workers.embodied.settings import EmbodiedEnvSettings, EmbodiedRolloutSettings
 
 
 class EnvWorker(Worker):
     """A vector of environments in K pipeline stages; with the rollout hosted it also runs the policy."""
 
-    def __init__(self, *, settings: EnvSettings, hosted: Mapping[str, RolloutSettings] | None = None) -> None:
+    def __init__(self, *, settings: EmbodiedEnvSettings, hosted: Mapping[str, EmbodiedRolloutSettings] | None = None) -> None:
         s = settings
         for module in s.imports:  # registers custom env ids in this process
             importlib.import_module(module)

@@ -15,7 +15,7 @@ from pathlib import Path
 from m2flow.runtime.trace import get_tracer, trace_category
 from m2flow.runtime.worker import Worker
 from m2flow.workers.embodied.inference import PolicyEngine
-from m2flow.workers.embodied.settings import RolloutSettings
+from m2flow.workers.embodied.settings import EmbodiedRolloutSettings
 from m2flow.workers.state_file import load_state, save_state
 
 
@@ -27,7 +27,7 @@ def served_env_ranks(rollout_rank: int, rollout_ranks: int, env_ranks: int) -> l
 class RolloutWorker(Worker):
     """Acts for its env ranks on every stage of every step of an iteration."""
 
-    def __init__(self, *, settings: RolloutSettings) -> None:
+    def __init__(self, *, settings: EmbodiedRolloutSettings) -> None:
         s = settings
         self.env_group = s.env_group
         self.sources = served_env_ranks(self.rank, self.world_size, s.env_ranks)

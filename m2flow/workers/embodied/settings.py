@@ -2,7 +2,7 @@
 
 The embodied workflow builds them in one place (``workflows/embodied/settings.py``) from the config and
 the Plan; a worker reads its own settings, never the config, for what the plan decides (pipeline
-stages, who holds the policy, shared devices and offload, staleness). ``RolloutSettings`` is also how the
+stages, who holds the policy, shared devices and offload, staleness). ``EmbodiedRolloutSettings`` is also how the
 policy runs inside an env rank when the plan fuses the rollout into the env (``hosted_in``).
 """
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class EnvSettings:
+class EmbodiedEnvSettings:
     """An env rank: its envs in the plan's pipeline stages, and where observations and trajectories go."""
 
     env: EnvConfig
@@ -44,7 +44,7 @@ class EnvSettings:
 
 
 @dataclass(frozen=True)
-class RolloutSettings:
+class EmbodiedRolloutSettings:
     """A rollout rank (or the policy hosted in an env rank): the policy copy that acts for its env ranks."""
 
     obs_space: Any
@@ -68,7 +68,7 @@ class RolloutSettings:
 
 
 @dataclass(frozen=True)
-class ActorSettings:
+class EmbodiedActorSettings:
     """An actor rank: the policy it trains, PPO, the trajectories it takes, the plan's turns and staleness."""
 
     obs_space: Any

@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from m2flow.planner import Plan
-from m2flow.workers.embodied.settings import ActorSettings, EnvSettings, RolloutSettings
+from m2flow.workers.embodied.settings import EmbodiedActorSettings, EmbodiedEnvSettings, EmbodiedRolloutSettings
 from m2flow.workflows.embodied.config import EmbodiedConfig
 
 
@@ -23,17 +23,17 @@ def worker_settings(cfg: EmbodiedConfig, plan: Plan, names: dict[str, str], spac
     fused = plan.fused("rollout")
     batch = cfg.batch_size(ranks["env"])
     return {
-        "env": EnvSettings(
+        "env": EmbodiedEnvSettings(
             env=replace(cfg.env, num_groups=stages, seed=cfg.seed), rollout_steps=cfg.rollout_steps,
             actor_group=names["actor"], actor_ranks=ranks["actor"],
             rollout_group=None if fused else names["rollout"], rollout_ranks=ranks["rollout"],
             shares_devices=plan["env"].shares_devices, offload=plan["env"].offload,
             imports=tuple(cfg.env_worker.imports), max_error_rate=cfg.env_worker.max_error_rate),
-        "rollout": RolloutSettings(
+        "rollout": EmbodiedRolloutSettings(
             obs_space, act_space, cfg.policy, cfg.seed, env_group=names["env"], env_ranks=ranks["env"],
             stages=stages, rollout_steps=cfg.rollout_steps, shares_devices=plan["rollout"].shares_devices,
             offload=plan["rollout"].offload),
-        "actor": ActorSettings(
+        "actor": EmbodiedActorSettings(
             obs_space, act_space, cfg.policy, cfg.algorithm, cfg.actor, env_group=names["env"],
             env_ranks=ranks["env"], total_iterations=cfg.iterations(ranks["env"]), seed=cfg.seed,
             shares_devices=plan["actor"].shares_devices, offload=plan["actor"].offload, batch_size=batch,

@@ -13,7 +13,7 @@ from m2flow.models.policies import PolicyConfig
 from m2flow.runtime import WorkerGroup, Worker
 from m2flow.workers.embodied.env import EnvWorker
 from m2flow.workers.embodied.rollout import RolloutWorker
-from m2flow.workers.embodied.settings import EnvSettings, RolloutSettings
+from m2flow.workers.embodied.settings import EmbodiedEnvSettings, EmbodiedRolloutSettings
 
 TOY = "tests.workers.embodied.toy_envs"
 T = 12
@@ -53,9 +53,9 @@ def _launch(cluster, stages: int, fused: bool, env_ranks: int, num_envs: int):
     probe = make_env(env_cfg)
     spaces = probe.observation_space, probe.action_space
     probe.close()
-    rollout_settings = RolloutSettings(*spaces, policy, 0, env_group=names["env"], env_ranks=env_ranks,
+    rollout_settings = EmbodiedRolloutSettings(*spaces, policy, 0, env_group=names["env"], env_ranks=env_ranks,
                                        stages=stages, rollout_steps=T)
-    env_settings = EnvSettings(env_cfg, T, actor_group=names["actor"], actor_ranks=1, imports=(TOY,),
+    env_settings = EmbodiedEnvSettings(env_cfg, T, actor_group=names["actor"], actor_ranks=1, imports=(TOY,),
                                rollout_group=None if fused else names["rollout"], rollout_ranks=1)
     kwargs = {"settings": env_settings, "hosted": {"rollout": rollout_settings} if fused else None}
     env = WorkerGroup(EnvWorker, cluster, names["env"], num_ranks=env_ranks, kwargs=kwargs)
