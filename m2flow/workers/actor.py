@@ -71,8 +71,7 @@ class ActorSettings:
     """The actor: the policy (and critic) it trains, on what, in the plan's micro-batches, from where it resumes."""
 
     model_path: str
-    actor: ActorConfig
-    """strategy, optimizers, updates (its micro-batch keys are the plan's, below)"""
+    actor: ActorConfig  # strategy, optimizers, updates (its micro-batch keys are the plan's, below)
     algo: AlgorithmConfig
     temperature: float
     group_size: int
@@ -83,12 +82,9 @@ class ActorSettings:
     micro_batch_tokens: int | None = None
     shares_devices: bool = False
     offload: bool = False
-    resume_dir: str | None = None
-    """the checkpoint directory it resumes from"""
-    counters: dict[str, int] = field(default_factory=dict)
-    """what ``save_checkpoint`` returned there (skipped updates in a row)"""
-    start_step: int = 0
-    """the iteration this attempt starts at (the version a hosted rollout generates with)"""
+    resume_dir: str | None = None  # the checkpoint directory it resumes from
+    counters: dict[str, int] = field(default_factory=dict)  # what ``save_checkpoint`` returned there
+    start_step: int = 0  # the iteration this attempt starts at (the version a hosted rollout generates with)
 
 
 class ActorWorker(ReasoningWorker):
@@ -101,8 +97,7 @@ class ActorWorker(ReasoningWorker):
     def __init__(self, *, settings: ActorSettings, hosted: Mapping[str, Any] | None = None) -> None:
         s = settings
         cfg, algo, model_path, seed, resume_dir = s.actor, s.algo, s.model_path, s.seed, s.resume_dir
-        self.cfg = cfg
-        self.algo = algo
+        self.cfg, self.algo = cfg, algo
         self.max_staleness = algo.max_staleness
         self.policy_version = s.start_step  # iterations trained: the version a fused rollout generates with
         self.inp: GroupStream = s.ready
@@ -122,8 +117,7 @@ class ActorWorker(ReasoningWorker):
         updates = s.total_steps * cfg.mini_batches * cfg.update_epochs
         self.tokenizer = load_tokenizer(model_path)
         model = load_causal_lm(source, dtype=dtype, device=device)
-        self.forward = create_response_forward(cfg.forward)
-        """The forward the policy's log-probs are computed with (``actor.forward``)."""
+        self.forward = create_response_forward(cfg.forward)  # the forward of the policy's log-probs
         self.forward.check(model)  # an unsupported model fails here, not in the first iteration
         self.policy = TrainedModel(model, cfg.strategy, device, cfg.optim, updates, cpu_offload=cfg.fsdp_cpu_offload)
         self.critic: TrainedModel | None = None
@@ -134,21 +128,19 @@ class ActorWorker(ReasoningWorker):
                                        cpu_offload=cfg.fsdp_cpu_offload)
         # (step, slot, dataset index, trained) of the latest groups taken, for checks and tests
         self.received: deque[tuple[int, int, int, bool]] = deque(maxlen=RECEIVED_LOG)
-        # optimizer steps skipped one after the other for a non-finite loss or gradient (kept by the driver
-        # in trainer_state.json: ``counters`` are what ``save_checkpoint`` returned)
+        # optimizer steps skipped in a row for a non-finite loss or gradient (kept in trainer_state.json)
         self.skipped_in_row = int(s.counters.get("skipped_in_row", 0))
         self.streaming = (algo.group_local and self.critic is None and cfg.updates_once
                           and not self.policy.strategy.lockstep)
         if resume_dir:
             self._load_training_state(Path(resume_dir))
         self.host_components(hosted)  # the rollout (and a reward fused into it), when the plan fuses them here
-        generation = self.hosted("rollout")
-        if generation is not None:
-            responses, prompts = generation.responses, generation.prompts
-            if responses.name == self.inp.name and responses.consumers == prompts.consumers == self.world_size:
-                # Generation feeds this rank's own training: rank r generates the slots r (mod ranks) and
-                # trains on exactly those, after generating them. They need not leave the process.
-                self.inp.keep_local(self.rank)
+        gen = self.hosted("rollout")
+        if gen is not None and gen.responses.name == self.inp.name and \
+                gen.responses.consumers == gen.prompts.consumers == self.world_size:
+            # Generation feeds this rank's own training: rank r generates the slots r (mod ranks) and
+            # trains on exactly those, after generating them. They need not leave the process.
+            self.inp.keep_local(self.rank)
 
     def lent_model(self) -> tuple[Any, Any]:
         """The policy it trains and its tokenizer, for a rollout hosted here to generate from."""
