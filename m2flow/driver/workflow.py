@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Protocol
 from m2flow.config.schema import get_key
 from m2flow.planner import Plan, WorkflowGraph
 from m2flow.runtime.executors import Executor, GroupSpec, WorkerGroup
+from m2flow.runtime.hosting import HostedGroup
 from m2flow.runtime.placement import NodeLayout
 
 
@@ -236,14 +237,12 @@ class Workflow:
         return {g: settings[g] for g in plan.guests(host)}
 
     def launch_groups(self, plan: Plan, executor: Executor, run: Launch,
-                      settings: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
+                      settings: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, WorkerGroup | HostedGroup]]:
         """Start the plan's launched components, each built with its settings and those of the components
         fused into it (``settings``: one object per active component; None for a worker that takes none).
 
         Returns (group names, groups): a group per active component, a fused one's being a ``HostedGroup``
         over its host's group, so a flow calls a component the same way wherever it runs."""
-        from m2flow.runtime.hosting import HostedGroup
-
         active = [c.name for c in plan.components if c.active]
         missing = set(active) - set(settings)
         if missing:
@@ -251,7 +250,7 @@ class Workflow:
         names = {c: f"{c}-{run.run_id}" for c in self.graph.component_names}
         specs = {c: self.group_spec(c, plan, settings[c], self.hosted_settings(c, plan, settings))
                  for c in plan.launched}
-        groups: dict[str, Any] = dict(executor.launch(names, plan.placements(), specs, run.run_dir / "logs",
+        groups: dict[str, WorkerGroup | HostedGroup] = dict(executor.launch(names, plan.placements(), specs, run.run_dir / "logs",
                                                       run.trace_dir))
         for c in active:
             if c not in groups:
