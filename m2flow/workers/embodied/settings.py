@@ -2,8 +2,8 @@
 
 The embodied workflow builds them in one place (``workflows/embodied/settings.py``) from the config and
 the Plan; a worker reads its own settings, never the config, for what the plan decides (pipeline
-stages, who holds the policy, shared devices and offload, staleness). ``EmbodiedRolloutSettings`` is also how the
-policy runs inside an env rank when the plan fuses the rollout into the env (``hosted_in``).
+stages, who holds the policy, shared devices and offload, staleness). ``EmbodiedRolloutSettings`` is also
+how the policy runs inside an env rank when the plan fuses the rollout into the env (``hosted_in``).
 """
 
 from __future__ import annotations
