@@ -176,18 +176,23 @@ class _ReplayLink:
 
 def _local_env_worker(env_id: str, num_envs: int, rank: int, ranks: int):
     """A real ``EnvWorker`` outside the runtime: its rank context filled in, its policy link replayed."""
-    from m2flow.envs import EnvConfig
+    from m2flow.envs import EnvConfig, make_env
     from m2flow.models.policies import PolicyConfig
     from m2flow.runtime.worker import WorkerContext
     from m2flow.workers.embodied.env import EnvWorker
+    from m2flow.workers.embodied.settings import EmbodiedEnvSettings, EmbodiedRolloutSettings
 
     worker = EnvWorker.__new__(EnvWorker)
     worker._m2flow_ctx = WorkerContext(
         group_name="env", rank=rank, world_size=ranks, node_rank=0, node_id="local", node_ip="127.0.0.1",
         devices=(0,), device_type="cpu", local_rank=rank, local_world_size=ranks, namespace="parity",
         cluster_id="parity", num_threads=1)
-    worker.__init__(EnvConfig(env_id=env_id, num_envs=num_envs), STEPS, actor_group="actor", actor_ranks=1,
-                    fused_policy=PolicyConfig())
+    env = EnvConfig(env_id=env_id, num_envs=num_envs)
+    probe = make_env(env)
+    policy = EmbodiedRolloutSettings(probe.observation_space, probe.action_space, PolicyConfig(), 0, env_group="env",
+                             env_ranks=ranks, stages=1, rollout_steps=STEPS)
+    probe.close()
+    worker.__init__(settings=EmbodiedEnvSettings(env, STEPS, actor_group="actor", actor_ranks=1), hosted={"rollout": policy})
     worker.link = _ReplayLink()
     return worker
 

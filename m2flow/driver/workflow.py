@@ -27,6 +27,7 @@ from m2flow.config.schema import get_key
 from m2flow.planner import Plan, WorkflowGraph
 from m2flow.planner.choice import PlanChoice
 from m2flow.runtime.executors import Executor, GroupSpec, WorkerGroup
+from m2flow.runtime.hosting import HostedGroup
 from m2flow.runtime.placement import NodeLayout
 
 
@@ -250,19 +251,42 @@ class Workflow:
         """Start the plan's groups and return the live flow, restored from ``run.checkpoint`` when given."""
         raise NotImplementedError
 
-    def group_spec(self, component: str, plan: Plan, *args: Any, **kwargs: Any) -> GroupSpec:
-        """The ``GroupSpec`` of a launched component: its declared worker class and the plan's threads."""
-        return GroupSpec(import_worker(self.graph.component(component).worker), args, kwargs, plan[component].threads)
+    def group_spec(self, component: str, plan: Plan, settings: Any = None,
+                   hosted: Mapping[str, Any] | None = None) -> GroupSpec:
+        """The ``GroupSpec`` of a launched component: its declared worker class, built with ``settings=`` (its
+        settings object, keyword-only) and, when other components run in its processes, ``hosted=`` (their
+        settings by name); the plan's threads."""
+        kwargs: dict[str, Any] = {} if settings is None else {"settings": settings}
+        if hosted:
+            kwargs["hosted"] = dict(hosted)
+        return GroupSpec(import_worker(self.graph.component(component).worker), (), kwargs, plan[component].threads)
+
+    def hosted_settings(self, host: str, plan: Plan, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """The settings of the components the plan fuses into ``host`` (from the graph's ``Fusion``s), by name."""
+        missing = [g for g in plan.guests(host) if g not in settings]
+        if missing:
+            raise ValueError(f"{self.name}: no settings for {missing}, which run inside {host!r}")
+        return {g: settings[g] for g in plan.guests(host)}
 
     def launch_groups(self, plan: Plan, executor: Executor, run: Launch,
-                      specs: Mapping[str, GroupSpec]) -> tuple[dict[str, str], dict[str, WorkerGroup]]:
-        """Start the plan's launched components (``specs``: one per launched component); (names, groups)."""
-        missing = set(plan.launched) - set(specs)
+                      settings: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, WorkerGroup | HostedGroup]]:
+        """Start the plan's launched components, each built with its settings and those of the components
+        fused into it (``settings``: one object per active component; None for a worker that takes none).
+
+        Returns (group names, groups): a group per active component, a fused one's being a ``HostedGroup``
+        over its host's group, so a flow calls a component the same way wherever it runs."""
+        active = [c.name for c in plan.components if c.active]
+        missing = set(active) - set(settings)
         if missing:
-            raise ValueError(f"{self.name}: no group spec for launched component(s) {sorted(missing)}")
+            raise ValueError(f"{self.name}: no settings for component(s) {sorted(missing)}")
         names = {c: f"{c}-{run.run_id}" for c in self.graph.component_names}
-        chosen = {c: specs[c] for c in plan.launched}
-        groups = executor.launch(names, plan.placements(), chosen, run.run_dir / "logs", run.trace_dir)
+        specs = {c: self.group_spec(c, plan, settings[c], self.hosted_settings(c, plan, settings))
+                 for c in plan.launched}
+        groups: dict[str, WorkerGroup | HostedGroup] = dict(executor.launch(names, plan.placements(), specs, run.run_dir / "logs",
+                                                      run.trace_dir))
+        for c in active:
+            if c not in groups:
+                groups[c] = HostedGroup(groups[plan[c].host], c)
         return names, groups
 
     # -- planner hooks -------------------------------------------------------------------------------

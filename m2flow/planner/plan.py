@@ -111,6 +111,10 @@ class Plan:
     def fused(self, name: str) -> bool:
         return self[name].fused
 
+    def guests(self, host: str) -> tuple[str, ...]:
+        """The active components fused into ``host``'s processes (its hosted components), in graph order."""
+        return tuple(c.name for c in self.components if c.active and c.fused and c.host == host)
+
     def runs(self, name: str) -> bool:
         return self[name].active
 

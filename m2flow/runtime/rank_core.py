@@ -9,6 +9,7 @@ from typing import Any
 
 from m2flow.runtime.errors import WorkerError, class_names
 from m2flow.runtime.handle import CallFailure
+from m2flow.runtime.hosting import split_method
 from m2flow.runtime.trace import category_of, get_tracer
 from m2flow.runtime.worker import Worker, WorkerContext
 
@@ -31,9 +32,16 @@ def build_worker(cls: type[Worker], ctx: WorkerContext, args: tuple, kwargs: dic
 
 
 def run_method(worker: Worker | None, method: str, args: tuple, kwargs: dict) -> Any:
-    """``worker.method(*args, **kwargs)`` inside one trace span (a disabled tracer makes it a no-op)."""
+    """``worker.method(*args, **kwargs)`` inside one trace span (a disabled tracer makes it a no-op);
+    ``"component/method"`` calls the method of a component hosted by the worker (``Worker.host``)."""
     if worker is None:
         raise RuntimeError("the worker was not constructed")
-    fn = getattr(worker, method)
-    with get_tracer().span(method, cat=category_of(fn, method)):
+    component, name = split_method(method)
+    target: Any = worker
+    if component:
+        target = worker.hosted(component)
+        if target is None:
+            raise RuntimeError(f"{type(worker).__name__} hosts no component {component!r} (called {method!r})")
+    fn = getattr(target, name)
+    with get_tracer().span(name, cat=category_of(fn, name)):
         return fn(*args, **kwargs)

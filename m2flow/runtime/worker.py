@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -18,6 +18,7 @@ from typing import Any
 
 from m2flow.runtime.dist_store import tcp_store
 from m2flow.runtime.device_lock import DeviceLock, device_turn
+from m2flow.runtime.hosting import Hostable
 from m2flow.runtime.trace import Tracer, get_tracer
 
 
@@ -117,6 +118,32 @@ class Worker:
     @property
     def log(self) -> logging.Logger:
         return logging.getLogger(f"m2flow.worker.{self.group_name}.{self.rank}")
+
+    # -- hosted components (fusions) ---------------------------------------------------------
+    def host_components(self, hosted: Mapping[str, Hostable] | None) -> None:
+        """Run each of ``hosted`` (component name -> its settings) inside this worker's processes; each part
+        is built by its settings' ``hosted_in(self)``, one that needs another part (``self.hosted(name)``)
+        after it."""
+        self._m2flow_hostable = dict(hosted or {})
+        self._m2flow_hosted: dict[str, Any] = {}
+        for name in self._m2flow_hostable:
+            self.hosted(name)
+
+    def hosted(self, name: str) -> Any:
+        """The in-process part of hosted component ``name``, or None when it is not hosted here."""
+        built = getattr(self, "_m2flow_hosted", None)
+        if built is None:
+            return None
+        if name not in built:
+            settings = self._m2flow_hostable.get(name)
+            if settings is None:
+                return None
+            built[name] = settings.hosted_in(self)
+        return built[name]
+
+    def hosted_parts(self) -> list[Any]:
+        """Every hosted component's in-process part."""
+        return list(getattr(self, "_m2flow_hosted", {}).values())
 
     # -- collective set-up ------------------------------------------------------------------
     def init_process_group(self, backend: str | None = None, timeout_s: float = 300.0) -> None:

@@ -30,6 +30,8 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +51,7 @@ from m2flow.runtime.errors import RunHealthError
 from m2flow.runtime.trace import trace_category
 from m2flow.workers.advantages import fill_advantages
 from m2flow.workers.common import ReasoningWorker, state_digest
-from m2flow.workers.config import ActorConfig, AlgorithmConfig, RolloutConfig, torch_dtype, uses_exchange
-from m2flow.workers.generation import GeneratesGroups
+from m2flow.workers.config import ActorConfig, AlgorithmConfig, torch_dtype, uses_exchange
 from m2flow.workers.messages import GroupSample, group_tokens, join_groups
 from m2flow.workers.objective import StepTotals, critic_objective, policy_objective
 from m2flow.workers.state_file import load_state, save_state
@@ -65,26 +66,45 @@ SHARDS = "shards"  # a sharded strategy's per-rank checkpoint files (torch.distr
 RECEIVED_LOG = 1 << 16  # groups kept in the log of taken groups (a long run would grow it without end)
 
 
-class ActorWorker(GeneratesGroups, ReasoningWorker):
+@dataclass(frozen=True)
+class ActorSettings:
+    """The actor: the policy (and critic) it trains, on what, in the plan's micro-batches, from where it resumes."""
+
+    model_path: str
+    actor: ActorConfig  # strategy, optimizers, updates (its micro-batch keys are the plan's, below)
+    algo: AlgorithmConfig
+    temperature: float
+    group_size: int
+    ready: GroupStream
+    total_steps: int
+    seed: int = 0
+    micro_batch_size: int = 16
+    micro_batch_tokens: int | None = None
+    shares_devices: bool = False
+    offload: bool = False
+    resume_dir: str | None = None  # the checkpoint directory it resumes from
+    counters: dict[str, int] = field(default_factory=dict)  # what ``save_checkpoint`` returned there
+    start_step: int = 0  # the iteration this attempt starts at (the version a hosted rollout generates with)
+
+
+class ActorWorker(ReasoningWorker):
     """Trains the policy on the groups routed to this rank; rank 0 streams weights to the generators.
 
-    With ``generation`` (the rollout fused into this process: ``setup_generation`` keyword arguments plus
-    ``cfg``, the rollout config) it also generates, from the very policy it trains.
+    With the rollout hosted (fused into this process by the plan) it also generates, from the very policy it
+    trains: the hosted ``Generation`` borrows the policy and tokenizer (``lent_model``).
     """
 
-    def __init__(self, model_path: str, cfg: ActorConfig, algo: AlgorithmConfig, temperature: float,
-                 group_size: int, ready: GroupStream, *, total_steps: int, seed: int = 0,
-                 resume_dir: str | None = None, counters: dict[str, int] | None = None,
-                 shares_devices: bool = False, generation: dict[str, Any] | None = None,
-                 start_step: int = 0) -> None:
-        self.cfg = cfg
-        self.algo = algo
+    def __init__(self, *, settings: ActorSettings, hosted: Mapping[str, Any] | None = None) -> None:
+        s = settings
+        cfg, algo, model_path, seed, resume_dir = s.actor, s.algo, s.model_path, s.seed, s.resume_dir
+        self.cfg, self.algo = cfg, algo
         self.max_staleness = algo.max_staleness
-        self.policy_version = start_step  # iterations trained: the version a fused rollout generates with
-        self.inp = ready
-        self.shares_devices = shares_devices
-        self.temperature = temperature if temperature > 0 else 1.0
-        self.groups_per_micro_batch = max(1, cfg.micro_batch_size // group_size)
+        self.policy_version = s.start_step  # iterations trained: the version a fused rollout generates with
+        self.inp: GroupStream = s.ready
+        self.shares_devices, self.offloads = s.shares_devices, s.offload
+        self.temperature = s.temperature if s.temperature > 0 else 1.0
+        self.micro_batch_size, self.micro_batch_tokens = s.micro_batch_size, s.micro_batch_tokens
+        self.groups_per_micro_batch = max(1, s.micro_batch_size // s.group_size)
         seed_global_rngs(seed)  # the same on every rank: a fresh value head starts identical
         if self.world_size > 1:
             self.init_process_group()
@@ -94,11 +114,10 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         whole = resume_dir is not None and not _is_sharded(Path(resume_dir))
         source = Path(resume_dir) / ACTOR_DIR if whole else Path(model_path)
         device, dtype = self.torch_device, torch_dtype(cfg.dtype)
-        updates = total_steps * cfg.mini_batches * cfg.update_epochs
+        updates = s.total_steps * cfg.mini_batches * cfg.update_epochs
         self.tokenizer = load_tokenizer(model_path)
         model = load_causal_lm(source, dtype=dtype, device=device)
-        self.forward = create_response_forward(cfg.forward)
-        """The forward the policy's log-probs are computed with (``actor.forward``)."""
+        self.forward = create_response_forward(cfg.forward)  # the forward of the policy's log-probs
         self.forward.check(model)  # an unsupported model fails here, not in the first iteration
         self.policy = TrainedModel(model, cfg.strategy, device, cfg.optim, updates, cpu_offload=cfg.fsdp_cpu_offload)
         self.critic: TrainedModel | None = None
@@ -109,31 +128,23 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
                                        cpu_offload=cfg.fsdp_cpu_offload)
         # (step, slot, dataset index, trained) of the latest groups taken, for checks and tests
         self.received: deque[tuple[int, int, int, bool]] = deque(maxlen=RECEIVED_LOG)
-        # optimizer steps skipped one after the other for a non-finite loss or gradient (kept by the driver
-        # in trainer_state.json: ``counters`` are what ``save_checkpoint`` returned)
-        self.skipped_in_row = int((counters or {}).get("skipped_in_row", 0))
+        # optimizer steps skipped in a row for a non-finite loss or gradient (kept in trainer_state.json)
+        self.skipped_in_row = int(s.counters.get("skipped_in_row", 0))
         self.streaming = (algo.group_local and self.critic is None and cfg.updates_once
                           and not self.policy.strategy.lockstep)
         if resume_dir:
             self._load_training_state(Path(resume_dir))
-        if generation is not None:
-            self._fuse_rollout(**generation)
-
-    def _fuse_rollout(self, cfg: RolloutConfig, prompts: GroupStream, responses: GroupStream, *, seed: int,
-                      scorer: dict[str, Any] | None = None, emit_each_group: bool = True) -> None:
-        """Generate with a backend over the trained policy itself (the rollout fused into this process)."""
-        from m2flow.backends.generation import GenerationOptions, generation_backend_over
-
-        module = self.policy.module
-        options = GenerationOptions(device=self.torch_device, dtype=cfg.dtype, seed=seed, compile=cfg.compile)
-        backend = generation_backend_over(cfg.backend, module, self.tokenizer, options)
-        module.train()  # backends put their model in eval mode; generation does so per call instead
-        self.setup_generation(backend, cfg, prompts, responses, seed=seed, scorer=scorer, shared_model=module,
-                              emit_each_group=emit_each_group)
-        if responses.name == self.inp.name and responses.consumers == prompts.consumers == self.world_size:
+        self.host_components(hosted)  # the rollout (and a reward fused into it), when the plan fuses them here
+        gen = self.hosted("rollout")
+        if gen is not None and gen.responses.name == self.inp.name and \
+                gen.responses.consumers == gen.prompts.consumers == self.world_size:
             # Generation feeds this rank's own training: rank r generates the slots r (mod ranks) and
             # trains on exactly those, after generating them. They need not leave the process.
             self.inp.keep_local(self.rank)
+
+    def lent_model(self) -> tuple[Any, Any]:
+        """The policy it trains and its tokenizer, for a rollout hosted here to generate from."""
+        return self.policy.module, self.tokenizer
 
     # -- context switching ------------------------------------------------------------------
     def offload(self) -> None:
@@ -225,7 +236,7 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
         passes: wait for a full one. On devices of its own, train on whatever is ready. The time spent
         waiting counts in ``time/actor_wait_s``."""
         t0 = time.perf_counter()
-        budget = self.cfg.micro_batch_tokens
+        budget = self.micro_batch_tokens
         if budget is not None:
             groups = self.inp.take_tokens(self.rank, remaining, budget, group_tokens, wait=self.shares_devices,
                                           step=step)
@@ -287,8 +298,8 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
     def _mini_batch_update(self, mini: RolloutBatch | None, dummy: RolloutBatch | None) -> dict[str, float]:
         micro: list[RolloutBatch] = []
         if mini is not None and len(mini):
-            budget = self.cfg.micro_batch_tokens
-            micro = mini.split_tokens(budget) if budget is not None else mini.split(self.cfg.micro_batch_size)
+            budget = self.micro_batch_tokens
+            micro = mini.split_tokens(budget) if budget is not None else mini.split(self.micro_batch_size)
         rounds = len(micro)
         if self.policy.strategy.lockstep:  # every rank runs as many passes as the busiest one
             rounds = int(all_reduce_max([len(micro)])[0])
@@ -353,7 +364,7 @@ class ActorWorker(GeneratesGroups, ReasoningWorker):
     def _values(self, batch: RolloutBatch | None, dummy: RolloutBatch | None) -> torch.Tensor | None:
         """(B, Lr) values of the critic before this iteration's update, in micro-batches (None: no batch)."""
         assert self.critic is not None
-        micro = batch.split(self.cfg.micro_batch_size) if batch is not None else []
+        micro = batch.split(self.micro_batch_size) if batch is not None else []
         rounds = len(micro)
         if self.critic.strategy.lockstep:  # sharded forward passes are collectives: pad to the busiest rank
             rounds = int(all_reduce_max([len(micro)])[0])

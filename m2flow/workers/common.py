@@ -34,17 +34,19 @@ class ReasoningWorker(Worker):
     """A worker of the reasoning workflow that may share its devices with other components."""
 
     shares_devices: bool = False
-    """Set from the placement: another component runs on some of this rank's devices."""
+    """Set from the plan: another component runs on some of this rank's devices."""
+    offloads: bool = False
+    """Set from the plan: the state goes to host memory after the iteration's last turn on shared devices."""
 
     @contextmanager
     def turn(self, last: bool = True) -> Iterator[None]:
         """Hold this rank's devices for a block (the device lock), bringing the state on first.
 
-        When the devices are shared, the memory is given back (offload) after the ``last`` turn of
+        When the plan says so (shared devices), the memory is given back (offload) after the ``last`` turn of
         the iteration only: between turns the lock is released, so other components can run, but
         the state stays resident instead of moving to the host and back for every micro-batch.
         """
-        with self.device_turn(offload_after=self.shares_devices and last):
+        with self.device_turn(offload_after=self.offloads and last):
             yield
 
     def receive_weights_into(self, module: nn.Module, src_group: str, src_rank: int = 0) -> int:

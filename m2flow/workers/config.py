@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from m2flow.backends.training.optim import OptimConfig
 from m2flow.config.schema import option
@@ -317,3 +318,14 @@ def torch_dtype(name: DType):  # -> torch.dtype; torch is imported lazily to kee
     import torch
 
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def plan_micro_batches(plan_settings: Mapping[str, Any], name: str, section: Any) -> dict[str, Any]:
+    """The micro-batch sizes of consumer ``name`` (``actor``, ``inference``) as a plan's settings record them:
+    by tokens when the plan set a token budget (``<name>_micro_batch_tokens``), else by responses
+    (``<name>_micro_batch``); the config ``section``'s size where the plan records none."""
+    if f"{name}_micro_batch_tokens" in plan_settings:
+        return {"micro_batch_size": section.micro_batch_size,
+                "micro_batch_tokens": plan_settings[f"{name}_micro_batch_tokens"]}
+    return {"micro_batch_size": plan_settings.get(f"{name}_micro_batch", section.micro_batch_size),
+            "micro_batch_tokens": None}

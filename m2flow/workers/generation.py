@@ -1,13 +1,14 @@
 """Generating an iteration's response groups: the rollout's work, in whichever process holds the model.
 
-``GeneratesGroups`` is a mixin of a reasoning worker. ``RolloutWorker`` uses it over a model of its
-own, loaded from the model path and refreshed by weight sync. When the rollout is placed on the
-actor's own devices, rank for rank, the actor worker uses it over the policy it trains
-(``rollout.fuse_with_actor``): generation reads the weights the last optimizer step left, so there is
-no weight sync and no second copy of the model.
+``Generation`` runs inside a host worker. ``RolloutWorker`` hosts one over a model of its own, loaded
+from the model path and refreshed by weight sync. When the plan fuses the rollout into the actor (rollout
+on the actor's own devices, rank for rank: ``rollout.fuse_with_actor``), the actor hosts it over the
+policy it trains (``generation_in``, the rollout's ``hosted_in``): generation reads the weights the last
+optimizer step left, so there is no weight sync and no second copy of the model. Either way it takes the
+host's device turns and stamps groups with the host's ``policy_version``.
 
-A rank takes the prompts routed to it and generates them in one of two ways (``rollout.batching``,
-resolved by ``batching_mode``):
+A rank takes the prompts routed to it and generates them in one of two ways (the plan's ``generation``,
+``RolloutSettings.batching``):
 
 - **continuous** (backends with ``generate_stream``): one device turn, a running batch of at most
   ``max_running`` responses; each group goes into the output stream the moment its last response
@@ -24,7 +25,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal, Protocol
 from collections.abc import Iterator
 
 from torch import nn
@@ -33,12 +34,40 @@ from m2flow.backends.generation import GenerationBackend, SamplingParams
 from m2flow.data.batch import ResponseGroup, RolloutBatch
 from m2flow.models.weight_files import check_max_new_tokens
 from m2flow.runtime.trace import trace_category
-from m2flow.workers.common import derive_seed
-from m2flow.workers.config import RolloutConfig, batching_mode
+from m2flow.runtime.worker import Worker
+from m2flow.workers.common import ReasoningWorker, derive_seed, state_digest
+from m2flow.workers.config import RolloutConfig
 from m2flow.workers.messages import GroupSample, PromptTask
 from m2flow.workers.reward import GroupScorer
 from m2flow.workers.stats import WEIGHT_KEY
 from m2flow.workers.streams import GroupStream
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """The rollout: what it generates from, how (the plan's generation mode and chunking), from and to where."""
+
+    model_path: str
+    rollout: RolloutConfig
+    """backend, dtype, compile and sampling (its batching keys are the plan's, below)"""
+    prompts: GroupStream
+    responses: GroupStream
+    """where its groups go (scored when the reward is hosted with it)"""
+    seed: int = 0
+    batching: Literal["continuous", "chunked"] = "chunked"
+    """the plan's generation mode"""
+    max_running: int = 256
+    """continuous: most responses decoded at once (the plan's)"""
+    prompts_per_chunk: int | None = None
+    """chunked: prompts per generate call (the plan's; None: all at once)"""
+    emit_each_group: bool = True
+    """continuous: send each group as it finishes (False: at the end of the turn; the plan's ``emit``)"""
+    shares_devices: bool = False
+    offload: bool = False
+
+    def hosted_in(self, host: Worker) -> Generation:
+        """The rollout inside an actor rank (``rollout.fuse_with_actor``): generation over the policy it trains."""
+        return generation_in(host, self)
 
 
 def sampling_params(cfg: RolloutConfig) -> SamplingParams:
@@ -71,46 +100,58 @@ class _Tally:
     emits: int = 0
 
 
-class GeneratesGroups:
-    """``generate`` and ``evaluate`` of a reasoning worker over ``self.backend`` (after ``setup_generation``)."""
+class LendsModel(Protocol):
+    """A host that lends its model to a hosted rollout (the actor: the policy it trains)."""
 
-    backend: GenerationBackend | None = None
-    generation_model: nn.Module | None = None
-    """A model shared with training, put in eval mode while generating (None: the backend's own)."""
-    policy_version: int = 0
-    """The version of the weights generated from (iterations trained); stamped on every group."""
+    policy_version: int
 
-    def setup_generation(self, backend: GenerationBackend, cfg: RolloutConfig, prompts: GroupStream,
-                         responses: GroupStream, *, seed: int, scorer: dict[str, Any] | None = None,
-                         shared_model: nn.Module | None = None, emit_each_group: bool = True) -> None:
-        """Generate with ``backend`` the prompts taken from ``prompts`` into ``responses``; with ``scorer``
-        (``GroupScorer`` keyword arguments) groups leave scored. ``emit_each_group`` (continuous batching):
-        send each group as it finishes; False: all at the end of the turn (the plan's ``emit``, for a
-        next stage that could not take them earlier anyway)."""
+    def lent_model(self) -> tuple[nn.Module, Any]:
+        """(the model, trained in place, and its tokenizer)."""
+        ...
+
+
+def generation_in(host: Any, settings: RolloutSettings) -> Generation:
+    """The rollout hosted in ``host`` (a ``LendsModel`` reasoning worker): generation over the host's own
+    model, scoring with the reward when that is hosted there too."""
+    from m2flow.backends.generation import GenerationOptions, generation_backend_over
+
+    module, tokenizer = host.lent_model()
+    cfg = settings.rollout
+    options = GenerationOptions(device=host.torch_device, dtype=cfg.dtype, seed=settings.seed, compile=cfg.compile)
+    backend = generation_backend_over(cfg.backend, module, tokenizer, options)
+    module.train()  # backends put their model in eval mode; generation does so per call instead
+    return Generation(host, backend, settings, scorer=host.hosted("reward"), shared_model=module)
+
+
+class Generation:
+    """``generate`` and ``evaluate`` over ``backend``, inside the reasoning worker ``host``."""
+
+    def __init__(self, host: ReasoningWorker, backend: GenerationBackend, settings: RolloutSettings, *,
+                 scorer: GroupScorer | None = None, shared_model: nn.Module | None = None) -> None:
+        """Generate with ``backend`` the prompts taken from ``settings.prompts`` into ``settings.responses``;
+        with ``scorer`` (the reward hosted in the same process) groups leave scored. ``shared_model``: a model
+        shared with training, put in eval mode while generating (None: the backend's own)."""
+        cfg: RolloutConfig = settings.rollout
         check_max_new_tokens("rollout.sampling.max_new_tokens", cfg.sampling.max_new_tokens, backend.module)
+        self.host = host
         self.backend = backend
-        self.rollout_cfg = cfg
-        self.prompts = prompts
-        self.responses = responses
-        self.scorer = GroupScorer(**scorer) if scorer is not None else None
-        self.rollout_seed = seed
+        self.settings = settings
+        self.prompts = settings.prompts
+        self.responses = settings.responses
+        self.scorer = scorer
+        self.rollout_seed = settings.seed
         self.params = sampling_params(cfg)
         self.pad_id = int(backend.pad_id)
         self.generation_model = shared_model
-        self.emit_each_group = emit_each_group
-        self.batching = batching_mode(cfg)
+        self.emit_each_group = settings.emit_each_group
+        self.batching = settings.batching
         if self.batching == "continuous" and not getattr(backend, "continuous", False):
             raise ValueError(f"batching 'continuous' needs a backend with continuous batching, not {cfg.backend!r}")
-
-    def _generating(self) -> None:
-        if self.backend is None:
-            raise RuntimeError(f"{type(self).__name__} rank {self.rank} does not generate (no rollout fused here)")  # type: ignore[attr-defined]
 
     @trace_category("generate")
     def generate(self, step: int, num_slots: int) -> dict[str, float]:
         """Generate the groups of this rank's prompts of iteration ``step``; returns rollout metrics."""
-        self._generating()
-        rank = self.rank  # type: ignore[attr-defined]
+        rank = self.host.rank
         tasks: list[PromptTask] = self.prompts.take(rank, self.prompts.expected(rank, num_slots))
         tasks.sort(key=lambda t: t.slot)
         if self.scorer is not None:
@@ -137,13 +178,13 @@ class GeneratesGroups:
     def _generate_chunked(self, step: int, tasks: list[PromptTask]) -> None:
         """``prompts_per_chunk`` prompts per backend call, one device turn each, chunk k seeded by
         (seed, step, rank, k); a chunk's groups go on when it ends."""
-        rank, tracer = self.rank, self.tracer  # type: ignore[attr-defined]
-        chunk = self.rollout_cfg.prompts_per_chunk or max(1, len(tasks))
+        rank, tracer = self.host.rank, self.host.tracer
+        chunk = self.settings.prompts_per_chunk or max(1, len(tasks))
         starts = range(0, len(tasks), chunk)
         for k, start in enumerate(starts):
             part = tasks[start : start + chunk]
             params = replace(self.params, seed=derive_seed(self.rollout_seed, step, rank, k))
-            with self.turn(last=k == len(starts) - 1), eval_mode(self.generation_model):  # type: ignore[attr-defined]
+            with self.host.turn(last=k == len(starts) - 1), eval_mode(self.generation_model):
                 t0 = time.perf_counter()
                 with tracer.span("generate", cat="generate", step=step, prompts=len(part)):
                     groups = self.backend.generate([t.prompt_ids for t in part], params)
@@ -155,13 +196,13 @@ class GeneratesGroups:
         """Continuous batching in one device turn: each group goes on as soon as its last response ends.
         Prompt ``slot`` samples from its own generator seeded by (seed, step, slot), so its responses do
         not depend on the rank, on ``max_running`` or on what else was in the batch."""
-        tracer = self.tracer  # type: ignore[attr-defined]
+        tracer = self.host.tracer
         seeds = [derive_seed(self.rollout_seed, step, t.slot) for t in tasks]
-        with self.turn(), eval_mode(self.generation_model):  # type: ignore[attr-defined]
+        with self.host.turn(), eval_mode(self.generation_model):
             t0 = time.perf_counter()
             with tracer.span("generate", cat="generate", step=step, prompts=len(tasks)):
                 stream = self.backend.generate_stream([t.prompt_ids for t in tasks], self.params, seeds,
-                                                      self.rollout_cfg.max_running)
+                                                      self.settings.max_running)
                 held: list[tuple[PromptTask, ResponseGroup]] = []
                 for groups in stream:
                     done = [(tasks[g.prompt_index], g) for g in groups]
@@ -177,13 +218,13 @@ class GeneratesGroups:
 
     def _emit(self, step: int, done: list[tuple[PromptTask, ResponseGroup]]) -> None:
         """Score (when fused) and send finished groups downstream, one message per next-stage rank."""
-        tracer, t = self.tracer, self._tally  # type: ignore[attr-defined]
+        tracer, t = self.host.tracer, self._tally
         samples = []
         for task, group in done:
             batch = RolloutBatch.from_groups([group], self.pad_id, group_ids=[task.slot])
             texts = [r.text or "" for r in group.responses]
             samples.append(GroupSample(step, task.slot, task.index, task.answer, texts, batch,
-                                       version=self.policy_version))
+                                       version=self.host.policy_version))
             t.lengths.extend(len(r.token_ids) for r in group.responses)
             t.truncated += sum(r.finish_reason == "length" for r in group.responses)
         if self.scorer is not None:
@@ -197,12 +238,18 @@ class GeneratesGroups:
     def evaluate(self, prompt_ids: list[list[int]], max_new_tokens: int, stop: list[str],
                  batch_size: int = 64) -> list[tuple[str, int]]:
         """Greedy responses (text, length in tokens) to ``prompt_ids`` under the current weights."""
-        self._generating()
         params = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens, stop=tuple(stop))
         out: list[tuple[str, int]] = []
-        with self.turn(), eval_mode(self.generation_model), \
-                self.tracer.span("evaluate", cat="generate", prompts=len(prompt_ids)):  # type: ignore[attr-defined]
+        with self.host.turn(), eval_mode(self.generation_model), \
+                self.host.tracer.span("evaluate", cat="generate", prompts=len(prompt_ids)):
             for start in range(0, len(prompt_ids), batch_size):
                 for g in self.backend.generate(prompt_ids[start : start + batch_size], params):
                     out.append((g.responses[0].text or "", len(g.responses[0].token_ids)))
         return out
+
+    def weights_digest(self) -> str:
+        """Digest of the weights generated from (see ``state_digest``)."""
+        module = self.backend.module
+        if module is None:
+            raise NotImplementedError(f"backend {self.settings.rollout.backend!r} does not expose its weights")
+        return state_digest(module.state_dict())

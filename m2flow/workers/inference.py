@@ -11,6 +11,7 @@ With nothing to compute it only passes groups on, so the workflow is the same fo
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -25,17 +26,37 @@ from m2flow.workers.stats import WEIGHT_KEY
 from m2flow.workers.streams import GroupStream
 
 
+@dataclass(frozen=True)
+class InferenceSettings:
+    """Inference: the log-probs it adds, in the plan's micro-batches, between two streams."""
+
+    model_path: str
+    inference: InferenceConfig
+    """dtype and forward (its micro-batch keys are the plan's, below)"""
+    algo: AlgorithmConfig
+    temperature: float
+    group_size: int
+    scored: GroupStream
+    ready: GroupStream
+    micro_batch_size: int = 32
+    micro_batch_tokens: int | None = None
+    shares_devices: bool = False
+    offload: bool = False
+
+
 class InferenceWorker(ReasoningWorker):
     """Adds ``old_logprobs`` and ``ref_logprobs`` to the groups routed to this rank."""
 
-    def __init__(self, model_path: str, cfg: InferenceConfig, algo: AlgorithmConfig, temperature: float,
-                 group_size: int, scored: GroupStream, ready: GroupStream, *, shares_devices: bool = False) -> None:
+    def __init__(self, *, settings: InferenceSettings) -> None:
+        s = settings
+        cfg, algo, model_path = s.inference, s.algo, s.model_path
         self.cfg = cfg
-        self.inp = scored
-        self.out = ready
-        self.shares_devices = shares_devices
-        self.temperature = temperature if temperature > 0 else 1.0
-        self.groups_per_batch = max(1, cfg.micro_batch_size // group_size)
+        self.inp: GroupStream = s.scored
+        self.out: GroupStream = s.ready
+        self.shares_devices, self.offloads = s.shares_devices, s.offload
+        self.temperature = s.temperature if s.temperature > 0 else 1.0
+        self.micro_batch_tokens = s.micro_batch_tokens
+        self.groups_per_batch = max(1, s.micro_batch_size // s.group_size)
         dtype = torch_dtype(cfg.dtype)
         self.policy: nn.Module | None = None
         self.reference: nn.Module | None = None
@@ -107,8 +128,8 @@ class InferenceWorker(ReasoningWorker):
     def _take_micro_batch(self, remaining: int, step: int) -> list[GroupSample]:
         """What is ready of iteration ``step``, up to ``micro_batch_tokens`` tokens when set, else
         ``micro_batch_size`` responses."""
-        if self.cfg.micro_batch_tokens is not None:
-            return self.inp.take_tokens(self.rank, remaining, self.cfg.micro_batch_tokens, group_tokens, step=step)
+        if self.micro_batch_tokens is not None:
+            return self.inp.take_tokens(self.rank, remaining, self.micro_batch_tokens, group_tokens, step=step)
         return self.inp.take_ready(self.rank, min(self.groups_per_batch, remaining), step)
 
     @torch.no_grad()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -31,6 +32,25 @@ from m2flow.workers.config import RewardConfig
 from m2flow.workers.messages import GroupSample
 from m2flow.workers.stats import WEIGHT_KEY
 from m2flow.workers.streams import GroupStream
+
+
+@dataclass(frozen=True)
+class RewardSettings:
+    """The reward: how responses are scored, and the streams a reward rank of its own takes and puts."""
+
+    reward: RewardConfig
+    max_new_tokens: int
+    """the rollout's limit (the overlong penalty's reference)"""
+    dynamic_sampling: bool = False
+    """mark groups whose rewards are all equal dropped (DAPO)"""
+    responses: GroupStream | None = None
+    """where its groups come from (a reward rank of its own; unused when hosted)"""
+    scored: GroupStream | None = None
+    """where its scored groups go (a reward rank of its own; unused when hosted)"""
+
+    def hosted_in(self, host: Worker) -> GroupScorer:
+        """The reward inside the rollout's process (``reward.fuse_with_rollout``): groups leave it scored."""
+        return GroupScorer(self)
 
 
 def build_reward_fn(cfg: RewardConfig, pool: SandboxPool | None = None) -> RewardFunction:
@@ -62,15 +82,15 @@ def check_error_rate(stats: VerifyStats, max_error_rate: float, where: str) -> N
 class GroupScorer:
     """The reward of every response of a group, DAPO's shaping and filter, and the metrics of it all.
 
-    Used by ``RewardWorker`` and, when reward and rollout share their devices, by the rollout worker
-    itself (``reward.fuse_with_rollout``).
+    Used by ``RewardWorker`` and, when the plan fuses the reward into the rollout, by the process that
+    hosts the rollout (``RewardSettings.hosted_in``).
     """
 
-    def __init__(self, cfg: RewardConfig, *, max_new_tokens: int, dynamic_sampling: bool = False) -> None:
-        self.cfg = cfg
-        self.max_new_tokens = max_new_tokens
-        self.dynamic_sampling = dynamic_sampling
-        self.fn = build_reward_fn(cfg)
+    def __init__(self, settings: RewardSettings) -> None:
+        self.cfg = settings.reward
+        self.max_new_tokens = settings.max_new_tokens
+        self.dynamic_sampling = settings.dynamic_sampling
+        self.fn = build_reward_fn(self.cfg)
         self.reset()
 
     def reset(self) -> None:
@@ -132,11 +152,12 @@ class GroupScorer:
 class RewardWorker(Worker):
     """Scores the groups routed to this rank and sends them on."""
 
-    def __init__(self, cfg: RewardConfig, responses: GroupStream, scored: GroupStream,
-                 *, max_new_tokens: int, dynamic_sampling: bool = False) -> None:
-        self.inp = responses
-        self.out = scored
-        self.scorer = GroupScorer(cfg, max_new_tokens=max_new_tokens, dynamic_sampling=dynamic_sampling)
+    def __init__(self, *, settings: RewardSettings) -> None:
+        if settings.responses is None or settings.scored is None:
+            raise ValueError("a reward worker of its own needs its responses and scored streams")
+        self.inp: GroupStream = settings.responses
+        self.out: GroupStream = settings.scored
+        self.scorer = GroupScorer(settings)
 
     @trace_category("reward")
     def score(self, step: int, num_slots: int) -> dict[str, float]:

@@ -1,52 +1,58 @@
 """``RolloutWorker``: n responses per prompt from a model of its own, kept current by weight sync.
 
 The generation itself (continuous or chunked batching, seeds, fused scoring, one message per emission
-and consumer rank) is
-``GeneratesGroups`` (``generation.py``), shared with an actor that generates with its own policy
-when the rollout is fused into it.
+and consumer rank) is ``Generation`` (``generation.py``), which an actor hosts over the policy it trains
+when the rollout is fused into it. The reward, when fused here, is hosted by this worker: groups leave
+it scored.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from torch import nn
 
 from m2flow.backends.generation import GenerationOptions, create_generation_backend
 from m2flow.runtime.trace import trace_category
-from m2flow.workers.common import ReasoningWorker, state_digest
-from m2flow.workers.config import RolloutConfig
-from m2flow.workers.generation import GeneratesGroups
-from m2flow.workers.streams import GroupStream
+from m2flow.workers.common import ReasoningWorker
+from m2flow.workers.generation import Generation, RolloutSettings
 
 
-class RolloutWorker(GeneratesGroups, ReasoningWorker):
+class RolloutWorker(ReasoningWorker):
     """Generates response groups for the prompts routed to this rank."""
 
-    def __init__(self, model_path: str, cfg: RolloutConfig, prompts: GroupStream, responses: GroupStream,
-                 *, seed: int = 0, shares_devices: bool = False, scorer: dict[str, Any] | None = None,
-                 emit_each_group: bool = True) -> None:
-        self.cfg = cfg
-        self.seed = seed
-        self.shares_devices = shares_devices
-        options = GenerationOptions(device=self.torch_device, dtype=cfg.dtype, seed=seed, compile=cfg.compile)
-        backend = create_generation_backend(cfg.backend, model_path, options)
-        # Reward fused into this process (``GroupScorer`` keyword arguments): groups leave scored.
-        self.setup_generation(backend, cfg, prompts, responses, seed=seed, scorer=scorer,
-                              emit_each_group=emit_each_group)
+    def __init__(self, *, settings: RolloutSettings, hosted: Mapping[str, Any] | None = None) -> None:
+        self.cfg = settings.rollout
+        self.seed = settings.seed
+        self.shares_devices, self.offloads = settings.shares_devices, settings.offload
+        self.policy_version = 0
+        """The version of the weights generated from (iterations trained); stamped on every group."""
+        options = GenerationOptions(device=self.torch_device, dtype=self.cfg.dtype, seed=self.seed,
+                                    compile=self.cfg.compile)
+        self.backend = create_generation_backend(self.cfg.backend, settings.model_path, options)
+        self.host_components(hosted)  # the reward, when the plan fuses it here
+        self.generation = Generation(self, self.backend, settings, scorer=self.hosted("reward"))
         self._offloaded = False
         self._idle_since: float | None = None  # when the last generate call ended
 
+    @trace_category("generate")
     def generate(self, step: int, num_slots: int) -> dict[str, float]:
-        """``GeneratesGroups.generate``, plus ``time/rollout_wait_s``: how long this rank sat idle since its
+        """``Generation.generate``, plus ``time/rollout_wait_s``: how long this rank sat idle since its
         previous iteration's generation ended (waiting for prompts, weights or the actor), its first excluded."""
         start = time.perf_counter()
-        metrics = super().generate(step, num_slots)
+        metrics = self.generation.generate(step, num_slots)
         if self._idle_since is not None:
             metrics["time/rollout_wait_s"] = start - self._idle_since
         self._idle_since = time.perf_counter()
         return metrics
+
+    @trace_category("generate")
+    def evaluate(self, prompt_ids: list[list[int]], max_new_tokens: int, stop: list[str],
+                 batch_size: int = 64) -> list[tuple[str, int]]:
+        """``Generation.evaluate``: greedy responses under the current weights."""
+        return self.generation.evaluate(prompt_ids, max_new_tokens, stop, batch_size)
 
     # -- context switching ------------------------------------------------------------------
     def offload(self) -> None:
@@ -81,7 +87,4 @@ class RolloutWorker(GeneratesGroups, ReasoningWorker):
 
     def weights_digest(self) -> str:
         """Digest of the generation model's weights (see ``state_digest``)."""
-        module = self._module()
-        if module is None:
-            raise NotImplementedError(f"backend {self.cfg.backend!r} does not expose its weights")
-        return state_digest(module.state_dict())
+        return self.generation.weights_digest()

@@ -45,11 +45,11 @@ def test_micro_batch_sizes_come_from_the_plan_not_the_config(tmp_path):
     cfg = reasoning_config(tmp_path / "a", "local", steps=1)
     with Run(REASONING, cfg) as run:
         assert run.plan.settings["actor_micro_batch"] == 16
-        assert run.flow.actor.workers[0].cfg.micro_batch_size == 16
+        assert run.flow.actor.workers[0].micro_batch_size == 16
     edited = _edit(tmp_path / "a" / "run" / "plan.json", tmp_path / "plan.json", actor_micro_batch=8)
     again = reasoning_config(tmp_path / "b", "local", steps=1, plan_file=str(edited))
     with Run(REASONING, again) as run:
-        assert run.flow.actor.workers[0].cfg.micro_batch_size == 8
+        assert run.flow.actor.workers[0].micro_batch_size == 8
         assert run.flow.actor.workers[0].groups_per_micro_batch == 1  # 8 responses: one group of 8
         assert len(run.train().history) == 1
 

@@ -50,19 +50,60 @@ def make_samples(seed: int, iteration: int, ranks: int, batch: int, target: floa
     return torch.cat([rank_chunk(seed, iteration, r, batch, target, chunk, size) for r in range(ranks)])
 
 
+@dataclass(frozen=True)
+class SourceSettings:
+    """The source: ``batch`` samples of ``target`` per iteration, shared by its ``ranks``, in micro-batches
+    of ``micro_batch`` (all ranks') per call; batch and micro-batch are the plan's."""
+
+    batch: int
+    micro_batch: int
+    target: float
+    seed: int
+    ranks: int
+
+    def hosted_in(self, host: Worker) -> FusedSource:
+        """Inside the learner's processes: each learner rank makes every source rank's samples."""
+        return FusedSource(self)
+
+
+class FusedSource:
+    """The source hosted in a learner rank: every source rank's samples of an iteration, made here."""
+
+    def __init__(self, settings: SourceSettings) -> None:
+        self.settings = settings
+
+    def make_all(self, iteration: int, chunk: int) -> torch.Tensor:
+        s = self.settings
+        return make_samples(s.seed, iteration, s.ranks, s.batch // s.ranks, s.target, chunk, s.micro_batch // s.ranks)
+
+
 class Source(Worker):
     """Makes ``batch`` noisy samples per iteration, one micro-batch of ``micro_batch`` (all ranks') per call."""
 
-    def __init__(self, batch: int, micro_batch: int, target: float, seed: int) -> None:
-        self.batch, self.micro_batch, self.target, self.seed = batch, micro_batch, target, seed
+    def __init__(self, *, settings: SourceSettings) -> None:
+        self.batch, self.micro_batch = settings.batch, settings.micro_batch
+        self.target, self.seed = settings.target, settings.seed
 
     def make(self, iteration: int, chunk: int) -> torch.Tensor:
         n = self.world_size
         return rank_chunk(self.seed, iteration, self.rank, self.batch // n, self.target, chunk, self.micro_batch // n)
 
 
+@dataclass(frozen=True)
+class LearnerSettings:
+    """The learner: its step size, the plan's batch and micro-batches per iteration, and the fault tests' knobs."""
+
+    lr: float
+    batch: int
+    chunks: int
+    delay_s: float = 0.0
+    hang_once_in: str = ""
+    marker: str = ""
+    sample_cost_s: float = 0.0
+
+
 class Learner(Worker):
-    """Fits one number to the samples by gradient steps; with ``fused_source`` it makes the samples itself.
+    """Fits one number to the samples by gradient steps; with the source hosted it makes the samples itself.
 
     Each call takes one micro-batch of the iteration's ``batch`` samples and adds its gradient; the call
     with the last one (``chunks`` per iteration) takes the step and returns the iteration's metrics.
@@ -72,15 +113,14 @@ class Learner(Worker):
     ``delay_s`` slows every step, and ``hang_once_in`` ("evaluate" or "save") makes
     the first such call hang (until its process is killed) when the file ``marker`` exists, removing it."""
 
-    def __init__(self, lr: float, batch: int, chunks: int, fused_source: dict[str, Any] | None = None,
-                 delay_s: float = 0.0, hang_once_in: str = "", marker: str = "", sample_cost_s: float = 0.0) -> None:
+    def __init__(self, *, settings: LearnerSettings, hosted: dict[str, Any] | None = None) -> None:
         self.value = torch.zeros((), requires_grad=True)
-        self.opt = torch.optim.SGD([self.value], lr=lr)
-        self.batch, self.chunks = batch, chunks
+        self.opt = torch.optim.SGD([self.value], lr=settings.lr)
+        self.batch, self.chunks = settings.batch, settings.chunks
         self._loss, self._busy = 0.0, 0.0
-        self.fused_source = fused_source
-        self.delay_s, self.hang_once_in, self.marker = delay_s, hang_once_in, marker
-        self.sample_cost_s = sample_cost_s
+        self.host_components(hosted)
+        self.delay_s, self.hang_once_in, self.marker = settings.delay_s, settings.hang_once_in, settings.marker
+        self.sample_cost_s = settings.sample_cost_s
 
     def _maybe_hang(self, phase: str) -> None:
         import os
@@ -96,7 +136,7 @@ class Learner(Worker):
         start = time.perf_counter()
         time.sleep(self.delay_s)
         if samples is None:  # the source runs in this process: every source rank's samples, made here
-            data = make_samples(iteration=iteration, chunk=chunk, **self.fused_source)
+            data = self.hosted("source").make_all(iteration, chunk)
         else:
             data = torch.cat(samples)
         with self.device_turn():
@@ -269,16 +309,11 @@ class ToyWorkflow(Workflow):
     def launch(self, cfg: ToyConfig, plan: Plan, executor: Executor, run: Launch) -> ToyFlow:
         # Batch and micro-batch are the plan's, never read back from the config.
         batch, micro = plan.settings["batch"], plan.settings["micro_batch"]
-        source_ranks = plan["source"].world_size
-        fused = ({"seed": cfg.seed, "ranks": source_ranks, "batch": batch // source_ranks, "target": cfg.target,
-                  "size": micro // source_ranks} if plan.fused("source") else None)
         learner = cfg.learner
-        specs = {"learner": self.group_spec("learner", plan, learner.lr, batch, batch // micro, fused_source=fused,
-                                            delay_s=learner.delay_s, hang_once_in=learner.hang_once_in,
-                                            marker=learner.marker, sample_cost_s=learner.sample_cost_s)}
-        if plan["source"].launched:
-            specs["source"] = self.group_spec("source", plan, batch, micro, cfg.target, cfg.seed)
-        _, groups = self.launch_groups(plan, executor, run, specs)
+        settings = {"source": SourceSettings(batch, micro, cfg.target, cfg.seed, plan["source"].world_size),
+                    "learner": LearnerSettings(learner.lr, batch, batch // micro, learner.delay_s,
+                                               learner.hang_once_in, learner.marker, learner.sample_cost_s)}
+        _, groups = self.launch_groups(plan, executor, run, settings)
         return ToyFlow(cfg, plan, groups, run)
 
     def iterations(self, cfg: ToyConfig, plan: Plan) -> int:

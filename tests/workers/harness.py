@@ -78,6 +78,34 @@ def local_worker(cls: type[Worker], *args: Any, group: str = "local", rank: int 
     return worker
 
 
+def rollout_settings(ckpt: str, cfg: Any, prompts: Any, responses: Any, **kwargs: Any) -> Any:
+    """A rollout's settings with the generation mode and chunking its config section asks for (what the
+    plan decides from it when nothing else changes them)."""
+    from m2flow.workers.config import batching_mode
+    from m2flow.workers.generation import RolloutSettings
+
+    return RolloutSettings(ckpt, cfg, prompts, responses, batching=batching_mode(cfg), max_running=cfg.max_running,
+                           prompts_per_chunk=cfg.prompts_per_chunk, **kwargs)
+
+
+def inference_settings(ckpt: str, cfg: Any, algo: Any, temperature: float, group_size: int, scored: Any,
+                       ready: Any, **kwargs: Any) -> Any:
+    """An inference rank's settings with the micro-batches of its config section."""
+    from m2flow.workers.inference import InferenceSettings
+
+    return InferenceSettings(ckpt, cfg, algo, temperature, group_size, scored, ready,
+                             micro_batch_size=cfg.micro_batch_size, micro_batch_tokens=cfg.micro_batch_tokens, **kwargs)
+
+
+def actor_settings(ckpt: str, cfg: Any, algo: Any, temperature: float, group_size: int, ready: Any,
+                   **kwargs: Any) -> Any:
+    """An actor rank's settings with the micro-batches of its config section."""
+    from m2flow.workers.actor import ActorSettings
+
+    return ActorSettings(ckpt, cfg, algo, temperature, group_size, ready, micro_batch_size=cfg.micro_batch_size,
+                         micro_batch_tokens=cfg.micro_batch_tokens, **kwargs)
+
+
 def copy_weights(actor: Any, *targets: torch.nn.Module) -> None:
     """In-process weight sync: the actor's full state dict copied into each target module."""
     state = actor.policy.full_state_dict()
@@ -96,7 +124,7 @@ class Pipeline:
         from m2flow.workers.actor import ActorWorker
         from m2flow.workers.config import ActorConfig, InferenceConfig, RewardConfig, RolloutConfig, SamplingConfig
         from m2flow.workers.inference import InferenceWorker
-        from m2flow.workers.reward import RewardWorker
+        from m2flow.workers.reward import RewardSettings, RewardWorker
         from m2flow.workers.rollout import RolloutWorker
 
         tok = load_tokenizer(ckpt)
@@ -106,16 +134,17 @@ class Pipeline:
         self.streams = [MemoryStream() for _ in range(4)]
         prompts_s, responses, scored, ready = self.streams
         sampling = SamplingConfig(n=n, max_new_tokens=max_new_tokens)
-        self.rollout = local_worker(RolloutWorker, ckpt, RolloutConfig(sampling=sampling), prompts_s, responses,
-                                    seed=seed, group="rollout")
+        self.rollout = local_worker(RolloutWorker, group="rollout", settings=rollout_settings(
+            ckpt, RolloutConfig(sampling=sampling), prompts_s, responses, seed=seed))
         reward = reward or RewardConfig(fn="tests.workflows.toy_reward:target_fraction")
-        self.reward = local_worker(RewardWorker, reward, responses, scored, max_new_tokens=max_new_tokens,
-                                   dynamic_sampling=algo.dynamic_sampling, group="reward")
+        self.reward = local_worker(RewardWorker, group="reward", settings=RewardSettings(
+            reward, max_new_tokens, algo.dynamic_sampling, responses=responses, scored=scored))
         inference = inference or InferenceConfig(micro_batch_size=micro_batch_size)
-        self.inference = local_worker(InferenceWorker, ckpt, inference, algo, 1.0, n, scored, ready, group="inference")
+        self.inference = local_worker(InferenceWorker, group="inference", settings=inference_settings(
+            ckpt, inference, algo, 1.0, n, scored, ready))
         actor = actor or ActorConfig(micro_batch_size=micro_batch_size)
-        self.actor = local_worker(ActorWorker, ckpt, actor, algo, 1.0, n, ready, total_steps=10, seed=seed,
-                                  group="actor")
+        self.actor = local_worker(ActorWorker, group="actor", settings=actor_settings(
+            ckpt, actor, algo, 1.0, n, ready, total_steps=10, seed=seed))
 
     def step(self, step: int) -> dict[str, float]:
         """One iteration: weights to the copies, then generate, score, log-probs, train."""

@@ -105,15 +105,15 @@ def test_groups_of_another_iteration_are_refused(tiny_ckpt):
 
 def test_a_checkpoint_restores_policy_critic_optimizer_and_schedule(tiny_ckpt, tmp_path):
     from m2flow.workers.actor import ActorWorker
-    from tests.workers.harness import MemoryStream, local_worker
+    from tests.workers.harness import MemoryStream, actor_settings, local_worker
 
     algo = AlgorithmConfig(adv_estimator="gae", lam=0.9)
     cfg = ActorConfig(micro_batch_size=8, optim=OptimConfig(lr=1e-3, schedule="linear"))
     pipe = Pipeline(tiny_ckpt, algo, actor=cfg)
     pipe.step(0)
     pipe.actor.save_checkpoint(str(tmp_path / "ckpt"))
-    restored = local_worker(ActorWorker, tiny_ckpt, cfg, algo, 1.0, 4, MemoryStream(), total_steps=10,
-                            resume_dir=str(tmp_path / "ckpt"))
+    restored = local_worker(ActorWorker, settings=actor_settings(tiny_ckpt, cfg, algo, 1.0, 4, MemoryStream(),
+                                                                 total_steps=10, resume_dir=str(tmp_path / "ckpt")))
     for old, new in ((pipe.actor.policy, restored.policy), (pipe.actor.critic, restored.critic)):
         a, b = old.module.state_dict(), new.module.state_dict()
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

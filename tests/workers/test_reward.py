@@ -11,7 +11,7 @@ from m2flow.rewards.sandbox import VerifyStats
 from m2flow.runtime.errors import RunHealthError
 from m2flow.workers.config import RewardConfig
 from m2flow.workers.messages import GroupSample
-from m2flow.workers.reward import RewardWorker, build_reward_fn
+from m2flow.workers.reward import RewardSettings, RewardWorker, build_reward_fn
 from tests.workers.harness import MemoryStream, local_worker
 
 
@@ -29,7 +29,7 @@ def _worker(cfg: RewardConfig, groups: list[GroupSample], **kwargs) -> tuple[Rew
     inp, out = MemoryStream(), MemoryStream()
     for g in groups:
         inp.put(g)
-    return local_worker(RewardWorker, cfg, inp, out, max_new_tokens=8, **kwargs), out
+    return local_worker(RewardWorker, settings=RewardSettings(cfg, 8, responses=inp, scored=out, **kwargs)), out
 
 
 def test_math_rewards_each_response_and_passes_every_group_on():

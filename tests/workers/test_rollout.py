@@ -8,7 +8,7 @@ import torch
 from m2flow.workers.config import RolloutConfig, SamplingConfig
 from m2flow.workers.messages import PromptTask
 from m2flow.workers.rollout import RolloutWorker
-from tests.workers.harness import MemoryStream, local_worker
+from tests.workers.harness import MemoryStream, local_worker, rollout_settings
 
 PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [6]]
 
@@ -16,7 +16,7 @@ PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [6]]
 def _generate(ckpt: str, step: int, seed: int = 0, chunk: int | None = None, n: int = 3, backend: str = "hf"):
     prompts, out = MemoryStream(), MemoryStream()
     cfg = RolloutConfig(backend=backend, sampling=SamplingConfig(n=n, max_new_tokens=5), prompts_per_chunk=chunk)
-    worker = local_worker(RolloutWorker, ckpt, cfg, prompts, out, seed=seed)
+    worker = local_worker(RolloutWorker, settings=rollout_settings(ckpt, cfg, prompts, out, seed=seed))
     for slot, ids in enumerate(PROMPTS):
         prompts.put(PromptTask(step, slot, 100 + slot, ids, str(slot)))
     metrics = worker.generate(step, len(PROMPTS))
@@ -57,7 +57,7 @@ def test_the_lean_backend_draws_the_hf_backends_groups(tiny_ckpt):
 
 def test_weights_digest_changes_with_the_weights(tiny_ckpt):
     prompts, out = MemoryStream(), MemoryStream()
-    worker = local_worker(RolloutWorker, tiny_ckpt, RolloutConfig(), prompts, out)
+    worker = local_worker(RolloutWorker, settings=rollout_settings(tiny_ckpt, RolloutConfig(), prompts, out))
     before = worker.weights_digest()
     with torch.no_grad():
         next(worker.backend.model.parameters()).add_(1e-3)
@@ -66,12 +66,14 @@ def test_weights_digest_changes_with_the_weights(tiny_ckpt):
 
 def test_a_fused_scorer_sends_the_groups_on_scored_with_the_reward_metrics(tiny_ckpt):
     from m2flow.workers.config import RewardConfig
+    from m2flow.workers.reward import RewardSettings
 
     prompts, out = MemoryStream(), MemoryStream()
     cfg = RolloutConfig(sampling=SamplingConfig(n=3, max_new_tokens=5), prompts_per_chunk=3)
     # The toy reward scores the fraction of '7' characters in a response.
-    scorer = {"cfg": RewardConfig(fn="tests.workflows.toy_reward:target_fraction"), "max_new_tokens": 5}
-    worker = local_worker(RolloutWorker, tiny_ckpt, cfg, prompts, out, seed=0, scorer=scorer)
+    reward = RewardSettings(RewardConfig(fn="tests.workflows.toy_reward:target_fraction"), max_new_tokens=5)
+    worker = local_worker(RolloutWorker, settings=rollout_settings(tiny_ckpt, cfg, prompts, out, seed=0),
+                          hosted={"reward": reward})
     for step in (0, 1):
         for slot, ids in enumerate(PROMPTS):
             prompts.put(PromptTask(step, slot, 100 + slot, ids, str(slot)))
@@ -106,8 +108,9 @@ def _continuous(ckpt, step, *, max_running=256, ranks=1, prompts=PROMPTS, seed=0
     groups = {}
     for rank in range(ranks):
         inp, out = MemoryStream(ranks), _TimedStream()
-        worker = local_worker(RolloutWorker, ckpt, cfg, inp, out, seed=seed, rank=rank, world_size=ranks)
-        assert worker.batching == "continuous"  # 'auto' resolves to it for the lean backend
+        worker = local_worker(RolloutWorker, rank=rank, world_size=ranks,
+                              settings=rollout_settings(ckpt, cfg, inp, out, seed=seed))
+        assert worker.generation.batching == "continuous"  # 'auto' resolves to it for the lean backend
         for slot, ids in enumerate(prompts):
             inp.put(PromptTask(step, slot, 100 + slot, ids, str(slot)))
         worker.generate(step, len(prompts))
@@ -133,7 +136,7 @@ def test_continuous_batching_sends_groups_before_generation_ends(tiny_ckpt):
     prompts = [PROMPTS[k % 4] for k in range(200)]
     cfg = RolloutConfig(backend="lean", sampling=SamplingConfig(n=2, max_new_tokens=5), max_running=8)
     inp, out = MemoryStream(), _TimedStream()
-    worker = local_worker(RolloutWorker, tiny_ckpt, cfg, inp, out, seed=0)
+    worker = local_worker(RolloutWorker, settings=rollout_settings(tiny_ckpt, cfg, inp, out, seed=0))
     for slot, ids in enumerate(prompts):
         inp.put(PromptTask(0, slot, slot, ids, None))
     metrics = worker.generate(0, len(prompts))
@@ -154,8 +157,8 @@ def test_chunked_batching_stays_selectable_and_is_the_old_path(tiny_ckpt):
     cfg = RolloutConfig(backend="lean", batching="chunked", sampling=SamplingConfig(n=3, max_new_tokens=5),
                         prompts_per_chunk=3)
     prompts, out = MemoryStream(), MemoryStream()
-    worker = local_worker(RolloutWorker, tiny_ckpt, cfg, prompts, out, seed=1)
-    assert worker.batching == "chunked"
+    worker = local_worker(RolloutWorker, settings=rollout_settings(tiny_ckpt, cfg, prompts, out, seed=1))
+    assert worker.generation.batching == "chunked"
     for slot, ids in enumerate(PROMPTS):
         prompts.put(PromptTask(2, slot, 100 + slot, ids, str(slot)))
     worker.generate(2, len(PROMPTS))

@@ -2,7 +2,7 @@
 
 - ``episode.py``     ``run_episodes``: model turns and observations until each episode ends or a budget is spent
 - ``turns.py``       ``TurnEngine``: the model's half of each round, for environments held elsewhere
-- ``env_worker.py``  ``EnvWorker`` / ``EnvHost``: many text environments per process, stepped by trajectory id
+- ``env_worker.py``  ``EnvWorker`` / ``TextEnvs``: many text environments per process, stepped by trajectory id
 - ``rollout_worker.py`` ``AgenticRolloutWorker``: model turns; each finished GRPO group streamed to the actor
 - ``trajectory.py``  ``Trajectory`` (ids, action mask, log-probs, per-turn rewards) and ``to_rollout_batch``
 """

@@ -4,8 +4,8 @@ An env worker holds a ``TextEnvBatch`` of the configured environment and plays t
 assigns it, keyed by trajectory id: ``env_reset`` starts them, ``env_step`` steps those given an action,
 ``env_stats`` gives (and clears) the counts of calls and failures. An environment that raises, hangs or
 returns a bad value ends only its own episode (``TextEnvBatch``); too many such failures stop the run
-(``RunHealthError``). ``EnvHost`` is the same as a mixin, so the environments can live inside the
-rollout's processes (the ``env`` component fused into ``rollout``).
+(``RunHealthError``). ``TextEnvs`` is that part alone: the env worker is one, and when the plan fuses the
+``env`` component into ``rollout`` the rollout worker hosts one (``EnvSettings.hosted_in``).
 """
 
 from __future__ import annotations
@@ -31,6 +31,12 @@ class EnvSettings:
     concurrent: bool = False
     imports: tuple[str, ...] = ()
     """modules imported before the environment is built (where a custom environment registers itself)"""
+    index: int = 0
+    """which env worker of the flow this is (each is a group of one rank, restarted alone)"""
+
+    def hosted_in(self, host: Any) -> TextEnvs:
+        """The environments inside a rollout rank (``env`` fused into ``rollout``)."""
+        return TextEnvs(self)
 
     def batch(self, max_error_rate: float | None = None) -> TextEnvBatch:
         """A new ``TextEnvBatch`` of these environments (``max_error_rate``: instead of the configured one)."""
@@ -41,10 +47,10 @@ class EnvSettings:
                                           max_error_rate=rate, concurrent=self.concurrent)
 
 
-class EnvHost:
+class TextEnvs:
     """Environments keyed by trajectory id, for the episodes of one iteration at a time."""
 
-    def setup_envs(self, settings: EnvSettings) -> None:
+    def __init__(self, settings: EnvSettings) -> None:
         self.env_settings = settings
         self.envs = settings.batch()
         self._slots: dict[int, int] = {}  # trajectory id -> index of its environment
@@ -76,10 +82,10 @@ class EnvHost:
         return stats.as_metrics()
 
 
-class EnvWorker(EnvHost, Worker):
+class EnvWorker(TextEnvs, Worker):
     """An env worker: a process (of its own) holding ``settings.num_envs`` environments."""
 
-    def __init__(self, settings: EnvSettings, index: int = 0) -> None:
-        self.index = index
-        """Which env worker of the flow this is (each is a group of one, restarted alone)."""
-        self.setup_envs(settings)
+    def __init__(self, *, settings: EnvSettings) -> None:
+        TextEnvs.__init__(self, settings)
+        self.index = settings.index
+        """Which env worker of the flow this is (each is a group of one rank, restarted alone)."""

@@ -6,8 +6,8 @@ the environments answered), until every episode has ended. A GRPO group (the ``g
 one seed, all on this rank) is put into the trajectories stream as a ``GroupSample`` the moment its last
 episode ends, so the actor trains on it while the long episodes of other groups still run.
 Observation tokens are in the response but out of the loss (``action_mask``); the return is the sum of
-the turn rewards. With ``env`` settings the environments live in this process too (``env`` fused into
-``rollout``): the flow then calls the ``EnvHost`` methods here.
+the turn rewards. When the plan fuses ``env`` into ``rollout`` this worker hosts the environments too
+(``TextEnvs``): the flow then calls them as ``env/<method>`` on this group.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from m2flow.data.batch import RolloutBatch
 from m2flow.envs.text.batch import EnvStep
 from m2flow.models.tokenizer import load_tokenizer
 from m2flow.runtime.trace import trace_category
-from m2flow.workers.agentic.env_worker import EnvHost, EnvSettings
+from m2flow.workers.agentic.env_worker import EnvSettings
 from m2flow.workers.agentic.episode import EpisodeConfig, run_episodes
 from m2flow.workers.agentic.trajectory import Trajectory, to_rollout_batch
 from m2flow.workers.agentic.turns import EpisodeSpec, TurnEngine
@@ -35,12 +35,18 @@ EMITTED_LOG = 1 << 16
 
 
 @dataclass(frozen=True)
-class RolloutSettings:
-    """The generation backend and how episodes are played."""
+class AgenticRolloutSettings:
+    """An agentic rollout rank: the model and backend it plays with, how episodes are played, where groups go."""
 
+    model_path: str
     backend: str
     dtype: str
     episode: EpisodeConfig
+    trajectories: GroupStream
+    """where finished groups go (the actor's stream)"""
+    seed: int = 0
+    shares_devices: bool = False
+    offload: bool = False
 
 
 def empty_batch(pad_id: int) -> RolloutBatch:
@@ -60,23 +66,23 @@ def group_sample(step: int, slot: int, trajs: Sequence[Trajectory], pad_id: int,
                        dropped=not live, version=version)
 
 
-class AgenticRolloutWorker(EnvHost, ReasoningWorker):
+class AgenticRolloutWorker(ReasoningWorker):
     """Plays the model's turns of this rank's episodes; sends each finished group to the actor."""
 
-    def __init__(self, model_path: str, cfg: RolloutSettings, trajectories: GroupStream, *, seed: int = 0,
-                 shares_devices: bool = False, env: EnvSettings | None = None) -> None:
-        self.cfg, self.seed, self.shares_devices = cfg, seed, shares_devices
-        self.out = trajectories
-        self.tokenizer = load_tokenizer(model_path)
-        options = GenerationOptions(device=self.torch_device, dtype=cfg.dtype, seed=seed)
-        self.backend = create_generation_backend(cfg.backend, model_path, options)
+    def __init__(self, *, settings: AgenticRolloutSettings, hosted: Mapping[str, EnvSettings] | None = None) -> None:
+        cfg = settings
+        self.cfg, self.seed = cfg, cfg.seed
+        self.shares_devices, self.offloads = cfg.shares_devices, cfg.offload
+        self.out = cfg.trajectories
+        self.tokenizer = load_tokenizer(cfg.model_path)
+        options = GenerationOptions(device=self.torch_device, dtype=cfg.dtype, seed=cfg.seed)
+        self.backend = create_generation_backend(cfg.backend, cfg.model_path, options)
         self.policy_version = 0
         self.engine: TurnEngine | None = None
         self.step = -1
         self.emitted: deque[int] = deque(maxlen=EMITTED_LOG)
         """Ids of the trajectories sent to the actor, the latest ``EMITTED_LOG`` (each once: checked by tests)."""
-        if env is not None:
-            self.setup_envs(env)
+        self.host_components(hosted)  # the environments, when the plan fuses env into rollout
 
     # -- one iteration ---------------------------------------------------------------------
     def begin(self, step: int, specs: Sequence[EpisodeSpec]) -> None:

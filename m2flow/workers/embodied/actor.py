@@ -26,15 +26,15 @@ import numpy as np
 import torch
 
 from m2flow.algorithms.offpolicy import StalenessSplit, split_by_staleness, staleness_metrics
-from m2flow.models.policies import ActorCritic, GaussianHead, PolicyConfig, build_policy
+from m2flow.models.policies import ActorCritic, GaussianHead, build_policy
 from m2flow.runtime.comm.collectives import ExchangeSum
 from m2flow.runtime.trace import get_tracer, trace_category
 from m2flow.runtime.worker import Worker
 from m2flow.workers.config import uses_exchange
-from m2flow.workers.embodied.config import ActorConfig, PPOConfig
 from m2flow.workers.embodied.batch import build_batch
 from m2flow.workers.embodied.messages import Trajectory
 from m2flow.workers.embodied.ppo import PPOBatch, PPOUpdater
+from m2flow.workers.embodied.settings import EmbodiedActorSettings
 from m2flow.workers.state_file import load_state, save_state
 
 log = logging.getLogger(__name__)
@@ -60,35 +60,22 @@ def _all_reduce_sum(tensor: torch.Tensor) -> None:
 class ActorWorker(Worker):
     """Trains the policy on each iteration's trajectories; rank 0 sends weights and checkpoints."""
 
-    def __init__(
-        self,
-        obs_space: Any,
-        action_space: Any,
-        policy: PolicyConfig,
-        ppo: PPOConfig,
-        actor: ActorConfig,
-        *,
-        env_group: str,
-        env_ranks: int,
-        total_iterations: int,
-        seed: int = 0,
-        shares_devices: bool = False,
-        batch_size: int | None = None,
-        max_staleness: int = 0,
-    ) -> None:
+    def __init__(self, *, settings: EmbodiedActorSettings) -> None:
+        s = settings
+        obs_space, action_space, actor, ppo, seed = s.obs_space, s.action_space, s.actor, s.ppo, s.seed
         self.cfg = ppo
-        self.max_staleness = max_staleness
+        self.max_staleness = s.max_staleness
         # version -> the weights sent at that version, kept while samples of it may still arrive
         self._sent: dict[int, dict[str, torch.Tensor]] = {}
         self._scratch: list[ActorCritic] = []  # copies of the policy to score samples of older versions
-        self.env_group = env_group
-        self.env_ranks = env_ranks
-        self.total_iterations = total_iterations
-        self.shares_devices = shares_devices
-        self.offload_after = actor.offload and shares_devices
+        self.env_group = s.env_group
+        self.env_ranks = s.env_ranks
+        self.total_iterations = s.total_iterations
+        self.shares_devices = s.shares_devices
+        self.offload_after = s.offload and s.shares_devices
         self.device = self.torch_device
         torch.manual_seed(seed)  # the same initial weights on every rank
-        self.policy = build_policy(obs_space, action_space, policy).to(self.device)
+        self.policy = build_policy(obs_space, action_space, s.policy).to(self.device)
         all_reduce = None
         if self.world_size > 1:
             backend = None if actor.backend == "auto" else actor.backend
@@ -97,8 +84,8 @@ class ActorWorker(Worker):
             all_reduce = ExchangeSum(self.comm, self.group_name, self.rank, self.world_size) if exchange else _all_reduce_sum
         self.updater = PPOUpdater(self.policy, ppo, self.rank, self.world_size, all_reduce, seed=seed,
                                   compile=actor.compile, max_skipped_updates=actor.max_skipped_updates)
-        if actor.compile and batch_size:  # compile now: start-up cost, not part of the first update
-            self.updater.warm_up(zero_batch(obs_space, action_space, batch_size, self.device))
+        if actor.compile and s.batch_size:  # compile now: start-up cost, not part of the first update
+            self.updater.warm_up(zero_batch(obs_space, action_space, s.batch_size, self.device))
         self._host_state: dict[str, torch.Tensor] | None = None
 
     # -- the iteration ---------------------------------------------------------------------------

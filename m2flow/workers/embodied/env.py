@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import importlib
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 
 from m2flow.envs import EnvConfig, VecEnv
-from m2flow.models.policies import PolicyConfig
 from m2flow.runtime.comm.transport import LinkKind
 from m2flow.runtime.errors import RunHealthError
 from m2flow.runtime.trace import get_tracer, trace_category
@@ -38,36 +37,24 @@ from m2flow.workers.embodied.inference import PolicyEngine
 from m2flow.workers.embodied.link import CommLink, InlineLink, StepLink
 from m2flow.workers.embodied.messages import InteractStats, Trajectory
 from m2flow.workers.embodied.normsync import NormSync
+from m2flow.workers.embodied.settings import EmbodiedEnvSettings, EmbodiedRolloutSettings
 
 
 class EnvWorker(Worker):
-    """A vector of environments in K pipeline stages; with ``fused_policy`` it also runs the policy."""
+    """A vector of environments in K pipeline stages; with the rollout hosted it also runs the policy."""
 
-    def __init__(
-        self,
-        env: EnvConfig,
-        rollout_steps: int,
-        *,
-        actor_group: str,
-        actor_ranks: int,
-        rollout_group: str | None = None,
-        rollout_ranks: int = 1,
-        fused_policy: PolicyConfig | None = None,
-        policy_seed: int = 0,
-        shares_devices: bool = False,
-        offload: bool = False,
-        imports: Sequence[str] = (),
-        max_error_rate: float = 0.1,
-    ) -> None:
-        for module in imports:  # registers custom env ids in this process
+    def __init__(self, *, settings: EmbodiedEnvSettings, hosted: Mapping[str, EmbodiedRolloutSettings] | None = None) -> None:
+        s = settings
+        for module in s.imports:  # registers custom env ids in this process
             importlib.import_module(module)
+        env = s.env
         self.vec = VecEnv(env, rank=self.rank)
-        self.T = rollout_steps
-        self.max_error_rate = max_error_rate
-        self.actor_group = actor_group
-        self.actor_ranks = actor_ranks
-        self.shares_devices = shares_devices
-        self.offload_policy = offload
+        self.T = s.rollout_steps
+        self.max_error_rate = s.max_error_rate
+        self.actor_group = s.actor_group
+        self.actor_ranks = s.actor_ranks
+        self.shares_devices = s.shares_devices
+        self.offload_policy = s.offload
         self.stages = [self.vec.group_slice(k) for k in range(self.vec.num_groups)]
         n = self.vec.num_envs
         obs_space, act_space = self.vec.single_observation_space, self.vec.single_action_space
@@ -80,15 +67,15 @@ class EnvWorker(Worker):
         self.obs[0] = self.vec.reset()
         self.norm = NormSync(self.vec)
         self.success_key = "is_success" if "is_success" in env.info_keys else None
-        self.engine: PolicyEngine | None = None
-        if fused_policy is not None:
-            self.engine = PolicyEngine(obs_space, act_space, fused_policy, policy_seed, [self.rank],
-                                       device=self.torch_device)
+        # The rollout hosted here (fused): its policy acts inside this process, a direct call per stage.
+        self.host_components(hosted)
+        self.engine: PolicyEngine | None = self.hosted("rollout")
+        if self.engine is not None:
             self.link: StepLink = InlineLink(self.engine, self.rank)
-        elif rollout_group is not None:
-            self.link = CommLink(self, rollout_group, self.rank % rollout_ranks)
+        elif s.rollout_group is not None:
+            self.link = CommLink(self, s.rollout_group, self.rank % s.rollout_ranks)
         else:
-            raise ValueError("an env worker needs a rollout group to talk to, or a fused policy")
+            raise ValueError("an env worker needs a rollout group to talk to, or the rollout hosted")
 
     def _obs_dtype(self) -> np.dtype:
         """float32 for vector observations (normalised or not); pixels keep their own dtype."""

@@ -11,13 +11,11 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-
-from m2flow.models.policies import PolicyConfig
 from m2flow.runtime.trace import get_tracer, trace_category
 from m2flow.runtime.worker import Worker
 from m2flow.workers.embodied.inference import PolicyEngine
+from m2flow.workers.embodied.settings import EmbodiedRolloutSettings
 from m2flow.workers.state_file import load_state, save_state
 
 
@@ -29,27 +27,16 @@ def served_env_ranks(rollout_rank: int, rollout_ranks: int, env_ranks: int) -> l
 class RolloutWorker(Worker):
     """Acts for its env ranks on every stage of every step of an iteration."""
 
-    def __init__(
-        self,
-        obs_space: Any,
-        action_space: Any,
-        policy: PolicyConfig,
-        *,
-        env_group: str,
-        env_ranks: int,
-        stages: int,
-        rollout_steps: int,
-        seed: int = 0,
-        shares_devices: bool = False,
-        offload: bool = False,
-    ) -> None:
-        self.env_group = env_group
-        self.sources = served_env_ranks(self.rank, self.world_size, env_ranks)
-        self.stages = stages
-        self.T = rollout_steps
-        self.shares_devices = shares_devices
-        self.offload_policy = offload
-        self.engine = PolicyEngine(obs_space, action_space, policy, seed, self.sources, device=self.torch_device)
+    def __init__(self, *, settings: EmbodiedRolloutSettings) -> None:
+        s = settings
+        self.env_group = s.env_group
+        self.sources = served_env_ranks(self.rank, self.world_size, s.env_ranks)
+        self.stages = s.stages
+        self.T = s.rollout_steps
+        self.shares_devices = s.shares_devices
+        self.offload_policy = s.offload
+        self.engine = PolicyEngine(s.obs_space, s.action_space, s.policy, s.seed, self.sources,
+                                   device=self.torch_device)
 
     @trace_category("rollout")
     def act(self, iteration: int) -> dict[str, float]:

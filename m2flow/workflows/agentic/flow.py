@@ -24,7 +24,6 @@ whole flows only; this one-group restart lives here, in the flow, on the executo
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,13 +37,13 @@ from m2flow.planner import Plan
 from m2flow.runtime.errors import worker_died
 from m2flow.runtime.executors import Executor, GroupSpec, Handle, WorkerGroup
 from m2flow.runtime.placement import ComponentPlacement
+from m2flow.runtime.hosting import HostedGroup
 from m2flow.workers.agentic.env_worker import EnvSettings
-from m2flow.workers.agentic.episode import EpisodeConfig
-from m2flow.workers.agentic.rollout_worker import RolloutSettings
 from m2flow.workers.agentic.turns import EpisodeSpec
 from m2flow.workers.stats import WEIGHT_KEY
 from m2flow.workers.streams import GroupStream
 from m2flow.workflows.agentic.config import AgenticConfig
+from m2flow.workflows.agentic.settings import env_settings, worker_settings
 
 log = logging.getLogger(__name__)
 
@@ -67,23 +66,6 @@ def episode_specs(cfg: AgenticConfig, step: int, env_ranks: int) -> list[Episode
     return [EpisodeSpec(step * per_step + i, i // e.group_size, e.seed_offset + step * e.groups_per_step + i // e.group_size,
                         i % env_ranks)
             for i in range(per_step)]
-
-
-def env_settings(cfg: AgenticConfig, env_ranks: int, kwargs: dict[str, Any] | None = None) -> EnvSettings:
-    """What each env worker holds: enough environments for its share of an iteration's episodes."""
-    per_step = cfg.episodes.groups_per_step * cfg.episodes.group_size
-    return EnvSettings(cfg.env.name, dict(cfg.env.kwargs if kwargs is None else kwargs),
-                       math.ceil(per_step / env_ranks), cfg.env.step_timeout_s, cfg.env.max_error_rate,
-                       cfg.env.concurrent, tuple(cfg.env.imports))
-
-
-def rollout_settings(cfg: AgenticConfig) -> RolloutSettings:
-    r = cfg.rollout
-    episode = EpisodeConfig(max_turns=r.max_turns, max_tokens=r.max_tokens, max_turn_tokens=r.max_turn_tokens,
-                            temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, stop=tuple(r.stop),
-                            prompt_template=r.prompt_template, observation_template=r.observation_template,
-                            seed=cfg.seed)
-    return RolloutSettings(r.backend, r.dtype, episode)
 
 
 def merge_rollout_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
@@ -114,25 +96,22 @@ class AgenticFlow:
         self.rollout_ranks, self.actor_ranks = plan["rollout"].world_size, plan["actor"].world_size
         self.env_ranks = self.rollout_ranks if self.env_fused else plan["env"].world_size
         self.stream = GroupStream.create(f"trajectories-{run.run_id}", self.actor_ranks, self.max_staleness + 1)
-        path = str(run.prepared.model_path)
-        self.settings = env_settings(cfg, self.env_ranks)
-        specs: dict[str, GroupSpec] = {
-            "rollout": workflow.group_spec("rollout", plan, path, rollout_settings(cfg), self.stream, seed=cfg.seed,
-                                           shares_devices=plan["rollout"].shares_devices,
-                                           env=self.settings if self.env_fused else None),
-            "actor": workflow.group_spec("actor", plan, path, cfg.actor, cfg.algorithm, cfg.rollout.temperature,
-                                         cfg.episodes.group_size, self.stream, total_steps=cfg.steps, seed=cfg.seed,
-                                         shares_devices=plan["actor"].shares_devices,
-                                         resume_dir=str(run.checkpoint) if run.checkpoint else None,
-                                         counters=state.get("actor"), start_step=run.start),
-        }
+        settings = worker_settings(cfg, plan, str(run.prepared.model_path), self.stream, self.env_ranks,
+                                   resume_dir=str(run.checkpoint) if run.checkpoint else None,
+                                   counters=state.get("actor"), start_step=run.start)
+        # Fused, the rollout hosts the environments (``hosted_settings`` from the plan); else every env worker
+        # is a group of one rank of its own, so it can be restarted alone.
+        specs: dict[str, GroupSpec] = {c: workflow.group_spec(c, plan, settings[c],
+                                                              workflow.hosted_settings(c, plan, settings))
+                                       for c in ("rollout", "actor")}
         self.names = {c: f"{c}-{run.run_id}" for c in ("rollout", "actor")}
         placements: dict[str, Any] = {c: plan[c].placement for c in ("rollout", "actor")}
+        self._env_settings: EnvSettings = settings["env"]
+        self._workflow = workflow
         if not self.env_fused:
-            self._env_spec = workflow.group_spec("env", plan, self.settings)
             for e in range(self.env_ranks):
                 key = f"env/{e}"
-                specs[key] = replace(self._env_spec, kwargs={"index": e})
+                specs[key] = self._env_spec(e)
                 self.names[key] = f"env{e}-{run.run_id}"
                 placements[key] = self._env_placement(e)
         groups = executor.launch(self.names, placements, specs, run.run_dir / "logs", run.trace_dir)
@@ -140,6 +119,7 @@ class AgenticFlow:
         self.actor: WorkerGroup = groups["actor"]
         self.envs: list[WorkerGroup] = [groups[f"env/{e}"] for e in range(self.env_ranks)] if not self.env_fused \
             else []
+        self._hosted_envs = HostedGroup(self.rollout, "env") if self.env_fused else None
         self.env_restarts = 0
         self._loop = ThreadPoolExecutor(1, thread_name_prefix="agentic-turns")
         self._played: dict[int, Future] = {}
@@ -156,9 +136,13 @@ class AgenticFlow:
         rank = self.plan["env"].placement.ranks[e]
         return ComponentPlacement("env", (replace(rank, rank=0),))
 
+    def _env_spec(self, e: int) -> GroupSpec:
+        """The group spec of env worker ``e``."""
+        return self._workflow.group_spec("env", self.plan, replace(self._env_settings, index=e))
+
     def _env_call(self, e: int, method: str, *args: Any) -> Handle:
-        if self.env_fused:
-            return self.rollout.execute(method, *args, ranks=[e])
+        if self._hosted_envs is not None:  # the envs of env rank e live in rollout rank e
+            return self._hosted_envs.execute(method, *args, ranks=[e])
         return self.envs[e].execute(method, *args)
 
     def _restart_env(self, e: int, error: BaseException) -> None:
@@ -175,7 +159,7 @@ class AgenticFlow:
         key = f"env/{e}"
         name = f"env{e}-{self.run.run_id}-r{self.env_restarts}"
         groups = self.executor.launch({key: name}, {key: self._env_placement(e)},
-                                      {key: replace(self._env_spec, kwargs={"index": e})},
+                                      {key: self._env_spec(e)},
                                       self.run.run_dir / "logs", self.run.trace_dir)
         self.envs[e] = groups[key]
 

@@ -41,8 +41,11 @@ class AgenticWorkflow(Workflow):
     help = "Agentic RL: a language model acting over several turns in text environments and with tools"
 
     def settings(self, cfg: AgenticConfig) -> dict[str, Any]:
+        actor = cfg.actor
+        micro = ({"actor_micro_batch_tokens": actor.micro_batch_tokens} if actor.micro_batch_tokens is not None
+                 else {"actor_micro_batch": actor.micro_batch_size})  # the actor's micro-batches
         return {"groups_per_step": cfg.episodes.groups_per_step, "group_size": cfg.episodes.group_size,
-                "max_turns": cfg.rollout.max_turns, "max_staleness": cfg.algorithm.max_staleness}
+                "max_turns": cfg.rollout.max_turns, "max_staleness": cfg.algorithm.max_staleness, **micro}
 
     def workload(self) -> Workload:
         return WORKLOAD

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from m2flow.runtime.worker import Worker
 
 
+@dataclass(frozen=True)
+class ProducerSettings:
+    """What a producer rank makes."""
+
+    batch_size: int
+    """numbers per batch"""
+
+
 class Producer(Worker):
-    def __init__(self, batch_size: int) -> None:
+    def __init__(self, *, settings: ProducerSettings) -> None:
         import torch
 
         self.gen = torch.Generator().manual_seed(self.rank)
-        self.batch_size = batch_size
+        self.batch_size = settings.batch_size
 
     def make(self, step: int):
         import torch

@@ -118,9 +118,10 @@ class DemoWorkflow(Workflow):
     help = "the runtime demo: three worker groups pass tensors along a pipeline"
 
     def launch(self, cfg: DemoConfig, plan: Plan, executor: Executor, run: Launch) -> DemoFlow:
-        specs = {"producer": self.group_spec("producer", plan, cfg.batch_size),
-                 "scaler": self.group_spec("scaler", plan), "reducer": self.group_spec("reducer", plan)}
-        _, groups = self.launch_groups(plan, executor, run, specs)
+        from m2flow.workflows.demo.workers import ProducerSettings
+
+        settings = {"producer": ProducerSettings(cfg.batch_size), "scaler": None, "reducer": None}
+        _, groups = self.launch_groups(plan, executor, run, settings)
         return DemoFlow(cfg, groups, cfg.fault_tolerance.iteration_timeout_s)
 
     def iterations(self, cfg: DemoConfig, plan: Plan) -> int:

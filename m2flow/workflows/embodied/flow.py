@@ -38,6 +38,7 @@ from m2flow.runtime.executors import Executor, Handle
 from m2flow.workers.embodied.messages import InteractStats
 from m2flow.workflows.embodied.config import EmbodiedConfig
 from m2flow.workflows.embodied.graph import COMPONENTS
+from m2flow.workflows.embodied.settings import worker_settings
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,6 @@ class EmbodiedFlow:
         self.mode = plan.mode
         self.fused = plan.fused("rollout")
         self.max_staleness: int = plan.settings["max_staleness"]
-        stages: int = plan.settings["pipeline_stages"]  # the plan's, not the config's: a plan file may change it
         # iteration -> the calls of its collection still to be waited for (and the weight sync before it)
         self._pending: dict[int, dict[str, Handle | None]] = {}
         self._next_collect = run.start  # the first iteration whose collection has not started
@@ -90,37 +90,17 @@ class EmbodiedFlow:
         self.env_ranks = ranks["env"]
         names = {c: f"{c}-{run.run_id}" for c in COMPONENTS}
         policy_holder = plan["rollout"].host
-        env_kwargs: dict[str, Any] = dict(actor_group=names["actor"], actor_ranks=ranks["actor"],
-                                          imports=list(cfg.env_worker.imports),
-                                          max_error_rate=cfg.env_worker.max_error_rate)
-        if self.fused:  # one fusion mechanism: the host's group runs the fused component with its settings
-            env_kwargs.update(fused_policy=cfg.policy, policy_seed=cfg.seed, shares_devices=plan["env"].shares_devices,
-                              offload=plan["env"].offload)
-        else:
-            env_kwargs.update(rollout_group=names["rollout"], rollout_ranks=ranks["rollout"])
-        env_cfg = replace(cfg.env, num_groups=stages, seed=cfg.seed)
         for module in cfg.env_worker.imports:  # custom env ids, for the probe env built here
             importlib.import_module(module)
-        obs_space, act_space = _spaces(env_cfg)
+        spaces = _spaces(replace(cfg.env, num_groups=plan.settings["pipeline_stages"], seed=cfg.seed))
         self.iterations = cfg.iterations(self.env_ranks)
         self.batch = cfg.batch_size(self.env_ranks)
         self.progress_total = self.iterations * self.batch
-        specs = {
-            "env": workflow.group_spec("env", plan, env_cfg, cfg.rollout_steps, **env_kwargs),
-            "actor": workflow.group_spec("actor", plan, obs_space, act_space, cfg.policy, cfg.algorithm, cfg.actor,
-                                         env_group=names["env"], env_ranks=self.env_ranks,
-                                         total_iterations=self.iterations, seed=cfg.seed,
-                                         shares_devices=plan["actor"].shares_devices, batch_size=self.batch,
-                                         max_staleness=self.max_staleness),
-        }
-        if plan["rollout"].launched:
-            specs["rollout"] = workflow.group_spec(
-                "rollout", plan, obs_space, act_space, cfg.policy, env_group=names["env"], env_ranks=self.env_ranks,
-                stages=stages, rollout_steps=cfg.rollout_steps, seed=cfg.seed,
-                shares_devices=plan["rollout"].shares_devices, offload=plan["rollout"].offload)
+        settings = worker_settings(cfg, plan, names, spaces)
         self.env = self.rollout = self.actor = None
-        self.names, groups = workflow.launch_groups(plan, executor, run, specs)
-        self.env, self.actor, self.rollout = groups["env"], groups["actor"], groups.get("rollout")
+        self.names, groups = workflow.launch_groups(plan, executor, run, settings)
+        self.env, self.actor = groups["env"], groups["actor"]
+        self.rollout = None if self.fused else groups["rollout"]  # fused: the env ranks run the policy
         self.policy_holder = self.env if self.fused else self.rollout
         self.weight_targets = [(names[policy_holder], list(range(ranks[policy_holder])))]
         self.env_steps = 0

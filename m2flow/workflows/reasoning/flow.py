@@ -26,14 +26,14 @@ from m2flow.data import PromptDataLoader, PromptDataset, PromptItem
 from m2flow.driver.restarts import gather
 from m2flow.driver.workflow import Launch
 from m2flow.planner import Plan
-from m2flow.runtime.executors import Executor, GroupSpec, Handle, WorkerGroup
+from m2flow.runtime.executors import Executor, Handle, WorkerGroup
 from m2flow.workers.messages import PromptTask
 from m2flow.workers.stats import WEIGHT_KEY, merge_rank_metrics
 from m2flow.workers.streams import GroupStream
 from m2flow.workflows.reasoning.config import ReasoningConfig
 from m2flow.workflows.reasoning.evaluation import score_responses
 from m2flow.workflows.reasoning.graph import GRAPH
-from m2flow.workflows.reasoning.plan import worker_sections
+from m2flow.workflows.reasoning.settings import worker_settings
 
 log = logging.getLogger(__name__)
 
@@ -87,41 +87,18 @@ class ReasoningFlow:
                    and not (e.name == "responses" and e.transport == "in-process")}
         self.streams = list(streams.values())
         self.prompts = streams["prompts"]
-        scored = streams["scored"]
-        ready = streams.get("ready", scored)  # without inference, scored groups go straight to the actor
-        responses = streams.get("responses", scored)  # reward fused: the rollout scores and emits scored groups
         self.rollout_fused = plan.fused("rollout")
-        sections = worker_sections(cfg, plan)
-        sampling = cfg.rollout.sampling
-        path = str(prepared.model_path)
-        scoring = {"max_new_tokens": sampling.max_new_tokens, "dynamic_sampling": cfg.algorithm.dynamic_sampling}
-        # One fusion mechanism: a component fused into a host runs inside the host's processes, so the
-        # host's group gets the fused component's settings (``fused``) and no group of its own starts.
-        fused_scorer = {"cfg": cfg.reward, **scoring} if plan.fused("reward") else None
-        emit = {"emit_each_group": plan.settings.get("emit", "each group") == "each group"}  # continuous batching
-        generation = {"cfg": sections["rollout"], "prompts": self.prompts, "responses": responses, "seed": cfg.seed,
-                      "scorer": fused_scorer, **emit}
-        specs: dict[str, GroupSpec] = {
-            "rollout": workflow.group_spec("rollout", plan, path, sections["rollout"], self.prompts, responses,
-                                           seed=cfg.seed, shares_devices=plan["rollout"].shares_devices,
-                                           scorer=fused_scorer, **emit),
-            "reward": workflow.group_spec("reward", plan, cfg.reward, responses, scored, **scoring),
-            "inference": workflow.group_spec("inference", plan, path, sections["inference"], cfg.algorithm,
-                                             sampling.temperature, sampling.n, scored, ready,
-                                             shares_devices=plan["inference"].shares_devices),
-            "actor": workflow.group_spec("actor", plan, path, sections["actor"], cfg.algorithm, sampling.temperature,
-                                         sampling.n, ready, total_steps=cfg.steps, seed=cfg.seed,
-                                         shares_devices=plan["actor"].shares_devices,
-                                         resume_dir=str(run.checkpoint) if run.checkpoint else None,
-                                         counters=state.get("actor"), start_step=run.start,
-                                         generation=generation if self.rollout_fused else None),
-        }
-        self.names, groups = workflow.launch_groups(plan, executor, run, specs)
+        settings = worker_settings(cfg, plan, str(prepared.model_path), streams,
+                                   resume_dir=str(run.checkpoint) if run.checkpoint else None,
+                                   counters=state.get("actor"), start_step=run.start)
+        # A component fused into a host runs inside the host's processes: the host's group gets the fused
+        # component's settings, and its calls reach it through the host (``launch_groups``).
+        self.names, groups = workflow.launch_groups(plan, executor, run, settings)
         self.actor: WorkerGroup = groups["actor"]
-        self.rollout: WorkerGroup = self.actor if self.rollout_fused else groups["rollout"]
-        self.reward: WorkerGroup | None = groups.get("reward")
+        self.rollout: WorkerGroup = groups["rollout"]  # the actor's processes when fused into it
+        self.reward: WorkerGroup | None = groups["reward"] if plan["reward"].launched else None
         self.inference: WorkerGroup | None = groups.get("inference")
-        self._groups = groups
+        self._groups = {c: groups[c] for c in plan.launched}
         ranks = {c: plan[c].world_size for c in GRAPH.component_names}
         self.weight_targets = [] if self.rollout_fused else [(self.names["rollout"], list(range(ranks["rollout"])))]
         self.syncs_inference = self.inference is not None and gather(
@@ -131,7 +108,7 @@ class ReasoningFlow:
         notes = (["rollout generating in the actor processes"] if self.rollout_fused else []) + \
             (["reward scored in the rollout processes"] if plan.fused("reward") else [])
         self.description = plan.mode
-        self.launched = (f"launched {plan.mode}: {', '.join(f'{c} x{ranks[c]}' for c in groups)}"
+        self.launched = (f"launched {plan.mode}: {', '.join(f'{c} x{ranks[c]}' for c in self._groups)}"
                          + (f" ({'; '.join(notes)})" if notes else ""))
         """What runs where, in one line: the placement mode, each worker group and its ranks, the fusions."""
         log.info("%s", self.launched)

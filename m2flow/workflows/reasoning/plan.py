@@ -193,24 +193,3 @@ def model_bytes(checkpoint: Path | None) -> tuple[float, float]:
     total = sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file())
     return float(weights), float(total)
 
-
-def worker_sections(cfg: ReasoningConfig, plan: Plan) -> dict[str, Any]:
-    """The rollout, inference and actor config sections with the plan's granularity applied: the workers
-    batch as the plan says (generation mode, chunk size, micro-batch sizes), not as the config did."""
-    from dataclasses import replace
-
-    s = plan.settings
-    rollout = replace(cfg.rollout, batching=s["generation"])
-    if s["generation"] == "continuous":
-        rollout = replace(rollout, max_running=s["max_running"])
-    else:
-        rollout = replace(rollout, prompts_per_chunk=s["prompts_per_chunk"])
-    out: dict[str, Any] = {"rollout": rollout}
-    for name in ("inference", "actor"):
-        section = getattr(cfg, name)
-        if f"{name}_micro_batch_tokens" in s:
-            section = replace(section, micro_batch_tokens=s[f"{name}_micro_batch_tokens"])
-        elif f"{name}_micro_batch" in s:
-            section = replace(section, micro_batch_size=s[f"{name}_micro_batch"], micro_batch_tokens=None)
-        out[name] = section
-    return out

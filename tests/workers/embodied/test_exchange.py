@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import importlib
 import uuid
 
 import numpy as np
 import pytest
 
-from m2flow.envs import EnvConfig
+from m2flow.envs import EnvConfig, make_env
 from m2flow.models.policies import PolicyConfig
 from m2flow.runtime import WorkerGroup, Worker
 from m2flow.workers.embodied.env import EnvWorker
 from m2flow.workers.embodied.rollout import RolloutWorker
+from m2flow.workers.embodied.settings import EmbodiedEnvSettings, EmbodiedRolloutSettings
 
 TOY = "tests.workers.embodied.toy_envs"
 T = 12
@@ -47,20 +49,21 @@ def _launch(cluster, stages: int, fused: bool, env_ranks: int, num_envs: int):
     env_cfg = EnvConfig(env_id="M2flowToy/Counter-v0", num_envs=num_envs, num_groups=stages,
                         normalize_obs=False, normalize_reward=False)
     policy = PolicyConfig(hidden_sizes=[8])
-    kwargs = dict(actor_group=names["actor"], actor_ranks=1, imports=[TOY])
-    if fused:
-        kwargs.update(fused_policy=policy, policy_seed=0)
-    else:
-        kwargs.update(rollout_group=names["env"].replace("env", "rollout"), rollout_ranks=1)
-    env = WorkerGroup(EnvWorker, cluster, names["env"], num_ranks=env_ranks, args=(env_cfg, T), kwargs=kwargs)
+    importlib.import_module(TOY)  # the toy env ids, for the probe env built here
+    probe = make_env(env_cfg)
+    spaces = probe.observation_space, probe.action_space
+    probe.close()
+    rollout_settings = EmbodiedRolloutSettings(*spaces, policy, 0, env_group=names["env"], env_ranks=env_ranks,
+                                       stages=stages, rollout_steps=T)
+    env_settings = EmbodiedEnvSettings(env_cfg, T, actor_group=names["actor"], actor_ranks=1, imports=(TOY,),
+                               rollout_group=None if fused else names["rollout"], rollout_ranks=1)
+    kwargs = {"settings": env_settings, "hosted": {"rollout": rollout_settings} if fused else None}
+    env = WorkerGroup(EnvWorker, cluster, names["env"], num_ranks=env_ranks, kwargs=kwargs)
     groups = [env]
     rollout = None
     if not fused:
-        obs_space, act_space = env.spaces(ranks=[0]).wait()[0]
         rollout = WorkerGroup(RolloutWorker, cluster, names["rollout"], num_ranks=1,
-                              args=(obs_space, act_space, policy),
-                              kwargs=dict(env_group=names["env"], env_ranks=env_ranks, stages=stages,
-                                          rollout_steps=T))
+                              kwargs={"settings": rollout_settings})
         groups.append(rollout)
     actor = WorkerGroup(Recorder, cluster, names["actor"], num_ranks=1, args=(names["env"], env_ranks))
     groups.append(actor)

@@ -12,6 +12,7 @@ from gymnasium import spaces
 
 from m2flow.models.policies import PolicyConfig
 from m2flow.workers.embodied.actor import ActorWorker
+from m2flow.workers.embodied.settings import EmbodiedActorSettings
 from m2flow.workers.embodied.batch import build_batch
 from m2flow.workers.embodied.config import ActorConfig, PPOConfig
 from m2flow.workers.embodied.messages import Trajectory
@@ -46,9 +47,10 @@ def _traj(env_rank: int, iteration: int, version: int, seed: int) -> Trajectory:
 
 
 def _actor(max_staleness: int, env_ranks: int) -> ActorWorker:
-    actor = local_worker(ActorWorker, OBS, ACT, PolicyConfig(hidden_sizes=[8]),
-                         PPOConfig(epochs=2, minibatch_size=16), ActorConfig(), env_group="env",
-                         env_ranks=env_ranks, total_iterations=10, max_staleness=max_staleness)
+    settings = EmbodiedActorSettings(OBS, ACT, PolicyConfig(hidden_sizes=[8]), PPOConfig(epochs=2, minibatch_size=16),
+                             ActorConfig(), env_group="env", env_ranks=env_ranks, total_iterations=10,
+                             max_staleness=max_staleness)
+    actor = local_worker(ActorWorker, settings=settings)
     actor._m2flow_comm = FakeComm()
     return actor
 

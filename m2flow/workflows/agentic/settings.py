@@ -1,0 +1,56 @@
+"""Every agentic worker's settings, built in one place from the config, the Plan and the run.
+
+The plan decides whether the environments run in env workers of their own or inside the rollout's
+processes (``env`` fused into ``rollout``: then the rollout hosts them with the env settings), who shares
+devices and offloads; the workers read their settings, never the config.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from m2flow.planner import Plan
+from m2flow.workers.agentic.env_worker import EnvSettings
+from m2flow.workers.agentic.episode import EpisodeConfig
+from m2flow.workers.agentic.rollout_worker import AgenticRolloutSettings
+from m2flow.workers.actor import ActorSettings
+from m2flow.workers.config import plan_micro_batches
+from m2flow.workers.streams import GroupStream
+from m2flow.workflows.agentic.config import AgenticConfig
+
+
+def env_settings(cfg: AgenticConfig, env_ranks: int, kwargs: dict[str, Any] | None = None) -> EnvSettings:
+    """What each env worker holds: enough environments for its share of an iteration's episodes."""
+    per_step = cfg.episodes.groups_per_step * cfg.episodes.group_size
+    return EnvSettings(cfg.env.name, dict(cfg.env.kwargs if kwargs is None else kwargs),
+                       math.ceil(per_step / env_ranks), cfg.env.step_timeout_s, cfg.env.max_error_rate,
+                       cfg.env.concurrent, tuple(cfg.env.imports))
+
+
+def episode_config(cfg: AgenticConfig) -> EpisodeConfig:
+    """How episodes are played: budgets, sampling, templates, the run's seed."""
+    r = cfg.rollout
+    return EpisodeConfig(max_turns=r.max_turns, max_tokens=r.max_tokens, max_turn_tokens=r.max_turn_tokens,
+                         temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, stop=tuple(r.stop),
+                         prompt_template=r.prompt_template, observation_template=r.observation_template,
+                         seed=cfg.seed)
+
+
+def worker_settings(cfg: AgenticConfig, plan: Plan, model_path: str, trajectories: GroupStream, env_ranks: int, *,
+                    resume_dir: str | None = None, counters: dict[str, int] | None = None,
+                    start_step: int = 0) -> dict[str, Any]:
+    """component -> its worker's settings (``env_ranks``: env workers, or rollout ranks hosting the envs)."""
+    r = cfg.rollout
+    actor = cfg.actor
+    return {
+        "env": env_settings(cfg, env_ranks),
+        "rollout": AgenticRolloutSettings(model_path, r.backend, r.dtype, episode_config(cfg), trajectories,
+                                          seed=cfg.seed, shares_devices=plan["rollout"].shares_devices,
+                                          offload=plan["rollout"].offload),
+        "actor": ActorSettings(model_path, actor, cfg.algorithm, r.temperature, cfg.episodes.group_size,
+                               trajectories, total_steps=cfg.steps, seed=cfg.seed,
+                               **plan_micro_batches(plan.settings, "actor", actor),
+                               shares_devices=plan["actor"].shares_devices, offload=plan["actor"].offload,
+                               resume_dir=resume_dir, counters=dict(counters or {}), start_step=start_step),
+    }
