@@ -87,7 +87,8 @@ def demonstrations(cfg: AgenticConfig, count: int) -> list[Demonstration]:
 
 def settings(cfg: AgenticConfig, base: Path) -> dict[str, Any]:
     """Everything the warm-started weights depend on; a saved warm start is reused only when this matches."""
-    return {"base": str(base.resolve()), "tiny": to_dict(cfg.model.tiny) if cfg.model.create_tiny else None,
+    # format 2: saved with the tokenizer built here (before, a reload beside the model dropped every space)
+    return {"format": 2, "base": str(base.resolve()), "tiny": to_dict(cfg.model.tiny) if cfg.model.create_tiny else None,
             "warm_start": to_dict(cfg.model.warm_start), "seed": cfg.seed, "env": cfg.env.name,
             "env_kwargs": cfg.env.kwargs, "stop": cfg.rollout.stop,
             "templates": [cfg.rollout.prompt_template, cfg.rollout.observation_template]}
