@@ -21,7 +21,7 @@ Per plan: trajectories/s (episodes per second of iteration time), the iteration 
 each component per iteration (env rounds, generation rounds, the actor's computing); ``ideal`` is the busiest
 component (what a perfect overlap of the three would take).
 
-    python benchmarks/a2_agentic_placements.py --iterations 8 --rounds 2
+    python benchmarks/a2_agentic_placements.py --iterations 6 --rounds 2
 
 Writes ``benchmarks/results/a2_agentic_placements.json`` (or ``--out``) and prints one summary line.
 """
@@ -139,7 +139,8 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=8, help="iterations per run (the first is not counted)")
     p.add_argument("--rounds", type=int, default=2, help="rotations over the plans")
     p.add_argument("--latency", default="0,0.05", help="the tool's latency range per call, seconds: low,high")
-    p.add_argument("--warm-steps", type=int, default=400, help="supervised warm-start steps of the policy")
+    p.add_argument("--warm-steps", type=int, default=1500,
+                   help="supervised warm-start steps of the policy (the shipped example's 1500)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=1800, help="seconds allowed per run")
     p.add_argument("--out", default=str(HERE / "results" / "a2_agentic_placements.json"))
