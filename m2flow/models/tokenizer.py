@@ -98,4 +98,26 @@ def load_tokenizer(path: str | Path, **kwargs: Any) -> PreTrainedTokenizerBase:
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"tokenizer directory not found: {path}")
+    if _built_here(path):
+        # Beside a model's config.json, AutoTokenizer takes the model type's tokenizer class (Qwen2's
+        # byte-level BPE for a tiny Qwen2) and rebuilds ours as one: every space is then dropped.
+        # A tokenizer built here is exactly its tokenizer.json.
+        return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True, **kwargs)
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True, **kwargs)
+
+
+GENERIC_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
+"""``tokenizer_class`` of a tokenizer saved from a bare ``tokenizers`` object (the ones built here)."""
+
+
+def _built_here(path: Path) -> bool:
+    """Whether the directory's tokenizer is a generic one (a tokenizer.json and no class of its own)."""
+    import json
+
+    config = path / "tokenizer_config.json"
+    if not (path / "tokenizer.json").is_file() or not config.is_file():
+        return False
+    try:
+        return json.loads(config.read_text()).get("tokenizer_class") in GENERIC_CLASSES
+    except (OSError, ValueError):
+        return False  # AutoTokenizer says what is wrong with the file

@@ -76,3 +76,23 @@ def test_guess_the_number_answers_a_turn_without_a_number_and_truncates_at_its_l
     secret = env.secret
     assert env.step(str(secret % 10 + 1))[3] is True  # a wrong guess on the last turn
     assert GuessNumber().reset(seed=9) == GuessNumber().reset(seed=9)
+
+
+def test_the_calculator_tool_latency_is_an_env_setting_drawn_per_episode_seed(monkeypatch):
+    waits: list[float] = []
+    monkeypatch.setattr("m2flow.rewards.tools.registry.time.sleep", waits.append)
+    env = make_text_env("calculator", tool_latency_s=[0.0, 0.05])
+
+    def episode(seed: int) -> list[float]:
+        waits.clear()
+        env.reset(seed=seed)
+        env.step("<tool>calculator: 2*3</tool>")
+        env.step("<tool>calculator: 4*5</tool>")
+        return list(waits)
+
+    first = episode(3)
+    assert len(first) == 2 and all(0.0 <= w <= 0.05 for w in first) and first[0] != first[1]
+    assert episode(3) == first  # an episode's waits follow its seed
+    assert episode(4) != first
+    with pytest.raises(ValueError, match="tool_latency_s"):
+        make_text_env("calculator", tool_latency_s=[0.05])

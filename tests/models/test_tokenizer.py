@@ -47,3 +47,19 @@ def test_load_refuses_missing_directory(tmp_path):
         load_tokenizer(tmp_path / "nope")
     with pytest.raises(ValueError, match="unknown tokenizer kind 'word'"):
         train_tokenizer(TEXTS, kind="word")  # type: ignore[arg-type]
+
+
+def test_a_char_tokenizer_saved_beside_a_tiny_model_keeps_its_spaces(tmp_path):
+    # Beside a model's config.json the model type's tokenizer class must not replace the one built here.
+    from m2flow.models.tiny import TinyModelConfig, build_tiny_model, save_checkpoint
+
+    tok = train_char_tokenizer(["abc 123:"])
+    model = build_tiny_model(TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
+                                             intermediate_size=32), tok)
+    save_checkpoint(model, tok, tmp_path / "m")
+    again = load_tokenizer(tmp_path / "m")
+    assert again("a 1: b", add_special_tokens=False)["input_ids"] == tok("a 1: b", add_special_tokens=False)["input_ids"]
+    save_checkpoint(model, again, tmp_path / "m2")  # saved again after loading (a warm start does)
+    twice = load_tokenizer(tmp_path / "m2")
+    assert twice.decode(twice("a 1: b", add_special_tokens=False)["input_ids"]) == "a 1: b"
+    assert twice.padding_side == "left" and twice.eos_token == "<eos>"

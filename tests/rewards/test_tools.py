@@ -137,3 +137,34 @@ def test_the_python_tool_bounds_time_memory_and_reports_errors(python_box):
     # State never leaks from one call to the next: each runs in a fresh process.
     python_box.respond("<tool>python: import builtins; builtins.leak = 1</tool>")
     assert "NameError" in python_box.respond("<tool>python: leak</tool>").observation
+
+
+def test_tool_latency_is_drawn_in_its_range_and_follows_the_seed(monkeypatch):
+    waits: list[float] = []
+    monkeypatch.setattr("m2flow.rewards.tools.registry.time.sleep", waits.append)
+    box = ToolBox.from_names(["calculator"], latency_s=(0.01, 0.05))
+    box.seed(7)
+    replies = [box.respond(format_call("calculator", "6*7")) for _ in range(200)]
+    assert all(r.observation == format_result("42") for r in replies)
+    assert len(waits) == 200 and all(0.01 <= w <= 0.05 for w in waits)
+    assert min(waits) < 0.015 and max(waits) > 0.045  # varies over the whole range, call to call
+    box.seed(7)
+    again = [box.latency() for _ in range(200)]
+    assert again == waits  # the same seed, the same waits
+    waits.clear()
+    box.respond("56088")  # a turn without a call waits for nothing
+    assert waits == []
+
+
+def test_without_latency_a_call_never_waits(monkeypatch):
+    waits: list[float] = []
+    monkeypatch.setattr("m2flow.rewards.tools.registry.time.sleep", waits.append)
+    box = ToolBox.from_names(["calculator"])
+    box.respond(format_call("calculator", "6*7"))
+    assert waits == [] and box.latency() == 0.0
+
+
+@pytest.mark.parametrize("latency", [(-0.1, 0.2), (0.3, 0.1)])
+def test_a_latency_range_that_is_not_low_to_high_raises(latency):
+    with pytest.raises(ValueError, match="latency_s"):
+        ToolBox.from_names(["calculator"], latency_s=latency)

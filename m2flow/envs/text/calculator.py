@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import zlib
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -75,9 +76,15 @@ class CalculatorTask:
 
 @register_text_env("calculator")
 def calculator_env(digits: int = 3, split: Split = "train", heldout_fraction: float = 0.1, tools: bool = True,
-                   tool_timeout_s: float = 5.0, max_calls: int | None = 4) -> CalculatorTask | ToolEnv:
-    """The calculator task, with the ``calculator`` tool unless ``tools`` is False."""
+                   tool_timeout_s: float = 5.0, max_calls: int | None = 4,
+                   tool_latency_s: Sequence[float] | None = None) -> CalculatorTask | ToolEnv:
+    """The calculator task, with the ``calculator`` tool unless ``tools`` is False; ``tool_latency_s``
+    ``[low, high]``: each call waits a time drawn uniformly from it (seconds, seeded by the episode)."""
     task = CalculatorTask(digits, split, heldout_fraction)
     if not tools:
         return task
-    return ToolEnv(task, ToolBox.from_names(["calculator"], timeout_s=tool_timeout_s), max_calls=max_calls)
+    if tool_latency_s is not None and len(tool_latency_s) != 2:
+        raise ValueError(f"tool_latency_s must be [low, high] seconds, got {tool_latency_s}")
+    latency = None if tool_latency_s is None else (float(tool_latency_s[0]), float(tool_latency_s[1]))
+    box = ToolBox.from_names(["calculator"], timeout_s=tool_timeout_s, latency_s=latency)
+    return ToolEnv(task, box, max_calls=max_calls)

@@ -22,6 +22,7 @@ class ToolEnv:
 
     def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         self.calls = 0
+        self.toolbox.seed(seed)  # the tools' latency draws follow the episode
         return self.env.reset(seed)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:

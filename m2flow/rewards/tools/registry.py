@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+import numpy as np
+
 from m2flow.algorithms.registry import Registry
 from m2flow.rewards.deadline import call_with_deadline
 from m2flow.rewards.tools.base import Tool, ToolTimeout
@@ -70,11 +72,25 @@ class ToolReply:
 
 
 class ToolBox:
-    """The tools one environment offers, each call under ``timeout_s`` (in-process tools: a thread deadline)."""
+    """The tools one environment offers, each call under ``timeout_s`` (in-process tools: a thread deadline).
 
-    def __init__(self, tools: Sequence[Tool], timeout_s: float = 5.0) -> None:
+    With ``latency_s = (low, high)`` every call to a tool first waits a time drawn uniformly from
+    ``[low, high]`` seconds, outside the time limit: a stand-in for a tool that answers over a network
+    (a search engine, a remote sandbox). The draws come from a generator seeded by ``seed(n)`` (a
+    ``ToolEnv`` calls it with each episode's seed, so an episode's waits do not depend on where it runs).
+    """
+
+    def __init__(self, tools: Sequence[Tool], timeout_s: float = 5.0,
+                 latency_s: tuple[float, float] | None = None) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if latency_s is not None:
+            low, high = (float(x) for x in latency_s)
+            if not 0.0 <= low <= high:
+                raise ValueError(f"latency_s must be (low, high) seconds with 0 <= low <= high, got {latency_s}")
+            latency_s = (low, high)
+        self.latency_s = latency_s
+        self._latency_rng = np.random.default_rng(0)
         self.tools: dict[str, Tool] = {}
         for tool in tools:
             if tool.name in self.tools:
@@ -84,12 +100,24 @@ class ToolBox:
         self.stats = ToolStats()
 
     @classmethod
-    def from_names(cls, names: Sequence[str], timeout_s: float = 5.0, **settings: dict[str, Any]) -> ToolBox:
+    def from_names(cls, names: Sequence[str], timeout_s: float = 5.0, latency_s: tuple[float, float] | None = None,
+                   **settings: dict[str, Any]) -> ToolBox:
         """A box of registered tools by name; ``settings[name]`` are keyword arguments of that tool's factory."""
         unknown = set(settings) - set(names)
         if unknown:
             raise ValueError(f"settings for tools not in the box: {sorted(unknown)}")
-        return cls([TOOLS.get(n)(**settings.get(n, {})) for n in names], timeout_s=timeout_s)
+        return cls([TOOLS.get(n)(**settings.get(n, {})) for n in names], timeout_s=timeout_s, latency_s=latency_s)
+
+    def seed(self, seed: int | None) -> None:
+        """Seed the latency draws (None: from the operating system's entropy)."""
+        self._latency_rng = np.random.default_rng(seed)
+
+    def latency(self) -> float:
+        """The wait of the next call in seconds (0.0 without ``latency_s``)."""
+        if self.latency_s is None:
+            return 0.0
+        low, high = self.latency_s
+        return float(self._latency_rng.uniform(low, high))
 
     def describe(self) -> str:
         """One line per tool, for a prompt."""
@@ -111,6 +139,9 @@ class ToolBox:
             return ToolReply("unknown", format_error(f"unknown tool {parsed.name!r}; tools: {valid}"), parsed.name)
         self.stats.calls += 1
         start = time.perf_counter()
+        wait = self.latency()
+        if wait > 0.0:
+            time.sleep(wait)
         # An isolated tool kills its own process at its limit; the others get a thread deadline.
         result = call_with_deadline(tool, parsed.argument, timeout_s=None if tool.isolated else self.timeout_s)
         self.stats.seconds += time.perf_counter() - start

@@ -13,6 +13,9 @@ from m2flow.runtime.placement import SYNTAX_LAYOUT_DEVICES, NodeLayout, Placemen
 from m2flow.workers.config import ActorConfig, AlgorithmConfig, DType
 from m2flow.workflows.agentic.graph import COMPONENTS
 
+TEACHERS = ("calculator", "guess_number")
+"""Environments whose demonstrations ``model.warm_start`` can write (``warm_start.py``)."""
+
 
 @dataclass
 class TinyModelSpec:
@@ -29,8 +32,9 @@ class TinyModelSpec:
 
 @dataclass
 class WarmStartConfig:
-    """Supervised steps on an imperfect teacher's demonstrations of the calculator's call format, once,
-    before the workers start (saved in run_dir/warm_start, reused while its settings match)."""
+    """Supervised steps on an imperfect teacher's demonstrations of the task (``calculator``: the tool's call
+    format; ``guess_number``: bisection), once, before the workers start (saved in run_dir/warm_start, reused
+    while its settings match)."""
 
     steps: int = option(0, "supervised steps (0: none)")
     batch_size: int = option(32, "demonstrations per step")
@@ -39,6 +43,8 @@ class WarmStartConfig:
     skip_rate: float = option(0.2, "share of the teacher's demonstrations that skip the tool and guess")
     copy_error_rate: float = option(0.1, "share that call the tool and copy its result wrong")
     digits: int = option(3, "digits of each operand in the demonstrations")
+    mistake_rate: float = option(
+        0.4, "guess_number: share of the teacher's turns that guess a random other number instead of bisecting")
     threads: int = option(0, "torch threads of the warm start, which runs in the driver (0: torch's default)")
 
     def validate(self) -> None:
@@ -51,6 +57,8 @@ class WarmStartConfig:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if not (0 <= self.skip_rate and 0 <= self.copy_error_rate and self.skip_rate + self.copy_error_rate <= 1):
             raise ValueError("skip_rate and copy_error_rate must be >= 0 with a sum <= 1")
+        if not 0 <= self.mistake_rate <= 1:
+            raise ValueError(f"mistake_rate must be in [0, 1], got {self.mistake_rate}")
 
 
 @dataclass
@@ -189,8 +197,9 @@ class AgenticConfig(RunConfig):
         if (algo.old_logprobs == "actor" or algo.max_staleness > 0) and not self.actor.updates_once:
             raise ValueError("algorithm.old_logprobs 'actor' and max_staleness > 0 need one optimizer step per "
                              "iteration (actor.mini_batches = actor.update_epochs = 1)")
-        if self.model.warm_start.steps and self.env.name != "calculator":
-            raise ValueError(f"model.warm_start: the teacher demonstrates the calculator task, not {self.env.name!r}")
+        if self.model.warm_start.steps and self.env.name not in TEACHERS:
+            raise ValueError(f"model.warm_start: no teacher demonstrates {self.env.name!r}; teachers: "
+                             f"{', '.join(TEACHERS)}")
         if is_auto(self.placement):
             return
         layout = expected_layout(self.cluster) or NodeLayout((SYNTAX_LAYOUT_DEVICES,))

@@ -1,11 +1,14 @@
-"""The model of an agentic run: a tiny one built when asked, then a supervised warm start on the calculator's
-call format by an imperfect teacher, once, before any worker starts.
+"""The model of an agentic run: a tiny one built when asked, then a supervised warm start on the task by an
+imperfect teacher, once, before any worker starts.
 
 ``prepare_model`` builds a tiny random causal LM with a character tokenizer over the tasks' alphabet at
-``model.path`` when it is missing. ``warm_start_model`` trains it for ``model.warm_start.steps`` steps on
-``CalculatorTeacher`` demonstrations (it skips the tool and guesses in ``skip_rate`` of them, copies the
-result wrong in ``copy_error_rate``), the loss on the model's turns only, and saves the result in
-``run_dir/warm_start`` with the settings that made it; a later start with the same settings reuses it.
+``model.path`` when it is missing. ``warm_start_model`` trains it for ``model.warm_start.steps`` steps on the
+demonstrations of the environment's teacher (``TEACHERS``): ``CalculatorTeacher`` for ``calculator`` (it
+skips the tool and guesses in ``skip_rate`` of them, copies the result wrong in ``copy_error_rate``),
+``GuessTeacher`` for ``guess_number`` (it bisects, and guesses a random other number in ``mistake_rate`` of
+its turns). The loss is on the model's turns only; the prompt and observations are written with the
+rollout's templates, as the episodes will be. The result is saved in ``run_dir/warm_start`` with the
+settings that made it; a later start with the same settings reuses it.
 """
 
 from __future__ import annotations
@@ -14,12 +17,14 @@ import json
 import logging
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from m2flow.config.convert import to_dict
 from m2flow.config.errors import InputError
-from m2flow.workflows.agentic.config import AgenticConfig, ModelConfig
+from m2flow.data.calculator_demos import Demonstration
+from m2flow.workflows.agentic.config import TEACHERS, AgenticConfig, ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +60,43 @@ def prepare_model(model: ModelConfig) -> Path:
     return path
 
 
+def demonstrations(cfg: AgenticConfig, count: int) -> list[Demonstration]:
+    """``count`` demonstrations of ``cfg.env.name`` by its imperfect teacher, written with the rollout's templates."""
+    ws, name = cfg.model.warm_start, cfg.env.name
+    if name == "calculator":
+        from m2flow.data.calculator_demos import CalculatorTeacher
+
+        demos = CalculatorTeacher(skip_rate=ws.skip_rate, copy_error_rate=ws.copy_error_rate,
+                                  digits=ws.digits).demonstrations(count, seed=cfg.seed)
+    elif name == "guess_number":
+        from m2flow.data.guess_demos import GuessTeacher
+
+        # A turn ends as generation ends it: at the first stop string (end-of-sequence when there is none).
+        end = cfg.rollout.stop[0] if cfg.rollout.stop else ""
+        kwargs = {k: cfg.env.kwargs[k] for k in ("high", "max_turns") if k in cfg.env.kwargs}
+        demos = GuessTeacher(mistake_rate=ws.mistake_rate, turn_end=end).demonstrations(count, seed=cfg.seed, **kwargs)
+    else:
+        raise InputError(f"model.warm_start: no teacher demonstrates {name!r}; teachers: {', '.join(TEACHERS)}")
+    r = cfg.rollout
+    if (r.prompt_template, r.observation_template) == ("{observation}", "{observation}"):
+        return demos
+    return [replace(d, prompt=r.prompt_template.format(observation=d.prompt),
+                    turns=tuple(t if k % 2 == 0 else r.observation_template.format(observation=t)
+                                for k, t in enumerate(d.turns))) for d in demos]
+
+
 def settings(cfg: AgenticConfig, base: Path) -> dict[str, Any]:
     """Everything the warm-started weights depend on; a saved warm start is reused only when this matches."""
-    return {"base": str(base.resolve()), "tiny": to_dict(cfg.model.tiny) if cfg.model.create_tiny else None,
-            "warm_start": to_dict(cfg.model.warm_start), "seed": cfg.seed}
+    # format 2: saved with the tokenizer built here (before, a reload beside the model dropped every space)
+    return {"format": 2, "base": str(base.resolve()), "tiny": to_dict(cfg.model.tiny) if cfg.model.create_tiny else None,
+            "warm_start": to_dict(cfg.model.warm_start), "seed": cfg.seed, "env": cfg.env.name,
+            "env_kwargs": cfg.env.kwargs, "stop": cfg.rollout.stop,
+            "templates": [cfg.rollout.prompt_template, cfg.rollout.observation_template]}
 
 
 def warm_start_model(cfg: AgenticConfig, base: Path) -> Path:
     """The warm-started model's directory: reused from run_dir when its settings match, else trained here."""
-    from m2flow.data.calculator_demos import CalculatorTeacher, sft_pairs
+    from m2flow.data.calculator_demos import sft_pairs
     from m2flow.models.causal_lm import load_model_and_tokenizer
     from m2flow.models.sft import sft_steps
     from m2flow.models.tiny import save_checkpoint
@@ -80,8 +113,7 @@ def warm_start_model(cfg: AgenticConfig, base: Path) -> Path:
     if ws.threads:
         torch.set_num_threads(ws.threads)
     model, tokenizer = load_model_and_tokenizer(str(base))
-    teacher = CalculatorTeacher(skip_rate=ws.skip_rate, copy_error_rate=ws.copy_error_rate, digits=ws.digits)
-    pairs = sft_pairs(teacher.demonstrations(ws.steps * ws.batch_size, seed=cfg.seed))
+    pairs = sft_pairs(demonstrations(cfg, ws.steps * ws.batch_size))
     start = time.perf_counter()
     losses = sft_steps(model, tokenizer, pairs, steps=ws.steps, lr=ws.lr, batch_size=ws.batch_size, seed=cfg.seed,
                        warmup_steps=ws.warmup_steps)

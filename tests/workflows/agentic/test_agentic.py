@@ -82,7 +82,7 @@ def test_too_many_environment_failures_stop_the_run_with_one_error_line(tmp_path
     code = main(["train", str(EXAMPLES[-1]), "placement=local", "steps=2", f"run_dir={tmp_path}/run",
                  f"model.path={model}", "metrics.sinks=[jsonl]", "episodes.groups_per_step=2", "episodes.group_size=2",
                  f"env.imports=[{ENVS}]", "env.name=test_faulty", "env.kwargs={fault: raise, every: 1, high: 8}",
-                 "env.max_error_rate=0.0", "rollout.max_turn_tokens=2", "eval_every=0"])
+                 "env.max_error_rate=0.0", "rollout.max_turn_tokens=2", "eval_every=0", "model.warm_start.steps=0"])
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 1
     assert err[-1].startswith("error: ") and "max_error_rate=0" in err[-1] and "raised" in err[-1], err

@@ -41,14 +41,32 @@ def test_placement_auto_profiles_searches_and_runs_the_agentic_workflow(tmp_path
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_calculator_rl_after_the_warm_start_raises_held_out_accuracy(tmp_path):
-    # The example as shipped, shortened to 10 iterations: warm start on the imperfect teacher, then GRPO with
-    # the calculator tool; held-out accuracy (sampled at temperature 1, 200 fresh problems) before and after.
+    # The example as shipped, shortened to 20 iterations: warm start on the imperfect teacher, then GRPO with
+    # the calculator tool; held-out accuracy (sampled at temperature 1, 200 fresh problems) before and after
+    # (seed 0 in docs/agentic.md: 0.52 -> 0.71 at 20 iterations, 0.525 at 10).
     from m2flow.driver.registry import load_workflow_config
 
     _, cfg = load_workflow_config("examples/agentic/calculator_grpo.yaml", [
-        "placement=local", f"run_dir={tmp_path}/run", f"model.path={tmp_path}/model", "steps=10", "eval_every=10",
+        "placement=local", f"run_dir={tmp_path}/run", f"model.path={tmp_path}/model", "steps=20", "eval_every=20",
         "metrics.sinks=[jsonl]", "model.warm_start.threads=1"])
     result = train(cfg)
     (_, before), (_, after) = result.evaluations
     assert after["eval/return_mean"] > before["eval/return_mean"] + 0.1, result.evaluations
     assert after["eval/tool_calls"] > before["eval/tool_calls"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_guess_the_number_rl_after_the_warm_start_raises_the_win_rate_and_cuts_turns(tmp_path):
+    # The example as shipped, shortened to 20 iterations: warm start on the imperfect guessing teacher, then
+    # GRPO; 200 held-out episodes sampled at temperature 1 (seed 0 in docs/agentic.md: 0.625 -> 0.765 wins,
+    # 3.06 -> 2.85 turns).
+    from m2flow.driver.registry import load_workflow_config
+
+    _, cfg = load_workflow_config("examples/agentic/guess_number_grpo.yaml", [
+        "placement=local", f"run_dir={tmp_path}/run", f"model.path={tmp_path}/model", "steps=20", "eval_every=20",
+        "metrics.sinks=[jsonl]", "model.warm_start.threads=1"])
+    result = train(cfg)
+    (_, before), (_, after) = result.evaluations
+    assert after["eval/success"] > before["eval/success"] + 0.08, result.evaluations
+    assert after["eval/turns_mean"] < before["eval/turns_mean"] - 0.1, result.evaluations
