@@ -181,6 +181,8 @@ class MetaWorldPixelEnv(gym.Env):
     """
 
     metadata = {"render_modes": ["rgb_array"]}
+    simulator_model_arrays = ("body_pos", "body_quat", "site_pos", "site_quat", "geom_pos", "geom_quat")
+    """The ``MjModel`` arrays MetaWorld's resets rewrite (goal sites, object placements): checkpointed with the env."""
 
     def __init__(
         self,
@@ -227,6 +229,11 @@ class MetaWorldPixelEnv(gym.Env):
         self.state = np.zeros(39)
         self._steps = 0
         self._image = np.zeros((height, width, 3), dtype=np.uint8)
+
+    @property
+    def simulator(self) -> gym.Env:
+        """MetaWorld's task env this env drives (its physics and generators are checkpointed with it)."""
+        return self._mw
 
     def _observe(self) -> np.ndarray:
         self._image = self._camera.render(self._mw.data)

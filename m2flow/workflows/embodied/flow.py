@@ -102,6 +102,10 @@ class EmbodiedFlow:
         for module in cfg.env_worker.imports:  # custom env ids, for the probe env built here
             importlib.import_module(module)
         obs_space, act_space = _spaces(env_cfg)
+        if cfg.policy.init_from is not None:  # a file that does not fit fails here, naming it, before any worker starts
+            from m2flow.models.policies import build_policy
+
+            build_policy(obs_space, act_space, cfg.policy)
         self.iterations = cfg.iterations(self.env_ranks)
         self.batch = cfg.batch_size(self.env_ranks)
         self.progress_total = self.iterations * self.batch
