@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 import gymnasium as gym
@@ -78,8 +77,8 @@ class PolicyConfig:
             raise ValueError(f"kind: unknown {self.kind!r}; valid: ['actor_critic', 'vla']")
         if self.kind == "vla":
             self.vla.validate()
-        if self.init_from is not None and not Path(self.init_from).is_file():
-            raise ValueError(f"init_from: no such file {self.init_from!r}")
+        if self.init_from is not None and not self.init_from.strip():
+            raise ValueError("init_from: empty; give a file or leave it unset")
 
 
 # ---------------------------------------------------------------------------------------- encoders
