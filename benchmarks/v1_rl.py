@@ -48,6 +48,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--parallel", type=int, default=10, help="episodes of a task run side by side")
     parser.add_argument("--name", default="v1_rl")
+    parser.add_argument("--skip-warm-start", action="store_true", help="evaluate the checkpoints only")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(args.threads)
@@ -75,7 +76,9 @@ def main() -> None:
         logging.info("success %s (%.0f s)", out, time.perf_counter() - t0)
         return out
 
-    result["warm_start"] = {"file": cfg.policy.init_from, "success": success(read_policy_state(cfg.policy.init_from))}
+    if not args.skip_warm_start:
+        result["warm_start"] = {"file": cfg.policy.init_from,
+                                "success": success(read_policy_state(cfg.policy.init_from))}
     steps_per_iteration = cfg.rollout_steps * cfg.env.num_envs
     result["checkpoints"] = []
     for step, path in _checkpoints(run_dir, args.steps):
@@ -84,7 +87,7 @@ def main() -> None:
                                       "success": success(weights)})
     out = write_result(args.name, result)
     last = result["checkpoints"][-1] if result["checkpoints"] else None
-    print(f"v1 rl: warm start {result['warm_start']['success']} -> "
+    print(f"v1 rl: warm start {result.get('warm_start', {}).get('success', 'not evaluated')} -> "
           f"{last['success'] if last else 'no checkpoint'} after {last['env_steps'] if last else 0} env steps "
           f"({args.eval_seeds} held-out seeds) -> {out}")
 
@@ -112,10 +115,12 @@ def _run_summary(rows: list[dict]) -> dict:
     """The RL run's env steps, wall time and its training success / return curve, from its metrics."""
     if not rows:
         return {}
-    keys = ("env/total_steps", "env/episode_return_recent", "env/success", "time/env_steps_per_s")
+    keys = ("env/total_steps", "env/episode_return_recent", "env/success_rate", "time/env_steps_per_s")
     curve = [{k: r[k] for k in ("step", *keys) if k in r} for r in rows]
-    return {"iterations": len(rows), "env_steps": rows[-1].get("env/total_steps"),
-            "wall_s": rows[-1].get("time/elapsed_s"), "curve": curve}
+    # from the first iteration's start (its end minus its length) to the last one's end: the loop, start-up excluded
+    loop_s = rows[-1]["time"] - rows[0]["time"] + rows[0].get("time/iteration_s", 0.0)
+    return {"iterations": len(rows), "env_steps": rows[-1].get("env/total_steps"), "loop_wall_s": loop_s,
+            "curve": curve}
 
 
 if __name__ == "__main__":
