@@ -1,6 +1,8 @@
-"""Actor-critic policies for embodied RL behind one interface, built from the env's spaces.
+"""Embodied policies built from the env's spaces: the actor-critics, and the factory of every kind.
 
-``build_policy(obs_space, action_space, PolicyConfig())`` picks an encoder (MLP for vectors, CNN for
+``build_policy(obs_space, action_space, config)`` builds the ``Policy`` (``policy_types.py``) that
+``config.kind`` names (``actor_critic`` here, ``vla`` in ``vla.py``) and loads ``config.init_from``
+into it. ``build_actor_critic`` picks an encoder (MLP for vectors, CNN for
 images) and an action head (diagonal Gaussian for ``Box`` actions, categorical for ``Discrete``).
 The defaults are Stable-Baselines3's PPO ``MlpPolicy``: separate actor and critic MLPs of (64, 64)
 tanh units, a state-independent log-std starting at 0, no tanh squashing (the env clips actions),
