@@ -27,7 +27,7 @@ from benchmarks.common import RESULTS, environment, write_result  # noqa: E402
 from m2flow.envs.metaworld import expand_tasks, held_out_seeds  # noqa: E402
 from m2flow.envs.metaworld_demos import Demos, collect_demos, evaluate_success, expert_for  # noqa: E402
 from m2flow.models.bc import BCConfig, BCProgress, behaviour_clone  # noqa: E402
-from m2flow.models.vla import VLAConfig, VLAPolicy  # noqa: E402
+from m2flow.models.vla import VLAConfig, VLAPolicy, save_policy  # noqa: E402
 
 
 def main() -> None:
@@ -43,6 +43,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--demos", default=str(Path(__file__).resolve().parents[1] / "runs" / "v1_demos.npz"), help="demo file (made when missing)")
     parser.add_argument("--name", default="v1_warm_start")
+    parser.add_argument("--save", default="", help="write the cloned policy here (the file `policy.init_from` reads)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(args.threads)
@@ -70,6 +71,8 @@ def main() -> None:
                               progress=lambda p: logging.info("%s", p))
     result["bc"] = {"seconds": time.perf_counter() - t0, "epochs": [vars(h) for h in history]}
     del demos
+    if args.save:
+        result["saved"] = str(save_policy(policy, args.save))
 
     seeds = held_out_seeds(args.eval_seeds)
     result["eval_seeds"] = [seeds[0], seeds[-1]]

@@ -181,6 +181,8 @@ class MetaWorldPixelEnv(gym.Env):
     """
 
     metadata = {"render_modes": ["rgb_array"]}
+    simulator_model_arrays = ("body_pos", "body_quat", "site_pos", "site_quat", "geom_pos", "geom_quat")
+    """The ``MjModel`` arrays MetaWorld's resets rewrite (goal sites, object placements): checkpointed with the env."""
 
     def __init__(
         self,
@@ -226,7 +228,13 @@ class MetaWorldPixelEnv(gym.Env):
         self.action_space = gym.spaces.Box(-1.0, 1.0, (4,), dtype=np.float32)
         self.state = np.zeros(39)
         self._steps = 0
+        self._solved = False
         self._image = np.zeros((height, width, 3), dtype=np.uint8)
+
+    @property
+    def simulator(self) -> gym.Env:
+        """MetaWorld's task env this env drives (its physics and generators are checkpointed with it)."""
+        return self._mw
 
     def _observe(self) -> np.ndarray:
         self._image = self._camera.render(self._mw.data)
@@ -240,7 +248,8 @@ class MetaWorldPixelEnv(gym.Env):
             self.action_space.seed(seed)
         self.state, _ = self._mw.reset()
         self._steps = 0
-        return self._observe(), {"success": 0.0}
+        self._solved = False
+        return self._observe(), {"success": 0.0, "is_success": 0.0}
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
         action = np.clip(np.asarray(action, dtype=np.float32), -1.0, 1.0)
@@ -250,7 +259,10 @@ class MetaWorldPixelEnv(gym.Env):
         reward = float(success) if self.reward_mode == "success" else float(dense) / 10.0
         terminated = success and self.terminate_on_success
         truncated = not terminated and self._steps >= self.max_episode_steps
-        return self._observe(), reward, terminated, truncated, {"success": float(success)}
+        self._solved |= success
+        # is_success: solved at any step so far (the embodied workflow's env/success_rate reads it at episode end)
+        return self._observe(), reward, terminated, truncated, {"success": float(success),
+                                                                 "is_success": float(self._solved)}
 
     def render(self) -> np.ndarray:
         """The last observed camera image (H, W, 3) uint8."""

@@ -146,24 +146,33 @@ def collect_demos(
 
 
 def evaluate_success(
-    act: ActFn, tasks: list[str], seeds: list[int], env_kwargs: dict[str, Any] | None = None
+    act: ActFn, tasks: list[str], seeds: list[int], env_kwargs: dict[str, Any] | None = None, parallel: int = 1
 ) -> dict[str, float]:
     """Success rate of ``act`` per task over episodes reset with ``seeds``; all tasks step as one batch.
 
-    An episode counts as solved when ``info['success']`` is set at any step.
+    An episode counts as solved when ``info['success']`` is set at any step. ``parallel`` episodes of
+    each task (consecutive seeds) run side by side, so ``act`` sees up to ``len(tasks) * parallel``
+    observations at a time; each episode is still a function of its seed and the actions alone.
     """
-    envs = [MetaWorldPixelEnv(task, **(env_kwargs or {})) for task in tasks]
+    if parallel < 1:
+        raise ValueError(f"parallel: must be >= 1, got {parallel}")
+    width = min(parallel, len(seeds))
+    envs = [MetaWorldPixelEnv(task, **(env_kwargs or {})) for task in tasks for _ in range(width)]
     solved = np.zeros((len(tasks), len(seeds)), dtype=bool)
     try:
-        for j, s in enumerate(seeds):
-            obs = np.stack([env.reset(seed=s)[0] for env in envs])
-            running = np.ones(len(envs), dtype=bool)
+        for first in range(0, len(seeds), width):
+            chunk = seeds[first:first + width]
+            slots = [(t, k) for t in range(len(tasks)) for k in range(len(chunk))]  # (task, seed in chunk) per env
+            live = [envs[t * width + k] for t, k in slots]
+            obs = np.stack([env.reset(seed=chunk[k])[0] for env, (_, k) in zip(live, slots)])
+            running = np.ones(len(live), dtype=bool)
             while running.any():
                 actions = np.asarray(act(obs[running]))
                 for row, i in enumerate(np.flatnonzero(running)):
-                    o, _, term, trunc, info = envs[i].step(actions[row])
+                    o, _, term, trunc, info = live[i].step(actions[row])
                     obs[i] = o
-                    solved[i, j] |= info["success"] > 0
+                    t, k = slots[i]
+                    solved[t, first + k] |= info["success"] > 0
                     running[i] = not (term or trunc)
     finally:
         for env in envs:

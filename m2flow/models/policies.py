@@ -1,6 +1,8 @@
-"""Actor-critic policies for embodied RL behind one interface, built from the env's spaces.
+"""Embodied policies built from the env's spaces: the actor-critics, and the factory of every kind.
 
-``build_policy(obs_space, action_space, PolicyConfig())`` picks an encoder (MLP for vectors, CNN for
+``build_policy(obs_space, action_space, config)`` builds the ``Policy`` (``policy_types.py``) that
+``config.kind`` names (``actor_critic`` here, ``vla`` in ``vla.py``) and loads ``config.init_from``
+into it. ``build_actor_critic`` picks an encoder (MLP for vectors, CNN for
 images) and an action head (diagonal Gaussian for ``Box`` actions, categorical for ``Discrete``).
 The defaults are Stable-Baselines3's PPO ``MlpPolicy``: separate actor and critic MLPs of (64, 64)
 tanh units, a state-independent log-std starting at 0, no tanh squashing (the env clips actions),
@@ -16,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Literal
 
 import gymnasium as gym
 import numpy as np
@@ -25,6 +27,10 @@ from torch import nn
 
 from m2flow.config import option
 from m2flow.models.cnn import CNNEncoder
+from m2flow.models.policy_types import ActOutput, EvalOutput, Policy
+from m2flow.models.vla import VLAConfig
+
+__all__ = ["ActOutput", "ActorCritic", "EvalOutput", "Policy", "PolicyConfig", "build_actor_critic", "build_policy"]
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -39,8 +45,15 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {
 
 @dataclass
 class PolicyConfig:
-    """Shape of an actor-critic policy network."""
+    """Which embodied policy to build and its shape: an actor-critic (MLP / CNN) or the small VLA."""
 
+    kind: Literal["actor_critic", "vla"] = option(
+        "actor_critic", "'actor_critic': MLP or CNN trunks with a Gaussian / categorical head; 'vla': the small "
+        "vision-language-action policy (packed image + instruction + proprio observations, action tokens)")
+    vla: VLAConfig = option(VLAConfig(), "sizes of the VLA (kind: vla); height / width / proprio_dim must match the env")
+    init_from: str | None = option(
+        None, "start from the weights in this file: a behaviour-cloning file or a run's actor.pt (loaded without "
+        "running code; the weights must fit the policy)")
     hidden_sizes: list[int] = option([64, 64], "units of each hidden layer of the actor and critic MLPs")
     activation: str = option("tanh", "hidden activation: 'tanh', 'relu', 'elu', 'gelu' or 'silu'")
     encoder: str = option("auto", "observation encoder: 'auto' (cnn for images, else mlp), 'mlp' or 'cnn'")
@@ -62,35 +75,12 @@ class PolicyConfig:
             raise ValueError(f"hidden_sizes: every layer needs >= 1 unit, got {self.hidden_sizes}")
         if not len(self.cnn_channels) == len(self.cnn_kernels) == len(self.cnn_strides):
             raise ValueError("cnn_channels: cnn_channels, cnn_kernels and cnn_strides must have equal lengths")
-
-
-class ActOutput(NamedTuple):
-    actions: torch.Tensor
-    """(B, *action_shape): sampled (or, when deterministic, most likely) actions."""
-    logprobs: torch.Tensor
-    """(B,): log-probability of the actions."""
-    values: torch.Tensor
-    """(B,): critic estimate of each observation."""
-
-
-class EvalOutput(NamedTuple):
-    logprobs: torch.Tensor
-    """(B,): log-probability of the given actions under the current policy."""
-    entropy: torch.Tensor
-    """(B,): entropy of the action distribution."""
-    values: torch.Tensor
-    """(B,): critic estimate of each observation."""
-
-
-@runtime_checkable
-class Policy(Protocol):
-    """What rollout and actor workers need from an embodied policy."""
-
-    def act(self, obs: torch.Tensor, deterministic: bool = False) -> ActOutput: ...
-
-    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor) -> EvalOutput: ...
-
-    def value(self, obs: torch.Tensor) -> torch.Tensor: ...
+        if self.kind not in ("actor_critic", "vla"):
+            raise ValueError(f"kind: unknown {self.kind!r}; valid: ['actor_critic', 'vla']")
+        if self.kind == "vla":
+            self.vla.validate()
+        if self.init_from is not None and not self.init_from.strip():
+            raise ValueError("init_from: empty; give a file or leave it unset")
 
 
 # ---------------------------------------------------------------------------------------- encoders
@@ -163,13 +153,16 @@ class GaussianHead(nn.Module):
         self.mean = nn.Linear(in_dim, action_dim)
         self.log_std = nn.Parameter(torch.full((action_dim,), float(log_std_init)))
 
-    def sample(self, features: torch.Tensor, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(
+        self, features: torch.Tensor, deterministic: bool, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, F) -> actions (B, A), their log-probs (B,)."""
         mean = self.mean(features)
         if deterministic:
             actions = mean
         else:
-            actions = mean + self.log_std.exp() * torch.randn_like(mean)
+            noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype, device=mean.device)
+            actions = mean + self.log_std.exp() * noise
         return actions, self._log_prob(mean, actions)
 
     def log_prob_entropy(
@@ -198,13 +191,15 @@ class CategoricalHead(nn.Module):
         super().__init__()
         self.logits = nn.Linear(in_dim, n)
 
-    def sample(self, features: torch.Tensor, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(
+        self, features: torch.Tensor, deterministic: bool, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, F) -> actions (B,), their log-probs (B,)."""
         log_p = torch.log_softmax(self.logits(features), dim=-1)
         if deterministic:
             actions = log_p.argmax(dim=-1)
         else:
-            actions = torch.multinomial(log_p.exp(), 1).squeeze(-1)
+            actions = torch.multinomial(log_p.exp(), 1, generator=generator).squeeze(-1)
         return actions, log_p.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
 
     def log_prob_entropy(
@@ -254,10 +249,12 @@ class ActorCritic(nn.Module):
         return actor, critic
 
     @torch.no_grad()
-    def act(self, obs: torch.Tensor, deterministic: bool = False) -> ActOutput:
+    def act(
+        self, obs: torch.Tensor, deterministic: bool = False, generator: torch.Generator | None = None
+    ) -> ActOutput:
         """Observations (B, *obs_shape) -> actions, log-probs (B,), values (B,); no gradients."""
         actor, critic = self._features(torch.as_tensor(obs))
-        actions, logprobs = self.head.sample(actor, deterministic)
+        actions, logprobs = self.head.sample(actor, deterministic, generator)
         return ActOutput(actions, logprobs, self.value_head(critic).squeeze(-1))
 
     def evaluate(self, obs: torch.Tensor, actions: torch.Tensor) -> EvalOutput:
@@ -296,7 +293,7 @@ def pick_encoder(obs_space: gym.Space, config: PolicyConfig) -> str:
     return "cnn" if len(obs_space.shape) == 3 else "mlp"
 
 
-def build_policy(
+def build_actor_critic(
     obs_space: gym.Space, action_space: gym.Space, config: PolicyConfig | None = None
 ) -> ActorCritic:
     """An actor-critic for single-env spaces ``obs_space`` / ``action_space``."""
@@ -308,4 +305,21 @@ def build_policy(
     policy = ActorCritic(actor_trunk, _action_head(action_space, actor_trunk.out_dim, config), critic_trunk)
     if config.ortho_init:
         _orthogonal_init(policy)
+    return policy
+
+
+def build_policy(obs_space: gym.Space, action_space: gym.Space, config: PolicyConfig | None = None) -> nn.Module:
+    """The :class:`Policy` ``config.kind`` names for single-env spaces, from ``config.init_from`` when set."""
+    config = config if config is not None else PolicyConfig()
+    config.validate()
+    if config.kind == "vla":
+        from m2flow.models.vla import build_vla
+
+        policy: nn.Module = build_vla(obs_space, action_space, config.vla)
+    else:
+        policy = build_actor_critic(obs_space, action_space, config)
+    if config.init_from is not None:
+        from m2flow.models.init_weights import load_policy_weights
+
+        load_policy_weights(policy, config.init_from)
     return policy

@@ -22,8 +22,9 @@ actions, the bin centres of its tokens (:mod:`m2flow.models.action_tokens`); tok
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import NamedTuple
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal, NamedTuple
 
 import gymnasium as gym
 import torch
@@ -34,7 +35,7 @@ from m2flow.config import option
 from m2flow.envs.instructions import PAD_ID, WordTokenizer
 from m2flow.envs.packed import PackedLayout
 from m2flow.models.action_tokens import ActionBins
-from m2flow.models.policies import ActOutput, EvalOutput
+from m2flow.models.policy_types import ActOutput, EvalOutput
 
 
 @dataclass
@@ -55,6 +56,9 @@ class VLAConfig:
     num_bins: int = option(256, "bins per action dimension")
     action_low: float = option(-1.0, "lower bound of every action dimension")
     action_high: float = option(1.0, "upper bound of every action dimension")
+    logprob: Literal["token", "action"] = option(
+        "token", "what act / evaluate return: 'token': one log-prob per action token (B, A), so PPO clips a ratio "
+        "per token; 'action': their sum (B,), one ratio per action")
 
     def validate(self) -> None:
         """Raise ValueError naming the field for impossible values."""
@@ -65,6 +69,8 @@ class VLAConfig:
             raise ValueError(f"grid: must be in [1, {smallest}] for {self.height}x{self.width} images, got {self.grid}")
         if self.text_len < 1:
             raise ValueError(f"text_len: must be >= 1, got {self.text_len}")
+        if self.logprob not in ("token", "action"):
+            raise ValueError(f"logprob: must be 'token' or 'action', got {self.logprob!r}")
         if self.vocab_size < 0 or self.vocab_size > 256:
             raise ValueError(f"vocab_size: must be in [0, 256] (ids are stored as bytes), got {self.vocab_size}")
 
@@ -153,28 +159,36 @@ class VLAPolicy(nn.Module):
         return TokenOutput(logprobs, entropy, values)
 
     @torch.no_grad()
-    def act_tokens(self, obs: Tensor, deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    def act_tokens(
+        self, obs: Tensor, deterministic: bool = False, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """(B, size) -> sampled (or most likely) tokens (B, A), their log-probs (B, A), values (B,)."""
         logits, values = self(obs)
         log_p = F.log_softmax(logits.float(), dim=-1)
         if deterministic:
             tokens = log_p.argmax(-1)
         else:
-            tokens = torch.multinomial(log_p.exp().reshape(-1, log_p.shape[-1]), 1).reshape(log_p.shape[:-1])
+            probs = log_p.exp().reshape(-1, log_p.shape[-1])
+            tokens = torch.multinomial(probs, 1, generator=generator).reshape(log_p.shape[:-1])
         return tokens, log_p.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), values
 
     # ------------------------------------------------------------- the embodied Policy interface
 
     @torch.no_grad()
-    def act(self, obs: Tensor, deterministic: bool = False) -> ActOutput:
-        """(B, size) -> continuous actions (bin centres) (B, A), joint log-probs (B,), values (B,)."""
-        tokens, logprobs, values = self.act_tokens(obs, deterministic)
-        return ActOutput(self.bins.to_actions(tokens), logprobs.sum(-1), values)
+    def act(self, obs: Tensor, deterministic: bool = False, generator: torch.Generator | None = None) -> ActOutput:
+        """(B, size) -> continuous actions (bin centres) (B, A), log-probs (B, A) per token or (B,) joint
+        (``config.logprob``), values (B,)."""
+        tokens, logprobs, values = self.act_tokens(obs, deterministic, generator)
+        return ActOutput(self.bins.to_actions(tokens), self._shaped(logprobs), values)
 
     def evaluate(self, obs: Tensor, actions: Tensor) -> EvalOutput:
-        """(B, size), continuous actions (B, A) -> joint log-probs, summed entropies, values, each (B,)."""
+        """(B, size), continuous actions (B, A) -> log-probs (B, A) per token or (B,) joint (``config.logprob``),
+        summed entropies (B,), values (B,)."""
         out = self.token_outputs(obs, self.bins.to_tokens(torch.as_tensor(actions)))
-        return EvalOutput(out.logprobs.sum(-1), out.entropy.sum(-1), out.values)
+        return EvalOutput(self._shaped(out.logprobs), out.entropy.sum(-1), out.values)
+
+    def _shaped(self, token_logprobs: Tensor) -> Tensor:
+        return token_logprobs if self.config.logprob == "token" else token_logprobs.sum(-1)
 
     def value(self, obs: Tensor) -> Tensor:
         """(B, size) -> values (B,)."""
@@ -197,3 +211,13 @@ def build_vla(obs_space: gym.Space, action_space: gym.Space, config: VLAConfig |
             f"action_low: the bins [{config.action_low}, {config.action_high}] do not cover the action space {action_space}"
         )
     return VLAPolicy(config, action_space.shape[0])
+
+
+def save_policy(policy: VLAPolicy, path: str | Path) -> Path:
+    """Write ``policy``'s weights and config to ``path`` (read by :func:`load_policy_weights`)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {"policy": {k: v.detach().cpu().clone() for k, v in policy.state_dict().items()},
+             "vla": asdict(policy.config)}
+    torch.save(state, path)
+    return path

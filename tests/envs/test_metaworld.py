@@ -55,7 +55,7 @@ def test_observation_layout_instruction_and_proprio(reach):
     assert image.shape == (64, 64, 3) and image.std() > 5  # a scene, not a blank frame
     assert WordTokenizer.from_instructions().decode(ids) == reach.instruction == "move the gripper to the red goal point"
     assert np.allclose(proprio, reach.state[:4])
-    assert info == {"success": 0.0}
+    assert info == {"success": 0.0, "is_success": 0.0}
 
 
 @needs_metaworld
@@ -101,13 +101,14 @@ def test_success_flag_reward_and_termination(reach):
             _, reward, term, trunc, info = env.step(expert.get_action(env.state))
             if term or trunc:
                 break
-        assert term and not trunc and info["success"] == 1.0 and reward == 1.0
+        assert term and not trunc and info["success"] == 1.0 and info["is_success"] == 1.0 and reward == 1.0
     finally:
         env.close()
     reach.reset(seed=0)
     for _ in range(20):
         _, reward, term, trunc, info = reach.step(np.zeros(4, np.float32))
     assert trunc and not term and info["success"] == 0.0 and reward == 0.0  # a still arm times out
+    assert info["is_success"] == 0.0
 
 
 @needs_metaworld

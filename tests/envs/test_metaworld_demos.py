@@ -53,3 +53,19 @@ def test_expert_demos_are_seeded_and_successful(tmp_path):
     rates = evaluate_success(lambda obs: np.zeros((len(obs), 4), np.float32), ["reach-v3", "push-v3"], [0],
                              env_kwargs={"height": 32, "width": 32, "max_episode_steps": 5})
     assert rates == {"reach-v3": 0.0, "push-v3": 0.0}
+
+
+@needs_metaworld
+def test_parallel_evaluation_plays_the_same_episodes():
+    def recorder(seen: set[bytes]):
+        def act(obs: np.ndarray) -> np.ndarray:
+            seen.update(row.tobytes() for row in obs)
+            # a deterministic function of the observation: the proprio bytes steer the arm
+            return np.tanh(obs[:, -16:-12].astype(np.float32) / 64.0 - 2.0)
+        return act
+
+    kwargs = {"height": 32, "width": 32, "max_episode_steps": 6}
+    one, three = set(), set()
+    a = evaluate_success(recorder(one), ["reach-v3"], [5, 6, 7], env_kwargs=kwargs)
+    b = evaluate_success(recorder(three), ["reach-v3"], [5, 6, 7], env_kwargs=kwargs, parallel=3)
+    assert a == b and one == three and len(one) > 3

@@ -53,11 +53,25 @@ def test_default_size_shapes_and_interface():
     logits, values = policy(obs)
     assert logits.shape == (3, 4, 256) and values.shape == (3,)
     out = policy.act(obs)
-    assert out.actions.shape == (3, 4) and out.logprobs.shape == (3,) and out.values.shape == (3,)
+    assert out.actions.shape == (3, 4) and out.logprobs.shape == (3, 4) and out.values.shape == (3,)
     assert out.actions.abs().max() < 1.0
     ev = policy.evaluate(obs, out.actions)
     assert torch.allclose(ev.logprobs, out.logprobs, atol=1e-5)  # the centres map back to the sampled tokens
-    assert torch.allclose(ev.values, out.values, atol=1e-5) and (ev.entropy > 0).all()
+    assert torch.allclose(ev.values, out.values, atol=1e-5) and (ev.entropy > 0).all() and ev.entropy.shape == (3,)
+    # logprob: action sums the four token log-probs into the action's one
+    joint = VLAPolicy(VLAConfig(logprob="action"), 4)
+    joint.load_state_dict(policy.state_dict())
+    assert torch.allclose(joint.evaluate(obs, out.actions).logprobs, ev.logprobs.sum(-1), atol=1e-5)
+
+
+def test_act_samples_from_the_generator_it_is_given():
+    torch.manual_seed(0)
+    policy = VLAPolicy(small(), 4)
+    obs = packed_obs(small(), 5)
+    a = policy.act(obs, generator=torch.Generator().manual_seed(3)).actions
+    b = policy.act(obs, generator=torch.Generator().manual_seed(3)).actions
+    c = policy.act(obs, generator=torch.Generator().manual_seed(4)).actions
+    assert torch.equal(a, b) and not torch.equal(a, c)
 
 
 def test_sampled_token_log_probs_match_the_distribution():
@@ -99,7 +113,7 @@ def test_token_log_probs_feed_the_registered_losses():
     assert torch.allclose(out.logprobs, old, atol=1e-5)
     token_loss = policy_loss("ppo", out.logprobs, old, adv[:, None].expand(-1, 4), torch.ones(8, 4))
     joint = policy.evaluate(obs, policy.bins.to_actions(tokens))
-    loss, _ = ppo_minibatch_loss(joint.logprobs - old.sum(-1), -adv / 8, joint.values, values + adv,
+    loss, _ = ppo_minibatch_loss(joint.logprobs.sum(-1) - old.sum(-1), -adv / 8, joint.values, values + adv,
                                  clip=0.2, scale=1 / 8, ent_coef=0.01, entropy_sum=joint.entropy.sum())
     (token_loss.loss + loss).backward()
     assert policy.action_head.weight.grad.abs().sum() > 0 and policy.value_head.weight.grad.abs().sum() > 0

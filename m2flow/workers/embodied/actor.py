@@ -27,6 +27,7 @@ import torch
 
 from m2flow.algorithms.offpolicy import StalenessSplit, split_by_staleness, staleness_metrics
 from m2flow.models.policies import ActorCritic, GaussianHead, build_policy
+from m2flow.models.policy_types import Policy
 from m2flow.runtime.comm.collectives import ExchangeSum
 from m2flow.runtime.trace import get_tracer, trace_category
 from m2flow.runtime.worker import Worker
@@ -40,6 +41,7 @@ from m2flow.workers.state_file import load_state, save_state
 log = logging.getLogger(__name__)
 
 ACTOR_FILE = "actor.pt"
+_ENTROPY_SAMPLE = 256  # samples the entropy metric of a policy other than the actor-critic is measured on
 
 
 def zero_batch(obs_space: Any, action_space: Any, size: int, device: torch.device) -> PPOBatch:
@@ -67,7 +69,7 @@ class ActorWorker(Worker):
         self.max_staleness = s.max_staleness
         # version -> the weights sent at that version, kept while samples of it may still arrive
         self._sent: dict[int, dict[str, torch.Tensor]] = {}
-        self._scratch: list[ActorCritic] = []  # copies of the policy to score samples of older versions
+        self._scratch: list[Policy] = []  # copies of the policy to score samples of older versions
         self.env_group = s.env_group
         self.env_ranks = s.env_ranks
         self.total_iterations = s.total_iterations
@@ -129,14 +131,14 @@ class ActorWorker(Worker):
             del self._sent[version]  # no sample of it can be trained on any more
         return [t for t, ok in zip(trajs, split.fresh) if ok], split
 
-    def _behaviour_policies(self, trajs: list[Trajectory], iteration: int) -> list[ActorCritic | None] | None:
+    def _behaviour_policies(self, trajs: list[Trajectory], iteration: int) -> list[Policy | None] | None:
         """Per trajectory, the policy that collected it where that is not the current one (None: current)."""
         stale = sorted({t.policy_version for t in trajs if t.policy_version != iteration})
         if not stale:
             return None
         while len(self._scratch) < len(stale):  # one scratch copy per version in use, reused
             self._scratch.append(copy.deepcopy(self.policy))
-        loaded: dict[int, ActorCritic] = {}
+        loaded: dict[int, Policy] = {}
         for v, policy in zip(stale, self._scratch):
             if v not in self._sent:
                 raise RuntimeError(f"iteration {iteration}: trajectories were collected with weights of "
@@ -160,6 +162,10 @@ class ActorWorker(Worker):
         return metrics
 
     def _policy_stats(self, batch: PPOBatch) -> dict[str, float]:
+        if not isinstance(self.policy, ActorCritic):  # any policy: its mean entropy on a sample of the batch
+            with torch.no_grad():
+                out = self.policy.evaluate(batch.obs[:_ENTROPY_SAMPLE], batch.actions[:_ENTROPY_SAMPLE])
+            return {"actor/entropy": float(out.entropy.mean())}
         head = self.policy.head
         with torch.no_grad():
             if isinstance(head, GaussianHead):

@@ -10,14 +10,36 @@ import torch
 from m2flow.algorithms.advantages import compute_gae
 from m2flow.algorithms.offpolicy import decoupled_ppo_weights
 from m2flow.models.policies import ActorCritic
+from m2flow.models.policy_types import Policy
 from m2flow.workers.embodied.config import PPOConfig
 from m2flow.workers.embodied.messages import Trajectory
 from m2flow.workers.embodied.ppo import PPOBatch, evaluate_actions
 
 
-def build_batch(policy: ActorCritic, trajs: list[Trajectory], cfg: PPOConfig,
+# Samples per forward pass when scoring a batch with a policy other than the actor-critic (the VLA):
+# its activations over a whole iteration's batch at once would cost far more memory than they save time.
+SCORE_CHUNK = 1024
+
+
+def score(policy: Policy, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs (B,) or (B, K) and values (B,) of ``actions`` at ``obs``, without gradients."""
+    with torch.no_grad():
+        if isinstance(policy, ActorCritic) or len(obs) <= SCORE_CHUNK:
+            return evaluate_actions(policy, obs, actions)
+        parts = [evaluate_actions(policy, obs[i:i + SCORE_CHUNK], actions[i:i + SCORE_CHUNK])
+                 for i in range(0, len(obs), SCORE_CHUNK)]
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+def _values(policy: Policy, obs: torch.Tensor) -> torch.Tensor:
+    if isinstance(policy, ActorCritic) or len(obs) <= SCORE_CHUNK:
+        return policy.value(obs)
+    return torch.cat([policy.value(obs[i:i + SCORE_CHUNK]) for i in range(0, len(obs), SCORE_CHUNK)])
+
+
+def build_batch(policy: Policy, trajs: list[Trajectory], cfg: PPOConfig,
                 device: torch.device | str = "cpu",
-                behaviour: Sequence[ActorCritic | None] | None = None) -> tuple[PPOBatch, dict[str, float]]:
+                behaviour: Sequence[Policy | None] | None = None) -> tuple[PPOBatch, dict[str, float]]:
     """Join trajectories along the env axis ((T, N) with N = all envs) and flatten to T * N samples.
 
     Old log-probabilities and values come from ``policy`` in one pass. Without ``behaviour`` it must
@@ -38,17 +60,17 @@ def build_batch(policy: ActorCritic, trajs: list[Trajectory], cfg: PPOConfig,
     flat_actions = actions.reshape(T * N, *actions.shape[2:])
     final_values = torch.zeros(T, N, device=device)
     with torch.no_grad():
-        logprobs, values = evaluate_actions(policy, flat_obs, flat_actions)
+        logprobs, values = score(policy, flat_obs, flat_actions)
         values = values.view(T, N)
         if cfg.use_critic:
             last_obs = torch.from_numpy(np.concatenate([t.last_obs for t in trajs])).to(device)
-            next_values = policy.value(last_obs)
+            next_values = _values(policy, last_obs)
             offset = 0
             for t in trajs:
                 if len(t.final_index):
                     idx = torch.from_numpy(t.final_index).to(device)
-                    final_values[idx[:, 0], idx[:, 1] + offset] = policy.value(
-                        torch.from_numpy(t.final_obs).to(device))
+                    final_values[idx[:, 0], idx[:, 1] + offset] = _values(
+                        policy, torch.from_numpy(t.final_obs).to(device))
                 offset += t.num_envs
         else:
             values = torch.zeros_like(values)
@@ -59,7 +81,8 @@ def build_batch(policy: ActorCritic, trajs: list[Trajectory], cfg: PPOConfig,
     weights = None
     extra: dict[str, float] = {}
     if behaviour is not None and any(b is not None for b in behaviour):
-        behaviour_logprobs = logprobs.view(T, N).clone()
+        joint = logprobs if logprobs.dim() == 1 else logprobs.sum(-1)  # the weights are per action
+        behaviour_logprobs = joint.view(T, N).clone()
         offset = 0
         with torch.no_grad():
             for t, b in zip(trajs, behaviour):
@@ -67,9 +90,9 @@ def build_batch(policy: ActorCritic, trajs: list[Trajectory], cfg: PPOConfig,
                 offset += t.num_envs
                 if b is not None:  # (T, n) samples of this trajectory, scored by the weights that acted
                     o, a = obs[:, cols], actions[:, cols]
-                    lp, _ = evaluate_actions(b, o.reshape(-1, *o.shape[2:]), a.reshape(-1, *a.shape[2:]))
-                    behaviour_logprobs[:, cols] = lp.view(T, -1)
-        weights = decoupled_ppo_weights(logprobs, behaviour_logprobs.reshape(-1))
+                    lp, _ = score(b, o.reshape(-1, *o.shape[2:]), a.reshape(-1, *a.shape[2:]))
+                    behaviour_logprobs[:, cols] = (lp if lp.dim() == 1 else lp.sum(-1)).view(T, -1)
+        weights = decoupled_ppo_weights(joint, behaviour_logprobs.reshape(-1))
         extra = {"async/importance_weight_mean": float(weights.mean()),
                  "async/importance_weight_max": float(weights.max())}
     flat_values, flat_returns = values.reshape(-1), returns.reshape(-1)

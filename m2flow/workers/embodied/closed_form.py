@@ -56,7 +56,7 @@ def _mlp(trunk: nn.Module | None) -> list[Layer] | None:
 
 def supports(policy: ActorCritic, cfg: PPOConfig) -> bool:
     """Whether :class:`ClosedFormPPO` covers this policy and these settings."""
-    if cfg.value_clip is not None:
+    if not isinstance(policy, ActorCritic) or cfg.value_clip is not None:
         return False
     if _mlp(policy.actor_trunk) is None:
         return False

@@ -4,7 +4,11 @@ A snapshot holds, for the env and each of its wrappers, the plain attributes (nu
 ``None``, numpy arrays, numpy random generators): a ``TimeLimit``'s elapsed steps, a classic-control
 env's state vector, the env's random generator. For MuJoCo envs it also holds every array of the
 ``MjData`` and its time (the integration state alone is not enough: rewards read positions that
-MuJoCo derived before the last integration step). A snapshot is arrays and plain values only, so a
+MuJoCo derived before the last integration step). An env that drives a simulator object of its own
+(MetaWorld's task env inside the pixel env) names it as its ``simulator`` attribute, and that env's
+snapshot is taken the same way, nested; the ``MjModel`` arrays such a simulator rewrites on reset
+(MetaWorld moves goal sites and objects in the model, not the data) are listed by the outer env's
+``simulator_model_arrays`` and saved too. A snapshot is arrays and plain values only, so a
 checkpoint file holding it loads without unpickling objects. Envs whose state lives elsewhere (a renderer, a remote
 simulator) are restored only as far as those attributes go.
 """
@@ -108,6 +112,12 @@ def get_env_state(env: gym.Env) -> dict[str, Any]:
     parts = _mujoco_parts(layers[-1])
     if parts is not None:
         state["mujoco"] = _mujoco_arrays(parts[1])
+    simulator = getattr(layers[-1], "simulator", None)
+    if isinstance(simulator, gym.Env):
+        state["simulator"] = get_env_state(simulator)
+        model = getattr(simulator, "model", None)
+        names = getattr(layers[-1], "simulator_model_arrays", ())
+        state["simulator_model"] = {name: np.array(getattr(model, name), copy=True) for name in names}
     return state
 
 
@@ -124,6 +134,13 @@ def set_env_state(env: gym.Env, state: dict[str, Any]) -> None:
         if parts is None:
             raise ValueError("the snapshot holds MuJoCo physics, this env has none")
         _restore_mujoco(parts[1], state["mujoco"])
+    if "simulator" in state:
+        simulator = getattr(layers[-1], "simulator", None)
+        if not isinstance(simulator, gym.Env):
+            raise ValueError("the snapshot holds a simulator env, this env has none")
+        set_env_state(simulator, state["simulator"])
+        for name, value in state.get("simulator_model", {}).items():
+            getattr(simulator.model, name)[...] = value  # in place: MjModel's arrays are views of its buffers
 
 
 def env_state_file(rank: int) -> str:

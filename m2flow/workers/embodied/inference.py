@@ -1,15 +1,16 @@
 """``PolicyEngine``: a rollout-side copy of the policy that turns observations into actions.
 
-It samples from the actor-critic's action head only (no critic, no log-probabilities): the actor
-recomputes old log-probabilities and values for the whole batch in one pass with the very weights
-this copy acted with, which costs far less than doing it here on every step.
+Actions only: the actor recomputes old log-probabilities and values for the whole batch in one pass
+with the very weights this copy acted with, which costs far less than doing it here on every step.
 
-Each env rank it serves has its own random generator (numpy's PCG64), so the actions an env sees
-do not depend on the order in which the rollout served its sources, or on whether it ran in the
-env's own process. On the CPU, MLP policies run their forward pass in numpy on a copy of the
-weights refreshed at every weight sync: for a batch of a few observations one numpy call costs a
-microsecond or two where a torch operation costs several, and that is paid on every env step.
-Other policies (CNN encoders, GPU devices) run in torch.
+Each env rank it serves has its own random generator, so the actions an env sees do not depend on
+the order in which the rollout served its sources, or on whether it ran in the env's own process.
+Any policy runs through its ``act`` (``m2flow.models.policy_types.Policy``), one call per source
+with that source's torch generator. The MLP / CNN actor-critic keeps a faster path of its own: it
+samples from the action head only (no critic), with numpy's PCG64 per source; on the CPU, MLP
+trunks run in numpy on a copy of the weights refreshed at every weight sync (for a batch of a few
+observations one numpy call costs a microsecond or two where a torch operation costs several, and
+that is paid on every env step).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 from m2flow.models.policies import ActorCritic, GaussianHead, MLPEncoder, PolicyConfig, build_policy
+from m2flow.models.policy_types import Policy
 
 _NUMPY_ACTIVATIONS = {nn.Tanh: np.tanh, nn.ReLU: lambda x: np.maximum(x, 0.0, out=x)}
 
@@ -83,13 +85,20 @@ class PolicyEngine:
         device: str | torch.device = "cpu",
     ) -> None:
         self.device = torch.device(device)
-        self.policy: ActorCritic = build_policy(obs_space, action_space, policy_config).to(self.device)
+        self.policy: Policy = build_policy(obs_space, action_space, policy_config).to(self.device)
         self.policy.requires_grad_(False)
         self.policy.eval()
-        self._gaussian = isinstance(self.policy.head, GaussianHead)
-        self._action_dtype = np.dtype(action_space.dtype) if self._gaussian else np.dtype(np.int64)
-        self.generators = {s: np.random.Generator(np.random.PCG64(source_seed(seed, s))) for s in sources}
-        self._use_numpy = self.device.type == "cpu" and _NumpyActor.supports(self.policy)
+        self._actor_critic = isinstance(self.policy, ActorCritic)
+        """The actor-critic's own path (its head, numpy generators); otherwise ``policy.act``."""
+        self._gaussian = self._actor_critic and isinstance(self.policy.head, GaussianHead)
+        discrete = self._actor_critic and not self._gaussian
+        self._action_dtype = np.dtype(np.int64) if discrete else np.dtype(action_space.dtype)
+        self.generators: dict[int, Any]
+        if self._actor_critic:
+            self.generators = {s: np.random.Generator(np.random.PCG64(source_seed(seed, s))) for s in sources}
+        else:
+            self.generators = {s: torch.Generator(self.device).manual_seed(source_seed(seed, s)) for s in sources}
+        self._use_numpy = self.device.type == "cpu" and self._actor_critic and _NumpyActor.supports(self.policy)
         self._numpy: _NumpyActor | None = None
         self._std: torch.Tensor | None = None
 
@@ -118,6 +127,8 @@ class PolicyEngine:
         self, obs: Sequence[np.ndarray], sources: Sequence[int], deterministic: bool = False
     ) -> list[np.ndarray]:
         """One forward pass over several sources' observations; their actions, in the same order."""
+        if not self._actor_critic:
+            return [self._act_policy(o, s, deterministic) for o, s in zip(obs, sources)]
         sizes = [len(o) for o in obs]
         batch = obs[0] if len(obs) == 1 else np.concatenate(obs)
         out = self._head_out(batch)  # (B, A): means or logits
@@ -138,6 +149,13 @@ class PolicyEngine:
             return [actions]
         return np.split(actions, np.cumsum(sizes)[:-1])
 
+    def _act_policy(self, obs: np.ndarray, source: int, deterministic: bool) -> np.ndarray:
+        """Any policy: its ``act`` on one source's observations, sampling from that source's generator."""
+        with torch.inference_mode():
+            x = torch.from_numpy(obs).to(self.device, non_blocking=True)
+            out = self.policy.act(x, deterministic, generator=self.generators[source])
+            return out.actions.cpu().numpy().astype(self._action_dtype, copy=False)
+
     def _head_out(self, batch: np.ndarray) -> np.ndarray:
         if self._numpy is not None:
             return self._numpy.head_out(batch)
@@ -151,20 +169,26 @@ class PolicyEngine:
             out = head.mean(features) if self._gaussian else head.logits(features)
             return out.float().cpu().numpy()
 
-    def _torch_std(self) -> np.ndarray:
+    def _torch_std(self) -> np.ndarray:  # the actor-critic's Gaussian head only
         if self._std is None:
             self._std = self.policy.head.log_std.detach().exp().float().cpu()
         return self._std.numpy()
 
     # -- checkpoint and devices -----------------------------------------------------------------
-    def rng_state(self) -> dict[int, dict]:
-        """The state of every source's generator."""
+    def rng_state(self) -> dict[int, Any]:
+        """The state of every source's generator (numpy's state dict, or a torch generator's bytes)."""
+        if not self._actor_critic:
+            return {s: g.get_state() for s, g in self.generators.items()}
         return {s: g.bit_generator.state for s, g in self.generators.items()}
 
-    def load_rng_state(self, state: dict[int, dict]) -> None:
+    def load_rng_state(self, state: dict[int, Any]) -> None:
         for s, st in state.items():
-            if s in self.generators:
+            if s not in self.generators:
+                continue
+            if self._actor_critic:
                 self.generators[s].bit_generator.state = st
+            else:
+                self.generators[s].set_state(st)
 
     def to(self, device: str | torch.device) -> None:
         """Move the torch weights (context switching)."""

@@ -6,6 +6,9 @@ them: MLP trunks are called layer by layer (no module dispatch), constants of th
 are folded into a per-sample offset computed once per update, and the log-ratio comes out of one
 fused subtraction. Encoders other than the MLP go through their modules unchanged.
 
+Any other policy (the VLA) goes through its ``evaluate`` (:class:`PolicyForward`), whose
+log-probabilities may be per token, (B, K): the log-ratio then is (B, K) as well.
+
 (Running the actor's and critic's layers as one batched matmul over stacked weights was tried:
 on CPU it saved nothing measurable, so the two trunks stay separate.)
 """
@@ -20,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from m2flow.models.policies import ActorCritic, GaussianHead, MLPEncoder
+from m2flow.models.policy_types import Policy
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 _ACTIVATIONS: dict[type[nn.Module], Callable[[Tensor], Tensor]] = {
@@ -91,3 +95,32 @@ class MinibatchForward:
             return n * (log_std.sum() + log_std.numel() * (0.5 + _LOG_SQRT_2PI))
         assert log_p is not None
         return -(log_p.exp() * log_p).sum()
+
+
+class PolicyForward:
+    """The same three calls for any :class:`Policy`, through its ``evaluate``; log-ratios (B,) or (B, K)."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+
+    def prepare_actions(self, actions: Tensor) -> Tensor:
+        return actions
+
+    def offset(self, old_logprobs: Tensor) -> Tensor:
+        """(B,) or (B, K): minus the old log-probs."""
+        return -old_logprobs
+
+    def evaluate(self, obs: Tensor, actions: Tensor, offset: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """-> log-ratio (B,) or (B, K), values (B,), entropies (B,)."""
+        out = self.policy.evaluate(obs, actions)
+        return out.logprobs + offset, out.values, out.entropy
+
+    def entropy_sum(self, entropy: Tensor | None, n: int) -> Tensor:
+        """The summed entropy of the n samples (``evaluate``'s third output)."""
+        assert entropy is not None
+        return entropy.sum()
+
+
+def minibatch_forward(policy: Policy) -> MinibatchForward | PolicyForward:
+    """The fast forward for an :class:`ActorCritic`, the ``evaluate``-based one for any other policy."""
+    return MinibatchForward(policy) if isinstance(policy, ActorCritic) else PolicyForward(policy)

@@ -38,12 +38,13 @@ from torch import Tensor
 
 from m2flow.algorithms.minibatch_ppo import MINIBATCH_PARTS, ppo_minibatch_loss
 from m2flow.models.policies import ActorCritic, GaussianHead
+from m2flow.models.policy_types import Policy
 from m2flow.runtime.errors import RunHealthError
 from m2flow.workers.embodied.closed_form import ClosedFormPPO, supports
 from m2flow.workers.embodied.compiled_step import CompiledStep
 from m2flow.workers.embodied.config import PPOConfig
 from m2flow.workers.embodied.flat import FlatAdam, FlatParameters
-from m2flow.workers.embodied.minibatch_forward import MinibatchForward
+from m2flow.workers.embodied.minibatch_forward import minibatch_forward
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class PPOBatch:
     actions: Tensor
     """(B, *action_shape)"""
     logprobs: Tensor
-    """(B,): log-probabilities under the policy that acted."""
+    """(B,), or (B, K) per token: log-probabilities under the policy that acted."""
     values: Tensor
     """(B,): value estimates of that policy."""
     advantages: Tensor
@@ -76,11 +77,15 @@ class PPOBatch:
         return int(self.advantages.shape[0])
 
 
-def evaluate_actions(policy: ActorCritic, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
-    """(B, *obs_shape), (B, *action_shape) -> log-probs (B,), values (B,); differentiable.
+def evaluate_actions(policy: Policy, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
+    """(B, *obs_shape), (B, *action_shape) -> log-probs (B,) or (B, K), values (B,); differentiable.
 
-    ``ActorCritic.evaluate`` without the entropy: the same numbers, fewer operations per call.
+    For an actor-critic, ``ActorCritic.evaluate`` without the entropy: the same numbers, fewer
+    operations per call; any other policy through its ``evaluate``.
     """
+    if not isinstance(policy, ActorCritic):
+        out = policy.evaluate(obs, actions)
+        return out.logprobs, out.values
     features = policy.actor_trunk(obs)
     critic = features if policy.critic_trunk is None else policy.critic_trunk(obs)
     head = policy.head
@@ -126,7 +131,7 @@ class PPOUpdater:
 
     def __init__(
         self,
-        policy: ActorCritic,
+        policy: Policy,
         cfg: PPOConfig,
         rank: int = 0,
         world_size: int = 1,
@@ -144,7 +149,7 @@ class PPOUpdater:
         self.world_size = world_size
         self.all_reduce = all_reduce
         self.flat = FlatParameters(policy)
-        self.policy_forward = MinibatchForward(policy)
+        self.policy_forward = minibatch_forward(policy)
         """The policy's forward for minibatches: log-ratio, values and entropy with few tensor operations."""
         self.closed_form = (ClosedFormPPO(policy, cfg, self.flat.params) if closed_form and supports(policy, cfg)
                             else None)
@@ -186,7 +191,10 @@ class PPOUpdater:
         bounds = self._minibatches(size)
         forward = self.policy_forward
         # Per-sample columns gathered together once per epoch: offset, old value, return, advantage.
-        columns = torch.stack((forward.offset(batch.logprobs), batch.values, batch.returns, batch.advantages))
+        offsets = forward.offset(batch.logprobs)  # (B,), or (B, K) with a log-prob per token
+        per_token = offsets.dim() == 2  # then the offsets are gathered on their own
+        columns = torch.stack((batch.values, batch.returns, batch.advantages) if per_token
+                              else (offsets, batch.values, batch.returns, batch.advantages))
         actions = forward.prepare_actions(batch.actions)
         # Each minibatch's loss is a mean: the scale 1 / size is folded into the advantages.
         neg_scale = torch.empty(size, dtype=batch.advantages.dtype, device=batch.advantages.device)
@@ -200,7 +208,11 @@ class PPOUpdater:
         stopped = False
         for _ in range(cfg.epochs):
             perm = torch.randperm(size, generator=self.generator).to(batch.advantages.device)
-            offset, old_values, returns, adv = columns[:, perm].unbind(0)
+            if per_token:
+                old_values, returns, adv = columns[:, perm].unbind(0)
+                offset = offsets[perm]
+            else:
+                offset, old_values, returns, adv = columns[:, perm].unbind(0)
             if cfg.normalize_advantages and size > 1:
                 adv = whiten_minibatches(adv.contiguous(), bounds)
             neg_adv = adv * neg_scale
@@ -346,14 +358,25 @@ class PPOUpdater:
         """This rank's part of one minibatch's loss, and its summed parts for the metrics.
 
         ``neg_adv`` is minus the advantage times ``scale`` (1 / minibatch size); the loss and its
-        parts are ``m2flow.algorithms.minibatch_ppo.ppo_minibatch_loss``'s.
+        parts are ``m2flow.algorithms.minibatch_ppo.ppo_minibatch_loss``'s. With a log-prob per token
+        ((B, K) log-ratios) every token is a sample of the clipped surrogate with its action's advantage
+        and weight 1 / K, the token-mean of ``losses.ppo_policy_loss`` over the (B, K) tokens; the
+        ratio parts are then means over each action's tokens.
         """
         cfg = self.cfg
         log_ratio, values, log_p = self.policy_forward.evaluate(obs, actions, offset)
         entropy = self.policy_forward.entropy_sum(log_p, obs.shape[0]) if cfg.ent_coef else None
-        return ppo_minibatch_loss(log_ratio, neg_adv, values if cfg.use_critic else None, returns, clip=cfg.clip,
-                                  scale=scale, vf_coef=cfg.vf_coef, old_values=old_values,
-                                  value_clip=cfg.value_clip, ent_coef=cfg.ent_coef, entropy_sum=entropy)
+        per_token = log_ratio.dim() == 2
+        k = log_ratio.shape[1] if per_token else 1
+        if per_token:  # [B, K] -> [B * K]
+            neg_adv = (neg_adv / k).unsqueeze(1).expand(-1, k).reshape(-1)
+            log_ratio = log_ratio.reshape(-1)
+        loss, parts = ppo_minibatch_loss(log_ratio, neg_adv, values if cfg.use_critic else None, returns,
+                                         clip=cfg.clip, scale=scale, vf_coef=cfg.vf_coef, old_values=old_values,
+                                         value_clip=cfg.value_clip, ent_coef=cfg.ent_coef, entropy_sum=entropy)
+        if per_token:
+            parts = torch.cat((parts[:2], parts[2:] / k))
+        return loss, parts
 
     def minibatch_loss(self, obs: Tensor, actions: Tensor, old_logprobs: Tensor, advantages: Tensor,
                        returns: Tensor, old_values: Tensor,

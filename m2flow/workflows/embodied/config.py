@@ -32,7 +32,7 @@ class EmbodiedConfig(RunConfig):
         1, "K: each env rank's envs form K stages; one simulates while another's actions are inferred")
     rollout_steps: int = option(256, "steps every env takes per iteration (T); the batch is T x all envs")
     total_env_steps: int = option(1_000_000, "train until this many env steps (whole iterations)")
-    policy: PolicyConfig = option(PolicyConfig(), "the actor-critic network")
+    policy: PolicyConfig = option(PolicyConfig(), "the policy: an MLP / CNN actor-critic or the small VLA (policy.kind)")
     algorithm: PPOConfig = option(PPOConfig(), "PPO and GAE")
     env_worker: EnvWorkerConfig = option(EnvWorkerConfig(), "the env ranks")
     rollout: RolloutConfig = option(RolloutConfig(), "the rollout ranks")

@@ -93,6 +93,10 @@ class EmbodiedFlow:
         for module in cfg.env_worker.imports:  # custom env ids, for the probe env built here
             importlib.import_module(module)
         spaces = _spaces(replace(cfg.env, num_groups=plan.settings["pipeline_stages"], seed=cfg.seed))
+        if cfg.policy.init_from is not None:  # a file that does not fit fails here, naming it, before any worker starts
+            from m2flow.models.policies import build_policy
+
+            build_policy(*spaces, cfg.policy)
         self.iterations = cfg.iterations(self.env_ranks)
         self.batch = cfg.batch_size(self.env_ranks)
         self.progress_total = self.iterations * self.batch

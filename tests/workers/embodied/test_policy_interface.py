@@ -1,0 +1,108 @@
+"""The embodied workers on a policy other than the actor-critic (the small VLA), through its act / evaluate only."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from m2flow.algorithms.losses import ppo_policy_loss
+from m2flow.models.policies import PolicyConfig, build_policy
+from m2flow.models.vla import VLAConfig, VLAPolicy
+from m2flow.workers.embodied.closed_form import supports
+from m2flow.workers.embodied.config import PPOConfig
+from m2flow.workers.embodied.inference import PolicyEngine
+from m2flow.workers.embodied.minibatch_forward import MinibatchForward, PolicyForward, minibatch_forward
+from m2flow.workers.embodied.ppo import PPOBatch, PPOUpdater
+from tests.models.test_vla import packed_obs
+
+torch.set_num_threads(1)
+
+TINY = VLAConfig(height=32, width=32, dim=32, depth=1, heads=2, stem_channels=[8, 16], grid=2, num_bins=16)
+OBS = gym.spaces.Box(0, 255, (TINY.layout().size,), np.uint8)
+ACT = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+
+
+def _vla(seed: int = 0, logprob: str = "token") -> VLAPolicy:
+    torch.manual_seed(seed)
+    config = PolicyConfig(kind="vla", vla=VLAConfig(**{**vars(TINY), "logprob": logprob}))
+    return build_policy(OBS, ACT, config)
+
+
+def _batch(policy: VLAPolicy, n: int = 24, seed: int = 1) -> PPOBatch:
+    obs = packed_obs(TINY, n, seed)
+    out = policy.act(obs, generator=torch.Generator().manual_seed(seed))
+    g = torch.Generator().manual_seed(seed)
+    advantages = torch.randn(n, generator=g)
+    return PPOBatch(obs, out.actions, out.logprobs, out.values, advantages, advantages + out.values)
+
+
+def test_the_fast_paths_are_for_the_actor_critic_only():
+    policy = _vla()
+    assert isinstance(minibatch_forward(policy), PolicyForward) and not supports(policy, PPOConfig())
+    mlp = build_policy(gym.spaces.Box(-1, 1, (3,)), ACT, PolicyConfig())
+    assert isinstance(minibatch_forward(mlp), MinibatchForward) and supports(mlp, PPOConfig())
+
+
+def test_engine_actions_per_source_repeat_and_survive_a_checkpoint():
+    config = PolicyConfig(kind="vla", vla=TINY)
+    obs = packed_obs(TINY, 6).numpy()
+    torch.manual_seed(0)
+    a = PolicyEngine(OBS, ACT, config, seed=7, sources=[0, 1])
+    torch.manual_seed(0)
+    b = PolicyEngine(OBS, ACT, config, seed=7, sources=[0, 1])
+    first = a.act_many([obs[:3], obs[3:]], [0, 1])
+    assert b.act(obs[3:], 1).tolist() == first[1].tolist()  # source 1 alone: the same actions
+    assert first[0].dtype == np.float32 and first[0].shape == (3, 4)
+    state = a.rng_state()
+    again = a.act_many([obs[:3], obs[3:]], [0, 1])
+    a.load_rng_state(state)
+    assert all(np.array_equal(x, y) for x, y in zip(a.act_many([obs[:3], obs[3:]], [0, 1]), again))
+
+
+def test_token_level_loss_is_the_registered_ppo_loss_over_action_tokens():
+    policy = _vla()
+    batch = _batch(policy)
+    assert batch.logprobs.shape == (24, 4)
+    cfg = PPOConfig(vf_coef=0.5)
+    updater = PPOUpdater(policy, cfg)
+    with torch.no_grad():  # move the weights a little so the ratios are not all 1
+        for p in policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    loss, metrics = updater.minibatch_loss(batch.obs, batch.actions, batch.logprobs, batch.advantages,
+                                           batch.returns, batch.values)
+    out = policy.evaluate(batch.obs, batch.actions)
+    tokens = torch.ones_like(out.logprobs)
+    reference = ppo_policy_loss(out.logprobs, batch.logprobs, batch.advantages[:, None].expand(-1, 4), tokens,
+                                clip_low=cfg.clip, agg="token-mean")
+    value = ((out.values - batch.returns) ** 2).mean()  # SB3's value loss: no 1/2
+    assert torch.allclose(loss, reference.loss + cfg.vf_coef * value, atol=1e-6)
+    ratio = (out.logprobs - batch.logprobs).exp()  # SB3's clip fraction: tokens whose ratio left the range
+    assert torch.allclose(metrics["actor/clip_frac"], ((ratio - 1).abs() > cfg.clip).float().mean(), atol=1e-6)
+    assert torch.allclose(metrics["actor/approx_kl"], reference.metrics["actor/approx_kl"], atol=1e-6)
+
+
+def test_action_level_loss_takes_one_ratio_per_action():
+    policy = _vla(logprob="action")
+    batch = _batch(policy)
+    assert batch.logprobs.shape == (24,)
+    updater = PPOUpdater(policy, PPOConfig())
+    loss, _ = updater.minibatch_loss(batch.obs, batch.actions, batch.logprobs, batch.advantages,
+                                     batch.returns, batch.values)
+    out = policy.evaluate(batch.obs, batch.actions)
+    reference = ppo_policy_loss(out.logprobs[None], batch.logprobs[None], batch.advantages[None],
+                                torch.ones(1, 24), agg="token-mean")
+    assert torch.allclose(loss, reference.loss + 0.5 * ((out.values - batch.returns) ** 2).mean(), atol=1e-6)
+
+
+def test_an_update_moves_the_vla_and_lowers_its_loss():
+    policy = _vla()
+    batch = _batch(policy, n=32)
+    updater = PPOUpdater(policy, PPOConfig(epochs=4, minibatch_size=8, lr=1e-3))
+    before = updater.minibatch_loss(batch.obs, batch.actions, batch.logprobs, batch.advantages, batch.returns,
+                                    batch.values)[0].item()
+    metrics = updater.update(batch)
+    after = updater.minibatch_loss(batch.obs, batch.actions, batch.logprobs, batch.advantages, batch.returns,
+                                   batch.values)[0].item()
+    assert metrics["actor/updates"] == 16 and metrics["actor/skipped_updates_count"] == 0
+    assert after < before
