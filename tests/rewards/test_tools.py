@@ -137,3 +137,25 @@ def test_the_python_tool_bounds_time_memory_and_reports_errors(python_box):
     # State never leaks from one call to the next: each runs in a fresh process.
     python_box.respond("<tool>python: import builtins; builtins.leak = 1</tool>")
     assert "NameError" in python_box.respond("<tool>python: leak</tool>").observation
+
+
+class _Where:
+    """Records the thread each call ran on."""
+
+    name, description, isolated = "where", "records its thread", False
+
+    def __init__(self) -> None:
+        self.threads: list[threading.Thread] = []
+
+    def __call__(self, argument: str) -> str:
+        self.threads.append(threading.current_thread())
+        return argument
+
+
+def test_in_process_tool_calls_share_one_thread():
+    where = _Where()
+    box = ToolBox([where])
+    assert [box.respond(f"<tool>where: {i}</tool>").outcome for i in range(50)] == ["ok"] * 50
+    assert len(where.threads) == 50 and len(set(where.threads)) == 1  # one thread for the 50 calls
+    assert where.threads[0] is not threading.current_thread()  # still under the box's time limit
+    box.close()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from m2flow.algorithms.registry import Registry
-from m2flow.rewards.deadline import call_with_deadline
+from m2flow.rewards.deadline import DeadlineRunner, call_with_deadline
 from m2flow.rewards.tools.base import Tool, ToolTimeout
 from m2flow.rewards.tools.calculator import Calculator
 from m2flow.rewards.tools.calls import format_error, format_result, parse_call
@@ -82,6 +82,8 @@ class ToolBox:
             self.tools[tool.name] = tool
         self.timeout_s = timeout_s
         self.stats = ToolStats()
+        self._runner = DeadlineRunner(timeout_s, name="tool calls")
+        """One long-lived thread for the in-process tools' calls (started at the first call), not one per call."""
 
     @classmethod
     def from_names(cls, names: Sequence[str], timeout_s: float = 5.0, **settings: dict[str, Any]) -> ToolBox:
@@ -111,8 +113,11 @@ class ToolBox:
             return ToolReply("unknown", format_error(f"unknown tool {parsed.name!r}; tools: {valid}"), parsed.name)
         self.stats.calls += 1
         start = time.perf_counter()
-        # An isolated tool kills its own process at its limit; the others get a thread deadline.
-        result = call_with_deadline(tool, parsed.argument, timeout_s=None if tool.isolated else self.timeout_s)
+        # An isolated tool kills its own process at its limit; the others run on the box's deadline thread.
+        if tool.isolated:
+            result = call_with_deadline(tool, parsed.argument)
+        else:
+            result = self._runner.run_all([(tool, (parsed.argument,))])[0]
         self.stats.seconds += time.perf_counter() - start
         if result.status == "timeout" or isinstance(result.exception, ToolTimeout):
             self.stats.timeouts += 1
@@ -136,7 +141,8 @@ class ToolBox:
         return stats
 
     def close(self) -> None:
-        """Release the tools' resources (sandbox processes)."""
+        """Release the tools' resources (sandbox processes, the deadline thread)."""
+        self._runner.close()
         for tool in self.tools.values():
             close = getattr(tool, "close", None)
             if close is not None:
