@@ -21,6 +21,13 @@ from typing import Any, Literal
 
 CallStatus = Literal["ok", "error", "timeout"]
 
+_here = threading.local()
+
+
+def under_deadline() -> bool:
+    """Whether this thread runs calls under a deadline (a ``DeadlineRunner``'s or ``call_all_with_deadline``'s)."""
+    return getattr(_here, "under_deadline", False)
+
 
 @dataclass
 class CallResult:
@@ -33,6 +40,8 @@ class CallResult:
 
 
 def _run(fn: Callable[..., Any], args: Sequence[Any], box: list[CallResult], in_thread: bool = True) -> None:
+    if in_thread:
+        _here.under_deadline = True
     try:
         box.append(CallResult("ok", value=fn(*args)))
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a counted outcome
@@ -91,6 +100,7 @@ class _RunnerState:
     def loop(self) -> None:
         """The runner thread: wait for a job, run its calls in turn, hand back the results; exit when closed
         or when a call of its job was abandoned (the thread was given up on while in that call)."""
+        _here.under_deadline = True
         while True:
             with self.cond:
                 while self.job is None and not self.closed:

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from m2flow.rewards.deadline import DeadlineRunner
+from m2flow.rewards.deadline import DeadlineRunner, call_with_deadline, under_deadline
 
 
 def _where(tag: str) -> tuple[str, threading.Thread]:
@@ -80,3 +80,10 @@ def test_the_thread_exits_when_its_runner_is_collected_and_a_copy_starts_its_own
     assert not thread.is_alive()
     with pytest.raises(ValueError, match="timeout_s"):
         DeadlineRunner(0)
+
+
+def test_calls_know_they_run_under_a_deadline():
+    assert not under_deadline()
+    assert DeadlineRunner(30.0).run_all([(under_deadline, ())])[0].value is True
+    assert call_with_deadline(under_deadline, timeout_s=30.0).value is True
+    assert call_with_deadline(under_deadline).value is False  # in the caller's thread, no limit

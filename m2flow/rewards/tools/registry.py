@@ -5,6 +5,11 @@ list the valid ones). ``ToolBox.respond(text)`` turns one model turn into the ob
 sees next: the tool's output as ``<result>...</result>``, or ``<error>...</error>`` for a malformed call,
 an unknown tool, a tool that raised or one that missed its time limit; each kind is counted in
 ``ToolStats``. Nothing the model writes makes it raise.
+
+In-process tools run on the box's one long-lived deadline thread, except when the box is called from a
+thread that is itself under a deadline (an environment's step in a ``TextEnvBatch``): there the call runs
+in place, since that deadline already abandons a hung call, and a second hand-off per call would cost more
+than a cheap tool; a call that returns after ``timeout_s`` still counts as timed out, as on the thread.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from m2flow.algorithms.registry import Registry
-from m2flow.rewards.deadline import DeadlineRunner, call_with_deadline
+from m2flow.rewards.deadline import CallResult, DeadlineRunner, call_with_deadline, under_deadline
 from m2flow.rewards.tools.base import Tool, ToolTimeout
 from m2flow.rewards.tools.calculator import Calculator
 from m2flow.rewards.tools.calls import format_error, format_result, parse_call
@@ -113,9 +118,10 @@ class ToolBox:
             return ToolReply("unknown", format_error(f"unknown tool {parsed.name!r}; tools: {valid}"), parsed.name)
         self.stats.calls += 1
         start = time.perf_counter()
-        # An isolated tool kills its own process at its limit; the others run on the box's deadline thread.
-        if tool.isolated:
+        if tool.isolated or under_deadline():  # it kills its own process at its limit / the caller's deadline holds
             result = call_with_deadline(tool, parsed.argument)
+            if not tool.isolated and result.status == "ok" and time.perf_counter() - start > self.timeout_s:
+                result = CallResult("timeout", error=f"no result within {self.timeout_s:g}s")
         else:
             result = self._runner.run_all([(tool, (parsed.argument,))])[0]
         self.stats.seconds += time.perf_counter() - start
