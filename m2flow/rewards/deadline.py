@@ -126,7 +126,9 @@ class _RunnerState:
         with self.cond:
             if job.abandoned:
                 return False
-            job.done, self.job = True, None
+            job.done = True
+            if self.job is job:
+                self.job = None
             self.cond.notify_all()
         return True
 
@@ -169,6 +171,8 @@ class DeadlineRunner:
         results: list[CallResult | None] = [None] * len(calls)
         start = 0
         while start < len(calls):
+            if self._state is not None and self._state.job is not None:  # a batch left by an interrupted wait
+                self.close()
             state = self._state if self._state is not None else self._start()
             job = _Job(calls, results, current=(start, time.monotonic()))
             with state.cond:
@@ -184,18 +188,13 @@ class DeadlineRunner:
                     state.cond.wait(left)  # woken when the batch ends; on waking early, the next call's limit
             if job.done:
                 break
-            self._discard()
+            self.close()  # the abandoned thread exits if its call ever returns
             self.abandoned += 1
             start = index + 1
         return [r if r is not None else CallResult("timeout", error="not run") for r in results]
 
-    def _discard(self) -> None:
-        if self._finalizer is not None:
-            self._finalizer.detach()
-        self._state, self._finalizer = None, None
-
     def close(self) -> None:
-        """Let the runner thread exit (a later batch starts a new one)."""
+        """Let the runner thread exit once it is idle (a later batch starts a new one)."""
         if self._finalizer is not None:
             self._finalizer()
         self._state, self._finalizer = None, None
