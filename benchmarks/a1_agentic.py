@@ -72,8 +72,8 @@ class M2flowPlan:
 PLANS = {
     # Env, rollout and actor as objects in one process (no Ray): the serial mode.
     "local": M2flowPlan("local"),
-    # The same without a deadline on each environment step (TRL's tool calls have none either): no
-    # thread per step, but a hung environment hangs the run.
+    # The same without a deadline on each environment step (TRL's tool calls have none either): the steps
+    # run in the env worker's own thread (no hand-off per batch), but a hung environment hangs the run.
     "local_nodeadline": M2flowPlan("local", ("env.step_timeout_s=null",)),
     # Ray, everything on device 0: rollout and actor processes take turns; the environments live in the
     # rollout's process (no messages per turn).

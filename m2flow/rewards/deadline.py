@@ -1,5 +1,9 @@
 """Call a function in the caller's process under a time limit, for code that must not hang its caller.
 
+``call_all_with_deadline`` starts a daemon thread per call; ``DeadlineRunner`` keeps one thread that runs
+batches of calls in turn, for the calls made at every step (an environment's step, a tool call), where
+starting a thread and handing over to it per call costs more than the call itself.
+
 A call that misses its deadline is abandoned, not stopped: Python cannot kill a thread, so it runs on
 in a daemon thread (which never blocks the interpreter's exit) and its result is dropped. Use it for
 work that is cheap when it behaves (a text environment's step, an arithmetic tool); code that may burn
@@ -10,11 +14,19 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 CallStatus = Literal["ok", "error", "timeout"]
+
+_here = threading.local()
+
+
+def under_deadline() -> bool:
+    """Whether this thread runs calls under a deadline (a ``DeadlineRunner``'s or ``call_all_with_deadline``'s)."""
+    return getattr(_here, "under_deadline", False)
 
 
 @dataclass
@@ -28,6 +40,8 @@ class CallResult:
 
 
 def _run(fn: Callable[..., Any], args: Sequence[Any], box: list[CallResult], in_thread: bool = True) -> None:
+    if in_thread:
+        _here.under_deadline = True
     try:
         box.append(CallResult("ok", value=fn(*args)))
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a counted outcome
@@ -62,3 +76,131 @@ def call_all_with_deadline(calls: Sequence[tuple[Callable[..., Any], Sequence[An
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
     return [box[0] if box else CallResult("timeout", error=f"no result within {timeout_s:g}s") for box in boxes]
+
+
+@dataclass
+class _Job:
+    """A batch of calls for the runner thread: the results so far and the call running, as one tuple."""
+
+    calls: Sequence[tuple[Callable[..., Any], Sequence[Any]]]
+    results: list[CallResult | None]
+    current: tuple[int, float] = (0, 0.0)  # (index of the call running, its start), replaced whole: read unlocked
+    done: bool = False
+    abandoned: bool = False
+
+
+class _RunnerState:
+    """What the runner thread shares with its owner (never the owner itself, so the owner can be collected)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.job: _Job | None = None
+        self.closed = False
+
+    def loop(self) -> None:
+        """The runner thread: wait for a job, run its calls in turn, hand back the results; exit when closed
+        or when a call of its job was abandoned (the thread was given up on while in that call)."""
+        _here.under_deadline = True
+        while True:
+            with self.cond:
+                while self.job is None and not self.closed:
+                    self.cond.wait()
+                if self.closed:
+                    return
+                job = self.job
+            if not self._run(job):
+                return
+
+    def _run(self, job: _Job) -> bool:
+        """Run ``job``'s calls in turn; False when the owner gave up on one of them."""
+        for index in range(job.current[0], len(job.calls)):
+            fn, args = job.calls[index]
+            box: list[CallResult] = []
+            _run(fn, args, box)
+            with self.cond:
+                if job.abandoned:
+                    return False  # the owner timed this call out and went on without this thread
+                job.results[index] = box[0]
+                if index + 1 < len(job.calls):
+                    job.current = (index + 1, time.monotonic())
+        with self.cond:
+            if job.abandoned:
+                return False
+            job.done = True
+            if self.job is job:
+                self.job = None
+            self.cond.notify_all()
+        return True
+
+
+class DeadlineRunner:
+    """One long-lived daemon thread that runs batches of calls in turn, each call under a time limit.
+
+    ``run_all(calls)`` hands the whole batch to the thread and waits once: a thread hand-off per batch, not
+    a thread started per call. A call still running ``timeout_s`` after it began is marked ``timeout`` and
+    abandoned with its thread (which exits if the call ever returns); a fresh thread runs the calls after
+    it. The thread starts at the first batch and exits when the runner is closed or collected.
+    """
+
+    def __init__(self, timeout_s: float, name: str = "deadline-runner") -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.timeout_s, self.name = timeout_s, name
+        self.abandoned = 0
+        """Threads given up on (each left in a call that missed its limit)."""
+        self._state: _RunnerState | None = None
+        self._finalizer: weakref.finalize | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"timeout_s": self.timeout_s, "name": self.name, "abandoned": self.abandoned}  # not the thread
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["timeout_s"], state["name"])
+        self.abandoned = state["abandoned"]
+
+    def _start(self) -> _RunnerState:
+        state = _RunnerState()
+        threading.Thread(target=state.loop, daemon=True, name=self.name).start()
+        self._state = state
+        self._finalizer = weakref.finalize(self, _close_state, state)
+        return state
+
+    def run_all(self, calls: Sequence[tuple[Callable[..., Any], Sequence[Any]]]) -> list[CallResult]:
+        """Each ``fn(*args)`` of ``calls`` in turn on the runner thread; every call given ``timeout_s`` from its
+        own start. Never raises for what a call does."""
+        results: list[CallResult | None] = [None] * len(calls)
+        start = 0
+        while start < len(calls):
+            if self._state is not None and self._state.job is not None:  # a batch left by an interrupted wait
+                self.close()
+            state = self._state if self._state is not None else self._start()
+            job = _Job(calls, results, current=(start, time.monotonic()))
+            with state.cond:
+                state.job = job
+                state.cond.notify_all()
+                while not job.done:
+                    index, began = job.current
+                    left = began + self.timeout_s - time.monotonic()
+                    if left <= 0:  # the call running now missed its limit: give up on it and on this thread
+                        job.abandoned, state.job = True, None
+                        results[index] = CallResult("timeout", error=f"no result within {self.timeout_s:g}s")
+                        break
+                    state.cond.wait(left)  # woken when the batch ends; on waking early, the next call's limit
+            if job.done:
+                break
+            self.close()  # the abandoned thread exits if its call ever returns
+            self.abandoned += 1
+            start = index + 1
+        return [r if r is not None else CallResult("timeout", error="not run") for r in results]
+
+    def close(self) -> None:
+        """Let the runner thread exit once it is idle (a later batch starts a new one)."""
+        if self._finalizer is not None:
+            self._finalizer()
+        self._state, self._finalizer = None, None
+
+
+def _close_state(state: _RunnerState) -> None:
+    with state.cond:
+        state.closed = True
+        state.cond.notify_all()

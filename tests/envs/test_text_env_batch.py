@@ -130,3 +130,37 @@ def test_concurrent_stepping_runs_the_steps_side_by_side():
     assert [s.observation for s in batch.step({i: "go" for i in range(4)}).values()] == ["met"] * 4
     with pytest.raises(ValueError, match="needs a step_timeout_s"):
         TextEnvBatch(lambda: _Meeting(barrier), 1, step_timeout_s=None, concurrent=True)
+
+
+def test_a_hung_env_among_fast_ones_ends_only_its_episode_and_the_rest_step_on():
+    batch = _batch(["ok", "hang", "ok", "ok"], step_timeout_s=0.5, max_error_rate=1.0)
+    batch.reset([0] * 4)
+    out = batch.step({i: str(i) for i in range(4)})
+    assert [out[i].observation for i in (0, 2, 3)] == ["echo 0", "echo 2", "echo 3"] and out[1].error
+    assert batch.running == [True, False, True, True] and batch.stats.timeouts == 1
+    assert batch.step({0: "x", 2: "y"})[2].terminated  # the next step runs on the fresh thread
+    batch.reset([1] * 4)
+    assert batch.stats.replaced == 1 and batch.running == [True] * 4
+
+
+class _Where:
+    """Records the thread each of its steps ran on."""
+
+    threads: list[threading.Thread] = []
+
+    def reset(self, seed=None):
+        return "here", {}
+
+    def step(self, action):
+        self.threads.append(threading.current_thread())
+        return "there", 0.0, False, False, {}
+
+
+def test_stepping_starts_no_thread_per_call():
+    batch = TextEnvBatch(_Where, 8, step_timeout_s=30.0)
+    _Where.threads.clear()
+    for k in range(30):
+        batch.reset([k] * 8)
+        batch.step({i: "a" for i in range(8)})
+    assert len(_Where.threads) == 240 and len(set(_Where.threads)) == 1  # one thread ran every step
+    assert _Where.threads[0] is not threading.current_thread()  # and it is not the caller's

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
-from m2flow.rewards.deadline import call_with_deadline
+from m2flow.rewards.deadline import DeadlineRunner, call_with_deadline
 from m2flow.rewards.tools.calculator import CalculatorError, evaluate, format_number
 from m2flow.rewards.tools.calls import format_call, format_error, format_result, parse_call
 from m2flow.rewards.tools.registry import TOOLS, ToolBox
@@ -168,3 +169,44 @@ def test_without_latency_a_call_never_waits(monkeypatch):
 def test_a_latency_range_that_is_not_low_to_high_raises(latency):
     with pytest.raises(ValueError, match="latency_s"):
         ToolBox.from_names(["calculator"], latency_s=latency)
+
+
+class _Where:
+    """Records the thread each call ran on."""
+
+    name, description, isolated = "where", "records its thread", False
+
+    def __init__(self) -> None:
+        self.threads: list[threading.Thread] = []
+
+    def __call__(self, argument: str) -> str:
+        self.threads.append(threading.current_thread())
+        return argument
+
+
+def test_in_process_tool_calls_share_one_thread():
+    where = _Where()
+    box = ToolBox([where])
+    assert [box.respond(f"<tool>where: {i}</tool>").outcome for i in range(50)] == ["ok"] * 50
+    assert len(where.threads) == 50 and len(set(where.threads)) == 1  # one thread for the 50 calls
+    assert where.threads[0] is not threading.current_thread()  # still under the box's time limit
+    box.close()
+
+
+class _Sleepy:
+    name, description, isolated = "sleepy", "answers after a pause", False
+
+    def __call__(self, argument: str) -> str:
+        time.sleep(float(argument))
+        return "late"
+
+
+def test_under_a_callers_deadline_a_tool_runs_in_place_and_a_late_answer_still_times_out():
+    where, sleepy = _Where(), _Sleepy()
+    box = ToolBox([where, sleepy], timeout_s=0.1)
+    runner = DeadlineRunner(30.0)  # as an environment's step in a TextEnvBatch
+    results = runner.run_all([(box.respond, ("<tool>where: a</tool>",)), (threading.current_thread, ()),
+                              (box.respond, ("<tool>sleepy: 0.3</tool>",))])
+    assert results[0].value.outcome == "ok" and where.threads == [results[1].value]  # no second thread
+    assert results[2].value.outcome == "timeout" and box.stats.timeouts == 1
+    runner.close()

@@ -7,6 +7,8 @@ its thread and replaced by a fresh one from ``make`` at the next reset), or retu
 not ``(str, number, bool, bool, dict)`` (``reset``: ``(str, dict)``) does not stop the batch: its episode
 ends with ``EnvStep.error`` set, and the failure is counted by kind in ``TextEnvStats``.
 ``check_health`` raises ``RunHealthError`` when failures pass ``max_error_rate`` of the calls made.
+The calls of one ``reset`` or ``step`` run in turn on the batch's one long-lived thread (``DeadlineRunner``),
+each under ``step_timeout_s`` from its own start: no thread is started per call.
 With ``concurrent`` the calls of one ``reset`` or ``step`` run side by side, a thread each, so steps
 that wait (a tool's latency, a remote environment) overlap.
 """
@@ -22,7 +24,7 @@ from typing import Any
 
 from m2flow.envs.text.base import TextEnv
 from m2flow.envs.text.registry import make_text_env
-from m2flow.rewards.deadline import CallResult, call_all_with_deadline
+from m2flow.rewards.deadline import CallResult, DeadlineRunner, call_all_with_deadline
 from m2flow.runtime.errors import RunHealthError
 
 logger = logging.getLogger(__name__)
@@ -114,6 +116,8 @@ class TextEnvBatch:
         (a tool's latency, a remote environment), not for environments that share global random state."""
         if concurrent and step_timeout_s is None:
             raise ValueError("concurrent stepping needs a step_timeout_s")
+        self._runner = DeadlineRunner(step_timeout_s, name=f"{name} steps") if step_timeout_s is not None else None
+        """The thread that runs one reset or step of the batch in turn, each call under the limit (not concurrent)."""
         self.envs: list[TextEnv] = [make() for _ in range(num_envs)]
         self.running = [False] * num_envs
         self._hung = [False] * num_envs
@@ -142,10 +146,10 @@ class TextEnvBatch:
         """Each env's call under the time limit (side by side when `concurrent`): its result, or the
         failed `EnvStep` that ends its episode."""
         items = list(calls.items())
-        if self.concurrent or self.step_timeout_s is None:
+        if self._runner is not None and not self.concurrent:  # in turn on one thread, each under its own limit
+            results = self._runner.run_all([(fn, (arg,)) for _, (fn, arg) in items])
+        else:  # in this thread (no limit), or side by side, a thread each
             results = call_all_with_deadline([(fn, (arg,)) for _, (fn, arg) in items], self.step_timeout_s)
-        else:  # one at a time, each under its own limit
-            results = [call_all_with_deadline([(fn, (arg,))], self.step_timeout_s)[0] for _, (fn, arg) in items]
         out: dict[int, CallResult | EnvStep] = {}
         for (i, _), result in zip(items, results):
             if result.status == "timeout":

@@ -5,6 +5,11 @@ list the valid ones). ``ToolBox.respond(text)`` turns one model turn into the ob
 sees next: the tool's output as ``<result>...</result>``, or ``<error>...</error>`` for a malformed call,
 an unknown tool, a tool that raised or one that missed its time limit; each kind is counted in
 ``ToolStats``. Nothing the model writes makes it raise.
+
+In-process tools run on the box's one long-lived deadline thread, except when the box is called from a
+thread that is itself under a deadline (an environment's step in a ``TextEnvBatch``): there the call runs
+in place, since that deadline already abandons a hung call, and a second hand-off per call would cost more
+than a cheap tool; a call that returns after ``timeout_s`` still counts as timed out, as on the thread.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any, Literal
 import numpy as np
 
 from m2flow.algorithms.registry import Registry
-from m2flow.rewards.deadline import call_with_deadline
+from m2flow.rewards.deadline import CallResult, DeadlineRunner, call_with_deadline, under_deadline
 from m2flow.rewards.tools.base import Tool, ToolTimeout
 from m2flow.rewards.tools.calculator import Calculator
 from m2flow.rewards.tools.calls import format_error, format_result, parse_call
@@ -98,6 +103,8 @@ class ToolBox:
             self.tools[tool.name] = tool
         self.timeout_s = timeout_s
         self.stats = ToolStats()
+        self._runner = DeadlineRunner(timeout_s, name="tool calls")
+        """One long-lived thread for the in-process tools' calls (started at the first call), not one per call."""
 
     @classmethod
     def from_names(cls, names: Sequence[str], timeout_s: float = 5.0, latency_s: tuple[float, float] | None = None,
@@ -142,8 +149,13 @@ class ToolBox:
         wait = self.latency()
         if wait > 0.0:
             time.sleep(wait)
-        # An isolated tool kills its own process at its limit; the others get a thread deadline.
-        result = call_with_deadline(tool, parsed.argument, timeout_s=None if tool.isolated else self.timeout_s)
+        began = time.perf_counter()  # the time limit is the tool's, the latency is not part of it
+        if tool.isolated or under_deadline():  # it kills its own process at its limit / the caller's deadline holds
+            result = call_with_deadline(tool, parsed.argument)
+            if not tool.isolated and result.status == "ok" and time.perf_counter() - began > self.timeout_s:
+                result = CallResult("timeout", error=f"no result within {self.timeout_s:g}s")
+        else:
+            result = self._runner.run_all([(tool, (parsed.argument,))])[0]
         self.stats.seconds += time.perf_counter() - start
         if result.status == "timeout" or isinstance(result.exception, ToolTimeout):
             self.stats.timeouts += 1
@@ -167,7 +179,8 @@ class ToolBox:
         return stats
 
     def close(self) -> None:
-        """Release the tools' resources (sandbox processes)."""
+        """Release the tools' resources (sandbox processes, the deadline thread)."""
+        self._runner.close()
         for tool in self.tools.values():
             close = getattr(tool, "close", None)
             if close is not None:
