@@ -70,7 +70,8 @@ class TextEnvStats:
         return self.raised + self.timeouts + self.bad_outputs
 
     def as_metrics(self, prefix: str = "env/") -> dict[str, float]:
-        return {prefix + f.name: float(getattr(self, f.name)) for f in fields(self)}
+        """The counts as metrics (``cpu_s``, a timing, is not one: the env worker reports it under ``time/``)."""
+        return {prefix + f.name: float(getattr(self, f.name)) for f in fields(self) if f.name != "cpu_s"}
 
 
 def _check_reset(value: Any) -> str:
