@@ -84,7 +84,10 @@ def choose_auto(model: Path, work: Path, latency: tuple[float, float], iteration
     start = time.perf_counter()
     choice = resolve(spec, cfg)
     record = json.loads((run_dir / "auto.json").read_text())
+    profile = json.loads((run_dir / "profile.json").read_text()) if (run_dir / "profile.json").exists() else {}
+    shares = {c: e.get("cpu_share", 1.0) for c, e in profile.get("components", {}).items()}
     return {"record": record, "runs_with": record.get("runs_with", {}), "seconds": round(time.perf_counter() - start, 1),
+            "cpu_share": shares,
             "placement": choice.cfg.placement, "staleness": choice.cfg.algorithm.max_staleness,
             "fuse": choice.cfg.env.fuse_with_rollout}
 
