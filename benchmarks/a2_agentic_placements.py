@@ -4,8 +4,8 @@ The workload is ``examples/agentic/calculator_grpo.yaml`` (8 groups x 4 episodes
 turns, GRPO), from a model warm-started once at the start (``--warm-steps`` supervised steps on the imperfect
 teacher, so the model calls the tool), with ``env.kwargs.tool_latency_s`` (default 0-50 ms per call, drawn
 uniformly, seeded by the episode). Every plan runs on Ray with ``cluster.cpu_devices_per_node: 8`` (logical
-devices on this machine's cores), in a fresh process, plans in rotation (A B C A B C ...), and the figures
-are medians over the iterations after the first of every round:
+devices on this machine's cores), in a fresh process, plans in rotation, each round starting one plan
+later (A B C, B C A, ...), and the figures are medians over the iterations after the first of every round:
 
 - ``collocated-sequential``: env, rollout and actor on one device, taking turns; one env worker that steps
   its episodes one after the other (the baseline);
@@ -84,7 +84,10 @@ def choose_auto(model: Path, work: Path, latency: tuple[float, float], iteration
     start = time.perf_counter()
     choice = resolve(spec, cfg)
     record = json.loads((run_dir / "auto.json").read_text())
+    profile = json.loads((run_dir / "profile.json").read_text()) if (run_dir / "profile.json").exists() else {}
+    shares = {c: e.get("cpu_share", 1.0) for c, e in profile.get("components", {}).items()}
     return {"record": record, "runs_with": record.get("runs_with", {}), "seconds": round(time.perf_counter() - start, 1),
+            "cpu_share": shares,
             "placement": choice.cfg.placement, "staleness": choice.cfg.algorithm.max_staleness,
             "fuse": choice.cfg.env.fuse_with_rollout}
 
@@ -175,8 +178,12 @@ def main() -> None:
             settings[AUTO] = {"placement": auto["placement"], "staleness": auto["staleness"], "fuse": auto["fuse"]}
             print(f"auto chose {settings[AUTO]} ({auto['seconds']} s of profiling and search)", file=sys.stderr)
         runs = []
-        for _ in range(args.rounds):
-            for name, one in settings.items():
+        names = list(settings)
+        for round_ in range(args.rounds):
+            # Each round starts one plan later (A B C, B C A, ...): no plan always runs first or last, where a
+            # machine whose load drifts during the run would favour it.
+            for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+                one = settings[name]
                 cmd = [sys.executable, str(Path(__file__).resolve()), "--one", json.dumps({**one, "model": str(model)}),
                        "--iterations", str(args.iterations), "--latency", args.latency, "--seed", str(args.seed)]
                 with tempfile.TemporaryDirectory(prefix="a2-cwd-") as cwd:

@@ -8,7 +8,7 @@ fusion keys come from the workflow's graph; probes, lengths, byte counts and res
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from m2flow.driver.run_config import RUN_KEYS
@@ -48,6 +48,9 @@ class AutoSupport:
     """``resumable(old_plan, new_plan)``: a checkpoint of the old plan can be resumed under the new"""
     thread_keys: Mapping[str, str]
     """component -> the config key of its torch threads"""
+    cpu_timings: Mapping[str, str] = field(default_factory=dict)
+    """component -> the iteration metric holding the CPU part of its busy seconds (per rank); a component
+    without one computes all its busy time"""
 
 
 def auto_support(workflow: Any) -> AutoSupport:
@@ -59,4 +62,5 @@ def auto_support(workflow: Any) -> AutoSupport:
         profile_fusions={key: True for key in workflow.graph.fusion_keys().values()},
         train=lambda cfg, cluster=None, watch=None: train(workflow, cfg, cluster, watch),
         iterations=workflow.iterations, edge_bytes=workflow.edge_bytes, model_bytes=workflow.model_bytes,
-        resumable=workflow.resumable, thread_keys=workflow.graph.thread_keys())
+        resumable=workflow.resumable, thread_keys=workflow.graph.thread_keys(),
+        cpu_timings=workflow.graph.cpu_timings())

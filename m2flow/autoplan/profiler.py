@@ -31,7 +31,9 @@ split over its groups), model state (the bytes of the checkpoint the largest pro
 weights and training state), weight-sync bandwidth (from a multi-process probe's sync time,
 where the workflow reports one), offload bandwidth (a copy of the state between device and
 host; nothing moves on CPUs), bytes per item of each edge (the workflow's sizes), and each
-probe's peak memory (the driver's resident peak, for local probes).
+probe's peak memory (the driver's resident peak, for local probes), and the CPU share of each component
+that reports the CPU part of its busy time (``Component.cpu_timing``; the env workers, whose tool
+latency is waiting): the median over the cost probes of that CPU time over its busy time.
 """
 
 from __future__ import annotations
@@ -75,6 +77,9 @@ class Probe:
     ranks: int
     busy: dict[str, float] = field(default_factory=dict)
     """median busy seconds per iteration of each component over the measured iterations"""
+    cpu: dict[str, float] = field(default_factory=dict)
+    """median seconds per iteration each component's threads wanted a core, per rank (the components that
+    report it)"""
     spread: dict[str, float] = field(default_factory=dict)
     """slowest / fastest measured iteration of each component (near 1 on a quiet machine)"""
     points: dict[str, tuple[float, int, float, int]] = field(default_factory=dict)
@@ -238,6 +243,8 @@ class Profiler:
                 if c in self.ctx.space.running}
         probe.busy = {c: statistics.median(v) for c, v in seen.items() if v}
         probe.spread = {c: max(v) / min(v) for c, v in seen.items() if v and min(v) > 0}
+        cpu = {c: [h[key] for h in measured if key in h] for c, key in s.cpu_timings.items() if c in probe.busy}
+        probe.cpu = {c: statistics.median(v) for c, v in cpu.items() if v}
         setup = probe.setup = setup_from_plan(plan, self.ctx.space.holders)
         # Each point carries the threads of the process that measured it (a fused component's are its
         # host's; the local executor's one process takes the most any component asks).
@@ -314,6 +321,10 @@ class Profiler:
                      "state_bytes": state, "startup_s": startup}
             if c in trainers:
                 entry["weight_bytes"] = weights
+            share = cpu_share(c, [p for p in done if p.kind == "cost"])
+            if share is not None:
+                entry["cpu_share"] = share
+                self.say(f"profile: {c} computes {share:.0%} of its busy time (the rest waits)")
             entry["fit_error"] = fit_component([tuple(p) for p in pts]).error
             comps[c] = entry
         profile = new_profile(
@@ -322,7 +333,7 @@ class Profiler:
             offload_bandwidth=_offload_bandwidth(training), edge_bytes=self.support.edge_bytes(self.ctx.cfg),
             probes=[{"label": p.label, "ranks": p.ranks, "overrides": {k: v for k, v in p.overrides.items()},
                      "kind": p.kind, "iteration_s": p.iteration_s, "calls": p.calls, "busy_s": p.busy,
-                     "spread": p.spread, "startup_s": p.startup_s, "peak_rss_bytes": p.peak_rss_bytes,
+                     "cpu_s": p.cpu, "spread": p.spread, "startup_s": p.startup_s, "peak_rss_bytes": p.peak_rss_bytes,
                      "repeats_s": [q.iteration_s for q in runs[p.label]]}
                     for p in done])
         profile["driver_split"] = self._driver_split(done)
@@ -439,6 +450,14 @@ def _pair(more: Probe | None, fewer: Probe | None) -> Any:
     if more is None or fewer is None or more.iteration_s is None or fewer.iteration_s is None:
         return None
     return Pair(more.setup, fewer.setup, more.iteration_s - fewer.iteration_s)
+
+
+def cpu_share(component: str, probes: list[Probe]) -> float | None:
+    """The part of ``component``'s busy time its threads wanted a core: the median over ``probes`` of its CPU
+    seconds over its busy seconds, in [0, 1] (None when no probe measured its CPU)."""
+    shares = [min(1.0, p.cpu[component] / p.busy[component]) for p in probes
+              if component in p.cpu and p.busy.get(component, 0.0) > 0]
+    return round(statistics.median(shares), 4) if shares else None
 
 
 def fit_errors(profile: dict[str, Any]) -> dict[str, float]:

@@ -12,8 +12,8 @@ stage's policy-env steps in sequence and the busiest process group / device lock
 first calls of the chain before G's first member, G's whole work, and the last calls after G's
 last member. A device lock that several processes take turns on is held, each iteration, for all
 their work plus an offload and an onload of each (the lock changes hands at least once per taker).
-On CPU machines the iteration also lasts at least the whole demand (seconds x ranks x threads of
-every component) over all the cores.
+On CPU machines the iteration also lasts at least the whole demand (seconds x ranks x threads x CPU
+share of every component: a component's waiting asks nothing of the cores) over all the cores.
 """
 
 from __future__ import annotations
@@ -81,6 +81,7 @@ class FastBound:
         # Memory: the same rule as the built Plan's check (``memory.MemoryCheck``).
         self.memory_check = MemoryCheck(template)
         self.threads = {c: p.threads for c, p in comps.items()}
+        self.share = {c: min(1.0, max(0.0, cost.component(c).cpu_share)) for c in comps}
         self.all_cores = cost.cores * nodes if cost.cores is not None else None
 
     def _t(self, c: str, items: float, ranks: Mapping[str, int]) -> float:
@@ -128,9 +129,9 @@ class FastBound:
             held = sum(work.get(c, 0.0) + (loop_work.get(c, 0.0) if self.loop else 0.0) for c in members)
             bound = max(bound, held + switches)
         if self.all_cores is not None:
-            demand = sum(w * ranks[c] * self.threads[c] for c, w in work.items())
+            demand = sum(w * ranks[c] * self.threads[c] * self.share[c] for c, w in work.items())
             if self.loop:
-                demand += sum(w * ranks[c] * self.threads[c] for c, w in loop_work.items())
+                demand += sum(w * ranks[c] * self.threads[c] * self.share[c] for c, w in loop_work.items())
             bound = max(bound, demand / self.all_cores)
         return bound, items
 

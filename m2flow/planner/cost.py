@@ -43,6 +43,14 @@ in reasoning RL, one environment step of one env in embodied RL).
   team, which waits for whichever thread has no core (measured by the profiler on ranks whose
   threads exceed the cores; on the 2-core machine such plans run several times slower than sharing
   alone). GPUs have no contention: ``cores`` is None.
+* Waiting is not computing: a component's ``cpu_share`` is the part of its busy time its threads
+  wanted a core (measured by the profiler); the rest waits (a tool's latency, a remote environment).
+  Only that share contends: a busy process of ``threads`` threads and share ``s`` asks the cores for
+  ``s * threads`` on average, and a call of ``W`` seconds whose computing runs at speed ``v`` takes
+  ``(1 - s) * W + s * W / v``. ``v`` is the same for every process of a node: the largest in (0, 1]
+  under which what the busy processes compute fits on the cores,
+  ``sum(s_i * threads_i / ((1 - s_i) + s_i / v)) <= cores`` (``CostModel.node_speed``); with every
+  share 1 this is the rule above, ``v = min(1, cores / k)``.
 """
 
 from __future__ import annotations
@@ -85,6 +93,9 @@ class ComponentCost:
     parallel: float = 1.0
     """fraction of the work that spreads over a process's threads (Amdahl); 1: all of it (the default,
     which never lets a rank with fewer threads than measured run faster per core)"""
+    cpu_share: float = 1.0
+    """fraction of its busy time its threads want a core (computing, or runnable); the rest waits (a tool's
+    latency) and does not contend for the cores. 1: it computes all the time (the default)"""
 
     def speedup(self, threads: int) -> float:
         """Speed of a process with ``threads`` threads on free cores, relative to one thread."""
@@ -183,6 +194,42 @@ class CostModel:
         if self.cores is None or demand <= self.cores:
             return 1.0
         return self.cores / demand / (self.oversubscribed if threads > 1 else 1.0)
+
+    def node_speed(self, demands: Sequence[tuple[float, float]]) -> float:
+        """The speed ``v`` in (0, 1] of the computing of a node's busy processes, given each one's
+        ``(threads, cpu_share)``: the largest under which their computing fits on the cores,
+        ``sum(s * n / ((1 - s) + s / v)) <= cores`` (a process waiting ``1 - s`` of its time leaves the cores
+        to the others meanwhile). With every share 1: ``min(1, cores / sum(n))``."""
+        if self.cores is None:
+            return 1.0
+        wanted = sum(n * s for n, s in demands)
+        if wanted <= self.cores:
+            return 1.0
+        if all(s >= 1.0 for _, s in demands):
+            return self.cores / wanted
+
+        def used(v: float) -> float:
+            return sum(n * s * v / ((1.0 - s) * v + s) for n, s in demands if s > 0)
+
+        lo, hi = 0.0, 1.0  # used() grows with v; used(1) = wanted > cores
+        for _ in range(50):
+            mid = (lo + hi) / 2
+            if used(mid) > self.cores:
+                hi = mid
+            else:
+                lo = mid
+        return lo
+
+    def rate(self, v: float, threads: int, share: float, beyond: bool) -> float:
+        """Seconds of work done per second by a busy process of ``threads`` threads and CPU share ``share``
+        whose node computes at speed ``v`` (``node_speed``); ``beyond``: the node's demand exceeds the cores,
+        so a process of more than one thread is ``oversubscribed`` times slower still in its computing."""
+        if self.cores is None:
+            return 1.0
+        if beyond and threads > 1:
+            v /= self.oversubscribed
+        share = min(1.0, max(0.0, share))
+        return 1.0 / ((1.0 - share) + share / max(v, 1e-12))
 
     def sync_bytes(self, name: str) -> float:
         """Bytes a weight sync from ``name`` sends."""

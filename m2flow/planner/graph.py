@@ -35,6 +35,9 @@ class Component:
     """the config key of its torch threads per rank (default ``<section>.num_threads``)"""
     timing: str = ""
     """the iteration metric that holds its busy seconds (the slowest rank's)"""
+    cpu_timing: str = ""
+    """the iteration metric that holds the part of those busy seconds its threads wanted a core (computing or
+    runnable), per rank; "" when it computes all its busy time (``ComponentCost.cpu_share`` 1)"""
 
     @property
     def threads_setting(self) -> str:
@@ -127,6 +130,10 @@ class WorkflowGraph:
     def timings(self) -> dict[str, str]:
         """component -> the metric holding its busy seconds, for the components that declare one."""
         return {c.name: c.timing for c in self.components if c.timing}
+
+    def cpu_timings(self) -> dict[str, str]:
+        """component -> the metric holding the CPU part of its busy seconds, for the components that declare one."""
+        return {c.name: c.cpu_timing for c in self.components if c.cpu_timing}
 
     def thread_keys(self) -> dict[str, str]:
         """component -> the config key of its threads, for the components that declare one."""

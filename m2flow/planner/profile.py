@@ -15,9 +15,11 @@ A profile is JSON::
      "edge_bytes": {"responses": 4096},                      # bytes per item per edge
      "components": {"rollout": {"points": [[items, devices, seconds(, threads)], ...],
                                 "mem_fixed": ..., "mem_per_item": ..., "state_bytes": ...,
-                                "startup_s": ...}}}
+                                "startup_s": ..., "cpu_share": 1.0}}}
 
-A component may give ``a, c, alpha, s`` instead of points (numbers entered by hand). Loading checks
+A component may give ``a, c, alpha, s`` instead of points (numbers entered by hand). ``cpu_share``
+(optional, default 1: a profile without it reads as before) is the part of its busy time it computes;
+the rest waits and does not contend for the cores (``CostModel``). Loading checks
 that the profile was taken on this machine (hostname and cores) with this torch and m2flow, and on
 this config; a stale or foreign profile is refused with ``ProfileError`` saying what differs.
 """
@@ -38,7 +40,8 @@ from m2flow.planner.cost import ComponentCost, CostModel, Link, fit_component
 PROFILE_FORMAT = 2
 """2: points may carry the threads that measured them; measured link latency (format 1 is read when
 entered by hand)."""
-_MEMORY_KEYS = ("mem_fixed", "mem_per_item", "state_bytes", "weight_bytes", "startup_s")
+_MEMORY_KEYS = ("mem_fixed", "mem_per_item", "state_bytes", "weight_bytes", "startup_s", "cpu_share")
+"""Per-component figures passed through to ``ComponentCost`` as they are (each optional)."""
 
 
 class ProfileError(ValueError):
@@ -106,6 +109,8 @@ def cost_model(profile: Mapping[str, Any], source: str = "profile") -> CostModel
         comps: dict[str, ComponentCost] = {}
         for name, entry in profile["components"].items():
             extra = {k: float(entry[k]) for k in _MEMORY_KEYS if k in entry}
+            if not 0.0 <= extra.get("cpu_share", 1.0) <= 1.0:
+                raise ValueError(f"component {name!r}: cpu_share must be in [0, 1], got {extra['cpu_share']}")
             if "points" in entry:
                 comps[name] = fit_component([tuple(p) for p in entry["points"]], **extra).cost
             else:

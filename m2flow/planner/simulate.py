@@ -10,10 +10,11 @@ A task runs when its inputs are done and its resources are free:
 * the device lock of every device class it sits on, if it takes turns there. When a lock changes
   hands, the newcomer pays its onload and the previous holder its offload, once per turn: the state
   of what the process moves (``Placed.moves``: the policy's weights for env processes that run it);
-* CPU cores: running tasks slow down together, each at ``CostModel.speed`` of the threads all
-  busy processes of its node want (processor sharing, and a multi-threaded process slower still
-  beyond the cores), so the simulation is fluid: the time of
-  the next event is recomputed whenever a task starts or ends.
+* CPU cores: running tasks slow down together, each at the speed of the threads all busy processes
+  of its node want (processor sharing, and a multi-threaded process slower still beyond the cores),
+  only in the share of its time it computes (``CostModel.node_speed``, ``CostModel.rate``: a
+  component that mostly waits, on a tool, asks little of the cores and is slowed little), so the
+  simulation is fluid: the time of the next event is recomputed whenever a task starts or ends.
 
 A call takes the cost model's ``factor`` times its curve: ``process_factor`` in Ray processes,
 ``split_factor`` for model holders on several rank threads of the driver (``CostModel``). A call
@@ -62,6 +63,8 @@ class Task:
     threads_by_node: tuple[tuple[int, int], ...] = ()
     threads: int = 1
     """torch threads of each of its processes"""
+    cpu_share: float = 1.0
+    """part of its time its processes want a core (``ComponentCost.cpu_share``); the rest waits"""
     start: float = math.nan
     end: float = math.nan
     switch: float = 0.0
@@ -152,7 +155,7 @@ class Simulator:
             p = comps[name]
             node_threads = tuple((n, r * p.threads) for n, r in p.node_ranks) if in_group else ()
             tasks.append(Task(len(tasks), name, p.host if in_group else None, work, deps, it, label, cat,
-                              p.takes_turns and in_group, node_threads, p.threads))
+                              p.takes_turns and in_group, node_threads, p.threads, self.cost.component(name).cpu_share))
             return len(tasks) - 1
 
         items, micro, n_micro = self.sizes(setup)
@@ -317,12 +320,15 @@ class Simulator:
         return sum(self.cost.offload_time(m) for m in placed.moves) if placed.offload else 0.0
 
     def _speeds(self, tasks: list[Task], running: Mapping[int, float]) -> dict[int, float]:
-        demand: dict[int, int] = {}
+        """Seconds of work per second of each running task: its node's computing speed (``CostModel.node_speed``
+        over the busy processes' threads and CPU shares) applied to its own CPU share (``CostModel.rate``)."""
+        demands: dict[int, list[tuple[float, float]]] = {}
         for tid in running:
             for node, threads in tasks[tid].threads_by_node:
-                demand[node] = demand.get(node, 0) + threads
-        return {tid: min((self.cost.speed(demand[n], tasks[tid].threads) for n, _ in tasks[tid].threads_by_node),
-                         default=1.0) for tid in running}
+                demands.setdefault(node, []).append((threads, tasks[tid].cpu_share))
+        nodes = {n: (self.cost.node_speed(d), sum(k * s for k, s in d) > self.cost.cores) for n, d in demands.items()}
+        return {tid: min((self.cost.rate(nodes[n][0], tasks[tid].threads, tasks[tid].cpu_share, nodes[n][1])
+                          for n, _ in tasks[tid].threads_by_node), default=1.0) for tid in running}
 
     def simulate(self, setup: SimSetup, iterations: int = 2) -> SimResult:
         """Play ``iterations`` iterations of ``setup`` and predict the last one's time."""

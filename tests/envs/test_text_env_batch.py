@@ -164,3 +164,35 @@ def test_stepping_starts_no_thread_per_call():
         batch.step({i: "a" for i in range(8)})
     assert len(_Where.threads) == 240 and len(set(_Where.threads)) == 1  # one thread ran every step
     assert _Where.threads[0] is not threading.current_thread()  # and it is not the caller's
+
+
+class Waits:
+    """A tool-like environment: every step waits 0.3 s for an answer and computes almost nothing."""
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict]:
+        return "start", {}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        threading.Event().wait(0.3)
+        return "answer", 0.0, False, False, {}
+
+
+class Computes(Waits):
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        sum(i * i for i in range(200_000))
+        return "answer", 0.0, False, False, {}
+
+
+@pytest.mark.parametrize("concurrent", [False, True])
+def test_the_cpu_the_calls_wanted_is_counted_and_a_wait_is_not(concurrent):
+    waits = TextEnvBatch(Waits, 2, step_timeout_s=5.0, concurrent=concurrent)
+    waits.reset([0, 1])
+    waits.step({0: "a", 1: "b"})
+    stats = waits.pop_stats()
+    assert 0.0 < stats.cpu_s < 0.3  # two steps of 0.3 s waited; what they computed is a small part of it
+    assert "env/cpu_s" not in stats.as_metrics()  # a timing, not a count
+    computes = TextEnvBatch(Computes, 2, step_timeout_s=5.0, concurrent=concurrent)
+    computes.reset([0, 1])
+    before = computes.stats.cpu_s
+    computes.step({0: "a", 1: "b"})
+    assert computes.pop_stats().cpu_s > before

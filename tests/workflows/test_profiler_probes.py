@@ -44,3 +44,13 @@ def test_a_two_thread_config_is_also_probed_on_one_thread_and_under_ray(tmp_path
     # One device: every plan runs in the driver, no Ray probe; one thread configured: no thread probe.
     alone = _profiler(tmp_path, "cluster.cpu_devices_per_node=1", "actor.num_threads=1").probes()
     assert [p.label for p in alone] == ["b0", "b1", "b2", "u1"]
+
+
+def test_the_cpu_share_is_the_median_over_the_probes_of_cpu_over_busy_seconds():
+    from m2flow.autoplan.profiler import Probe, cpu_share
+
+    probes = [Probe("b0", {}, "local", 1, busy={"env": 1.0, "actor": 0.5}, cpu={"env": 0.1}),
+              Probe("b1", {}, "local", 1, busy={"env": 2.0, "actor": 0.5}, cpu={"env": 0.4}),
+              Probe("d2", {}, "env: 0-1", 2, busy={"env": 0.5, "actor": 0.5}, cpu={"env": 0.9})]
+    assert cpu_share("env", probes) == pytest.approx(0.2)  # 0.1, 0.2 and 1.8 (counted as 1): the median
+    assert cpu_share("actor", probes) is None  # no metric: the profile leaves it out (the cost model takes 1)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 from m2flow.envs.text.base import TextEnv
 from m2flow.envs.text.registry import make_text_env
 from m2flow.rewards.deadline import CallResult, DeadlineRunner, call_all_with_deadline
+from m2flow.runtime.cpu_clock import cpu_demand_s
 from m2flow.runtime.errors import RunHealthError
 
 logger = logging.getLogger(__name__)
@@ -58,6 +60,7 @@ class TextEnvStats:
     bad_outputs: int = 0  # returned the wrong shape or types (a non-string observation...)
     replaced: int = 0  # environments rebuilt after a time-out
     episodes: int = 0  # episodes that ended by themselves (terminated or truncated)
+    cpu_s: float = 0.0  # seconds the calls' threads wanted a core (``runtime.cpu_clock``), the rest of their time waited
 
     def __iadd__(self, other: TextEnvStats) -> TextEnvStats:
         for f in fields(self):
@@ -69,7 +72,8 @@ class TextEnvStats:
         return self.raised + self.timeouts + self.bad_outputs
 
     def as_metrics(self, prefix: str = "env/") -> dict[str, float]:
-        return {prefix + f.name: float(getattr(self, f.name)) for f in fields(self)}
+        """The counts as metrics (``cpu_s``, a timing, is not one: the env worker reports it under ``time/``)."""
+        return {prefix + f.name: float(getattr(self, f.name)) for f in fields(self) if f.name != "cpu_s"}
 
 
 def _check_reset(value: Any) -> str:
@@ -123,6 +127,7 @@ class TextEnvBatch:
         self._hung = [False] * num_envs
         self.stats = TextEnvStats()
         self.last_error = ""
+        self._cpu_lock = threading.Lock()
 
     @classmethod
     def from_registry(cls, env: str, num_envs: int, env_kwargs: Mapping[str, Any] | None = None,
@@ -145,7 +150,7 @@ class TextEnvBatch:
     def _call_all(self, calls: Mapping[int, tuple[Callable[..., Any], Any]], what: str) -> dict[int, CallResult | EnvStep]:
         """Each env's call under the time limit (side by side when `concurrent`): its result, or the
         failed `EnvStep` that ends its episode."""
-        items = list(calls.items())
+        items = [(i, (self._cpu_counted(fn), arg)) for i, (fn, arg) in calls.items()]
         if self._runner is not None and not self.concurrent:  # in turn on one thread, each under its own limit
             results = self._runner.run_all([(fn, (arg,)) for _, (fn, arg) in items])
         else:  # in this thread (no limit), or side by side, a thread each
@@ -160,6 +165,18 @@ class TextEnvBatch:
             else:
                 out[i] = result
         return out
+
+    def _cpu_counted(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """``fn``, adding the CPU its thread wanted during the call to ``stats.cpu_s`` (a tool's wait is not)."""
+        def call(arg: Any) -> Any:
+            t0 = cpu_demand_s()
+            try:
+                return fn(arg)
+            finally:
+                spent = cpu_demand_s() - t0
+                with self._cpu_lock:
+                    self.stats.cpu_s += spent
+        return call
 
     def reset(self, seeds: Sequence[int | None]) -> list[EnvStep]:
         """Start an episode in every environment (seed i for env i): the first observations (reward 0)."""

@@ -76,10 +76,11 @@ class TextEnvs:
         return {by_index[i]: step for i, step in results.items()}
 
     def env_stats(self, where: str = "") -> dict[str, float]:
-        """The calls and failures since the last call (``env/...``); too many failures raise ``RunHealthError``."""
+        """The calls and failures since the last call (``env/...``) and the seconds their threads wanted a core
+        (``time/env_cpu_s``); too many failures raise ``RunHealthError``."""
         stats = self.envs.pop_stats()
         self.envs.check_health(stats, where)
-        return stats.as_metrics()
+        return {**stats.as_metrics(), "time/env_cpu_s": stats.cpu_s}
 
 
 class EnvWorker(TextEnvs, Worker):

@@ -247,7 +247,9 @@ class AgenticFlow:
         for out in env_stats.values():
             for k, v in out.items():
                 metrics[k] = metrics.get(k, 0.0) + v
-        metrics.update({"time/env_busy_s": busy["env"], "time/generate_busy_s": busy["generate"],
+        # The env workers' CPU per rank: the part of their busy time that computes (the rest waits on tools).
+        metrics.update({"time/env_busy_s": busy["env"], "time/env_cpu_s": metrics.get("time/env_cpu_s", 0.0) / self.env_ranks,
+                        "time/generate_busy_s": busy["generate"],
                         "time/rollout_s": time.perf_counter() - t_start, "rollout/rounds": float(round_)})
         return metrics
 
