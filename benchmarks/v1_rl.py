@@ -50,12 +50,7 @@ def main() -> None:
     parser.add_argument("--name", default="v1_rl")
     parser.add_argument("--skip-warm-start", action="store_true", help="evaluate the checkpoints only")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    torch.set_num_threads(args.threads)
-    _, cfg = load_workflow_config(Path(args.config), args.overrides)
-    if cfg.policy.kind != "vla" or cfg.env.backend != "metaworld":
-        raise SystemExit("--config: needs policy.kind: vla on the metaworld backend")
-    tasks = expand_tasks(cfg.env.env_id)
+    cfg, tasks = load_vla_run(args)
     env_kwargs = {k: v for k, v in cfg.env.env_kwargs.items() if k in EVAL_KWARGS}
     seeds = held_out_seeds(args.eval_seeds)
     run_dir = Path(cfg.run_dir)
@@ -90,6 +85,16 @@ def main() -> None:
     print(f"v1 rl: warm start {result.get('warm_start', {}).get('success', 'not evaluated')} -> "
           f"{last['success'] if last else 'no checkpoint'} after {last['env_steps'] if last else 0} env steps "
           f"({args.eval_seeds} held-out seeds) -> {out}")
+
+
+def load_vla_run(args: argparse.Namespace) -> tuple[object, list[str]]:
+    """Logging and threads set, the run's config (``--config`` with its overrides) and its MetaWorld tasks."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    torch.set_num_threads(args.threads)
+    _, cfg = load_workflow_config(Path(args.config), args.overrides)
+    if cfg.policy.kind != "vla" or cfg.env.backend != "metaworld":
+        raise SystemExit("--config: needs policy.kind: vla on the metaworld backend")
+    return cfg, expand_tasks(cfg.env.env_id)
 
 
 def _checkpoints(run_dir: Path, which: str) -> list[tuple[int, Path]]:

@@ -34,10 +34,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.common import environment, write_result  # noqa: E402
-from benchmarks.v1_rl import EVAL_KWARGS, _checkpoints  # noqa: E402
-from m2flow.driver.registry import load_workflow_config  # noqa: E402
+from benchmarks.v1_rl import EVAL_KWARGS, _checkpoints, load_vla_run  # noqa: E402
 from m2flow.envs.instructions import instruction  # noqa: E402
-from m2flow.envs.metaworld import MetaWorldPixelEnv, expand_tasks, held_out_seeds  # noqa: E402
+from m2flow.envs.metaworld import MetaWorldPixelEnv, held_out_seeds  # noqa: E402
 from m2flow.models.init_weights import read_policy_state  # noqa: E402
 from m2flow.models.vla import VLAPolicy  # noqa: E402
 
@@ -143,12 +142,7 @@ def main() -> None:
     parser.add_argument("--out", default="docs/images/v1_strip_reach.png")
     parser.add_argument("--name", default="v1_strip_reach")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    torch.set_num_threads(args.threads)
-    _, cfg = load_workflow_config(Path(args.config), args.overrides)
-    if cfg.policy.kind != "vla" or cfg.env.backend != "metaworld":
-        raise SystemExit("--config: needs policy.kind: vla on the metaworld backend")
-    tasks = expand_tasks(cfg.env.env_id)
+    cfg, tasks = load_vla_run(args)
     if len(tasks) != 1:
         raise SystemExit(f"--config: the strip shows one task; the run has {tasks}")
     task = tasks[0]

@@ -48,14 +48,18 @@ def to_dict(cfg: Any) -> Any:
 
 def with_overrides(schema: type[T], cfg: T, changes: Mapping[str, Any]) -> T:
     """A validated copy of ``cfg`` with dotted ``changes`` applied (``{"rollout.prompts_per_chunk": 2}``)."""
-    data = to_dict(cfg)
+    return from_dict(schema, set_dotted(to_dict(cfg), changes))
+
+
+def set_dotted(data: dict[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` (a config's plain dict, changed in place and returned) with dotted ``changes`` set."""
     for key, value in changes.items():
         node = data
         *parents, last = key.split(".")
         for p in parents:
             node = node.setdefault(p, {})
         node[last] = value
-    return from_dict(schema, data)
+    return data
 
 
 def validate_tree(cfg: Any, *, path: str = "") -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from m2flow.config import from_dict
+from m2flow.config.convert import set_dotted
 from m2flow.planner import Plan
 from m2flow.planner.plan import PLAN_FILE
 from m2flow.config.errors import ConfigError
@@ -40,13 +41,7 @@ def toy_config(tmp_path: Path, **overrides) -> EmbodiedConfig:
         "run_dir": str(tmp_path / "run"),
         "metrics": {"sinks": ["jsonl"]},
     }
-    for key, value in overrides.items():
-        node = data
-        *path, last = key.split(".")
-        for part in path:
-            node = node.setdefault(part, {})
-        node[last] = value
-    return from_dict(EmbodiedConfig, data)
+    return from_dict(EmbodiedConfig, set_dotted(data, overrides))
 
 
 PLANS = {

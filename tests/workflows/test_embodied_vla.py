@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from m2flow.config import from_dict
+from m2flow.config.convert import set_dotted
 from m2flow.config.errors import ConfigError, InputError
 from m2flow.envs.metaworld import metaworld_unavailable_reason
 from m2flow.workflows.embodied.config import EmbodiedConfig
@@ -45,13 +46,7 @@ def vla_config(tmp_path: Path, **overrides) -> EmbodiedConfig:
         "metrics": {"sinks": ["jsonl"]},
         "checkpoint_every": 2,
     }
-    for key, value in overrides.items():
-        node = data
-        *path, last = key.split(".")
-        for part in path:
-            node = node.setdefault(part, {})
-        node[last] = value
-    return from_dict(EmbodiedConfig, data)
+    return from_dict(EmbodiedConfig, set_dotted(data, overrides))
 
 
 def _actor_weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from m2flow.config import from_dict
+from m2flow.config.convert import set_dotted
 from m2flow.workflows.agentic.config import AgenticConfig
 
 ENVS = "tests.workflows.agentic.envs"
@@ -24,13 +25,7 @@ def tiny_config(tmp_path: Path, model: Path | None = None, **overrides: Any) -> 
         "actor": {"micro_batch_size": 4, "optim": {"lr": 1e-3}},
         "algorithm": {"adv_estimator": "grpo", "old_logprobs": "rollout"},
     }
-    for key, value in overrides.items():
-        node = data
-        *path, last = key.split(".")
-        for part in path:
-            node = node.setdefault(part, {})
-        node[last] = value
-    return from_dict(AgenticConfig, data)
+    return from_dict(AgenticConfig, set_dotted(data, overrides))
 
 
 def comparable(history: list[dict[str, float]]) -> list[dict[str, float]]:
