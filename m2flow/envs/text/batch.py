@@ -150,10 +150,17 @@ class TextEnvBatch:
     def _call_all(self, calls: Mapping[int, tuple[Callable[..., Any], Any]], what: str) -> dict[int, CallResult | EnvStep]:
         """Each env's call under the time limit (side by side when `concurrent`): its result, or the
         failed `EnvStep` that ends its episode."""
-        items = [(i, (self._cpu_counted(fn), arg)) for i, (fn, arg) in calls.items()]
         if self._runner is not None and not self.concurrent:  # in turn on one thread, each under its own limit
-            results = self._runner.run_all([(fn, (arg,)) for _, (fn, arg) in items])
+            items = list(calls.items())
+            # The runner's clock read before and after the batch (two reads, not two per call): what the
+            # calls wanted of a core; a batch with a hang ran partly on a fresh thread and is not counted.
+            clocked = self._runner.run_all([(cpu_demand_s, ()), *((fn, (arg,)) for _, (fn, arg) in items),
+                                            (cpu_demand_s, ())])
+            results = clocked[1:-1]
+            if all(r.status == "ok" for r in (clocked[0], clocked[-1])) and all(r.status != "timeout" for r in results):
+                self.stats.cpu_s += max(0.0, clocked[-1].value - clocked[0].value)
         else:  # in this thread (no limit), or side by side, a thread each
+            items = [(i, (self._cpu_counted(fn), arg)) for i, (fn, arg) in calls.items()]
             results = call_all_with_deadline([(fn, (arg,)) for _, (fn, arg) in items], self.step_timeout_s)
         out: dict[int, CallResult | EnvStep] = {}
         for (i, _), result in zip(items, results):
