@@ -50,6 +50,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from m2flow.autoplan.machine import device_memory, offload_bandwidth, on_gpus, peak_rss, reset_peak_rss
 from m2flow.autoplan.auto_config import auto_support
 from m2flow.autoplan.plan_context import PlanContext
 from m2flow.config import with_overrides
@@ -124,23 +125,6 @@ def kept_logging() -> Iterator[None]:
         logger.propagate = saved[2]
 
 
-def _reset_peak_rss() -> None:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")  # Linux: resets VmHWM
-    except OSError:
-        pass
-
-
-def _peak_rss() -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
 def check_writable(path: Path) -> None:
     """Raise ProfileWriteError (one line) unless ``path`` can be written, before any probe runs."""
     parent = path.parent if str(path.parent) else Path(".")
@@ -165,7 +149,7 @@ class Profiler:
             raise ValueError(f"profiling needs at least 1 repeat, got {repeats}")
         self.iterations, self.max_devices, self.repeats = iterations, max_devices, repeats
         self.work_dir, self.say = Path(work_dir), say
-        self.cores = None if _on_gpus() else (os.cpu_count() or 1)
+        self.cores = None if on_gpus() else (os.cpu_count() or 1)
 
     # -- which probes --------------------------------------------------------------------------
     def probes(self) -> list[Probe]:
@@ -226,7 +210,7 @@ class Profiler:
             "metrics.sinks": ["jsonl"], "fault_tolerance.max_restarts": 0,
             "checkpoint_every": probe.overrides.get("checkpoint_every", 0)})
         plan = spec.plan(cfg, self.ctx.layout)
-        _reset_peak_rss()
+        reset_peak_rss()
         start = time.perf_counter()
         with kept_logging():
             result = s.train(cfg, cluster, None)
@@ -258,7 +242,7 @@ class Profiler:
         probe.startup_s = max(0.0, wall - loop)
         syncs = [h["time/weight_sync_s"] for h in measured if h.get("time/weight_sync_s", 0) > 0]
         probe.sync_s = statistics.median(syncs) if syncs and probe.placement != "local" else None
-        probe.peak_rss_bytes = _peak_rss() if probe.placement == "local" else None
+        probe.peak_rss_bytes = peak_rss() if probe.placement == "local" else None
         done = sorted((run_dir / "checkpoints").glob("step_*"))
         probe.checkpoint = done[-1] if done else None
         return probe
@@ -329,8 +313,8 @@ class Profiler:
             comps[c] = entry
         profile = new_profile(
             self.ctx.spec.name, self.ctx.config_hash(), comps,
-            device={"memory_bytes": _device_memory(), "cores": self.cores}, link={},
-            offload_bandwidth=_offload_bandwidth(training), edge_bytes=self.support.edge_bytes(self.ctx.cfg),
+            device={"memory_bytes": device_memory(), "cores": self.cores}, link={},
+            offload_bandwidth=offload_bandwidth(training), edge_bytes=self.support.edge_bytes(self.ctx.cfg),
             probes=[{"label": p.label, "ranks": p.ranks, "overrides": {k: v for k, v in p.overrides.items()},
                      "kind": p.kind, "iteration_s": p.iteration_s, "calls": p.calls, "busy_s": p.busy,
                      "cpu_s": p.cpu, "spread": p.spread, "startup_s": p.startup_s, "peak_rss_bytes": p.peak_rss_bytes,
@@ -463,40 +447,3 @@ def cpu_share(component: str, probes: list[Probe]) -> float | None:
 def fit_errors(profile: dict[str, Any]) -> dict[str, float]:
     """The relative RMS error of each component's fit, from a profile this module wrote."""
     return {c: float(e.get("fit_error", math.nan)) for c, e in profile["components"].items()}
-
-
-def _on_gpus() -> bool:
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except ImportError:
-        return False
-
-
-def _device_memory() -> float | None:
-    if _on_gpus():
-        import torch
-
-        return float(torch.cuda.get_device_properties(0).total_memory)
-    return None  # CPU devices are slots on one host's memory: no per-device limit
-
-
-def _offload_bandwidth(nbytes: float) -> float:
-    """Bytes per second of moving state between device and host: measured by a copy on GPUs; on CPUs an
-    offload moves nothing (``TrainingStrategy.offload``), so it is free."""
-    if not _on_gpus():
-        return 1e15
-    import torch
-
-    n = int(max(nbytes, 64 << 20) // 4)
-    x = torch.empty(n, dtype=torch.float32, device="cuda")
-    host = torch.empty(n, dtype=torch.float32, pin_memory=True)
-    host.copy_(x)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(3):
-        host.copy_(x)
-        x.copy_(host)
-    torch.cuda.synchronize()
-    return 6 * 4 * n / (time.perf_counter() - t0)
