@@ -61,8 +61,8 @@ def run_snippet(code: str, max_output_chars: int) -> str:
         exec(compile(tree, "<snippet>", "exec"), scope)  # noqa: S102 - the point of the tool, in its sandbox
         if tail is not None:
             value = eval(compile(tail, "<snippet>", "eval"), scope)  # noqa: S307 - same sandbox
-            if value is not None:
-                print(repr(value))
+            if value is not None:  # a REPL's echo of the last expression, into the captured output
+                out.write(repr(value) + "\n")
     text = out.getvalue().rstrip("\n")
     if len(text) > max_output_chars:
         text = text[:max_output_chars] + "...(cut)"
