@@ -21,9 +21,10 @@ and ``torch.set_num_threads(T)`` in every process that computes: TRL's, and each
 ``rollout/actor/env.num_threads``). Rounds alternate the sides (A B C A B C ...); round r trains with seed
 r on every side (sampling; the problems are the same), so the rounds are also the seeds of the learning
 comparison. Throughput: trajectories and model-generated tokens (tool tokens not counted) per second of
-the training loop, from the start of the first step to the end of the last (all turns' generation,
-tool calls, rewards, loss, backward, optimizer step, weight sync, logging); process start, imports,
-model loading, Ray and worker start-up and the evaluation are not in it. Learning: held-out accuracy
+the training loop, from the end of the warm-up steps (``--warmup-steps``, 1 by default: a compiled
+decoding step compiles in the first step) to the end of the last (all turns' generation, tool calls,
+rewards, loss, backward, optimizer step, weight sync, logging); process start, imports, model loading,
+Ray and worker start-up, the warm-up steps (their time is reported) and the evaluation are not in it. Learning: held-out accuracy
 after the run (the same number of trajectories on every side), measured by one evaluator for all (the
 episode engine of ``m2flow/workers/agentic``, sampled at temperature 1 on the same fresh ``test``-split
 problems) on each side's saved final weights.
@@ -84,6 +85,11 @@ PLANS = {
     # Ray, environments in the rollout's process on device 0, actor on device 1: the actor trains the
     # groups that have ended while the rest of the iteration is still being played.
     "split": M2flowPlan("env,rollout: 0, actor: 1", ("env.fuse_with_rollout=true",), max_threads=1),
+    # One process, each decoding step of the rollout torch.compile'd (it compiles in the first step).
+    "local_compile": M2flowPlan("local", ("rollout.compile=true",), max_threads=1),
+    # The same with the actor's packed training forward (each group's shared prompt run once, no padding
+    # inside a group).
+    "local_fast": M2flowPlan("local", ("rollout.compile=true", "actor.forward=packed"), max_threads=1),
 }
 
 
@@ -150,7 +156,7 @@ def make_workload(args: argparse.Namespace, model_dir: Path, workdir: Path) -> P
         "model_dir": str(model_dir.resolve()), "problems": problems, "steps": args.steps,
         "groups_per_step": args.groups, "group_size": args.group, "digits": args.digits,
         "max_turns": args.max_turns, "max_tokens": args.max_tokens, "max_turn_tokens": args.max_turn_tokens,
-        "temperature": 1.0, "lr": args.lr, "grad_clip": 1.0, "clip": 0.2,
+        "warmup_steps": args.warmup_steps, "temperature": 1.0, "lr": args.lr, "grad_clip": 1.0, "clip": 0.2,
     }
     path = workdir / "workload.json"
     path.write_text(json.dumps(workload))
@@ -258,13 +264,17 @@ def m2flow_side(workload: str, threads: int, plan_name: str, seed: int, save: st
         if save:
             actor = sorted(Path(run_dir).glob("**/actor/config.json"), key=lambda p: p.stat().st_mtime)[-1].parent
             shutil.copytree(actor, save, dirs_exist_ok=True)
-    seconds = ends[-1][0] - (ends[0][0] - ends[0][1])  # first step's start to last step's end
-    trajectories = sum(h["rollout/responses_count"] for h in history)
-    tokens = sum(h["rollout/model_tokens"] for h in history)
+    # From the first timed step's start to the last step's end: after the workload's warm-up steps (a
+    # compiled decoding step compiles in the first), else from the first step's start.
+    k = w.get("warmup_steps", 0)
+    seconds = ends[-1][0] - (ends[k - 1][0] if k else ends[0][0] - ends[0][1])
+    trajectories = sum(h["rollout/responses_count"] for h in history[k:])
+    tokens = sum(h["rollout/model_tokens"] for h in history[k:])
     rewards = [h["reward/mean"] for h in history]
     return {
         "side": f"m2flow:{plan_name}", "placement": plan.placement, "overrides": list(plan.overrides),
-        "threads": threads, "steps": len(history), "seconds": seconds, "trajectories": trajectories,
+        "threads": threads, "steps": len(history), "warmup_steps": k,
+        "warmup_seconds": ends[k - 1][0] - (ends[0][0] - ends[0][1]) if k else 0.0, "seconds": seconds, "trajectories": trajectories,
         "generated_tokens": tokens, "trajectories_per_s": trajectories / seconds, "tokens_per_s": tokens / seconds,
         "seconds_per_step_median": statistics.median(h["time/step"] for h in history),
         "train_reward_first": rewards[0], "train_reward_last": rewards[-1],
@@ -324,6 +334,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96, help="response tokens per episode, tool tokens included")
     ap.add_argument("--max-turn-tokens", type=int, default=40, help="tokens per model turn")
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--warmup-steps", type=int, default=1,
+                    help="first steps of each run left out of the timing on every side (compiling, first allocations)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds; round r trains with seed r on every side")
     ap.add_argument("--threads", default="1",
                     help="comma-separated torch thread counts (2 starves on a shared 2-core machine)")

@@ -137,20 +137,18 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(w["model_dir"], local_files_only=True, dtype=torch.float32)
 
     class Meter(TrainerCallback):
-        """Wall time from the first step's start to the last step's end."""
+        """The first step's start, and at each step's end the time and the trajectories and tokens so far."""
 
         def __init__(self) -> None:
             self.first: float | None = None
-            self.last = 0.0
-            self.steps = 0
+            self.ends: list[tuple[float, int, int]] = []
 
         def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001
             if self.first is None:
                 self.first = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
-            self.last = time.perf_counter()
-            self.steps += 1
+            self.ends.append((time.perf_counter(), CountingTrainer.trajectories, CountingTrainer.generated_tokens))
 
     class CountingTrainer(GRPOTrainer):
         """GRPOTrainer that also counts the trajectories and the tokens the model generated (not the tools')."""
@@ -219,13 +217,17 @@ def main() -> None:
     if args.save:
         model.save_pretrained(args.save)
         AutoTokenizer.from_pretrained(w["model_dir"], local_files_only=True).save_pretrained(args.save)
-    seconds = meter.last - (meter.first or meter.last)
+    # From the first timed step's start (the end of the workload's warm-up steps) to the last step's end.
+    k = w.get("warmup_steps", 0)
+    start, traj0, tok0 = meter.ends[k - 1] if k else (meter.first, 0, 0)
+    last, traj, tok = meter.ends[-1]
+    seconds = last - start
     print(json.dumps({
         "side": "trl", "threads": args.threads, "micro_batch": micro,
-        "continuous_batching": args.continuous_batching, "steps": meter.steps, "seconds": seconds,
-        "trajectories": CountingTrainer.trajectories, "generated_tokens": CountingTrainer.generated_tokens,
-        "trajectories_per_s": CountingTrainer.trajectories / seconds,
-        "tokens_per_s": CountingTrainer.generated_tokens / seconds,
+        "continuous_batching": args.continuous_batching, "steps": len(meter.ends), "warmup_steps": k,
+        "warmup_seconds": start - meter.first, "seconds": seconds,
+        "trajectories": traj - traj0, "generated_tokens": tok - tok0,
+        "trajectories_per_s": (traj - traj0) / seconds, "tokens_per_s": (tok - tok0) / seconds,
         "train_reward_first": rewards[0] if rewards else None, "train_reward_last": rewards[-1] if rewards else None,
         "train_reward_mean": sum(rewards) / len(rewards) if rewards else None, "train_rewards": rewards,
         "versions": {"trl": __import__("trl").__version__, "torch": torch.__version__,

@@ -92,7 +92,7 @@ class RolloutConfig:
         if self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
         # What a backend accepts is the backend's to say (imported here: this module stays light to import).
-        from m2flow.backends.generation import backends_that_compile, generation_backend_class
+        from m2flow.backends.generation import check_compile, generation_backend_class
 
         backend = generation_backend_class(self.backend)  # an unknown name raises, listing the valid ones
         if self.batching not in ("auto", "continuous", "chunked"):
@@ -107,9 +107,7 @@ class RolloutConfig:
                                  f"({', '.join(streaming)}), not {self.backend!r}")
             if self.prompts_per_chunk is not None:
                 raise ValueError("prompts_per_chunk applies to batching 'chunked', not 'continuous'")
-        if self.compile and not backend.compiles:
-            raise ValueError(f"compile is an option of the {', '.join(map(repr, backends_that_compile()))} "
-                             f"backend, not of {self.backend!r}")
+        check_compile(self.backend, self.compile)
 
 
 def _backend_names() -> list[str]:

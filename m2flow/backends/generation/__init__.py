@@ -11,6 +11,7 @@ from m2flow.backends.generation.base import (
 )
 from m2flow.backends.generation.factory import (
     backends_that_compile,
+    check_compile,
     create_generation_backend,
     generation_backend_class,
     generation_backend_over,
@@ -29,6 +30,7 @@ __all__ = [
     "SamplingParams",
     "VLLMGenerationBackend",
     "backends_that_compile",
+    "check_compile",
     "create_generation_backend",
     "generation_backend_class",
     "generation_backend_over",

@@ -16,7 +16,7 @@ from torch import nn
 from m2flow.backends.generation import hf, lean, vllm  # noqa: F401
 from m2flow.backends.generation.base import GENERATION_BACKENDS, GenerationBackend, GenerationOptions
 
-__all__ = ["backends_that_compile", "create_generation_backend", "generation_backend_class", "generation_backend_over"]
+__all__ = ["backends_that_compile", "check_compile", "create_generation_backend", "generation_backend_class", "generation_backend_over"]
 
 
 def generation_backend_class(name: str) -> type:
@@ -52,7 +52,12 @@ def generation_backend_over(name: str, model: nn.Module, tokenizer: Any,
 
 
 def _check_options(name: str, cls: type, options: GenerationOptions) -> None:
-    if options.compile and not cls.compiles:
+    check_compile(name, options.compile)
+
+
+def check_compile(name: str, compile: bool) -> None:
+    """ValueError when ``compile`` is asked of a backend that does not compile (configs check it early)."""
+    if compile and not generation_backend_class(name).compiles:
         raise ValueError(f"compile is an option of the {', '.join(map(repr, backends_that_compile()))} "
                          f"backend, not of {name!r}")
 

@@ -45,6 +45,8 @@ class AgenticRolloutSettings:
     trajectories: GroupStream
     """where finished groups go (the actor's stream)"""
     seed: int = 0
+    compile: bool = False
+    """run the lean backend's decoding steps ``torch.compile``d"""
     shares_devices: bool = False
     offload: bool = False
 
@@ -75,7 +77,7 @@ class AgenticRolloutWorker(ReasoningWorker):
         self.shares_devices, self.offloads = cfg.shares_devices, cfg.offload
         self.out = cfg.trajectories
         self.tokenizer = load_tokenizer(cfg.model_path)
-        options = GenerationOptions(device=self.torch_device, dtype=cfg.dtype, seed=cfg.seed)
+        options = GenerationOptions(device=self.torch_device, dtype=cfg.dtype, seed=cfg.seed, compile=cfg.compile)
         self.backend = create_generation_backend(cfg.backend, cfg.model_path, options)
         self.policy_version = 0
         self.engine: TurnEngine | None = None

@@ -125,6 +125,10 @@ class RolloutConfig:
     backend: str = option("lean", "generation backend: 'hf', 'lean' (small Qwen2/Llama on a CPU) or 'vllm' (CUDA)")
     dtype: DType = option("float32", "weight dtype of the generation model")
     num_threads: int = option(1, "torch threads of each rollout rank")
+    compile: bool = option(
+        False, "lean backend: run each decoding step torch.compile'd (one compile per process, ~15-50 s on a "
+               "CPU, in the first iteration; then faster steps for small models; eager with a warning if "
+               "compiling fails)")
     max_turns: int = option(4, "most model turns per episode (the turn budget)")
     max_tokens: int = option(128, "most response tokens per episode, model and observation together (token budget)")
     max_turn_tokens: int = option(32, "most tokens one model turn may generate")
@@ -145,9 +149,9 @@ class RolloutConfig:
         for key in ("prompt_template", "observation_template"):
             if "{observation}" not in getattr(self, key):
                 raise ValueError(f"{key} must contain '{{observation}}'")
-        from m2flow.backends.generation import generation_backend_class
+        from m2flow.backends.generation import check_compile
 
-        generation_backend_class(self.backend)  # an unknown name raises, listing the valid ones
+        check_compile(self.backend, self.compile)  # an unknown backend name raises, listing the valid ones
 
 
 @dataclass

@@ -46,7 +46,7 @@ def worker_settings(cfg: AgenticConfig, plan: Plan, model_path: str, trajectorie
     return {
         "env": env_settings(cfg, env_ranks),
         "rollout": AgenticRolloutSettings(model_path, r.backend, r.dtype, episode_config(cfg), trajectories,
-                                          seed=cfg.seed, shares_devices=plan["rollout"].shares_devices,
+                                          seed=cfg.seed, compile=r.compile, shares_devices=plan["rollout"].shares_devices,
                                           offload=plan["rollout"].offload),
         "actor": ActorSettings(model_path, actor, cfg.algorithm, r.temperature, cfg.episodes.group_size,
                                trajectories, total_steps=cfg.steps, seed=cfg.seed,

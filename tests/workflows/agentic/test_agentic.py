@@ -138,3 +138,29 @@ def test_rollout_ranks_metrics_add_counts_and_weigh_means_by_trajectories():
     merged = merge_rollout_metrics([{"rollout/trajectories": 3.0, "reward/mean": 1.0, "tool/ok": 2.0},
                                     {"rollout/trajectories": 1.0, "reward/mean": 0.0, "tool/ok": 1.0}])
     assert merged == {"rollout/trajectories": 4.0, "reward/mean": 0.75, "tool/ok": 3.0}
+
+
+def test_compiled_decoding_plays_the_episodes_eager_decoding_plays(tmp_path, model, monkeypatch):
+    from m2flow.models.functional_decode import CompiledDecode
+
+    compiled_steps = []
+    call = CompiledDecode.__call__
+
+    def counting(self, *args):
+        if self.active and args[0].shape[0] >= 2:
+            compiled_steps.append(args[0].shape[0])
+        return call(self, *args)
+
+    eager = train(tiny_config(tmp_path / "eager", model, steps=2))
+    monkeypatch.setattr(CompiledDecode, "__call__", counting)
+    compiled = train(tiny_config(tmp_path / "compiled", model, steps=2, **{"rollout.compile": True}))
+    assert compiled_steps, "no decoding step ran compiled"
+    for got, want in zip(comparable(compiled.history), comparable(eager.history), strict=True):
+        assert got == pytest.approx(want, rel=1e-4, abs=1e-6)
+
+
+def test_compile_on_a_backend_that_does_not_compile_fails_naming_the_key():
+    from m2flow.config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="rollout.compile.*is an option of the 'lean' backend, not of 'hf'"):
+        load_workflow_config(EXAMPLES[0], ["rollout.backend=hf", "rollout.compile=true"])
