@@ -85,8 +85,14 @@ PLANS = {
     # Ray, environments in the rollout's process on device 0, actor on device 1: the actor trains the
     # groups that have ended while the rest of the iteration is still being played.
     "split": M2flowPlan("env,rollout: 0, actor: 1", ("env.fuse_with_rollout=true",), max_threads=1),
+    # The same with bounded staleness 1: the next step's episodes are played while the actor trains.
+    "split_s1": M2flowPlan("env,rollout: 0, actor: 1", ("env.fuse_with_rollout=true", "algorithm.max_staleness=1"),
+                           max_threads=1),
     # One process, each decoding step of the rollout torch.compile'd (it compiles in the first step).
     "local_compile": M2flowPlan("local", ("rollout.compile=true",), max_threads=1),
+    # One process with bounded staleness 1: the rollout plays the next step's episodes behind the weights
+    # by at most one step while the actor trains on this step's (the two otherwise take turns).
+    "local_s1": M2flowPlan("local", ("algorithm.max_staleness=1",)),
     # The same with the actor's packed training forward (each group's shared prompt run once, no padding
     # inside a group).
     "local_fast": M2flowPlan("local", ("rollout.compile=true", "actor.forward=packed"), max_threads=1),

@@ -7,11 +7,13 @@ one seed, all on this rank) is put into the trajectories stream as a ``GroupSamp
 episode ends, so the actor trains on it while the long episodes of other groups still run.
 Observation tokens are in the response but out of the loss (``action_mask``); the return is the sum of
 the turn rewards. When the plan fuses ``env`` into ``rollout`` this worker hosts the environments too
-(``TextEnvs``): the flow then calls them as ``env/<method>`` on this group.
+(``TextEnvs``): the flow then calls them as ``env/<method>`` on this group, or, when every episode's
+environment is here (one rollout rank), plays the whole iteration with one call (``play_iteration``).
 """
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -110,6 +112,37 @@ class AgenticRolloutWorker(ReasoningWorker):
             actions, cut = self.engine.turn(self.backend, derive_seed(self.seed, self.step, self.rank, round_),
                                             seed_base=self.seed)
         return actions, self._send(cut)
+
+    def play_iteration(self, step: int, specs: Sequence[EpisodeSpec], where: str = "") -> dict[str, float]:
+        """Every episode of ``specs`` to its end with the environments hosted in this process (env fused into
+        the rollout, every episode's environment here): the calls of the flow's turn loop (``begin``, reset,
+        ``start_episodes``, then rounds of ``play_turn``, step and ``observe``, ``end``) made here, in the same
+        order, without a message between them. The rollout and env metrics of the iteration."""
+        envs = self.hosted("env")
+        if envs is None:
+            raise RuntimeError("play_iteration needs the environments hosted in this process (env fused into rollout)")
+        self.begin(step, specs)
+        ids = sorted(s.traj_id for s in specs)
+        seeds = {s.traj_id: s.seed for s in specs}
+        t0 = time.perf_counter()
+        first = envs.env_reset(ids, [seeds[t] for t in ids])
+        env_s, generate_s = time.perf_counter() - t0, 0.0
+        open_ids = set(ids).difference(self.start_episodes(first))
+        round_ = 0
+        while open_ids:
+            t0 = time.perf_counter()
+            actions, cut = self.play_turn(round_)
+            t1 = time.perf_counter()
+            open_ids.difference_update(cut)
+            results = envs.env_step(actions)
+            env_s += time.perf_counter() - t1
+            generate_s += t1 - t0
+            open_ids.difference_update(self.observe(results))
+            round_ += 1
+        metrics = self.end()
+        metrics.update(envs.env_stats(where))
+        metrics.update({"time/env_busy_s": env_s, "time/generate_busy_s": generate_s, "rollout/rounds": float(round_)})
+        return metrics
 
     def observe(self, results: Mapping[int, EnvStep]) -> list[int]:
         """Record the environments' answers; the ids of the episodes that ended."""

@@ -4,7 +4,9 @@ One iteration is ``groups_per_step`` GRPO groups of ``group_size`` episodes (a g
 reset with the same seed). The turn loop (``_play``) runs on a thread of the flow, one iteration after
 another: env workers reset their environments, then rounds of one model turn for every running episode
 (rollout) and one step of each environment that got an action (env workers), until every episode has
-ended or spent its turn or token budget. The rollout puts each group into the trajectories stream the
+ended or spent its turn or token budget. With the environments fused into a single rollout rank, that
+rank runs the same calls itself (``play_iteration``): one message per iteration instead of three per
+round. The rollout puts each group into the trajectories stream the
 moment its last episode ends, and the actor, called before the loop runs, trains on what is ready, so a
 few long episodes do not idle it. Actions and observations travel as the arguments and results of the
 env workers' calls.
@@ -190,6 +192,11 @@ class AgenticFlow:
         if version is not None:  # the weights this iteration plays with (the actor sends them; see ``start``)
             gather([self.rollout.receive_weights(self.names["actor"], 0, version)], self.timeout, "a weight sync")
         specs = episode_specs(self.cfg, step, self.env_ranks)
+        if self.env_fused and self.rollout_ranks == 1:  # every environment in the one rollout process
+            metrics = gather([self.rollout.play_iteration(step, specs, f"in iteration {step}")], self.timeout,
+                             "rollout: play_iteration")[0][0]
+            metrics["time/rollout_s"] = time.perf_counter() - t_start
+            return metrics
         by_id = {s.traj_id: s for s in specs}
         per_rollout: list[list[EpisodeSpec]] = [[] for _ in range(self.rollout_ranks)]
         for s in specs:
