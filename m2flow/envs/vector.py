@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -279,9 +279,14 @@ class VecEnv:
         """Freeze (False) or resume (True) the normalisation statistics, e.g. for evaluation."""
         self.training = training
 
-    def reset(self) -> np.ndarray:
-        """Reset all envs; normalised observations (num_envs, *obs_shape)."""
-        seeds = None if self._seeded else self.seeds()
+    def reset(self, seeds: Sequence[int] | None = None) -> np.ndarray:
+        """Reset all envs; normalised observations (num_envs, *obs_shape). ``seeds`` (one per env) reseed
+        them; without, the first reset seeds them with :meth:`seeds` and later ones continue their streams."""
+        if seeds is not None and len(seeds) != self.num_envs:
+            raise ValueError(f"{len(seeds)} seeds for {self.num_envs} envs")
+        if seeds is None and not self._seeded:
+            seeds = self.seeds()
+        seeds = None if seeds is None else list(seeds)
         self._seeded = True
         parts = []
         for group in self.groups:

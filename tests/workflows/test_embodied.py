@@ -172,6 +172,12 @@ def test_m2flow_eval_dispatches_on_an_embodied_checkpoint(runs, tmp_path, capsys
     ({"algorithm.minibatch_size": 1024}, "minibatch_size", "exceeds the batch of 512"),
     ({"algorithm.epochs": 0}, "algorithm.epochs", "must be >= 1"),
     ({"env_worker.imports": ["no.such.module"]}, "imports", "cannot import"),
+    ({"algorithm.advantage": "grpo"}, "use_critic", "learns no value function"),
+    ({"algorithm.advantage": "grpo", "algorithm.use_critic": False, "algorithm.group_size": 1}, "group_size",
+     ">= 2"),
+    ({"algorithm.advantage": "grpo", "algorithm.use_critic": False}, "max_episode_steps", "whole episodes"),
+    ({"algorithm.advantage": "grpo", "algorithm.use_critic": False, "env.max_episode_steps": 8,
+      "algorithm.group_size": 3}, "group_size", "multiple"),
 ])
 def test_bad_config_fails_before_anything_starts(tmp_path, override, key, words):
     with pytest.raises(ConfigError) as info:
@@ -198,3 +204,31 @@ def test_a_traced_run_that_fails_raises_its_own_error(tmp_path, monkeypatch, cap
     with pytest.raises(RuntimeError, match="the run's own failure"):
         train(cfg, cluster=shared_cluster())
     assert "no trace shards" in caplog.text  # the merge in the run's finally block only warns
+
+
+def grpo_config(tmp_path: Path, **overrides) -> EmbodiedConfig:
+    """ContextMatch under GRPO: 32 envs in groups of 4, one episode (at most 8 steps) each per iteration."""
+    return toy_config(tmp_path, **{"placement": "local", "rollout_steps": 8, "total_env_steps": 40 * 256,
+                                   "env.num_envs": 32, "env.max_episode_steps": 8, "algorithm.advantage": "grpo",
+                                   "algorithm.use_critic": False, "algorithm.group_size": 4,
+                                   "algorithm.minibatch_size": 64, **overrides})
+
+
+def test_grpo_learns_from_group_resets_and_trains_on_whole_episodes_only(tmp_path):
+    result = train(grpo_config(tmp_path))
+    returns = [h["env/episode_return"] for h in result.history]
+    assert returns[0] < 1.0  # about a third: the random policy
+    assert min(returns[-5:]) > 6.0, returns  # near the best (8), twenty times the random policy's return
+    # Early on most episodes end in a step or two: the steps after an env's first episode are not trained on.
+    assert result.history[0]["actor/batch_size"] < 8 * 32
+    assert all(h["actor/batch_size"] <= 8 * 32 for h in result.history)
+
+
+def test_grpo_resumed_run_continues_exactly(tmp_path):
+    full = train(grpo_config(tmp_path / "full", total_env_steps=8 * 256, checkpoint_every=4))
+    checkpoint = tmp_path / "full" / "run" / "checkpoints" / "step_000004"
+    resumed = train(grpo_config(tmp_path / "resumed", total_env_steps=8 * 256, resume=str(checkpoint)))
+    assert len(resumed.history) == 4
+    for a, b in zip(full.history[4:], resumed.history):
+        for key in ("actor/pg_loss", "actor/approx_kl", "actor/batch_size", "env/episode_return", "env/episodes"):
+            assert a.get(key) == b.get(key), key

@@ -1,4 +1,4 @@
-"""From the env ranks' trajectories to one PPO batch: old log-probs, values, GAE, flattened samples."""
+"""From the env ranks' trajectories to one PPO batch: old log-probs, values, GAE or GRPO advantages, flattened samples."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from m2flow.algorithms.advantages import compute_gae
+from m2flow.algorithms.estimators import StepBatch, compute_advantages
 from m2flow.algorithms.offpolicy import decoupled_ppo_weights
 from m2flow.models.policies import ActorCritic
 from m2flow.models.policy_types import Policy
@@ -35,6 +36,17 @@ def _values(policy: Policy, obs: torch.Tensor) -> torch.Tensor:
     if isinstance(policy, ActorCritic) or len(obs) <= SCORE_CHUNK:
         return policy.value(obs)
     return torch.cat([policy.value(obs[i:i + SCORE_CHUNK]) for i in range(0, len(obs), SCORE_CHUNK)])
+
+
+def grpo_advantages(trajs: list[Trajectory], rewards: torch.Tensor, dones: torch.Tensor,
+                    group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO over the iteration's episodes: (T, N) advantages and the (T, N) steps that belong to each env's
+    first episode. The envs of the joined trajectories are grouped by their index over all env ranks
+    (``group_size`` consecutive ones were reset with the same seed: ``m2flow.workers.embodied.env.group_seeds``)."""
+    index = np.concatenate([t.env_rank * t.num_envs + np.arange(t.num_envs) for t in trajs]) // group_size
+    out = compute_advantages("grpo", StepBatch(rewards=rewards, dones=dones,
+                                               group_index=torch.from_numpy(index).to(rewards.device)))
+    return out.advantages, out.mask
 
 
 def build_batch(policy: Policy, trajs: list[Trajectory], cfg: PPOConfig,
@@ -75,9 +87,14 @@ def build_batch(policy: Policy, trajs: list[Trajectory], cfg: PPOConfig,
         else:
             values = torch.zeros_like(values)
             next_values = torch.zeros(N, device=device)
-    advantages, returns = compute_gae(
-        rewards, values, terminated | truncated, next_values, gamma=cfg.gamma,
-        lam=cfg.gae_lambda if cfg.use_critic else 1.0, terminated=terminated, final_values=final_values)
+    keep = None
+    if cfg.advantage == "grpo":
+        advantages, keep = grpo_advantages(trajs, rewards, terminated | truncated, cfg.group_size)
+        returns = advantages
+    else:
+        advantages, returns = compute_gae(
+            rewards, values, terminated | truncated, next_values, gamma=cfg.gamma,
+            lam=cfg.gae_lambda if cfg.use_critic else 1.0, terminated=terminated, final_values=final_values)
     weights = None
     extra: dict[str, float] = {}
     if behaviour is not None and any(b is not None for b in behaviour):
@@ -95,15 +112,20 @@ def build_batch(policy: Policy, trajs: list[Trajectory], cfg: PPOConfig,
         weights = decoupled_ppo_weights(joint, behaviour_logprobs.reshape(-1))
         extra = {"async/importance_weight_mean": float(weights.mean()),
                  "async/importance_weight_max": float(weights.max())}
-    flat_values, flat_returns = values.reshape(-1), returns.reshape(-1)
+    flat_values, flat_returns, flat_advantages = values.reshape(-1), returns.reshape(-1), advantages.reshape(-1)
+    if keep is not None:  # only the steps of the scored episodes are trained on
+        idx = keep.reshape(-1).nonzero().squeeze(1)
+        flat_obs, flat_actions, logprobs = flat_obs[idx], flat_actions[idx], logprobs[idx]
+        flat_values, flat_returns, flat_advantages = flat_values[idx], flat_returns[idx], flat_advantages[idx]
+        weights = None if weights is None else weights[idx]
     var = flat_returns.var()
     explained = float(1.0 - (flat_returns - flat_values).var() / var) if var > 0 else float("nan")
-    batch = PPOBatch(flat_obs, flat_actions, logprobs, flat_values, advantages.reshape(-1), flat_returns, weights)
+    batch = PPOBatch(flat_obs, flat_actions, logprobs, flat_values, flat_advantages, flat_returns, weights)
     metrics = {
         "critic/explained_variance": explained,
         "critic/value_mean": float(flat_values.mean()),
         "actor/advantage_mean": float(advantages.mean()),
-        "actor/batch_size": float(T * N),
+        "actor/batch_size": float(len(flat_advantages)),
         **extra,
     }
     return batch, metrics

@@ -30,6 +30,12 @@ class PPOConfig:
     target_kl: float | None = option(None, "stop an iteration's epochs once approx KL passes this (None: off)")
     use_critic: bool = option(
         True, "learn a value function for GAE; false: advantages are Monte-Carlo returns (no value loss)")
+    advantage: Literal["gae", "grpo"] = option(
+        "gae", "gae: GAE over the critic's values (discounted returns without a critic); grpo: every env "
+               "plays one episode per iteration from a reset it shares with the other envs of its group "
+               "(group_size), and every step of the episode gets the episode's return standardised within the "
+               "group (no critic; steps after the episode's end are left out)")
+    group_size: int = option(4, "grpo: envs per group, reset with the same seed at the start of every iteration")
     max_staleness: int = option(
         0, "s: env ranks may collect up to s iterations ahead of the actor with older weights "
         "(decoupled PPO against the behaviour policy); 0: synchronous")
@@ -55,6 +61,11 @@ class PPOConfig:
             raise ValueError(f"target_kl must be > 0 or None, got {self.target_kl}")
         if self.max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
+        if self.advantage == "grpo":
+            if self.group_size < 2:
+                raise ValueError(f"group_size must be >= 2 for advantage 'grpo', got {self.group_size}")
+            if self.use_critic:
+                raise ValueError("advantage 'grpo' learns no value function: set use_critic: false")
 
 
 @dataclass

@@ -51,6 +51,7 @@ class EnvWorker(Worker):
         self.vec = VecEnv(env, rank=self.rank)
         self.T = s.rollout_steps
         self.max_error_rate = s.max_error_rate
+        self.reset_groups = s.reset_groups
         self.actor_group = s.actor_group
         self.actor_ranks = s.actor_ranks
         self.shares_devices = s.shares_devices
@@ -100,6 +101,9 @@ class EnvWorker(Worker):
         ``policy_version`` is the version of the weights the policy holds (stamped on the trajectory)."""
         if norm_deltas:
             self.norm.merge(norm_deltas)
+        if self.reset_groups:  # GRPO: each iteration's episodes start from resets shared within groups
+            self.obs[0] = self.vec.reset(group_seeds(self.vec.config.seed, iteration, self.rank, self.vec.num_envs,
+                                                     self.reset_groups))
         t0 = time.perf_counter()
         if self.engine is not None and self.shares_devices:
             with self.device_turn(offload_after=self.offload_policy):
@@ -253,6 +257,14 @@ class EnvWorker(Worker):
         self.obs[0] = state["obs"]
         if self.engine is not None and state["engine_rng"] is not None:
             self.engine.load_rng_state(state["engine_rng"])
+
+
+def group_seeds(seed: int, iteration: int, rank: int, num_envs: int, group_size: int) -> list[int]:
+    """The reset seed of each env of ``rank`` in ``iteration``: the envs in consecutive groups of
+    ``group_size`` (over all ranks) share one, distinct per (run seed, iteration, group)."""
+    first = rank * num_envs
+    return [int(np.random.SeedSequence([seed, iteration, (first + i) // group_size]).generate_state(1)[0] & 0x7FFFFFFF)
+            for i in range(num_envs)]
 
 
 def _action_dtype(space: Any) -> np.dtype:

@@ -41,6 +41,9 @@ class EmbodiedEnvSettings:
     """modules imported first (custom env ids)"""
     max_error_rate: float = 0.1
     """env exceptions per env step past which the run stops"""
+    reset_groups: int = 0
+    """GRPO: every iteration starts from a reset of every env, the envs in groups of this many sharing a seed
+    (0: episodes run on across iterations)"""
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,15 @@ class EmbodiedConfig(RunConfig):
                 importlib.import_module(module)
             except ImportError as e:
                 raise ValueError(f"env_worker.imports: cannot import {module!r}: {e}") from None
+        algo = self.algorithm
+        if algo.advantage == "grpo":
+            if self.env.num_envs % algo.group_size:
+                raise ValueError(f"env.num_envs ({self.env.num_envs}) must be a multiple of algorithm.group_size "
+                                 f"({algo.group_size}): a group's envs sit on one env rank")
+            limit = self.env.max_episode_steps or self.env.env_kwargs.get("max_episode_steps")  # MetaWorld's own
+            if limit is None or limit > self.rollout_steps:
+                raise ValueError(f"advantage 'grpo' scores whole episodes: set env.max_episode_steps to at most "
+                                 f"rollout_steps ({self.rollout_steps}), got {limit}")
         if self.env.backend == "gymnasium":
             from m2flow.envs.factory import check_env_id
 

@@ -28,7 +28,8 @@ def worker_settings(cfg: EmbodiedConfig, plan: Plan, names: dict[str, str], spac
             actor_group=names["actor"], actor_ranks=ranks["actor"],
             rollout_group=None if fused else names["rollout"], rollout_ranks=ranks["rollout"],
             shares_devices=plan["env"].shares_devices, offload=plan["env"].offload,
-            imports=tuple(cfg.env_worker.imports), max_error_rate=cfg.env_worker.max_error_rate),
+            imports=tuple(cfg.env_worker.imports), max_error_rate=cfg.env_worker.max_error_rate,
+            reset_groups=cfg.algorithm.group_size if cfg.algorithm.advantage == "grpo" else 0),
         "rollout": EmbodiedRolloutSettings(
             obs_space, act_space, cfg.policy, cfg.seed, env_group=names["env"], env_ranks=ranks["env"],
             stages=stages, rollout_steps=cfg.rollout_steps, shares_devices=plan["rollout"].shares_devices,

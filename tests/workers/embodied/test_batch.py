@@ -73,3 +73,36 @@ def test_ranks_join_along_the_env_axis_and_log_probs_match_the_policy():
     assert torch.equal(batch.obs.view(3, 5, 2)[:, 2], torch.from_numpy(trajs[1].obs[:, 0]))
     ref = policy.evaluate(batch.obs, batch.actions)
     assert torch.allclose(batch.logprobs, ref.logprobs, atol=1e-6)
+
+
+def test_grpo_scores_each_envs_first_episode_within_its_group_and_drops_the_rest():
+    # Two ranks of 2 envs, groups of 2: rank 0's envs form group 0, rank 1's group 1. Rewards 1 per step.
+    # Rank 0: env 0 ends at t = 1 (return 2), env 1 at t = 0 (return 1); rank 1: neither ends (return 3 each).
+    T, n = 3, 2
+    trajs = []
+    for rank, ends in ((0, {0: 1, 1: 0}), (1, {})):
+        terminated = np.zeros((T, n), bool)
+        for env, t in ends.items():
+            terminated[t, env] = True
+        traj = _traj(rank)
+        traj.terminated, traj.truncated = terminated, np.zeros((T, n), bool)
+        traj.final_index, traj.final_obs = np.zeros((0, 2), np.int64), np.zeros((0, 2), np.float32)
+        trajs.append(traj)
+    cfg = PPOConfig(advantage="grpo", group_size=2, use_critic=False)
+    batch, metrics = build_batch(_constant_value_policy(2.0), trajs, cfg)
+    # kept (t, env) in flat order t * 4 + env: env 0 at t 0-1, env 1 at t 0, envs 2-3 at t 0-2
+    assert metrics["actor/batch_size"] == 2 + 1 + 3 + 3 == len(batch)
+    std = float(torch.tensor([2.0, 1.0]).std())
+    expected = torch.tensor([1, -1, 0, 0,   1, 0, 0,   0, 0]) * 0.5 / std  # (2 - 1.5) / std, (1 - 1.5) / std
+    assert torch.allclose(batch.advantages, expected.float(), atol=1e-5)
+    assert torch.equal(batch.values, torch.zeros(9))
+
+
+def test_grpo_group_seeds_are_shared_within_a_group_only():
+    from m2flow.workers.embodied.env import group_seeds
+
+    ranks = [group_seeds(0, 5, r, 4, 2) for r in range(2)]
+    flat = [s for part in ranks for s in part]
+    assert flat[0] == flat[1] and flat[2] == flat[3] and flat[4] == flat[5]
+    assert len(set(flat)) == 4
+    assert group_seeds(0, 6, 0, 4, 2) != ranks[0] and group_seeds(1, 5, 0, 4, 2) != ranks[0]
