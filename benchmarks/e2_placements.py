@@ -18,6 +18,11 @@ devices; that is the busiest component when components have devices of their own
 
     python benchmarks/e2_placements.py                      # every plan, 6 iterations, 2 rounds
     python benchmarks/e2_placements.py --plans collocated-sequential,hybrid-pipelined --iterations 10
+    python benchmarks/e2_placements.py --workload vla --staleness 0,1   # V2: V1's pixel task and VLA
+
+``--workload vla`` runs V1's workload instead (``examples/embodied/metaworld_vla_ppo.yaml``: MetaWorld
+reach-v3 at 64x64 from pixels and an instruction, the small VLA, 8 envs x 64 steps per iteration; the
+policy starts from its random initialisation, which costs the same per step as the warm start).
 
 Writes ``benchmarks/results/e2_placements.json`` (or ``--out``) and prints one summary line.
 """
@@ -58,10 +63,47 @@ PLANS: dict[str, tuple[str, int, bool]] = {
     "hybrid-fused-split": ("env,rollout: 0, actor: 1", 1, True),
 }
 BASELINE = "collocated-sequential"  # always synchronous: what every plan is compared with
+VLA_EXAMPLE = ROOT / "examples" / "embodied" / "metaworld_vla_ppo.yaml"
+ENVS = 8  # envs per iteration over all env ranks, in every plan
+
+
+def workload_config(workload: str, placement: str, stages: int, fused: bool, env_ranks: int, iterations: int,
+                    env_id: str, compile: bool, staleness: int, seed: int, run_dir: str, traced: bool):
+    """The run's config: E1's MuJoCo workload (``mujoco``) or V1's pixel task with the VLA (``vla``)."""
+    from m2flow.config import from_dict
+    from m2flow.config.loader import load_config
+    from m2flow.workflows.embodied.config import EmbodiedConfig
+
+    if workload == "vla":
+        if compile:
+            raise SystemExit("--compile applies to the MLP actor-critic, not to the VLA workload")
+        os.environ.setdefault("MUJOCO_GL", "egl")
+        steps = load_config(EmbodiedConfig, VLA_EXAMPLE, ["policy.init_from=null"]).rollout_steps
+        return load_config(EmbodiedConfig, VLA_EXAMPLE, [
+            "cluster.cpu_devices_per_node=8", f"placement={placement}", f"pipeline_stages={stages}",
+            f"env.num_envs={ENVS // env_ranks}", f"total_env_steps={iterations * ENVS * steps}",
+            f"rollout.fuse_with_env={str(fused).lower()}", f"algorithm.max_staleness={staleness}", f"seed={seed}",
+            f"run_dir={run_dir}", "metrics.sinks=[]", f"trace={str(traced).lower()}", "policy.init_from=null",
+            "checkpoint_every=0"])
+    return from_dict(EmbodiedConfig, {
+        "cluster": {"cpu_devices_per_node": 8},
+        "placement": placement,
+        "pipeline_stages": stages,
+        "env": {"env_id": env_id, "num_envs": ENVS // env_ranks},
+        "rollout_steps": 256,
+        "total_env_steps": iterations * ENVS * 256,
+        "rollout": {"fuse_with_env": fused},
+        "actor": {"compile": compile},
+        "algorithm": {"max_staleness": staleness},
+        "seed": seed,
+        "run_dir": run_dir,
+        "metrics": {"sinks": []},
+        "trace": traced,
+    })
 
 
 def run_plan(name: str, iterations: int, env_id: str, seed: int, trace_dir: str | None = None,
-             compile: bool = False, staleness: int = 0) -> dict:
+             compile: bool = False, staleness: int = 0, workload: str = "mujoco") -> dict:
     """Train ``iterations`` iterations under plan ``name`` in this process; per-iteration stage times.
 
     With ``trace_dir`` the run is traced and its directory kept there (``m2flow report`` reads it).
@@ -83,21 +125,8 @@ def run_plan(name: str, iterations: int, env_id: str, seed: int, trace_dir: str 
         run_dir = tmp if trace_dir is None else str(Path(trace_dir) / name)
         if trace_dir is not None:
             shutil.rmtree(run_dir, ignore_errors=True)
-        cfg = from_dict(EmbodiedConfig, {
-            "cluster": {"cpu_devices_per_node": 8},
-            "placement": placement,
-            "pipeline_stages": stages,
-            "env": {"env_id": env_id, "num_envs": 8 // env_ranks},
-            "rollout_steps": 256,
-            "total_env_steps": iterations * 2048,
-            "rollout": {"fuse_with_env": fused},
-            "actor": {"compile": compile},
-            "algorithm": {"max_staleness": staleness},
-            "seed": seed,
-            "run_dir": run_dir,
-            "metrics": {"sinks": []},
-            "trace": trace_dir is not None,
-        })
+        cfg = workload_config(workload, placement, stages, fused, env_ranks, iterations, env_id, compile, staleness,
+                              seed, run_dir, trace_dir is not None)
         result = train(cfg)
     rows = []
     for h in result.history[1:]:  # the first iteration warms caches and connections up
@@ -114,7 +143,7 @@ def run_plan(name: str, iterations: int, env_id: str, seed: int, trace_dir: str 
                      "actor_lock_wait_s": h.get("time/actor_lock_wait_s", 0.0)})
     # the machine is shared: the 1-minute load average around the run says how quiet it was
     key = name if staleness == 0 else f"{name}@s{staleness}"
-    return {"plan": key, "placement": placement, "stages": stages, "mode": result.mode, "fused": result.plan.fused("rollout"),
+    return {"plan": key, "workload": workload, "placement": placement, "stages": stages, "mode": result.mode, "fused": result.plan.fused("rollout"),
             "compile": compile, "staleness": staleness, "load": [round(load_before, 2), round(os.getloadavg()[0], 2)], "iterations": rows}
 
 
@@ -144,7 +173,9 @@ def main() -> None:
     p.add_argument("--plans", default=",".join(PLANS), help=f"comma-separated, from {list(PLANS)}")
     p.add_argument("--iterations", type=int, default=6, help="iterations per run (the first is not counted)")
     p.add_argument("--rounds", type=int, default=2, help="rotations over the plans")
-    p.add_argument("--env", default="HalfCheetah-v5", help="gymnasium id")
+    p.add_argument("--env", default="HalfCheetah-v5", help="gymnasium id (the mujoco workload)")
+    p.add_argument("--workload", choices=["mujoco", "vla"], default="mujoco",
+                   help="mujoco: E1's workload (--env); vla: V1's pixel task with the small VLA (V2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=3600, help="seconds allowed per run")
     p.add_argument("--out", default=str(HERE / "results" / "e2_placements.json"), help="result JSON path")
@@ -159,7 +190,7 @@ def main() -> None:
     args = p.parse_args()
     if args.one:
         print(json.dumps(run_plan(args.one, args.iterations, args.env, args.seed, args.trace_dir, args.compile,
-                                  int(args.staleness))))
+                                  int(args.staleness), args.workload)))
         return
     plans = [x for x in args.plans.split(",") if x]
     unknown = [x for x in plans if x not in PLANS]
@@ -172,7 +203,8 @@ def main() -> None:
     for _ in range(args.rounds):
         for name, staleness in variants:
             cmd = [sys.executable, str(Path(__file__).resolve()), "--one", name, "--iterations",
-                   str(args.iterations), "--env", args.env, "--seed", str(args.seed), "--staleness", str(staleness)]
+                   str(args.iterations), "--env", args.env, "--seed", str(args.seed), "--staleness", str(staleness),
+                   "--workload", args.workload]
             if args.trace_dir:
                 cmd += ["--trace-dir", str(Path(args.trace_dir).resolve())]
             if args.compile:
@@ -192,7 +224,7 @@ def main() -> None:
             runs.append(json.loads(lines[-1]))
             print(json.dumps({k: v for k, v in runs[-1].items() if k != "iterations"}), file=sys.stderr)
     summary = summarize(runs, list(dict.fromkeys(r["plan"] for r in runs)))
-    record = {"benchmark": "E2", "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    record = {"benchmark": "E2" if args.workload == "mujoco" else "V2", "workload": args.workload, "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
               "cpus": os.cpu_count(), "load_max": max(x for r in runs for x in r["load"]),
               "summary": summary, "runs": runs}
     out = Path(args.out)
@@ -201,7 +233,7 @@ def main() -> None:
     parts = [f"{n}: {e['step_s']:.3f}s/step, {e['step_over_ideal']}x ideal, "
              f"{e.get('speedup_vs_collocated_sequential', 1.0)}x vs collocated-sequential"
              for n, e in summary.items()]
-    print(f"E2 (load up to {record['load_max']}) | " + " | ".join(parts))
+    print(f"{record['benchmark']} (load up to {record['load_max']}) | " + " | ".join(parts))
 
 
 if __name__ == "__main__":
