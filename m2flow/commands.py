@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import sys
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 PLUGIN_MODULE = "commands"
 ENTRY_POINT_GROUP = "m2flow.commands"
@@ -91,4 +93,4 @@ def load_plugins() -> None:
             if callable(loaded):  # an entry point may name a register() function
                 loaded()
         except Exception as error:  # noqa: BLE001 - one broken plug-in must not disable the CLI
-            print(f"warning: could not load m2flow commands from {origin}: {error}", file=sys.stderr)
+            log.warning("could not load m2flow commands from %s: %s", origin, error)

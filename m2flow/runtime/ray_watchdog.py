@@ -20,6 +20,7 @@ it to the GCS that died with it. So, for a local Ray:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -28,6 +29,8 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 ENV_VAR = "M2FLOW_RAY_SESSION"
 POLL_S = 0.2
@@ -210,9 +213,11 @@ def _watch(driver: int, marker: str) -> None:
     stopped = stop(targets)
     _state_file(marker).unlink(missing_ok=True)
     if stopped:
-        print(f"m2flow: the driver (pid {driver}) is gone; stopped {len(stopped)} process(es) of its local Ray "
-              "that were still running", file=sys.stderr, flush=True)
+        log.warning("m2flow: the driver (pid %d) is gone; stopped %d process(es) of its local Ray that were "
+                    "still running", driver, len(stopped))
 
 
 if __name__ == "__main__":
+    # A process of its own (its stderr is the driver's): one plain line per message.
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     _watch(int(sys.argv[1]), sys.argv[2])
