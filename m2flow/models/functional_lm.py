@@ -29,6 +29,7 @@ padding positions are meaningless either way and nothing real attends to them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -47,7 +48,7 @@ from m2flow.models.functional_layers import (
     rope_table,
 )
 
-__all__ = ["DecodeState", "FunctionalLM", "check_supported", "functional_logits"]
+__all__ = ["DecodeState", "FunctionalLM", "KVPrefix", "check_supported", "functional_logits"]
 
 
 def functional_logits(
@@ -84,6 +85,33 @@ def functional_logits(
     return F.linear(rms_norm(h, base.norm.weight, s.eps), model.lm_head.weight, model.lm_head.bias)
 
 
+@dataclass(frozen=True)
+class KVPrefix:
+    """The cached keys and values of one sequence's first tokens, to prefill a longer sequence on top of
+    (a multi-turn episode's context at its next turn): only the tokens after them run through the model."""
+
+    keys: torch.Tensor
+    """(layers, KV, L, D) the keys of ``ids``, in order."""
+    values: torch.Tensor
+    """(layers, KV, L, D) their values."""
+    ids: tuple[int, ...]
+    """The L token ids they were computed from (position i holds token i)."""
+    build: int = 0
+    """The `FunctionalLM.builds` of the weights they were computed with (other weights: not reused)."""
+
+    def usable(self, ids: Sequence[int]) -> int:
+        """How many leading positions serve ``ids``: the tokens both begin with, leaving at least the last of
+        ``ids`` to run (its logits are the next token's). Keys of a causal model depend on earlier tokens only,
+        so a prefix of the cache is the cache of that prefix."""
+        limit = min(len(self.ids), len(ids) - 1)
+        if limit > 0 and tuple(ids[:limit]) == self.ids[:limit]:
+            return limit
+        n = 0
+        while n < limit and ids[n] == self.ids[n]:
+            n += 1
+        return n
+
+
 @dataclass
 class DecodeState:
     """The KV cache and bookkeeping of one batch being decoded by `FunctionalLM`."""
@@ -109,6 +137,15 @@ class DecodeState:
         self.values = self.values.index_select(1, rows)
         self.key_bias = self.key_bias.index_select(0, rows)
         self.next_position = self.next_position.index_select(0, rows)
+
+    def row_prefix(self, row: int, ids: Sequence[int], build: int) -> KVPrefix:
+        """Row ``row``'s cache as a ``KVPrefix`` of ``ids`` (the tokens it has run: one per filled real slot),
+        computed with the weights of ``build``."""
+        slots = (self.key_bias[row, 0, 0, : self.length] == 0).nonzero().squeeze(1)
+        if len(slots) != len(ids):
+            raise ValueError(f"row {row} holds {len(slots)} cached tokens, not the {len(ids)} given")
+        return KVPrefix(self.keys[:, row].index_select(2, slots), self.values[:, row].index_select(2, slots),
+                        tuple(ids), build)
 
     def trim(self) -> None:
         """Drop the leading cache slots that no row attends to (after rows left, or after a merge)."""
@@ -163,6 +200,8 @@ class FunctionalLM:
             self.compiled = CompiledDecode(self.shape)
         self._layers: list[LayerWeights] = []
         self._built_from: list[tuple[int, int, int]] | None = None
+        self.builds = 0
+        """How many times the fused weights were built: the weights' version, for cached keys (`KVPrefix`)."""
         self.refresh()
 
     @classmethod
@@ -186,6 +225,7 @@ class FunctionalLM:
         """(Re)build the fused weights from the model's current parameters."""
         self._layers = [layer_weights(layer, fused=True) for layer in self.model.model.layers]
         self._built_from = self._fingerprint()
+        self.builds += 1
 
     def release(self) -> None:
         """Drop the fused copies (e.g. before the model is moved off the device); rebuilt on the next use."""
@@ -208,28 +248,50 @@ class FunctionalLM:
 
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
-                repeats: int = 1) -> tuple[torch.Tensor, DecodeState]:
+                repeats: int = 1, prefixes: Sequence[KVPrefix | None] | None = None,
+                ) -> tuple[torch.Tensor, DecodeState]:
         """Run left-padded prompts (B, Lp) through the model: logits (B * repeats, V) of the next token, and
         the state to `decode` with, which has room for `max_new_tokens` more tokens. With `repeats` > 1
         every prompt stands for that many consecutive rows (samples of one prompt): it runs once and its
-        cache is copied."""
+        cache is copied. With `prefixes`, row i's prompt continues the tokens of ``prefixes[i]`` (None: no
+        tokens before it): their cached keys and values are put before it, its positions count on from
+        them, and only the prompt runs through the model."""
         if self.stale:
             self.refresh()
         b, lp = input_ids.shape
         s, dtype, device = self.shape, self.model.model.embed_tokens.weight.dtype, input_ids.device
-        cache = (len(self._layers), b, s.num_kv_heads, lp + max_new_tokens, s.head_dim)
+        lc = max((len(p.ids) for p in prefixes if p is not None), default=0) if prefixes is not None else 0
+        cache = (len(self._layers), b, s.num_kv_heads, lc + lp + max_new_tokens, s.head_dim)
         # An additive bias, not a bool mask: the attention kernel would convert a bool mask every step.
-        key_bias = torch.full((b, 1, 1, lp + max_new_tokens), float("-inf"), dtype=dtype, device=device)
-        key_bias[:, 0, 0, :lp].masked_fill_(attention_mask.bool(), 0.0)
+        key_bias = torch.full((b, 1, 1, lc + lp + max_new_tokens), float("-inf"), dtype=dtype, device=device)
+        key_bias[:, 0, 0, lc : lc + lp].masked_fill_(attention_mask.bool(), 0.0)
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        table = torch.arange(lp + max_new_tokens, device=device)
+        table = torch.arange(lc + lp + max_new_tokens, device=device)
         cos, sin = rope_table(self.model.model.rotary_emb.inv_freq, table, dtype)
         state = DecodeState(
             # Zeros, not garbage: a compiled step attends over empty slots too (at weight 0; NaN * 0 is NaN).
             keys=torch.zeros(cache, dtype=dtype, device=device), values=torch.zeros(cache, dtype=dtype, device=device),
             key_bias=key_bias, next_position=positions[:, -1:] + 1, length=0, cos=cos, sin=sin,
         )
-        logits = self._forward(input_ids, positions, state, padded_causal_mask(attention_mask))
+        mask = padded_causal_mask(attention_mask)
+        if lc:
+            # Each row's cached tokens end at slot lc (left-padded, as merged states are); the prompt follows.
+            assert prefixes is not None
+            cached = torch.zeros(b, dtype=torch.long)
+            for i, p in enumerate(prefixes):
+                if p is not None and p.ids:
+                    n = len(p.ids)
+                    state.keys[:, i, :, lc - n : lc] = p.keys
+                    state.values[:, i, :, lc - n : lc] = p.values
+                    cached[i] = n
+            cached = cached.to(device)
+            key_bias[:, 0, 0, :lc].masked_fill_(torch.arange(lc, device=device) >= lc - cached[:, None], 0.0)
+            positions = positions + cached[:, None]
+            state.next_position = positions[:, -1:] + 1
+            state.length = lc
+            seen = (key_bias[:, :, :, :lc] == 0).expand(b, 1, lp, lc)
+            mask = torch.cat((seen, mask), dim=-1)
+        logits = self._forward(input_ids, positions, state, mask)
         if repeats > 1:
             rows = torch.arange(b, device=device).repeat_interleave(repeats)
             state.select(rows)

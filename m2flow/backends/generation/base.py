@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, TypeVar, runtime_checkable
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import torch
 from torch import nn
@@ -134,10 +134,14 @@ class ContinuousBatching(Protocol):
     """What a backend with `continuous` set adds to `GenerationBackend`."""
 
     def generate_stream(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int],
-                        max_running: int) -> Iterator[list[ResponseGroup]]:
+                        max_running: int, prefixes: Sequence[Any] | None = None,
+                        keep: dict[int, Any] | None = None) -> Iterator[list[ResponseGroup]]:
         """At most `max_running` responses in the running batch, each prompt's group yielded (in a list of
         the groups that finished together) once all its responses ended, waiting prompts taking the
-        freed rows; prompt p's draws are seeded by `seeds[p]` alone."""
+        freed rows; prompt p's draws are seeded by `seeds[p]` alone. `prefixes[p]` (optional): the cache a
+        row of `keep` returned earlier, for a prompt that continues that row's tokens (a multi-turn
+        context): only the tokens after it run. `keep` (optional): filled with each row's cache as it
+        ends, by row index p * n + j."""
         ...
 
 

@@ -27,7 +27,7 @@ import torch
 from m2flow.backends.generation.base import SamplingParams
 from m2flow.backends.generation.sampling import inverse_cdf_sample, warp_logits
 from m2flow.data.batch import ResponseGroup, left_pad
-from m2flow.models.functional_lm import DecodeState
+from m2flow.models.functional_lm import DecodeState, KVPrefix
 
 Backend = Any
 """The `LeanGenerationBackend` whose decoder, tokenizer and cuts the loop uses (not imported: it imports this)."""
@@ -36,11 +36,18 @@ __all__ = ["inverse_cdf_sample", "stream_groups"]
 
 
 def stream_groups(backend: Backend, prompt_ids: Sequence[Sequence[int]], params: SamplingParams,
-                  seeds: Sequence[int], max_running: int) -> Iterator[list[ResponseGroup]]:
-    """The groups of `prompt_ids` (prompt_index = position in it), yielded in batches as they finish."""
+                  seeds: Sequence[int], max_running: int, prefixes: Sequence[KVPrefix | None] | None = None,
+                  keep: dict[int, KVPrefix] | None = None) -> Iterator[list[ResponseGroup]]:
+    """The groups of `prompt_ids` (prompt_index = position in it), yielded in batches as they finish.
+
+    `prefixes[p]`: cached keys and values of tokens prompt p begins with (the part that serves is used,
+    the rest of the prompt runs). `keep`: filled, for every row g = p * n + j as it ends, with the cache of
+    the tokens it ran (the prompt and all its tokens but the last), to continue it later."""
     n, steps, device = params.n, params.max_new_tokens, backend.device
     if len(seeds) != len(prompt_ids):
         raise ValueError(f"one seed per prompt: {len(seeds)} seeds for {len(prompt_ids)} prompts")
+    if prefixes is not None and len(prefixes) != len(prompt_ids):
+        raise ValueError(f"one prefix (or None) per prompt: {len(prefixes)} for {len(prompt_ids)} prompts")
     if max_running < n:
         raise ValueError(f"max_running ({max_running}) must hold one group of n={n} rows")
     greedy = params.temperature == 0
@@ -63,8 +70,18 @@ def stream_groups(backend: Backend, prompt_ids: Sequence[Sequence[int]], params:
         while waiting and len(rows) + (len(admit) + 1) * n <= max_running:
             admit.append(waiting.popleft())
         if admit:
-            ids, mask = left_pad([prompt_ids[p] for p in admit], backend.pad_id)
-            new_logits, new_state = backend.decoder.prefill(ids.to(device), mask.to(device), steps, repeats=n)
+            if backend.decoder.stale:  # refreshed here, so that cached keys of other weights are seen as such
+                backend.decoder.refresh()
+            build = backend.decoder.builds
+            cached = [_serving(prefixes[p], prompt_ids[p], build) for p in admit] if prefixes is not None else []
+            if any(c is not None for c in cached):
+                ids, mask = left_pad([prompt_ids[p][len(c.ids) if c is not None else 0:]
+                                      for p, c in zip(admit, cached)], backend.pad_id)
+            else:
+                cached = []
+                ids, mask = left_pad([prompt_ids[p] for p in admit], backend.pad_id)
+            new_logits, new_state = backend.decoder.prefill(ids.to(device), mask.to(device), steps, repeats=n,
+                                                            prefixes=cached or None)
             if state is None:
                 state = new_state
             else:
@@ -95,6 +112,11 @@ def stream_groups(backend: Backend, prompt_ids: Sequence[Sequence[int]], params:
         if params.stop:
             ended |= _stopped(backend, params.stop, generated, rows, made, stopped_at)
         finished: list[int] = []
+        if keep is not None and bool(ended.any()):
+            for i in ended.nonzero().squeeze(1).tolist():
+                g, t = int(rows[i]), int(made[i])
+                keep[g] = state.row_prefix(i, [*prompt_ids[g // n], *generated[g, : t - 1].tolist()],
+                                           backend.decoder.builds)
         for g in rows[ended].tolist():
             p = g // n
             left[p] -= 1
@@ -107,11 +129,24 @@ def stream_groups(backend: Backend, prompt_ids: Sequence[Sequence[int]], params:
             rows, made, draws = rows[:0], made[:0], draws[:0]
             continue
         if bool(ended.any()):
-            keep = (~ended).nonzero().squeeze(1)
-            state.select(keep.to(device))
-            rows, made, draws, token = rows[keep], made[keep], draws[keep] if len(draws) else draws, \
-                token[keep.to(device)]
+            going = (~ended).nonzero().squeeze(1)
+            state.select(going.to(device))
+            rows, made, draws, token = rows[going], made[going], draws[going] if len(draws) else draws, \
+                token[going.to(device)]
         logits = backend.decoder.decode(token, state)
+
+
+def _serving(prefix: KVPrefix | None, ids: Sequence[int], build: int) -> KVPrefix | None:
+    """The part of ``prefix`` that ``ids`` begins with (leaving its last token to run), or None (also when
+    it was computed with other weights than ``build``'s)."""
+    if prefix is None or prefix.build != build:
+        return None
+    usable = prefix.usable(ids)
+    if usable == len(prefix.ids):
+        return prefix
+    if usable == 0:
+        return None
+    return KVPrefix(prefix.keys[:, :, :usable], prefix.values[:, :, :usable], prefix.ids[:usable], build)
 
 
 def _stopped(backend: Backend, stops: Sequence[str], generated: torch.Tensor, rows: torch.Tensor,

@@ -50,6 +50,9 @@ class EpisodeConfig:
     """How a later observation is written into the context (an empty observation adds nothing)."""
     seed: int = 0
     """Seed of the sampling; the same seed, batch and environments give the same trajectories."""
+    reuse_kv: bool = True
+    """Keep each episode's keys and values from one turn to the next (backends with continuous batching),
+    so a turn runs only the tokens added since the last: the observation and the last generated token."""
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_tokens", "max_turn_tokens"):
@@ -105,11 +108,14 @@ class _Live:
         self.spec = spec
         self.traj = Trajectory(spec.traj_id, spec.env_rank, spec.seed, spec.slot, [])
         self.context: list[int] = []
+        self.cache: Any = None
+        """The backend's cache of the context's first tokens, from the last turn (``EpisodeConfig.reuse_kv``)."""
         self.started = False
         self.done = False
 
     def end(self, reason: FinishReason, error: str = "") -> None:
         self.traj.finish_reason, self.traj.error, self.done = reason, error, True
+        self.cache = None
 
     def add(self, ids: Sequence[int], logprobs: Sequence[float] | None) -> None:
         self.traj.response_ids.extend(ids)
@@ -173,9 +179,15 @@ class TurnEngine:
             # Each episode's turn drawn from a generator of its own (seed, trajectory, turn): the same episode
             # plays the same turns whatever else shares the batch, so a re-run episode plays as it first did.
             seeds = [episode_seed(seed_base, ep.spec.traj_id, ep.traj.num_turns) for ep in live]
-            by_prompt = {g.prompt_index: g for done in backend.generate_stream(contexts, params, seeds, len(contexts))
+            keep: dict[int, Any] | None = {} if cfg.reuse_kv else None
+            prefixes = [ep.cache for ep in live] if cfg.reuse_kv else None
+            by_prompt = {g.prompt_index: g for done in backend.generate_stream(contexts, params, seeds, len(contexts),
+                                                                               prefixes, keep)
                          for g in done}
             groups = [by_prompt[i] for i in range(len(contexts))]
+            if keep is not None:
+                for i, ep in enumerate(live):
+                    ep.cache = keep.get(i)
         else:
             groups = backend.generate(contexts, params)
         actions: dict[int, str] = {}

@@ -129,6 +129,9 @@ class RolloutConfig:
         False, "lean backend: run each decoding step torch.compile'd (one compile per process, ~15-50 s on a "
                "CPU, in the first iteration; then faster steps for small models; eager with a warning if "
                "compiling fails)")
+    reuse_kv: bool = option(
+        True, "lean backend: keep each episode's KV cache from one turn to the next, so a turn runs only the "
+              "tokens added since the last (the same tokens as running the whole context, to float rounding)")
     max_turns: int = option(4, "most model turns per episode (the turn budget)")
     max_tokens: int = option(128, "most response tokens per episode, model and observation together (token budget)")
     max_turn_tokens: int = option(32, "most tokens one model turn may generate")

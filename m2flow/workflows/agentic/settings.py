@@ -34,7 +34,7 @@ def episode_config(cfg: AgenticConfig) -> EpisodeConfig:
     return EpisodeConfig(max_turns=r.max_turns, max_tokens=r.max_tokens, max_turn_tokens=r.max_turn_tokens,
                          temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, stop=tuple(r.stop),
                          prompt_template=r.prompt_template, observation_template=r.observation_template,
-                         seed=cfg.seed)
+                         seed=cfg.seed, reuse_kv=r.reuse_kv)
 
 
 def worker_settings(cfg: AgenticConfig, plan: Plan, model_path: str, trajectories: GroupStream, env_ranks: int, *,

@@ -92,3 +92,53 @@ def test_inverse_cdf_sampling_follows_the_distribution():
     want = [next(k for k in range(9) if float(p[i, : k + 1].sum()) > float(u[i]) * float(p[i].sum()))
             for i in range(50)]
     assert inverse_cdf_sample(p, u).tolist() == want
+
+
+def _turn(backend, contexts, params, seeds, prefixes=None, keep=None):
+    stream = backend.generate_stream(contexts, params, seeds, 4, prefixes, keep)
+    return sorted((g for b in stream for g in b), key=lambda g: g.prompt_index)
+
+
+def _next_contexts(tok, prompts, groups):
+    """Each prompt, its response and an observation: the context of a second turn."""
+    seen = tok("+1=", add_special_tokens=False)["input_ids"]
+    return [list(p) + g.responses[0].token_ids + seen for p, g in zip(prompts, groups)]
+
+
+def test_a_context_continued_from_its_kept_cache_plays_as_the_whole_context(ckpt, tok):
+    backend = LeanGenerationBackend.from_pretrained(ckpt)
+    params = SamplingParams(n=1, temperature=1.0, max_new_tokens=6, stop=("9",))
+    prompts, seeds = _prompts(tok), list(range(len(TEXTS)))
+    keep: dict = {}
+    first = _turn(backend, prompts, params, seeds, keep=keep)
+    assert sorted(keep) == list(range(len(TEXTS)))
+    for i, g in enumerate(first):  # the prompt and every generated token but the last (never run)
+        ran = list(prompts[i]) + g.responses[0].token_ids[:-1]
+        assert list(keep[i].ids) == ran and keep[i].keys.shape[2] == len(ran)
+    contexts = _next_contexts(tok, prompts, first)
+    whole = _turn(backend, contexts, params, seeds)
+    continued = _turn(backend, contexts, params, seeds, prefixes=[keep[i] for i in range(len(TEXTS))])
+    assert _flat(continued) == _flat(whole)
+    for g, w in zip(continued, whole):
+        assert g.responses[0].logprobs == pytest.approx(w.responses[0].logprobs, abs=1e-5)
+    # Another row's cache serves only the tokens both contexts begin with: the results stay the same.
+    shifted = [keep[(i + 1) % len(TEXTS)] for i in range(len(TEXTS))]
+    assert _flat(_turn(backend, contexts, params, seeds, prefixes=shifted)) == _flat(whole)
+
+
+def test_a_cache_of_other_weights_is_not_reused(ckpt, tok):
+    backend = LeanGenerationBackend.from_pretrained(ckpt)
+    params = SamplingParams(n=1, temperature=0, max_new_tokens=5)
+    prompts, seeds = _prompts(tok), list(range(len(TEXTS)))
+    keep: dict = {}
+    contexts = _next_contexts(tok, prompts, _turn(backend, prompts, params, seeds, keep=keep))
+    with torch.no_grad():  # an update of the weights between the turns
+        for p in backend.model.parameters():
+            p.mul_(1.5)
+    whole = _turn(backend, contexts, params, seeds)
+    continued = _turn(backend, contexts, params, seeds, prefixes=[keep[i] for i in range(len(TEXTS))])
+    assert _flat(continued) == _flat(whole)
+    for g, w in zip(continued, whole):
+        assert g.responses[0].logprobs == pytest.approx(w.responses[0].logprobs, abs=1e-5)
+    with pytest.raises(ValueError, match="one prefix"):
+        _turn(backend, contexts, params, seeds, prefixes=[None])

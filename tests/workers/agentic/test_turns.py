@@ -63,3 +63,24 @@ def test_an_ended_episode_is_not_re_run_and_closing_needs_every_episode_ended():
         engine.rerun([0])
     with pytest.raises(RuntimeError, match="have not ended"):
         engine.close()
+
+
+def test_keeping_each_episodes_cache_across_turns_plays_the_same_episodes():
+    model = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=2, seed=2), TOK)
+    backend = LeanGenerationBackend(model, TOK)
+    specs = [EpisodeSpec(i, i // 2, i // 2, i) for i in range(6)]
+
+    def run(reuse_kv):
+        cfg = EpisodeConfig(max_turns=4, max_tokens=40, max_turn_tokens=4, stop=(" ",), temperature=1.0,
+                            reuse_kv=reuse_kv)
+        envs = TextEnvBatch.from_registry("guess_number", 6, env_kwargs={"high": 8, "max_turns": 4})
+        engine = TurnEngine(cfg, TOK, specs)
+        rounds = _play(engine, envs, backend, specs, lose_after=2)  # a re-run on the way
+        return [engine.trajectory(s.traj_id) for s in specs], rounds
+
+    (kept, rounds), (whole, whole_rounds) = run(True), run(False)
+    assert rounds == whole_rounds >= 3
+    for a, b in zip(kept, whole):
+        assert (a.response_ids, a.action_mask, a.turn_texts, a.finish_reason) == \
+            (b.response_ids, b.action_mask, b.turn_texts, b.finish_reason)
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
