@@ -22,6 +22,16 @@ class Broken(Worker):
         raise ValueError("cannot build")
 
 
+class Holder(Worker):
+    def __init__(self) -> None:
+        self.table = [[i] for i in range(10_000)]  # what a worker builds once and keeps
+
+    def frozen(self) -> int:
+        import gc
+
+        return gc.get_freeze_count()
+
+
 def test_groups_start_side_by_side(cluster, tmp_path) -> None:
     groups = launch_groups(cluster, {"a": "launch-a", "b": "launch-b"}, {"a": "0-1", "b": "2"},
                            {"a": GroupSpec(Echo, ("a",)), "b": GroupSpec(Echo, ("b",))}, tmp_path)
@@ -31,6 +41,17 @@ def test_groups_start_side_by_side(cluster, tmp_path) -> None:
     finally:
         for g in groups.values():
             g.shutdown()
+
+
+def test_what_a_worker_built_is_out_of_the_garbage_collectors_sight(cluster, tmp_path) -> None:
+    # A full collection walks every object it sees: with the worker's start-up objects frozen, the one that
+    # comes due in the middle of training does not stall a step.
+    groups = launch_groups(cluster, {"h": "launch-frozen"}, {"h": "0"}, {"h": GroupSpec(Holder)}, tmp_path)
+    try:
+        (frozen,) = groups["h"].frozen().wait()
+        assert frozen >= 10_000
+    finally:
+        groups["h"].shutdown()
 
 
 def test_a_failing_group_shuts_the_others_down(cluster, tmp_path, monkeypatch) -> None:
