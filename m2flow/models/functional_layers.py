@@ -190,12 +190,26 @@ def decoder_layer(h: torch.Tensor, w: LayerWeights, s: Shape, cos: torch.Tensor,
         keys[:, :, start : start + t] = k
         values[:, :, start : start + t] = v
         k, v = keys[:, :, : start + t], values[:, :, : start + t]
-    o = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None and t > 1,
-        scale=s.head_dim**-0.5, enable_gqa=s.num_heads != s.num_kv_heads,
-    )
+    if t == 1 and mask is not None and mask.is_floating_point() and not dropout_p:
+        o = _one_query_attention(q, k, v, mask, s)
+    else:
+        o = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None and t > 1,
+            scale=s.head_dim**-0.5, enable_gqa=s.num_heads != s.num_kv_heads,
+        )
     h = h + F.linear(o.transpose(1, 2).reshape(b, t, s.num_heads * s.head_dim), w.o, w.o_bias)
     return h + gated_mlp(rms_norm(h, w.post_norm, s.eps), w, s)
+
+
+def _one_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
+                         s: Shape) -> torch.Tensor:
+    """Attention of one new token per row (a decoding step), q (B, H, 1, D) over k, v (B, KV, S, D) with an
+    additive bias (B, 1, 1, S): two batched products and a softmax, the query heads of one key head side by
+    side. For a single query the fused attention kernel costs more than these three calls."""
+    b, heads, _, d = q.shape
+    kv = k.shape[1]
+    scores = torch.matmul(q.view(b, kv, heads // kv, d), k.transpose(-1, -2)).mul_(s.head_dim**-0.5).add_(bias)
+    return torch.matmul(torch.softmax(scores, dim=-1), v).view(b, heads, 1, d)
 
 
 def gated_mlp(x: torch.Tensor, w: LayerWeights, s: Shape) -> torch.Tensor:

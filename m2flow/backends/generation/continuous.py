@@ -80,8 +80,7 @@ def stream_groups(backend: Backend, prompt_ids: Sequence[Sequence[int]], params:
             else:
                 cached = []
                 ids, mask = left_pad([prompt_ids[p] for p in admit], backend.pad_id)
-            new_logits, new_state = backend.decoder.prefill(ids.to(device), mask.to(device), steps, repeats=n,
-                                                            prefixes=cached or None)
+            new_logits, new_state = _prefill(backend, ids, mask, steps, n, cached or None)
             if state is None:
                 state = new_state
             else:
@@ -134,6 +133,23 @@ def stream_groups(backend: Backend, prompt_ids: Sequence[Sequence[int]], params:
             rows, made, draws, token = rows[going], made[going], draws[going] if len(draws) else draws, \
                 token[going.to(device)]
         logits = backend.decoder.decode(token, state)
+
+
+def _prefill(backend: Backend, ids: torch.Tensor, mask: torch.Tensor, steps: int, n: int,
+             prefixes: list[KVPrefix | None] | None) -> tuple[torch.Tensor, DecodeState]:
+    """The decoder's prefill of left-padded prompts (P, L), each for ``n`` rows; prompts that are the same
+    (the episodes of one group at their first turn) run once and their rows are copied."""
+    device = backend.device
+    if prefixes is None and len(ids) > 1:
+        first: dict[tuple[int, ...], int] = {}
+        index = [first.setdefault(tuple(row), len(first)) for row in torch.cat((ids, mask), 1).tolist()]
+        if len(first) < len(index):
+            unique = sorted(first.values())
+            logits, state = backend.decoder.prefill(ids[unique].to(device), mask[unique].to(device), steps, repeats=n)
+            rows = torch.tensor([i * n + j for i in index for j in range(n)], device=device)
+            state.select(rows)
+            return logits.index_select(0, rows), state
+    return backend.decoder.prefill(ids.to(device), mask.to(device), steps, repeats=n, prefixes=prefixes)
 
 
 def _serving(prefix: KVPrefix | None, ids: Sequence[int], build: int) -> KVPrefix | None:

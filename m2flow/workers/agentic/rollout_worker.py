@@ -113,14 +113,18 @@ class AgenticRolloutWorker(ReasoningWorker):
                                             seed_base=self.seed)
         return actions, self._send(cut)
 
-    def play_iteration(self, step: int, specs: Sequence[EpisodeSpec], where: str = "") -> dict[str, float]:
+    def play_iteration(self, step: int, specs: Sequence[EpisodeSpec], where: str = "",
+                       weights: tuple[str, int, int] | None = None) -> dict[str, float]:
         """Every episode of ``specs`` to its end with the environments hosted in this process (env fused into
         the rollout, every episode's environment here): the calls of the flow's turn loop (``begin``, reset,
         ``start_episodes``, then rounds of ``play_turn``, step and ``observe``, ``end``) made here, in the same
-        order, without a message between them. The rollout and env metrics of the iteration."""
+        order, without a message between them. ``weights`` (source group, rank, version): receive them first,
+        as ``receive_weights`` would (one message less). The rollout and env metrics of the iteration."""
         envs = self.hosted("env")
         if envs is None:
             raise RuntimeError("play_iteration needs the environments hosted in this process (env fused into rollout)")
+        if weights is not None:
+            self.receive_weights(*weights)
         self.begin(step, specs)
         ids = sorted(s.traj_id for s in specs)
         seeds = {s.traj_id: s.seed for s in specs}

@@ -189,14 +189,17 @@ class AgenticFlow:
     def _play(self, step: int, version: int | None) -> dict[str, float]:
         """Every episode of iteration ``step`` until it ends (on the loop thread); the rollout and env metrics."""
         t_start = time.perf_counter()
-        if version is not None:  # the weights this iteration plays with (the actor sends them; see ``start``)
-            gather([self.rollout.receive_weights(self.names["actor"], 0, version)], self.timeout, "a weight sync")
         specs = episode_specs(self.cfg, step, self.env_ranks)
+        # The weights this iteration plays with, when it is the first behind a new version (the actor sends
+        # them; see ``start``).
+        weights = (self.names["actor"], 0, version) if version is not None else None
         if self.env_fused and self.rollout_ranks == 1:  # every environment in the one rollout process
-            metrics = gather([self.rollout.play_iteration(step, specs, f"in iteration {step}")], self.timeout,
-                             "rollout: play_iteration")[0][0]
+            metrics = gather([self.rollout.play_iteration(step, specs, f"in iteration {step}", weights)],
+                             self.timeout, "rollout: play_iteration")[0][0]
             metrics["time/rollout_s"] = time.perf_counter() - t_start
             return metrics
+        if weights is not None:
+            gather([self.rollout.receive_weights(*weights)], self.timeout, "a weight sync")
         by_id = {s.traj_id: s for s in specs}
         per_rollout: list[list[EpisodeSpec]] = [[] for _ in range(self.rollout_ranks)]
         for s in specs:
