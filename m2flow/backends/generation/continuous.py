@@ -141,10 +141,16 @@ def _prefill(backend: Backend, ids: torch.Tensor, mask: torch.Tensor, steps: int
     (the episodes of one group at their first turn) run once and their rows are copied."""
     device = backend.device
     if prefixes is None and len(ids) > 1:
-        first: dict[tuple[int, ...], int] = {}
-        index = [first.setdefault(tuple(row), len(first)) for row in torch.cat((ids, mask), 1).tolist()]
-        if len(first) < len(index):
-            unique = sorted(first.values())
+        first: dict[tuple[int, ...], int] = {}  # a prompt (ids and mask) -> its place among the distinct ones
+        unique: list[int] = []  # the row of each distinct prompt's first occurrence
+        index = []  # each row's distinct prompt
+        for r, row in enumerate(torch.cat((ids, mask), 1).tolist()):
+            key = tuple(row)
+            if key not in first:
+                first[key] = len(unique)
+                unique.append(r)
+            index.append(first[key])
+        if len(unique) < len(index):
             logits, state = backend.decoder.prefill(ids[unique].to(device), mask[unique].to(device), steps, repeats=n)
             rows = torch.tensor([i * n + j for i in index for j in range(n)], device=device)
             state.select(rows)

@@ -142,3 +142,21 @@ def test_a_cache_of_other_weights_is_not_reused(ckpt, tok):
         assert g.responses[0].logprobs == pytest.approx(w.responses[0].logprobs, abs=1e-5)
     with pytest.raises(ValueError, match="one prefix"):
         _turn(backend, contexts, params, seeds, prefixes=[None])
+
+
+def test_prompts_given_twice_in_one_batch_get_their_own_responses(ckpt, tok):
+    # The same prompt several times among others (a group's episodes at their first turn): it runs once
+    # and its rows are copied, so every prompt must still get the responses it gets alone.
+    backend = LeanGenerationBackend.from_pretrained(ckpt)
+    params = SamplingParams(n=2, temperature=0, max_new_tokens=6)
+    order = [0, 0, 1, 5, 1, 0, 2, 5, 3]
+    prompts = [_prompts(tok)[i] for i in order]
+    _, got = _stream(backend, prompts, params, max_running=64, seeds=[0] * len(prompts))
+    alone = {i: _stream(backend, [_prompts(tok)[i]], params, max_running=2, seeds=[0])[1][0] for i in set(order)}
+    assert [[r.token_ids for r in g.responses] for g in got] == [[r.token_ids for r in alone[i].responses] for i in order]
+    params = SamplingParams(n=1, temperature=1.0, max_new_tokens=6)  # sampled: each prompt by its own seed
+    seeds = list(range(len(prompts)))
+    _, got = _stream(backend, prompts, params, max_running=64, seeds=seeds)
+    for g, i, seed in zip(got, order, seeds):
+        one = _stream(backend, [_prompts(tok)[i]], params, max_running=1, seeds=[seed])[1][0]
+        assert g.responses[0].token_ids == one.responses[0].token_ids
