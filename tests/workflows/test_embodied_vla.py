@@ -132,3 +132,35 @@ def test_a_bad_init_from_file_fails_naming_it(tmp_path, content, words):
     with pytest.raises((InputError, ConfigError)) as info:
         train(vla_config(tmp_path, **{"policy.init_from": str(bad)}))
     assert str(bad) in str(info.value) and words in str(info.value), str(info.value)
+
+
+def test_placement_auto_profiles_and_plans_the_vla(tmp_path, caplog):
+    import json
+    import logging
+
+    caplog.set_level(logging.INFO, logger="m2flow")
+    cfg = vla_config(tmp_path, placement="auto", **{"cluster.cpu_devices_per_node": 1,
+                                                   "auto.profile_iterations": 2, "checkpoint_every": 0})
+    result = train(cfg)
+    assert len(result.history) == 4 and result.history[-1]["env/total_steps"] == 64
+    profile = json.loads((tmp_path / "run" / "profile.json").read_text())
+    assert set(profile["components"]) == {"env", "rollout", "actor"}
+    assert all(p[2] > 0 for entry in profile["components"].values() for p in entry["points"])
+    record = json.loads((tmp_path / "run" / "auto.json").read_text())
+    assert record["runs_with"]["placement"] and "auto: chose a" in caplog.text
+
+
+@pytest.mark.ray
+def test_the_vla_trains_with_the_actor_apart_at_staleness_one(cluster, tmp_path):
+    # V2's best plan: the envs and the VLA's rollout in one process on device 0, the actor on device 1,
+    # the rollout one iteration ahead of the weights.
+    cfg = vla_config(tmp_path, placement="env,rollout: 0, actor: 1", **{
+        "cluster.cpu_devices_per_node": 2, "algorithm.max_staleness": 1, "rollout.fuse_with_env": True})
+    result = train(cfg)
+    assert len(result.history) == 4 and result.history[-1]["env/total_steps"] == 64
+    assert result.plan.fused("rollout")
+    assert max(h["async/staleness_max"] for h in result.history) == 1
+    for h in result.history:
+        assert all(torch.isfinite(torch.tensor(h[k])) for k in ("actor/pg_loss", "critic/value_loss"))
+    trained, start = _actor_weights(Path(cfg.run_dir), 4), _actor_weights(Path(cfg.run_dir), 2)
+    assert any(not torch.equal(trained[k], start[k]) for k in start)
