@@ -124,7 +124,7 @@ def build_batch(policy: Policy, trajs: list[Trajectory], cfg: PPOConfig,
     metrics = {
         "critic/explained_variance": explained,
         "critic/value_mean": float(flat_values.mean()),
-        "actor/advantage_mean": float(advantages.mean()),
+        "actor/advantage_mean": float(flat_advantages.mean()),  # over the samples trained on
         "actor/batch_size": float(len(flat_advantages)),
         **extra,
     }

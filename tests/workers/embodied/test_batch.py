@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gymnasium as gym
 import numpy as np
+import pytest
 import torch
 
 from m2flow.models.policies import PolicyConfig, build_policy
@@ -96,6 +97,7 @@ def test_grpo_scores_each_envs_first_episode_within_its_group_and_drops_the_rest
     expected = torch.tensor([1, -1, 0, 0,   1, 0, 0,   0, 0]) * 0.5 / std  # (2 - 1.5) / std, (1 - 1.5) / std
     assert torch.allclose(batch.advantages, expected.float(), atol=1e-5)
     assert torch.equal(batch.values, torch.zeros(9))
+    assert metrics["actor/advantage_mean"] == pytest.approx(float(expected.mean()), abs=1e-6)  # dropped steps not in it
 
 
 def test_grpo_group_seeds_are_shared_within_a_group_only():
