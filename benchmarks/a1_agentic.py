@@ -88,6 +88,11 @@ PLANS = {
     # The same with bounded staleness 1: the next step's episodes are played while the actor trains.
     "split_s1": M2flowPlan("env,rollout: 0, actor: 1", ("env.fuse_with_rollout=true", "algorithm.max_staleness=1"),
                            max_threads=1),
+    # split_s1 with each Ray rank's process pinned to its device's core (cluster.pin_cpus): the rollout and
+    # the actor never share a core or move between them.
+    "split_s1_pin": M2flowPlan("env,rollout: 0, actor: 1", ("env.fuse_with_rollout=true", "algorithm.max_staleness=1",
+                                                            "cluster.pin_cpus=true"),
+                               max_threads=1),
     # The same with bounded staleness 2: the rollout may run two steps ahead of the actor, so neither waits
     # for the other's jitter.
     "split_s2": M2flowPlan("env,rollout: 0, actor: 1", ("env.fuse_with_rollout=true", "algorithm.max_staleness=2"),

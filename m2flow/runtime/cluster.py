@@ -40,6 +40,12 @@ class ClusterConfig:
     num_cpus: int | None = field(
         default=None, metadata={"doc": "CPUs a locally started Ray may use (None: all of them)"}
     )
+    pin_cpus: bool = field(
+        default=False,
+        metadata={"doc": "on nodes without GPUs, pin each rank's process to the cores of its device slots (slot d: "
+                         "the d-th core it may use, modulo their number), so that components placed on different "
+                         "devices never share a core; off: the OS moves processes between cores"},
+    )
     include_dashboard: bool = field(
         default=False, metadata={"doc": "start Ray's dashboard with a locally started Ray"}
     )

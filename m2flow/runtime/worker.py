@@ -44,6 +44,7 @@ class WorkerContext:
     master_addr: str = ""
     master_port: int = 0
     in_process: bool = False  # True: a thread of the driver process hosts this rank (local executor)
+    pin_cpus: bool = False  # pin the rank's process to the cores of its device slots (``cluster.pin_cpus``)
 
     def with_master(self, addr: str, port: int) -> WorkerContext:
         return replace(self, master_addr=addr, master_port=port)

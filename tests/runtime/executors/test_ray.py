@@ -31,6 +31,11 @@ class Holder(Worker):
 
         return gc.get_freeze_count()
 
+    def cores(self) -> list[int]:
+        import os
+
+        return sorted(os.sched_getaffinity(0))
+
 
 def test_groups_start_side_by_side(cluster, tmp_path) -> None:
     groups = launch_groups(cluster, {"a": "launch-a", "b": "launch-b"}, {"a": "0-1", "b": "2"},
@@ -52,6 +57,26 @@ def test_what_a_worker_built_is_out_of_the_garbage_collectors_sight(cluster, tmp
         assert frozen >= 10_000
     finally:
         groups["h"].shutdown()
+
+
+def test_pinned_ranks_keep_to_the_cores_of_their_device_slots(cluster, tmp_path) -> None:
+    import copy
+    import os
+    from dataclasses import replace
+
+    allowed = sorted(os.sched_getaffinity(0))
+    pinned = copy.copy(cluster)
+    pinned.config = replace(cluster.config, pin_cpus=True)
+    group = launch_groups(pinned, {"p": "launch-pinned"}, {"p": "0-1"}, {"p": GroupSpec(Holder)}, tmp_path)["p"]
+    try:
+        assert group.cores().wait() == [[allowed[0]], [allowed[1 % len(allowed)]]]
+    finally:
+        group.shutdown()
+    free = launch_groups(cluster, {"q": "launch-free"}, {"q": "1"}, {"q": GroupSpec(Holder)}, tmp_path)["q"]
+    try:
+        assert free.cores().wait() == [allowed]  # off by default: the OS places the process
+    finally:
+        free.shutdown()
 
 
 def test_a_failing_group_shuts_the_others_down(cluster, tmp_path, monkeypatch) -> None:
