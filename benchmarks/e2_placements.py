@@ -61,6 +61,9 @@ PLANS: dict[str, tuple[str, int, bool]] = {
     # the policy in the env process on one device, the actor on the other: with staleness the
     # collection of iteration k + 1 overlaps the update on k
     "hybrid-fused-split": ("env,rollout: 0, actor: 1", 1, True),
+    # the plan search's first choice for the VLA example at staleness 0 (`m2flow plan search` over a
+    # profile on two devices): env and actor over both devices, the rollout apart on device 0, two stages
+    "planner-choice-vla": ("env,actor: 0-1, rollout: 0", 2, False),
 }
 BASELINE = "collocated-sequential"  # always synchronous: what every plan is compared with
 VLA_EXAMPLE = ROOT / "examples" / "embodied" / "metaworld_vla_ppo.yaml"
