@@ -95,13 +95,11 @@ class _RankHost:
         return os.getpid()
 
 
-def pin_to_devices(devices: Sequence[int]) -> set[int]:
+def pin_to_devices(devices: Sequence[int]) -> None:
     """Pin this process to the cores of CPU device slots ``devices`` (slot d: the d-th of the cores it may use,
-    modulo their number); the cores."""
+    modulo their number)."""
     allowed = sorted(os.sched_getaffinity(0))
-    cores = {allowed[d % len(allowed)] for d in devices}
-    os.sched_setaffinity(0, cores)
-    return cores
+    os.sched_setaffinity(0, {allowed[d % len(allowed)] for d in devices})
 
 
 _RemoteHost = ray.remote(_RankHost)

@@ -70,16 +70,15 @@ def stream_groups(backend: Backend, prompt_ids: Sequence[Sequence[int]], params:
         while waiting and len(rows) + (len(admit) + 1) * n <= max_running:
             admit.append(waiting.popleft())
         if admit:
-            if backend.decoder.stale:  # refreshed here, so that cached keys of other weights are seen as such
-                backend.decoder.refresh()
-            build = backend.decoder.builds
-            cached = [_serving(prefixes[p], prompt_ids[p], build) for p in admit] if prefixes is not None else []
-            if any(c is not None for c in cached):
-                ids, mask = left_pad([prompt_ids[p][len(c.ids) if c is not None else 0:]
-                                      for p, c in zip(admit, cached)], backend.pad_id)
-            else:
+            cached: list[KVPrefix | None] = []
+            if prefixes is not None:
+                if backend.decoder.stale:  # refreshed here, so that cached keys of other weights are seen as such
+                    backend.decoder.refresh()
+                cached = [_serving(prefixes[p], prompt_ids[p], backend.decoder.builds) for p in admit]
+            if not any(c is not None for c in cached):
                 cached = []
-                ids, mask = left_pad([prompt_ids[p] for p in admit], backend.pad_id)
+            ids, mask = left_pad([prompt_ids[p][len(c.ids) if c is not None else 0:]
+                                  for p, c in zip(admit, cached or [None] * len(admit))], backend.pad_id)
             new_logits, new_state = _prefill(backend, ids, mask, steps, n, cached or None)
             if state is None:
                 state = new_state
