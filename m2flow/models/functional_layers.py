@@ -190,8 +190,8 @@ def decoder_layer(h: torch.Tensor, w: LayerWeights, s: Shape, cos: torch.Tensor,
         keys[:, :, start : start + t] = k
         values[:, :, start : start + t] = v
         k, v = keys[:, :, : start + t], values[:, :, : start + t]
-    if t == 1 and mask is not None and mask.is_floating_point() and not dropout_p:
-        o = _one_query_attention(q, k, v, mask, s)
+    if t <= FEW_QUERIES and mask is not None and mask.is_floating_point() and not dropout_p:
+        o = _few_query_attention(q, k, v, mask, s)
     else:
         o = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None and t > 1,
@@ -201,15 +201,23 @@ def decoder_layer(h: torch.Tensor, w: LayerWeights, s: Shape, cos: torch.Tensor,
     return h + gated_mlp(rms_norm(h, w.post_norm, s.eps), w, s)
 
 
-def _one_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
+FEW_QUERIES = 64
+"""Most new tokens per row (a decoding step, a turn's prefill) whose attention, given an additive mask, runs as
+plain batched products rather than the fused kernel."""
+
+
+def _few_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
                          s: Shape) -> torch.Tensor:
-    """Attention of one new token per row (a decoding step), q (B, H, 1, D) over k, v (B, KV, S, D) with an
-    additive bias (B, 1, 1, S): two batched products and a softmax, the query heads of one key head side by
-    side. For a single query the fused attention kernel costs more than these three calls."""
-    b, heads, _, d = q.shape
+    """Attention of a few new tokens per row (a decoding step, a short prefill), q (B, H, T, D) over k, v (B, KV,
+    S, D) with an additive bias (B, 1, 1 or T, S): two batched products and a softmax, the query heads of one key
+    head side by side. For so few queries on a CPU these three calls cost less than the fused attention kernel."""
+    b, heads, t, d = q.shape
     kv = k.shape[1]
-    scores = torch.matmul(q.view(b, kv, heads // kv, d), k.transpose(-1, -2)).mul_(s.head_dim**-0.5).add_(bias)
-    return torch.matmul(torch.softmax(scores, dim=-1), v).view(b, heads, 1, d)
+    group = heads // kv
+    scores = torch.matmul(q.reshape(b, kv, group * t, d), k.transpose(-1, -2)).mul_(s.head_dim**-0.5)
+    scores = scores.view(b, kv, group, t, -1).add_(bias[:, :, None])
+    out = torch.matmul(torch.softmax(scores, dim=-1).view(b, kv, group * t, -1), v)
+    return out.view(b, heads, t, d)
 
 
 def gated_mlp(x: torch.Tensor, w: LayerWeights, s: Shape) -> torch.Tensor:

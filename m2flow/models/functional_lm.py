@@ -291,6 +291,8 @@ class FunctionalLM:
             state.length = lc
             seen = (key_bias[:, :, :, :lc] == 0).expand(b, 1, lp, lc)
             mask = torch.cat((seen, mask), dim=-1)
+        # Additive, converted once for every layer: a short prompt's attention then runs as batched products.
+        mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, float("-inf"))
         logits = self._forward(input_ids, positions, state, mask)
         if repeats > 1:
             rows = torch.arange(b, device=device).repeat_interleave(repeats)

@@ -26,7 +26,7 @@ import torch
 
 from m2flow.backends.generation.base import SamplingParams
 from m2flow.backends.generation.sampling import inverse_cdf_sample, warp_logits
-from m2flow.data.batch import ResponseGroup, left_pad
+from m2flow.data.batch import Response, ResponseGroup, left_pad
 from m2flow.models.functional_lm import DecodeState, KVPrefix
 
 Backend = Any
@@ -57,6 +57,7 @@ def stream_groups(backend: Backend, prompt_ids: Sequence[Sequence[int]], params:
     generated = torch.full((total, steps), backend.pad_id, dtype=torch.long)
     logprobs = torch.zeros(total, steps)
     stopped_at = [0] * total
+    ended_at = [0] * total  # tokens each row had sampled when it ended
     left = [n] * len(prompt_ids)  # rows of each prompt still running
     eos = torch.tensor(backend.eos_ids, device=device)
     waiting = deque(range(len(prompt_ids)))
@@ -115,13 +116,14 @@ def stream_groups(backend: Backend, prompt_ids: Sequence[Sequence[int]], params:
                 g, t = int(rows[i]), int(made[i])
                 keep[g] = state.row_prefix(i, [*prompt_ids[g // n], *generated[g, : t - 1].tolist()],
                                            backend.decoder.builds)
-        for g in rows[ended].tolist():
+        for g, t in zip(rows[ended].tolist(), made[ended].tolist()):
+            ended_at[g] = t
             p = g // n
             left[p] -= 1
             if not left[p]:
                 finished.append(p)
         if finished:
-            yield [_group(backend, prompt_ids[p], p, params, generated, logprobs, stopped_at) for p in sorted(finished)]
+            yield _groups(backend, prompt_ids, sorted(finished), params, generated, logprobs, stopped_at, ended_at)
         if bool(ended.all()):
             state, logits = None, torch.empty(0, device=device)
             rows, made, draws = rows[:0], made[:0], draws[:0]
@@ -184,8 +186,20 @@ def _stopped(backend: Backend, stops: Sequence[str], generated: torch.Tensor, ro
     return out
 
 
-def _group(backend: Backend, prompt: Sequence[int], p: int, params: SamplingParams,
-           generated: torch.Tensor, logprobs: torch.Tensor, stopped_at: list[int]) -> ResponseGroup:
-    n = params.n
-    responses = [backend._cut(generated[g], logprobs[g], stopped_at[g], params.stop) for g in range(p * n, (p + 1) * n)]
-    return ResponseGroup(prompt_index=p, prompt_ids=list(prompt), responses=responses)
+def _groups(backend: Backend, prompt_ids: Sequence[Sequence[int]], finished: list[int], params: SamplingParams,
+            generated: torch.Tensor, logprobs: torch.Tensor, stopped_at: list[int],
+            ended_at: list[int]) -> list[ResponseGroup]:
+    """The groups of the prompts ``finished``, every row cut where it ended (its end-of-sequence token, the token
+    that completed a stop string, or its last allowed token), the texts decoded in one call."""
+    n, eos = params.n, set(backend.eos_ids)
+    rows = [g for p in finished for g in range(p * n, (p + 1) * n)]
+    tokens = [generated[g, : ended_at[g]].tolist() for g in rows]
+    texts = backend.tokenizer.batch_decode(tokens, skip_special_tokens=True)
+    responses = []
+    for g, kept, text in zip(rows, tokens, texts):
+        stop = bool(kept) and kept[-1] in eos or 0 < stopped_at[g] <= len(kept)
+        cuts = [text.find(s) for s in params.stop if s in text]
+        responses.append(Response(token_ids=kept, logprobs=logprobs[g, : len(kept)].tolist(),
+                                  finish_reason="stop" if stop else "length", text=text[: min(cuts)] if cuts else text))
+    return [ResponseGroup(prompt_index=p, prompt_ids=list(prompt_ids[p]), responses=responses[i * n : (i + 1) * n])
+            for i, p in enumerate(finished)]
