@@ -100,7 +100,7 @@ def stream_groups(backend: Backend, prompt_ids: Sequence[Sequence[int]], params:
         if greedy:
             token = scores.argmax(-1)
         else:
-            u = draws[torch.arange(len(rows)), made].to(device)
+            u = draws.gather(1, made[:, None]).squeeze(1).to(device)
             token = inverse_cdf_sample(torch.softmax(warp_logits(scores, params), dim=-1), u)
         policy = torch.log_softmax(scores / temperature if temperature != 1.0 else scores, dim=-1)
         token_lp = policy.gather(-1, token[:, None]).squeeze(-1)
@@ -110,25 +110,27 @@ def stream_groups(backend: Backend, prompt_ids: Sequence[Sequence[int]], params:
         ended = torch.isin(token, eos).cpu() | (made >= steps)
         if params.stop:
             ended |= _stopped(backend, params.stop, generated, rows, made, stopped_at)
+        done = ended.nonzero().squeeze(1).tolist()  # the rows that ended (most steps: none)
         finished: list[int] = []
-        if keep is not None and bool(ended.any()):
-            for i in ended.nonzero().squeeze(1).tolist():
-                g, t = int(rows[i]), int(made[i])
-                keep[g] = state.row_prefix(i, [*prompt_ids[g // n], *generated[g, : t - 1].tolist()],
-                                           backend.decoder.builds)
-        for g, t in zip(rows[ended].tolist(), made[ended].tolist()):
-            ended_at[g] = t
-            p = g // n
-            left[p] -= 1
-            if not left[p]:
-                finished.append(p)
+        if done:
+            all_rows, all_made = rows.tolist(), made.tolist()
+            for i in done:
+                g, t = all_rows[i], all_made[i]
+                if keep is not None:
+                    keep[g] = state.row_prefix(i, [*prompt_ids[g // n], *generated[g, : t - 1].tolist()],
+                                               backend.decoder.builds)
+                ended_at[g] = t
+                p = g // n
+                left[p] -= 1
+                if not left[p]:
+                    finished.append(p)
         if finished:
             yield _groups(backend, prompt_ids, sorted(finished), params, generated, logprobs, stopped_at, ended_at)
-        if bool(ended.all()):
+        if len(done) == len(rows):
             state, logits = None, torch.empty(0, device=device)
             rows, made, draws = rows[:0], made[:0], draws[:0]
             continue
-        if bool(ended.any()):
+        if done:
             going = (~ended).nonzero().squeeze(1)
             state.select(going.to(device))
             rows, made, draws, token = rows[going], made[going], draws[going] if len(draws) else draws, \
