@@ -66,11 +66,14 @@ SB3_SETTINGS: dict[str, tuple[str, int]] = {
     "sb3-subproc-t2": ("subproc", 2),
 }
 """SB3 setting name -> (vector env class, torch threads)."""
-M2FLOW_PLANS: dict[str, tuple[str, int]] = {
-    "m2flow-local": ("local", 0),
-    "m2flow-split": ("env,rollout: 0, actor: 1", 1),
+M2FLOW_PLANS: dict[str, tuple[str, int, tuple[str, ...]]] = {
+    "m2flow-local": ("local", 0, ()),
+    "m2flow-split": ("env,rollout: 0, actor: 1", 1, ()),
+    # The plan search's choice for this workload (V2): two env ranks render on both cores in two pipeline
+    # stages, the rollout serves them from device 0, the actor trains over both devices.
+    "m2flow-2stages": ("env,actor: 0-1, rollout: 0", 1, ("rollout.fuse_with_env=false", "pipeline_stages=2")),
 }
-"""m2flow side name -> (placement, algorithm.max_staleness)."""
+"""m2flow side name -> (placement, algorithm.max_staleness, further overrides)."""
 ENVS, ROLLOUT_STEPS = 8, 64
 
 
@@ -85,7 +88,7 @@ def m2flow_side(name: str, steps: int, seed: int, init_from: str | None) -> dict
     from m2flow.workflows.embodied.workflow import train
 
     setup_logging(console=False)
-    placement, staleness = M2FLOW_PLANS[name]
+    placement, staleness, extra = M2FLOW_PLANS[name]
     with tempfile.TemporaryDirectory(prefix="v1tp-") as run_dir:
         cfg = load_config(EmbodiedConfig, VLA_EXAMPLE, [
             f"placement={placement}", "cluster.cpu_devices_per_node=8", f"env.num_envs={ENVS}",
@@ -93,7 +96,7 @@ def m2flow_side(name: str, steps: int, seed: int, init_from: str | None) -> dict
             f"algorithm.max_staleness={staleness}", "algorithm.target_kl=null", f"seed={seed}",
             f"run_dir={run_dir}", "metrics.sinks=[]", "trace=false", "checkpoint_every=0",
             f"policy.init_from={init_from or 'null'}", "env_worker.num_threads=1", "rollout.num_threads=1",
-            "actor.num_threads=1"])
+            "actor.num_threads=1", *extra])
         imported = time.perf_counter() - t0
         result = train(cfg)
     hist = result.history
