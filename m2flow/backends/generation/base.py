@@ -20,6 +20,7 @@ __all__ = [
     "ResponseGroup",
     "SamplingParams",
     "register_generation_backend",
+    "text_before_stop",
 ]
 
 
@@ -58,6 +59,12 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+
+
+def text_before_stop(text: str, stops: Sequence[str]) -> str:
+    """``text`` cut before the first stop string in it (all of it when it holds none)."""
+    cuts = [text.find(s) for s in stops if s in text]
+    return text[: min(cuts)] if cuts else text
 
 
 @dataclass(frozen=True)

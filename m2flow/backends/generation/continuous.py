@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from m2flow.backends.generation.base import SamplingParams
+from m2flow.backends.generation.base import SamplingParams, text_before_stop
 from m2flow.backends.generation.sampling import inverse_cdf_sample, warp_logits
 from m2flow.data.batch import Response, ResponseGroup, left_pad
 from m2flow.models.functional_lm import DecodeState, KVPrefix
@@ -200,8 +200,7 @@ def _groups(backend: Backend, prompt_ids: Sequence[Sequence[int]], finished: lis
     responses = []
     for g, kept, text in zip(rows, tokens, texts):
         stop = bool(kept) and kept[-1] in eos or 0 < stopped_at[g] <= len(kept)
-        cuts = [text.find(s) for s in params.stop if s in text]
         responses.append(Response(token_ids=kept, logprobs=logprobs[g, : len(kept)].tolist(),
-                                  finish_reason="stop" if stop else "length", text=text[: min(cuts)] if cuts else text))
+                                  finish_reason="stop" if stop else "length", text=text_before_stop(text, params.stop)))
     return [ResponseGroup(prompt_index=p, prompt_ids=list(prompt_ids[p]), responses=responses[i * n : (i + 1) * n])
             for i, p in enumerate(finished)]

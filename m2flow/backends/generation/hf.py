@@ -18,7 +18,12 @@ import torch
 from torch import nn
 from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel, StoppingCriteria, StoppingCriteriaList
 
-from m2flow.backends.generation.base import GenerationOptions, SamplingParams, register_generation_backend
+from m2flow.backends.generation.base import (
+    GenerationOptions,
+    SamplingParams,
+    register_generation_backend,
+    text_before_stop,
+)
 from m2flow.data.batch import FinishReason, Response, ResponseGroup, left_pad
 from m2flow.models.rng import seeded
 
@@ -249,10 +254,8 @@ class HFGenerationBackend:
         finish: FinishReason = reason  # type: ignore[assignment]
         kept = tokens[:end].tolist()
         text = self.tokenizer.decode(kept, skip_special_tokens=True)
-        cuts = [text.find(s) for s in stops if s in text]
-        if cuts:
-            text = text[: min(cuts)]
-        return Response(token_ids=kept, logprobs=logprobs[:end].tolist(), finish_reason=finish, text=text)
+        return Response(token_ids=kept, logprobs=logprobs[:end].tolist(), finish_reason=finish,
+                        text=text_before_stop(text, stops))
 
     # ---- weights and memory -----------------------------------------------------------------
 
