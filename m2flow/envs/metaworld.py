@@ -176,6 +176,9 @@ class MetaWorldPixelEnv(gym.Env):
     ``reward``: ``"success"`` gives 1 on the step the task is solved and 0 otherwise; ``"dense"``
     MetaWorld's shaped reward divided by 10 (in [0, 1]). With ``terminate_on_success`` the episode
     ends (terminated) at the first success; it is truncated after ``max_episode_steps`` in any case.
+    ``success_bonus`` (with ``terminate_on_success``) adds to the success step's reward what the steps
+    left would pay at most (one per step: the most a step pays in either mode), so ending an episode
+    at success is never worth less than staying in the solved state until the time limit.
     ``fast_render=False`` keeps the scene's multisampling, shadows, reflections and skybox (nicer
     pictures, ~10-20x slower in a software renderer).
     """
@@ -196,6 +199,7 @@ class MetaWorldPixelEnv(gym.Env):
         max_episode_steps: int = 200,
         reward: Literal["success", "dense"] = "success",
         terminate_on_success: bool = True,
+        success_bonus: bool = False,
         fast_render: bool = True,
     ) -> None:
         reason = metaworld_unavailable_reason()
@@ -203,6 +207,9 @@ class MetaWorldPixelEnv(gym.Env):
             raise RuntimeError(f"backend: 'metaworld' is unavailable: {reason}")
         if reward not in ("success", "dense"):
             raise ValueError(f"reward: must be 'success' or 'dense', got {reward!r}")
+        if success_bonus and not terminate_on_success:
+            raise ValueError("success_bonus: needs terminate_on_success: true (the bonus pays for the steps an "
+                             "episode ended at success leaves out)")
         from metaworld.env_dict import ALL_V3_ENVIRONMENTS_GOAL_OBSERVABLE
 
         key = f"{task}-goal-observable"
@@ -219,6 +226,7 @@ class MetaWorldPixelEnv(gym.Env):
         self.max_episode_steps = max_episode_steps
         self.reward_mode = reward
         self.terminate_on_success = terminate_on_success
+        self.success_bonus = success_bonus
         self.use_proprio = proprio
         self.layout = PackedLayout(height, width, 3, text_len, PROPRIO_DIM if proprio else 0)
         self._tokens = WordTokenizer.from_instructions().encode(self.instruction, text_len)
@@ -258,6 +266,8 @@ class MetaWorldPixelEnv(gym.Env):
         success = float(info["success"]) > 0.0
         reward = float(success) if self.reward_mode == "success" else float(dense) / 10.0
         terminated = success and self.terminate_on_success
+        if terminated and self.success_bonus:
+            reward += float(self.max_episode_steps - self._steps)
         truncated = not terminated and self._steps >= self.max_episode_steps
         self._solved |= success
         # is_success: solved at any step so far (the embodied workflow's env/success_rate reads it at episode end)

@@ -111,6 +111,29 @@ def test_success_flag_reward_and_termination(reach):
     assert info["is_success"] == 0.0
 
 
+def test_success_bonus_pays_for_the_steps_left(reach):
+    from m2flow.envs.metaworld_demos import expert_for
+
+    expert = expert_for("reach-v3")
+    env = MetaWorldPixelEnv("reach-v3", max_episode_steps=100, reward="dense", success_bonus=True)
+    try:
+        env.reset(seed=0)
+        rewards = []
+        for _ in range(100):
+            _, reward, term, trunc, _ = env.step(expert.get_action(env.state))
+            rewards.append(reward)
+            if term or trunc:
+                break
+        assert term and not trunc and len(rewards) < 100
+        steps_left = 100 - len(rewards)
+        assert all(0.0 <= r <= 1.0 for r in rewards[:-1])
+        assert steps_left <= rewards[-1] <= steps_left + 1.0  # the step's own shaped reward plus one per step left
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="success_bonus: needs terminate_on_success"):
+        MetaWorldPixelEnv("reach-v3", terminate_on_success=False, success_bonus=True)
+
+
 @needs_metaworld
 def test_multi_task_vector_env_tells_tasks_apart_by_instruction_only():
     cfg = EnvConfig(backend="metaworld", env_id="mt3", num_envs=3, num_groups=3, normalize_obs=False,

@@ -7,7 +7,7 @@ import torch
 
 from m2flow.algorithms.losses import policy_loss
 from m2flow.algorithms.minibatch_ppo import ppo_minibatch_loss
-from m2flow.envs.instructions import INSTRUCTIONS, WordTokenizer
+from m2flow.envs.instructions import INSTRUCTIONS, PAD_ID, WordTokenizer
 from m2flow.models.action_tokens import ActionBins
 from m2flow.models.policies import Policy, build_policy
 from m2flow.models.vla import VLAConfig, VLAPolicy, build_vla
@@ -100,6 +100,21 @@ def test_instruction_changes_the_output_and_padding_does_not_leak():
     obs[1, lay.image_bytes + lay.text_len :] = obs[0, lay.image_bytes + lay.text_len :]
     logits, _ = policy(obs)
     assert not torch.allclose(logits[0], logits[1])  # same image and proprio, another instruction
+
+
+def test_a_row_gives_the_same_outputs_whatever_padding_its_batch_keeps():
+    torch.manual_seed(0)
+    config = small()
+    policy = VLAPolicy(config, 4)
+    obs = packed_obs(config, 6)
+    lay = config.layout()
+    lengths = [int((row[lay.image_bytes : lay.image_bytes + lay.text_len] != PAD_ID).sum()) for row in obs]
+    short = int(np.argmin(lengths))
+    assert lengths[short] < max(lengths) < lay.text_len  # the batch is cut to its longest instruction, the row to its own
+    logits, values = policy(obs)
+    alone_logits, alone_values = policy(obs[short : short + 1])
+    torch.testing.assert_close(alone_logits[0], logits[short], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(alone_values[0], values[short], atol=1e-5, rtol=1e-5)
 
 
 def test_token_log_probs_feed_the_registered_losses():
