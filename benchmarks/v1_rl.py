@@ -4,7 +4,8 @@
     python benchmarks/v1_rl.py --config examples/embodied/metaworld_vla_ppo.yaml --eval-seeds 50
 
 Every policy is evaluated the same way as the warm start in ``v1_warm_start.py``: greedy action
-tokens, MetaWorld's success flag, episodes of up to 200 steps that end at success, reset with
+tokens (``--decode sample``: sampled from the policy's token distributions, as in training, by one
+generator seeded alike for every policy evaluated), MetaWorld's success flag, episodes of up to 200 steps that end at success, reset with
 held-out seeds (1,000,000 up, disjoint from every training env's), the run's image size, camera and
 proprio. Writes ``benchmarks/results/<name>.json``: success of the warm start and of each
 checkpoint (with its env steps), the run's wall time and env steps from its metrics, the command.
@@ -49,6 +50,9 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=10, help="episodes of a task run side by side")
     parser.add_argument("--name", default="v1_rl")
     parser.add_argument("--skip-warm-start", action="store_true", help="evaluate the checkpoints only")
+    parser.add_argument("--decode", choices=("greedy", "sample"), default="greedy",
+                        help="action tokens: the most likely ones, or sampled as the training episodes do")
+    parser.add_argument("--sample-seed", type=int, default=0, help="the sampling generator's seed (--decode sample)")
     args = parser.parse_args()
     cfg, tasks = load_vla_run(args)
     env_kwargs = {k: v for k, v in cfg.env.env_kwargs.items() if k in EVAL_KWARGS}
@@ -56,16 +60,19 @@ def main() -> None:
     run_dir = Path(cfg.run_dir)
     metrics = _metrics(run_dir)
     result: dict = {"command": " ".join(["python", *sys.argv]), "config": args.config, "overrides": args.overrides,
-                    "tasks": tasks, "seed": cfg.seed, "eval_seeds": [seeds[0], seeds[-1]], "env_kwargs": env_kwargs,
+                    "tasks": tasks, "seed": cfg.seed, "decode": args.decode, "eval_seeds": [seeds[0], seeds[-1]], "env_kwargs": env_kwargs,
                     "environment": environment(), "run": _run_summary(metrics)}
     policy = VLAPolicy(replace(cfg.policy.vla), action_dim=4)
     policy.eval()
+    generator = torch.Generator()
+    greedy = args.decode == "greedy"
 
     def act(obs: np.ndarray) -> np.ndarray:
-        return policy.act(torch.from_numpy(obs), deterministic=True).actions.numpy()
+        return policy.act(torch.from_numpy(obs), deterministic=greedy, generator=generator).actions.numpy()
 
     def success(weights: dict[str, torch.Tensor]) -> dict[str, float]:
         policy.load_state_dict(weights)
+        generator.manual_seed(args.sample_seed)
         t0 = time.perf_counter()
         out = evaluate_success(act, tasks, seeds, env_kwargs, parallel=args.parallel)
         logging.info("success %s (%.0f s)", out, time.perf_counter() - t0)
