@@ -5,10 +5,11 @@
 
 Every policy is evaluated the same way as the warm start in ``v1_warm_start.py``: greedy action
 tokens (``--decode sample``: sampled from the policy's token distributions, as in training, by one
-generator seeded alike for every policy evaluated), MetaWorld's success flag, episodes of up to 200 steps that end at success, reset with
-held-out seeds (1,000,000 up, disjoint from every training env's), the run's image size, camera and
-proprio. Writes ``benchmarks/results/<name>.json``: success of the warm start and of each
-checkpoint (with its env steps), the run's wall time and env steps from its metrics, the command.
+generator seeded alike for every policy evaluated), MetaWorld's success flag, episodes of up to 200
+steps that end at success, reset with held-out seeds (1,000,000 up, disjoint from every training
+env's), the run's image size, camera and proprio. Writes ``benchmarks/results/<name>.json``:
+success of the warm start and of each checkpoint (with its env steps), the run's wall time and env
+steps from its metrics, the command.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ def main() -> None:
     run_dir = Path(cfg.run_dir)
     metrics = _metrics(run_dir)
     result: dict = {"command": " ".join(["python", *sys.argv]), "config": args.config, "overrides": args.overrides,
-                    "tasks": tasks, "seed": cfg.seed, "decode": args.decode, "eval_seeds": [seeds[0], seeds[-1]], "env_kwargs": env_kwargs,
+                    "tasks": tasks, "seed": cfg.seed, "decode": args.decode, "eval_seeds": [seeds[0], seeds[-1]],
+                    "env_kwargs": env_kwargs,
                     "environment": environment(), "run": _run_summary(metrics)}
     policy = VLAPolicy(replace(cfg.policy.vla), action_dim=4)
     policy.eval()
