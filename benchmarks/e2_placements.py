@@ -67,6 +67,7 @@ PLANS: dict[str, tuple[str, int, bool]] = {
 }
 BASELINE = "collocated-sequential"  # always synchronous: what every plan is compared with
 VLA_EXAMPLE = ROOT / "examples" / "embodied" / "metaworld_vla_ppo.yaml"
+VLA_ROLLOUT_STEPS = 64  # V2's iteration (8 envs x 64 steps), as measured; the example itself runs whole episodes
 ENVS = 8  # envs per iteration over all env ranks, in every plan
 
 
@@ -81,10 +82,11 @@ def workload_config(workload: str, placement: str, stages: int, fused: bool, env
         if compile:
             raise SystemExit("--compile applies to the MLP actor-critic, not to the VLA workload")
         os.environ.setdefault("MUJOCO_GL", "egl")
-        steps = load_config(EmbodiedConfig, VLA_EXAMPLE, ["policy.init_from=null"]).rollout_steps
+        steps = VLA_ROLLOUT_STEPS
         return load_config(EmbodiedConfig, VLA_EXAMPLE, [
             "cluster.cpu_devices_per_node=8", f"placement={placement}", f"pipeline_stages={stages}",
-            f"env.num_envs={ENVS // env_ranks}", f"total_env_steps={iterations * ENVS * steps}",
+            f"env.num_envs={ENVS // env_ranks}", f"rollout_steps={steps}",
+            f"total_env_steps={iterations * ENVS * steps}",
             f"rollout.fuse_with_env={str(fused).lower()}", f"algorithm.max_staleness={staleness}", f"seed={seed}",
             f"run_dir={run_dir}", "metrics.sinks=[]", f"trace={str(traced).lower()}", "policy.init_from=null",
             "checkpoint_every=0"])

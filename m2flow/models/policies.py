@@ -263,6 +263,11 @@ class ActorCritic(nn.Module):
         logprobs, entropy = self.head.log_prob_entropy(actor, torch.as_tensor(actions))
         return EvalOutput(logprobs, entropy, self.value_head(critic).squeeze(-1))
 
+    def critic_parameters(self) -> list[nn.Parameter]:
+        """The parameters only the value depends on: the value head, and the critic trunk if it has one."""
+        own = [] if self.critic_trunk is None else list(self.critic_trunk.parameters())
+        return own + list(self.value_head.parameters())
+
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         """(B, *obs_shape) -> values (B,)."""
         trunk = self.critic_trunk if self.critic_trunk is not None else self.actor_trunk

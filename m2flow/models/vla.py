@@ -198,6 +198,10 @@ class VLAPolicy(nn.Module):
     def _shaped(self, token_logprobs: Tensor) -> Tensor:
         return token_logprobs if self.config.logprob == "token" else token_logprobs.sum(-1)
 
+    def critic_parameters(self) -> list[nn.Parameter]:
+        """The parameters only the value depends on: the value head (the transformer is shared)."""
+        return list(self.value_head.parameters())
+
     def value(self, obs: Tensor) -> Tensor:
         """(B, size) -> values (B,)."""
         return self(obs)[1]

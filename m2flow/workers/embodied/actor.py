@@ -153,7 +153,10 @@ class ActorWorker(Worker):
         lr = self.cfg.lr
         if self.cfg.lr_schedule == "linear":
             lr *= 1.0 - iteration / max(self.total_iterations, 1)
-        metrics = self.updater.update(batch, lr)
+        warmup = iteration < self.cfg.critic_warmup
+        if warmup and self.cfg.critic_warmup_lr is not None:
+            lr = self.cfg.critic_warmup_lr
+        metrics = self.updater.update(batch, lr, critic_only=warmup)
         metrics.update(extra)
         metrics["actor/lr"] = lr
         if self.updater.compiled is not None:

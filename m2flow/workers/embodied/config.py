@@ -39,6 +39,10 @@ class PPOConfig:
     max_staleness: int = option(
         0, "s: env ranks may collect up to s iterations ahead of the actor with older weights "
         "(decoupled PPO against the behaviour policy); 0: synchronous")
+    critic_warmup: int = option(
+        0, "iterations at the start in which only the critic's own parameters learn, on the value loss alone "
+        "(the policy acts and stays as it was: a critic for a warm-started policy before its first policy step)")
+    critic_warmup_lr: float | None = option(None, "Adam learning rate during critic_warmup (None: lr)")
 
     def validate(self) -> None:
         if not 0.0 <= self.gamma <= 1.0:
@@ -61,6 +65,12 @@ class PPOConfig:
             raise ValueError(f"target_kl must be > 0 or None, got {self.target_kl}")
         if self.max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
+        if self.critic_warmup < 0:
+            raise ValueError(f"critic_warmup must be >= 0, got {self.critic_warmup}")
+        if self.critic_warmup and not self.use_critic:
+            raise ValueError("critic_warmup trains the critic: it needs use_critic: true")
+        if self.critic_warmup_lr is not None and self.critic_warmup_lr <= 0:
+            raise ValueError(f"critic_warmup_lr must be > 0 or None, got {self.critic_warmup_lr}")
         if self.advantage == "grpo":
             if self.group_size < 2:
                 raise ValueError(f"group_size must be >= 2 for advantage 'grpo', got {self.group_size}")

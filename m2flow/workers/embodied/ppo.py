@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -170,6 +170,7 @@ class PPOUpdater:
         self.generator = torch.Generator().manual_seed(seed)
         self.max_skipped_updates = max_skipped_updates
         self.skipped_in_row = 0  # updates undone one after the other for a non-finite loss or weight
+        self._grad_mask: Tensor | None = None  # set during a critic-only update: 1 on the critic's own parameters
 
     def _minibatches(self, size: int) -> list[tuple[int, int]]:
         step = self.cfg.minibatch_size
@@ -182,8 +183,36 @@ class PPOUpdater:
         hi = start + (n * (self.rank + 1)) // self.world_size
         return lo, hi
 
-    def update(self, batch: PPOBatch, lr: float | None = None) -> dict[str, float]:
-        """``cfg.epochs`` passes of shuffled minibatches over ``batch``; metrics averaged over minibatches."""
+    def critic_mask(self) -> Tensor:
+        """1 over the flat buffer's entries of the policy's ``critic_parameters()`` (those only the value
+        depends on), 0 elsewhere."""
+        get = getattr(self.policy, "critic_parameters", None)
+        if get is None:
+            raise ValueError(f"critic_warmup: {type(self.policy).__name__} does not say which parameters are the "
+                             "critic's own (it has no critic_parameters())")
+        where = {id(p): (o, n) for p, (o, n, _) in zip(self.flat.params, self.flat.layout)}
+        mask = torch.zeros_like(self.flat.param.data)
+        for p in get():
+            o, n = where[id(p)]
+            mask[o : o + n] = 1.0
+        return mask
+
+    def update(self, batch: PPOBatch, lr: float | None = None, critic_only: bool = False) -> dict[str, float]:
+        """``cfg.epochs`` passes of shuffled minibatches over ``batch``; metrics averaged over minibatches.
+
+        ``critic_only``: the value loss alone, with gradients to the critic's own parameters only (a
+        critic warm-up); the policy's outputs do not change.
+        """
+        if critic_only:
+            self._grad_mask = self.critic_mask()
+            batch = replace(batch, advantages=torch.zeros_like(batch.advantages))
+            try:
+                return {**self._update(batch, lr, eager=True), "actor/critic_warmup": 1.0}
+            finally:
+                self._grad_mask = None
+        return {**self._update(batch, lr, eager=False), "actor/critic_warmup": 0.0}
+
+    def _update(self, batch: PPOBatch, lr: float | None, eager: bool) -> dict[str, float]:
         cfg = self.cfg
         if lr is not None:
             self.optimizer.lr = lr
@@ -223,7 +252,7 @@ class PPOUpdater:
                 lo, hi = self._my_share(start, end)
                 n = end - start
                 share = (obs[lo:hi], act[lo:hi], offset[lo:hi], neg_adv[lo:hi], returns[lo:hi])
-                done = self._compiled_minibatch(share, n) if self.compiling else None
+                done = self._compiled_minibatch(share, n) if self.compiling and not eager else None
                 parts, stopped = done if done is not None else self._eager_minibatch(share, old_values[lo:hi], n)
                 if stopped:
                     break
@@ -414,6 +443,8 @@ class PPOUpdater:
         grad = self.flat.grad
         if reduce and self.all_reduce is not None:
             self.all_reduce(grad)
+        if self._grad_mask is not None:
+            grad.mul_(self._grad_mask)
         if self.cfg.max_grad_norm > 0:
             norm = torch.linalg.vector_norm(grad)
             if grad.is_cuda:  # no host sync per step on a GPU

@@ -106,3 +106,20 @@ def test_an_update_moves_the_vla_and_lowers_its_loss():
                                    batch.values)[0].item()
     assert metrics["actor/updates"] == 16 and metrics["actor/skipped_updates_count"] == 0
     assert after < before
+
+
+def test_a_critic_warmup_update_fits_the_value_and_leaves_the_vla_acting_as_before():
+    policy = _vla()
+    batch = _batch(policy, n=32)
+    updater = PPOUpdater(policy, PPOConfig(epochs=4, minibatch_size=8, lr=1e-2, ent_coef=0.01))
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    logits_before = policy(batch.obs)[0]
+    error_before = ((policy.value(batch.obs) - batch.returns) ** 2).mean()
+    metrics = updater.update(batch, critic_only=True)
+    assert metrics["actor/critic_warmup"] == 1.0 and metrics["actor/updates"] == 16
+    moved = {k for k, v in policy.state_dict().items() if not torch.equal(v, before[k])}
+    assert moved == {"value_head.weight", "value_head.bias"}
+    assert torch.equal(policy(batch.obs)[0], logits_before)
+    assert ((policy.value(batch.obs) - batch.returns) ** 2).mean() < error_before
+    assert updater.update(batch)["actor/critic_warmup"] == 0.0  # a normal update moves the policy again
+    assert not torch.equal(policy(batch.obs)[0], logits_before)

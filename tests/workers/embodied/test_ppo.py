@@ -311,3 +311,41 @@ def test_a_nan_in_the_loss_undoes_the_update_and_too_many_in_a_row_stop_the_run(
     updater.update(poisoned)
     with pytest.raises(RunHealthError, match=r"2 PPO updates in a row skipped .*actor.max_skipped_updates=2"):
         updater.update(poisoned)
+
+
+@pytest.mark.parametrize("separate_critic", [False, True])
+def test_a_critic_warmup_update_trains_only_what_the_value_alone_depends_on(separate_critic):
+    torch.manual_seed(0)
+    policy = build_policy(BOX_OBS, BOX_ACT, PolicyConfig(hidden_sizes=[16, 16], shared_critic=not separate_critic))
+    updater = PPOUpdater(policy, PPOConfig(epochs=3, minibatch_size=32, lr=1e-2, ent_coef=0.01))
+    assert updater.closed_form is not None  # the mask applies to the closed-form gradient too
+    own = {id(p) for p in policy.critic_parameters()}
+    assert (policy.critic_trunk is not None) == separate_critic
+    before = [p.detach().clone() for p in policy.parameters()]
+    batch = _batch()
+    error_before = ((policy.value(batch.obs) - batch.returns) ** 2).mean()
+    updater.update(batch, critic_only=True)
+    for p, old in zip(policy.parameters(), before):
+        assert torch.equal(p, old) != (id(p) in own)  # the critic's own parameters moved, nothing else did
+    assert ((policy.value(batch.obs) - batch.returns) ** 2).mean() < error_before
+
+
+def test_critic_warmup_needs_a_critic_and_a_policy_that_names_its_own_parameters():
+    with pytest.raises(ValueError, match="use_critic"):
+        PPOConfig(critic_warmup=2, use_critic=False).validate()
+    with pytest.raises(ValueError, match="critic_warmup must be >= 0"):
+        PPOConfig(critic_warmup=-1).validate()
+    with pytest.raises(ValueError, match="critic_warmup_lr"):
+        PPOConfig(critic_warmup=1, critic_warmup_lr=0.0).validate()
+
+    class Bare(torch.nn.Module):  # a policy that does not say which parameters are the critic's
+        def __init__(self):
+            super().__init__()
+            self.inner = _policy()
+
+        def evaluate(self, obs, actions):
+            return self.inner.evaluate(obs, actions)
+
+    updater = PPOUpdater(Bare(), PPOConfig())
+    with pytest.raises(ValueError, match="critic_parameters"):
+        updater.update(_batch(), critic_only=True)
