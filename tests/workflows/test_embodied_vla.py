@@ -84,6 +84,18 @@ def test_a_tiny_vla_run_trains_through_the_workers(full_run):
     assert any(not torch.equal(trained[k], start[k]) for k in start)  # the updates moved the weights
 
 
+def test_a_critic_warmup_moves_only_the_value_head_for_its_iterations(tmp_path):
+    start = _saved_policy(tmp_path / "bc.pt", seed=11)
+    cfg = vla_config(tmp_path, **{"policy.init_from": str(tmp_path / "bc.pt"), "algorithm.critic_warmup": 2,
+                                  "algorithm.critic_warmup_lr": 1e-2})
+    result = train(cfg)
+    assert [h["actor/critic_warmup"] for h in result.history] == [1.0, 1.0, 0.0, 0.0]
+    warmed = _actor_weights(Path(cfg.run_dir), 2)
+    assert {k for k in start if not torch.equal(warmed[k], start[k])} == {"value_head.weight", "value_head.bias"}
+    trained = _actor_weights(Path(cfg.run_dir), 4)
+    assert not torch.equal(trained["action_head.weight"], start["action_head.weight"])  # then the policy learns
+
+
 def test_the_run_starts_from_init_from(tmp_path):
     from m2flow.envs import EnvConfig, VecEnv
     from m2flow.models.policies import build_policy
