@@ -39,7 +39,11 @@ class EvalOutput(NamedTuple):
 
 @runtime_checkable
 class Policy(Protocol):
-    """What rollout, actor and evaluation workers need from an embodied policy (an ``nn.Module``)."""
+    """What rollout, actor and evaluation workers need from an embodied policy (an ``nn.Module``).
+
+    Optional beyond these: ``critic_parameters()``, the parameters only the value depends on, which
+    ``algorithm.critic_warmup`` trains alone (a policy without it cannot run a critic warm-up).
+    """
 
     def act(
         self, obs: torch.Tensor, deterministic: bool = False, generator: torch.Generator | None = None
