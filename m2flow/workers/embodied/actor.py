@@ -86,6 +86,8 @@ class ActorWorker(Worker):
             all_reduce = ExchangeSum(self.comm, self.group_name, self.rank, self.world_size) if exchange else _all_reduce_sum
         self.updater = PPOUpdater(self.policy, ppo, self.rank, self.world_size, all_reduce, seed=seed,
                                   compile=actor.compile, max_skipped_updates=actor.max_skipped_updates)
+        if ppo.critic_warmup:
+            self.updater.critic_mask()  # a policy that cannot name its critic's parameters fails now, not later
         if actor.compile and s.batch_size:  # compile now: start-up cost, not part of the first update
             self.updater.warm_up(zero_batch(obs_space, action_space, s.batch_size, self.device))
         self._host_state: dict[str, torch.Tensor] | None = None
