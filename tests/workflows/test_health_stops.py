@@ -85,9 +85,9 @@ def test_the_count_of_skipped_ppo_updates_in_a_row_survives_a_resume(tmp_path, m
 
     original = PPOUpdater.update
 
-    def poisoned(self, batch, lr=None):
+    def poisoned(self, batch, lr=None, **kwargs):
         batch.returns[0] = float("nan")  # the value loss turns NaN
-        return original(self, batch, lr)
+        return original(self, batch, lr, **kwargs)
 
     monkeypatch.setattr(PPOUpdater, "update", poisoned)  # placement local: the actor is here
     cfg = {"placement": "local", "checkpoint_every": 2, "actor.max_skipped_updates": 3}
