@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -203,9 +203,8 @@ class PPOUpdater:
         ``critic_only``: the value loss alone, with gradients to the critic's own parameters only (a
         critic warm-up); the policy's outputs do not change.
         """
-        if critic_only:
+        if critic_only:  # the mask alone keeps the policy as it is: its gradient never reaches a critic parameter
             self._grad_mask = self.critic_mask()
-            batch = replace(batch, advantages=torch.zeros_like(batch.advantages))
             try:
                 return {**self._update(batch, lr, eager=True), "actor/critic_warmup": 1.0}
             finally:
