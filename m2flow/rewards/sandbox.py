@@ -10,15 +10,20 @@ needs no parsing (``quick_verify``: both answers plain integers, as in GSM8K's `
 the rest to the pool, where math-verify parses and compares under the pool's time limit. The pool's
 deadline is the only time limit: math-verify's own (``signal.alarm``) is off, see ``math_verify.py``.
 
-Workers are started with the ``forkserver`` method: forking the training process itself would
-copy its threads' locks (torch, Ray) into the child, and ``spawn`` re-imports sympy and the LaTeX
+Workers are confined (``isolation``, see ``confine.py``): each is a host process started fresh inside
+a sandbox that shows the file system read-only (code only: no home, no run directory), a private
+``/tmp``, no network and no other process, with an environment that holds no secret of the run
+(``sandbox_host.py``). With ``isolation="auto"`` a machine that offers no sandbox (neither bubblewrap
+nor unprivileged user namespaces) gets unconfined workers and a warning: a reward check reads the
+model's text, it does not run it (the python tool, which does, refuses instead). Unconfined workers
+(``isolation="none"``) are started with the ``forkserver`` method: forking the training process itself
+would copy its threads' locks (torch, Ray) into the child, and ``spawn`` re-imports sympy and the LaTeX
 parser per worker.
 """
 
 from __future__ import annotations
 
 import atexit
-import importlib
 import itertools
 import logging
 import multiprocessing as mp
@@ -32,7 +37,11 @@ from dataclasses import dataclass, fields
 from multiprocessing.connection import Connection, wait
 from typing import Any, Literal
 
+from m2flow.rewards.confine import Isolation, resolve, why_unavailable
 from m2flow.rewards.math_verify import quick_verify, verify_answer
+from m2flow.rewards.sandbox_host import HostWorker, import_module
+
+__all__ = ["SandboxPool", "SandboxResult", "VerifyStats", "default_pool", "import_module", "score_batch"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,11 +87,6 @@ class SandboxResult:
     error: str = ""
 
 
-def import_module(name: str) -> None:
-    """Import ``name`` in a worker (the warm-up of a new check's module, outside any check's time limit)."""
-    importlib.import_module(name)
-
-
 def _worker_main(conn: Connection, memory_limit_mb: int | None, imports: Sequence[str] = ()) -> None:
     """Worker loop: import ``imports``, say ready, then receive (task id, fn, args) and send back
     (task id, status, payload); None stops."""
@@ -93,7 +97,7 @@ def _worker_main(conn: Connection, memory_limit_mb: int | None, imports: Sequenc
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     for name in imports:
         try:
-            importlib.import_module(name)
+            import_module(name)
         except Exception:  # noqa: BLE001 - the check itself will fail, and be counted, when it is called
             pass
     conn.send(_READY)
@@ -117,6 +121,8 @@ def _worker_main(conn: Connection, memory_limit_mb: int | None, imports: Sequenc
 
 START_TIMEOUT_S = 120.0
 """How long a new worker may take to start and import its checks' modules (a loaded machine importing torch)."""
+HOST_GRACE_S = 2.0
+"""With a fresh process per task the host keeps the time limit; the pool kills the host only this much later."""
 
 
 class _Worker:
@@ -140,6 +146,12 @@ class _Worker:
                 return False
         return self.ready
 
+    def send(self, task_id: int, fn: Callable[..., Any], args: tuple[Any, ...], limit_s: float) -> None:
+        self.conn.send((task_id, fn, args))
+
+    def receive(self) -> Any:
+        return self.conn.recv()
+
     def stop(self, kill: bool) -> None:
         if kill:
             self.process.kill()
@@ -155,8 +167,17 @@ class _Worker:
         self.conn.close()
 
 
+_warned_unconfined = False
+
+
 class SandboxPool:
-    """A few worker processes that run picklable top-level functions with a per-call time limit."""
+    """A few worker processes that run picklable top-level functions with a per-call time limit.
+
+    ``isolation`` picks the sandbox (``auto``: bubblewrap, else namespaces, else unconfined with a
+    warning). ``fresh_process_per_task`` runs each call in a process of its own forked inside the
+    sandbox (the python tool); ``scratch_mb`` and ``max_processes`` bound such a task's ``/tmp`` and
+    process count.
+    """
 
     def __init__(
         self,
@@ -165,6 +186,10 @@ class SandboxPool:
         memory_limit_mb: int | None = 4096,
         max_tasks_per_worker: int | None = 2000,
         preload: Sequence[str] = ("m2flow.rewards.math_verify",),
+        isolation: Isolation = "auto",
+        fresh_process_per_task: bool = False,
+        scratch_mb: int = 64,
+        max_processes: int = 32,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
@@ -174,25 +199,41 @@ class SandboxPool:
         self.memory_limit_mb = memory_limit_mb
         # Recycling bounds the growth of sympy's and the parser's caches in long runs.
         self.max_tasks_per_worker = max_tasks_per_worker
+        self.backend = resolve(isolation)
+        if self.backend is None and isolation == "auto":
+            _warn_unconfined()
+        self.fresh_process_per_task = fresh_process_per_task
+        self.scratch_mb = scratch_mb
+        self.max_processes = max_processes
         self._ctx = mp.get_context("forkserver")
-        # Loaded once in the fork server, so a replacement worker starts in milliseconds.
-        self._ctx.set_forkserver_preload(list(preload))
+        if self.backend is None:
+            # Loaded once in the fork server, so a replacement worker starts in milliseconds.
+            self._ctx.set_forkserver_preload(list(preload))
         self._lock = threading.Lock()
         self._task_ids = itertools.count()
         # Modules the workers import before they say ready (those of the checks seen so far), so a
-        # check's time limit never pays for importing its own module.
-        self._imports: list[str] = []
+        # check's time limit never pays for importing its own module. A confined host starts from
+        # nothing: it imports the preloads as well.
+        self._imports: list[str] = [] if self.backend is None else list(preload)
         self.start_timeout_s = START_TIMEOUT_S
-        self._workers = [_Worker(self._ctx, memory_limit_mb) for _ in range(num_workers)]
+        self._workers = [self._new_worker() for _ in range(num_workers)]
         self._closed = False
 
     @property
     def num_workers(self) -> int:
         return len(self._workers)
 
-    def _replace(self, worker: _Worker, kill: bool) -> _Worker:
+    def _new_worker(self) -> _Worker | HostWorker:
+        if self.backend is None:
+            return _Worker(self._ctx, self.memory_limit_mb, self._imports)
+        # A fresh task process sets its own memory limit; a host that runs checks itself has the pool's.
+        return HostWorker(self.backend, list(self._imports), fresh=self.fresh_process_per_task,
+                          memory_limit_mb=self.memory_limit_mb, scratch_mb=self.scratch_mb,
+                          max_processes=self.max_processes)
+
+    def _replace(self, worker: _Worker | HostWorker, kill: bool) -> _Worker | HostWorker:
         worker.stop(kill=kill)
-        fresh = _Worker(self._ctx, self.memory_limit_mb, self._imports)
+        fresh = self._new_worker()
         self._workers[self._workers.index(worker)] = fresh
         return fresh
 
@@ -231,7 +272,8 @@ class SandboxPool:
         """``map``'s loop, the lock held."""
         results: list[SandboxResult | None] = [None] * len(calls)
         pending = deque(enumerate(calls))
-        busy: dict[_Worker, tuple[int, int, float]] = {}  # worker -> (call index, task id, deadline)
+        busy: dict[Any, tuple[int, int, float]] = {}  # worker -> (call index, task id, deadline)
+        grace = HOST_GRACE_S if self.backend is not None and self.fresh_process_per_task else 0.0
         while pending or busy:
             for worker in list(self._workers):
                 if not pending:
@@ -242,25 +284,26 @@ class SandboxPool:
                     worker = self._replace(worker, kill=True)
                     stats.restarts += 1
                 if not worker.wait_ready(self.start_timeout_s):
+                    failure = getattr(worker, "failure", "")
                     raise RuntimeError(f"a sandbox worker did not start within {self.start_timeout_s:g}s "
-                                       f"(exit code {worker.process.exitcode})")
+                                       f"(exit code {worker.process.exitcode}{': ' + failure if failure else ''})")
                 index, args = pending.popleft()
                 task_id = next(self._task_ids)
                 try:
-                    worker.conn.send((task_id, fn, tuple(args)))
+                    worker.send(task_id, fn, tuple(args), limit)
                 except OSError:  # the worker died since the check above: retry on a fresh one
                     pending.appendleft((index, args))
                     self._replace(worker, kill=True)
                     stats.restarts += 1
                     continue
-                busy[worker] = (index, task_id, time.monotonic() + limit)
+                busy[worker] = (index, task_id, time.monotonic() + limit + grace)
             if busy:
                 self._collect(busy, results, stats)
         return [r if r is not None else SandboxResult("crash") for r in results]
 
     def _collect(
         self,
-        busy: dict[_Worker, tuple[int, int, float]],
+        busy: dict[Any, tuple[int, int, float]],
         results: list[SandboxResult | None],
         stats: VerifyStats,
     ) -> None:
@@ -273,17 +316,26 @@ class SandboxPool:
             reply, dead = None, False
             if worker.conn in ready or worker.conn.poll():
                 try:
-                    reply = worker.conn.recv()
-                except (EOFError, OSError):
+                    reply = worker.receive()
+                except (EOFError, OSError, pickle.UnpicklingError):  # a confined host's reply is not trusted
                     dead = True
+            if reply is not None and (not isinstance(reply, tuple) or len(reply) != 3):
+                reply, dead = None, True  # a forged reply: the host is not to be trusted any longer
             if reply is not None and reply[0] != task_id:
                 continue  # a stale reply from a call interrupted earlier: keep waiting
             if reply is not None:
                 _, status, payload = reply
                 if status == "ok":
                     results[index] = SandboxResult("ok", value=payload)
+                elif status in ("timeout", "crash"):  # a fresh task process, ended by its host
+                    results[index] = SandboxResult(status, error=str(payload))
+                    if status == "timeout":
+                        stats.timeouts += 1
+                    else:
+                        stats.crashes += 1
+                    logger.warning("sandboxed task %d: %s", index, payload)
                 else:
-                    results[index] = SandboxResult("error", error=payload)
+                    results[index] = SandboxResult("error", error=str(payload))
                     stats.errors += 1
                     logger.debug("sandboxed check %d raised: %s", index, payload)
                 del busy[worker]
@@ -324,6 +376,13 @@ class SandboxPool:
 
 _default_pool: SandboxPool | None = None
 _default_lock = threading.Lock()
+
+
+def _warn_unconfined() -> None:
+    global _warned_unconfined
+    if not _warned_unconfined:
+        _warned_unconfined = True
+        logger.warning("reward checks run unconfined: no sandbox on this machine (%s)", why_unavailable())
 
 
 def default_pool() -> SandboxPool:

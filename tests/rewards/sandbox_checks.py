@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
+
+_PROCESS = f"{os.getpid()}-{uuid.uuid4().hex}"  # a confined worker is PID 1 of its own namespace: pids repeat
 
 
 def slow_check(response: str, reference: str) -> float:
@@ -24,8 +27,9 @@ def raising_check(response: str, reference: str) -> float:
     raise RuntimeError("checker bug")
 
 
-def worker_pid(response: str, reference: str) -> int:
-    return os.getpid()
+def worker_pid(response: str, reference: str) -> str:
+    """Which worker process ran the call (unique per process, confined or not)."""
+    return _PROCESS
 
 
 def equal_check(response: str, reference: str) -> float:
