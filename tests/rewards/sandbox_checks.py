@@ -38,3 +38,26 @@ def equal_check(response: str, reference: str) -> float:
 
 def text_check(response: str, reference: str) -> str:
     return "yes"
+
+
+def try_read(path: str, reference: str) -> str:
+    """The first bytes of ``path``, or the name of the error that refused it (a reward check that snoops)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(100).decode(errors="replace")
+    except OSError as exc:
+        return type(exc).__name__
+
+
+def try_write(path: str, reference: str) -> str:
+    """Append to ``path``, or the name of the error that refused it (a reward check that tampers)."""
+    try:
+        with open(path, "a") as f:
+            f.write("tampered")
+        return "written"
+    except OSError as exc:
+        return type(exc).__name__
+
+
+def environment(response: str, reference: str) -> str:
+    return repr(sorted(os.environ.items()))

@@ -62,7 +62,8 @@ class PythonTool:
         self.backend = sandbox_backend(isolation, allow_unsandboxed)
         if self.backend is None:  # a fresh forkserver process per call, as before the sandbox
             self.pool = SandboxPool(num_workers=num_workers, timeout_s=timeout_s, memory_limit_mb=memory_limit_mb,
-                                    max_tasks_per_worker=1, preload=(), isolation="none")
+                                    max_tasks_per_worker=1, preload=("m2flow.rewards.sandbox",),
+                                    isolation="none")
         else:
             self.pool = SandboxPool(num_workers=num_workers, timeout_s=timeout_s, memory_limit_mb=memory_limit_mb,
                                     max_tasks_per_worker=None, preload=("m2flow.rewards.tools.snippet",),
