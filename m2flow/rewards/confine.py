@@ -116,7 +116,8 @@ def default_view(scratch_mb: int = 64, extra: tuple[str, ...] = ()) -> View:
 
 def bwrap_argv(view: View) -> list[str]:
     """The ``bwrap`` command line that confines the command appended to it (the host runs as PID 1)."""
-    argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--as-pid-1", "--cap-drop", "ALL",
+    # The absolute path: the sandbox's own PATH, under which the launcher is started, may not hold it.
+    argv = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--as-pid-1", "--cap-drop", "ALL",
             "--uid", str(SANDBOX_ID), "--gid", str(SANDBOX_ID), "--hostname", "sandbox", "--clearenv"]
     for key, value in SANDBOX_ENV.items():
         argv += ["--setenv", key, value]
