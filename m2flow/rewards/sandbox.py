@@ -2,7 +2,8 @@
 
 ``SandboxPool`` keeps a few long-lived worker processes. Each call gets a deadline; a worker that
 misses it is killed and replaced, a worker that dies (segfault, ``os._exit``, out of memory) is
-replaced, and an exception inside a check is caught. None of these reach the caller: the call's
+replaced, and an exception inside a check is caught. (In a confined worker the host keeps the
+deadline and replaces its worker process itself, by a fork inside the sandbox.) None of these reach the caller: the call's
 result is marked ``timeout``/``crash``/``error`` and counted in ``VerifyStats``.
 
 ``score_batch`` is the batch API for math rewards. It decides in the caller's process only what
@@ -122,7 +123,7 @@ def _worker_main(conn: Connection, memory_limit_mb: int | None, imports: Sequenc
 START_TIMEOUT_S = 120.0
 """How long a new worker may take to start and import its checks' modules (a loaded machine importing torch)."""
 HOST_GRACE_S = 2.0
-"""With a fresh process per task the host keeps the time limit; the pool kills the host only this much later."""
+"""A confined host keeps each task's time limit itself; the pool kills the host only this much later."""
 
 
 class _Worker:
@@ -229,7 +230,7 @@ class SandboxPool:
         # A fresh task process sets its own memory limit; a host that runs checks itself has the pool's.
         return HostWorker(self.backend, list(self._imports), fresh=self.fresh_process_per_task,
                           memory_limit_mb=self.memory_limit_mb, scratch_mb=self.scratch_mb,
-                          max_processes=self.max_processes)
+                          max_processes=self.max_processes, max_tasks=self.max_tasks_per_worker)
 
     def _replace(self, worker: _Worker | HostWorker, kill: bool) -> _Worker | HostWorker:
         worker.stop(kill=kill)
@@ -273,7 +274,7 @@ class SandboxPool:
         results: list[SandboxResult | None] = [None] * len(calls)
         pending = deque(enumerate(calls))
         busy: dict[Any, tuple[int, int, float]] = {}  # worker -> (call index, task id, deadline)
-        grace = HOST_GRACE_S if self.backend is not None and self.fresh_process_per_task else 0.0
+        grace = HOST_GRACE_S if self.backend is not None else 0.0
         while pending or busy:
             for worker in list(self._workers):
                 if not pending:
@@ -327,21 +328,26 @@ class SandboxPool:
                 _, status, payload = reply
                 if status == "ok":
                     results[index] = SandboxResult("ok", value=payload)
-                elif status in ("timeout", "crash"):  # a fresh task process, ended by its host
+                elif status in ("timeout", "crash"):  # a confined host replaced the task's process
                     results[index] = SandboxResult(status, error=str(payload))
                     if status == "timeout":
                         stats.timeouts += 1
                     else:
                         stats.crashes += 1
+                    stats.restarts += 1
                     logger.warning("sandboxed task %d: %s", index, payload)
                 else:
                     results[index] = SandboxResult("error", error=str(payload))
                     stats.errors += 1
                     logger.debug("sandboxed check %d raised: %s", index, payload)
                 del busy[worker]
-                worker.tasks_done += 1
+                # A host that replaced the task's process after a timeout or crash starts its count anew.
+                worker.tasks_done = 0 if status in ("timeout", "crash") else worker.tasks_done + 1
                 if self.max_tasks_per_worker and worker.tasks_done >= self.max_tasks_per_worker:
-                    self._replace(worker, kill=False)
+                    if isinstance(worker, HostWorker):  # the host recycles its worker process at the same count
+                        worker.tasks_done = 0
+                    else:
+                        self._replace(worker, kill=False)
                     stats.restarts += 1
             elif dead or worker.process.sentinel in ready or not worker.process.is_alive():
                 worker.process.join(timeout=1.0)

@@ -3,8 +3,10 @@
 The host is started fresh (``python -I``, an environment of its own, no memory of the trainer's) inside
 the sandbox of ``confine.py``, imports the pool's modules once, then serves tasks from the pool:
 
-- ``fresh=False`` (reward checks): each task runs in the host itself, as in an unconfined worker; the
-  pool kills the host at the task's deadline and starts another.
+- ``fresh=False`` (reward checks): tasks run one after another in a long-lived worker process forked
+  from the host, as in an unconfined pool's worker; the host keeps each task's time limit, and
+  replaces the worker (a fork: milliseconds, where a new host would re-import sympy) after a
+  timeout, a crash or ``max_tasks`` tasks.
 - ``fresh=True`` (the python tool): each task runs in a child forked from the host, under rlimits
   (memory, CPU time, file size, open files, processes), with a time limit and a process count kept
   by the host. After each task the host kills every other process of its PID namespace (it is PID 1
@@ -93,11 +95,6 @@ def main(config: dict[str, Any]) -> None:
 
             ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: the tasks cannot trace the host
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # PID 1 ignores default-handled signals from inside
-        if not config["fresh"] and config["memory_limit_mb"]:  # checks run in the host itself
-            import resource
-
-            limit = config["memory_limit_mb"] << 20
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         for name in config["imports"]:
             try:
                 import_module(name)
@@ -106,6 +103,7 @@ def main(config: dict[str, Any]) -> None:
     except BaseException as exc:  # noqa: BLE001 - told to the pool, which refuses to start
         conn.send_bytes(pickle.dumps(("failed", f"{type(exc).__name__}: {exc}"[:500])))
         return
+    worker = None if config["fresh"] else _TaskWorker(conn.fileno(), config)
     conn.send_bytes(pickle.dumps(READY))
     while True:
         try:
@@ -115,10 +113,14 @@ def main(config: dict[str, Any]) -> None:
         if message is None:
             return
         task_id, fn, args, limit = message
-        if config["fresh"] and fn is not import_module:
-            status, payload = _run_forked(conn.fileno(), fn, args, limit, config)
-        else:
+        if fn is import_module:  # into the host, so that every process it forks from now on has it
             status, payload = _run_here(fn, args)
+            if worker is not None:
+                worker.replace()
+        elif worker is not None:
+            status, payload = worker.run(fn, args, limit)
+        else:
+            status, payload = _run_forked(conn.fileno(), fn, args, limit, config)
         try:
             conn.send_bytes(pickle.dumps((task_id, status, payload)))
         except Exception as exc:  # noqa: BLE001 - e.g. a value too deep to pickle
@@ -132,6 +134,62 @@ def _run_here(fn: Any, args: tuple[Any, ...]) -> tuple[str, Any]:
         return "ok", plain(fn(*args))
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, none kills the loop
         return "error", f"{type(exc).__name__}: {exc}"[:500]
+
+
+class _TaskWorker:
+    """The host's long-lived worker process (reward checks): tasks run in it one after another."""
+
+    def __init__(self, conn_fd: int, config: dict[str, Any]) -> None:
+        self.conn_fd, self.config = conn_fd, config
+        self.pid, self.conn = self._start()
+        self.tasks = 0
+
+    def _start(self) -> tuple[int, Connection]:
+        ours, theirs = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                ours.close()
+                os.close(self.conn_fd)
+                if self.config["memory_limit_mb"]:
+                    import resource
+
+                    limit = self.config["memory_limit_mb"] << 20
+                    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+                conn = Connection(theirs.detach())
+                while True:
+                    fn, args = conn.recv()
+                    conn.send_bytes(pickle.dumps(_run_here(fn, args)))
+            finally:
+                os._exit(0)
+        theirs.close()
+        return pid, Connection(ours.detach())
+
+    def replace(self) -> None:
+        """A fresh worker in place of this one (which is killed, with anything it started)."""
+        self.conn.close()
+        _kill_all(self.pid)
+        self.pid, self.conn = self._start()
+        self.tasks = 0
+
+    def run(self, fn: Any, args: tuple[Any, ...], limit_s: float) -> tuple[str, Any]:
+        """One task under ``limit_s``: the reply, or ``timeout``/``crash`` (the worker then replaced)."""
+        try:
+            self.conn.send((fn, args))
+            if not self.conn.poll(limit_s):
+                self.replace()
+                return "timeout", "no answer within the time limit"
+            outcome = tuple(loads_plain(self.conn.recv_bytes(MAX_REPLY_BYTES)))
+        except (EOFError, OSError, pickle.UnpicklingError):
+            self.conn.close()
+            code = _kill_all(self.pid)
+            self.pid, self.conn = self._start()
+            self.tasks = 0
+            return "crash", f"the worker process died (exit code {code}; memory limit?)"
+        self.tasks += 1
+        if self.config["max_tasks"] and self.tasks >= self.config["max_tasks"]:
+            self.replace()  # bounds the growth of sympy's and the parser's caches in long runs
+        return outcome  # type: ignore[return-value]
 
 
 def _limit_child(limit_s: float, config: dict[str, Any]) -> None:
@@ -290,12 +348,12 @@ class HostWorker:
     """One confined host and the pool's end of its socket; the same surface as the pool's ``_Worker``."""
 
     def __init__(self, backend: Backend, imports: list[str], *, fresh: bool, memory_limit_mb: int | None,
-                 scratch_mb: int, max_processes: int) -> None:
+                 scratch_mb: int, max_processes: int, max_tasks: int | None = None) -> None:
         package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         view = default_view(scratch_mb, extra=(package_root,))
         ours, theirs = socket.socketpair()
         self.conn = Connection(ours.detach())
-        config = {"backend": backend, "fd": theirs.fileno(), "imports": imports, "fresh": fresh,
+        config = {"backend": backend, "fd": theirs.fileno(), "imports": imports, "fresh": fresh, "max_tasks": max_tasks,
                   "memory_limit_mb": memory_limit_mb, "scratch_mb": scratch_mb, "max_processes": max_processes,
                   "visible": view.visible, "links": view.links,
                   "sys_path": [package_root, *(os.path.abspath(p or os.getcwd()) for p in sys.path)]}

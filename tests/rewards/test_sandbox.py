@@ -98,8 +98,7 @@ def test_unpicklable_check_is_a_clear_error(pool: SandboxPool):
 
 
 def test_workers_are_recycled_after_max_tasks():
-    # No math preload: a confined worker starts from a fresh interpreter, and sympy is not what is tested.
-    with SandboxPool(num_workers=1, timeout_s=30.0, max_tasks_per_worker=2, preload=()) as pool:
+    with SandboxPool(num_workers=1, timeout_s=30.0, max_tasks_per_worker=2) as pool:
         results, stats = pool.map(checks.worker_pid, [("", "")] * 6)
     pids = [r.value for r in results]
     assert len(set(pids)) == 3 and stats.restarts == 3
