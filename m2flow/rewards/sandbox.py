@@ -39,7 +39,6 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Literal
 
 from m2flow.rewards.confine import Isolation, resolve, why_unavailable
-from m2flow.rewards.math_verify import quick_verify, verify_answer
 from m2flow.rewards.sandbox_host import HostWorker, import_module
 
 __all__ = ["SandboxPool", "SandboxResult", "VerifyStats", "default_pool", "import_module", "score_batch"]
@@ -417,6 +416,10 @@ def score_batch(
     """
     if len(responses) != len(references):
         raise ValueError(f"{len(responses)} responses but {len(references)} references")
+    # Here, not at the top: a process that only runs the pool's workers (the python tool's fork
+    # server, whose every process is forked from it) need not carry sympy.
+    from m2flow.rewards.math_verify import quick_verify, verify_answer
+
     start = time.perf_counter()
     scores = [0.0] * len(responses)
     todo: list[int] = []
