@@ -14,7 +14,8 @@ Each point ``group.method[@N]`` names rank 0 of the group called ``group`` (or `
 the workflows name their groups), a method called on it through the group (a hosted component's
 method as ``component/method``) and the N-th such call in that process (default 1). The points are
 armed in turn: only the first one without a marker file ``DIR/group.method`` is. On reaching it, the
-rank creates that marker (its pid and the time, one line) and stops itself. So each point fires
+rank creates that marker (its pid and the time, one line) and stops itself (a ``group.method`` may
+appear once in a spec: its marker is its own). So each point fires
 once across the restarts of a run, in the order given, and the caller finds, times and finally
 kills the frozen process from the markers. Unset (the default), nothing is checked beyond one
 comparison per call.
