@@ -20,7 +20,7 @@ from tests.ray_session import shared_cluster
 from tests.workflows import reasoning_setup
 from tests.workflows.frozen import Caught, freezing
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(2400)]  # five launches each, on a busy machine
 
 DEADLINE = 30.0
 """fault_tolerance.iteration_timeout_s of these runs: above the slowest first iteration of a tiny run (its
