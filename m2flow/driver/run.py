@@ -118,7 +118,9 @@ class Run:
                 truncate_metrics(self.run_dir, int(state.get("progress", self.start)))
                 log.info("resuming from %s at iteration %d", checkpoint, self.start)
             elif self.restarts:
-                truncate_metrics(self.run_dir, 0)  # starting over: the rows logged so far come again
+                # Starting over: every row logged so far comes again, the baseline evaluation's at step 0 too
+                # (keeping rows up to step 0 logged that one twice).
+                truncate_metrics(self.run_dir, -1)
             else:
                 _set_aside_metrics(self.run_dir, self.identity.run_id)
             executor = self.scaffold.executor()

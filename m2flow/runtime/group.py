@@ -20,6 +20,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from m2flow.runtime.cluster import Cluster
 from m2flow.runtime.auth import adopt, secret_hex
+from m2flow.runtime.faults import armed, freeze_if_armed
 from m2flow.runtime.handle import CallFailure, GroupHandle
 from m2flow.runtime.logs import setup_logging
 from m2flow.runtime.rank_core import build_worker, failure, run_method
@@ -80,6 +81,8 @@ class _RankHost:
         return None
 
     def call(self, method: str, args: tuple, kwargs: dict) -> Any:
+        # The fault-injection point of recovery tests (off unless the launching process armed it).
+        freeze_if_armed(self.ctx.freeze_at, self.ctx.group_name, self.ctx.rank, method)
         try:
             return run_method(self.worker, method, args, kwargs)
         except BaseException as e:  # noqa: BLE001
@@ -238,6 +241,7 @@ class WorkerGroup:
                     log_dir=str(log_dir) if log_dir is not None else None,
                     trace_dir=str(trace_dir) if trace_dir is not None else None,
                     pin_cpus=cluster.config.pin_cpus and node.device_type == "cpu",
+                    freeze_at=armed(),
                 )
             )
         return out

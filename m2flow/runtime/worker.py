@@ -45,6 +45,7 @@ class WorkerContext:
     master_port: int = 0
     in_process: bool = False  # True: a thread of the driver process hosts this rank (local executor)
     pin_cpus: bool = False  # pin the rank's process to the cores of its device slots (``cluster.pin_cpus``)
+    freeze_at: str | None = None  # fault injection for recovery tests (``runtime/faults.py``); None: off
 
     def with_master(self, addr: str, port: int) -> WorkerContext:
         return replace(self, master_addr=addr, master_port=port)

@@ -21,6 +21,7 @@ k has been consumed, so L lanes are enough.
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
@@ -45,6 +46,11 @@ class _Bundle:
 def _unpack(item: Any) -> list[Any]:
     return item.items if isinstance(item, _Bundle) else [item]
 
+
+log = logging.getLogger(__name__)
+
+TEARDOWN_CLOSE_S = 5.0
+"""Seconds a teardown waits for a channel host to confirm the close (``GroupStream.abort``)."""
 
 _LOCAL: dict[tuple[str, int], deque[Any]] = {}
 """(stream name, consumer rank) -> the items put for that rank in this process and not yet taken."""
@@ -206,10 +212,20 @@ class GroupStream:
             used += w
         return out
 
-    def close(self) -> None:
-        """End the stream (consumers blocked on it get ``ChannelClosed``); local boxes are forgotten."""
+    def close(self, sync: bool = True, timeout: float = 60.0) -> None:
+        """End the stream (consumers blocked on it get ``ChannelClosed``); local boxes are forgotten.
+        ``sync``, ``timeout``: as for ``Channel.close`` (a teardown passes ``sync=False``)."""
         self._forget_local()
-        self.channel.close()
+        self.channel.close(sync=sync, timeout=timeout)
+
+    def abort(self) -> None:
+        """End the stream at once, for a teardown: no wait for the puts still in flight (nothing will take
+        them), nor for a consumer that cannot answer; a host that does not answer within a few seconds is
+        left to ``destroy``. Never raises."""
+        try:
+            self.close(sync=False, timeout=TEARDOWN_CLOSE_S)
+        except Exception:  # noqa: BLE001 - the host may be gone already, or busy: destroy() ends it anyway
+            log.debug("stream %s: closing it for a teardown failed", self.name, exc_info=True)
 
     def destroy(self) -> None:
         """Release the stream for good: this process's connection, then the channel's host (its

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Hashable, Iterator
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from m2flow.runtime.channel.connection import (
@@ -235,9 +236,19 @@ class Channel:
         """Depth over time and put/get wait times, as recorded by the host."""
         return self._stat("metrics")
 
-    def close(self) -> None:
-        """End the stream for everyone: pending and future gets finish with ``ChannelClosed``."""
-        self._conn.request(("close",))[1].result(timeout=60)
+    def close(self, sync: bool = True, timeout: float = 60.0) -> None:
+        """End the stream for everyone: pending and future gets finish with ``ChannelClosed``.
+
+        ``sync``: first wait until every connected process has confirmed that the puts it sent before
+        are queued, so none is lost to the close. A process that cannot answer (frozen, or stuck in a
+        long call) holds such a close back until it dies: a teardown, after which nothing takes the
+        items anyway, closes with ``sync=False`` at once. ``timeout``: seconds to wait for the host's
+        answer (``CommTimeout`` past it)."""
+        fut = self._conn.request(("close", sync))[1]
+        try:
+            fut.result(timeout=timeout)
+        except FutureTimeout:
+            raise CommTimeout(f"channel {self.name!r}: no answer to close within {timeout:g}s") from None
 
     @property
     def closed(self) -> bool:

@@ -95,7 +95,7 @@ class ChannelHost:
                 elif op == "stat":
                     self._send(client, ("stat", control[1], self._stat(*control[2:])))
                 elif op == "close":
-                    self._close_request(client, control[1])
+                    self._close_request(client, control[1], control[2] if len(control) > 2 else True)
                 elif op == "synced":
                     self._synced(client)
                 elif op == "hello":
@@ -242,13 +242,25 @@ class ChannelHost:
                 )
         raise ValueError(f"unknown channel statistic {what!r}")
 
-    def _close_request(self, closer: Client, req: int) -> None:
-        """Close after every put that any client sent before this request.
+    def _close_request(self, closer: Client, req: int, sync: bool = True) -> None:
+        """Close after every put that any client sent before this request (``sync``), or at once.
 
         Puts are one-way, so a producer's last put may still be in its socket when another process
         asks to close. Each client answers a sync marker on the connection its puts travel on;
-        once all have answered, everything they had sent before has been queued.
+        once all have answered, everything they had sent before has been queued. A client that
+        never answers (a frozen process) holds that close back until its connection drops: a
+        teardown asks without ``sync``.
         """
+        if not sync:
+            with self._lock:
+                already = self._closed
+                if not already:
+                    self._closers.append((closer, req))  # ``close`` answers every closer, this one too
+            if already:
+                self._send(closer, ("stat", req, True))
+            else:
+                self.close()
+            return
         with self._lock:
             if self._closed:
                 done = True

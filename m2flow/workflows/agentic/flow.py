@@ -302,10 +302,7 @@ class AgenticFlow:
 
     def _abandon(self) -> None:
         """A failed turn loop: close the stream, so an actor waiting for its groups stops waiting."""
-        try:
-            self.stream.close()
-        except Exception:  # noqa: BLE001
-            pass
+        self.stream.abort()  # at once: the rank that failed may be frozen, and never confirm its puts
 
     def rates(self, metrics: dict[str, float], seconds: float) -> dict[str, float]:
         return {"time/step": seconds,
@@ -353,10 +350,8 @@ class AgenticFlow:
 
     def shutdown(self) -> None:
         """Close the stream (ending any wait on it), stop the loop and every group, then release the stream."""
-        try:
-            self.stream.close()
-        except Exception:  # noqa: BLE001 - the host may be gone already
-            pass
+        # At once, not after every connected rank confirmed its puts: a frozen rank never would.
+        self.stream.abort()
         self._loop.shutdown(wait=True, cancel_futures=True)
         for group in [self.rollout, self.actor, *self.envs]:
             try:

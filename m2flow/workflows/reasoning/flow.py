@@ -228,10 +228,9 @@ class ReasoningFlow:
         """Close the streams (ending any wait on them), stop every group, then release the streams' hosts,
         so a process that runs many flows keeps no threads or actors of the finished ones."""
         for stream in self.streams:
-            try:
-                stream.close()
-            except Exception:  # noqa: BLE001 - the host may be gone already
-                pass
+            # At once, not after every connected rank confirmed its puts: a frozen rank never would, and
+            # this teardown follows its WorkerHungError (nothing takes the items after it anyway).
+            stream.abort()
         for group in self._groups.values():
             group.shutdown()
         for stream in self.streams:
