@@ -33,6 +33,7 @@ def collocated(tmp_path_factory):
     return root, cfg, result, received
 
 
+@pytest.mark.learning
 def test_collocated_grpo_improves_the_reward(collocated):
     _, _, result, _ = collocated
     assert result.mode == "collocated"
