@@ -20,12 +20,12 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/m2flow demo
 
-## test: create .venv, install, run the test suite (without the tests marked slow), then its learning tests again on a second CPU float path
+## test: create .venv, install, run the test suite (without the tests marked slow), then its in-process learning tests again on a second CPU float path
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
 	@cap=$$($(BIN)/python .ci/other_capability.py); \
 	if [ -n "$$cap" ]; then \
-		ATEN_CPU_CAPABILITY=$$cap $(BIN)/python -m pytest -q -m "learning and not slow"; \
+		ATEN_CPU_CAPABILITY=$$cap $(BIN)/python -m pytest -q -m "learning and not slow and not ray"; \
 	fi
 
 ## test-quick: the in-process tests only (no Ray workers, nothing slow): a couple of minutes, for development
