@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: run test test-all install clean
+.PHONY: run test test-quick test-all install clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -20,9 +20,17 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/m2flow demo
 
-## test: create .venv, install, run the test suite (without the tests marked slow)
+## test: create .venv, install, run the test suite (without the tests marked slow), then its in-process learning tests again on a second CPU float path
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
+	@cap=$$($(BIN)/python .ci/other_capability.py); \
+	if [ -n "$$cap" ]; then \
+		ATEN_CPU_CAPABILITY=$$cap $(BIN)/python -m pytest -q -m "learning and not slow and not ray"; \
+	fi
+
+## test-quick: the in-process tests only (no Ray workers, nothing slow): a couple of minutes, for development
+test-quick: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow and not ray"
 
 ## test-all: every test, the slow learning checks included
 test-all: $(STAMP)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import pytest
@@ -17,10 +18,23 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def _calls_shared_cluster(fn) -> bool:
+    try:
+        return "shared_cluster(" in inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
+
+
 def _uses_ray(item) -> bool:
-    """A test that starts Ray worker processes: it takes the shared cluster, or its module does."""
+    """A test that starts Ray worker processes: it takes the shared cluster, or its module does, or it or
+    one of its fixtures calls ``shared_cluster()`` (a module-scoped fixture's runs count for every user)."""
     module = getattr(item, "module", None)
-    return "cluster" in getattr(item, "fixturenames", ()) or getattr(module, "shared_cluster", None) is not None
+    if "cluster" in getattr(item, "fixturenames", ()) or getattr(module, "shared_cluster", None) is not None:
+        return True
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    functions = [getattr(item, "function", None)] + [d.func for chain in defs for d in chain]
+    return any(_calls_shared_cluster(f) for f in functions if f is not None)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -343,6 +343,7 @@ def _train(cfg: ToyConfig, cluster: Any = None):
     return train(get_workflow("toy_mean"), cfg, cluster)
 
 
+@pytest.mark.learning
 def test_the_toy_workflow_learns_on_the_local_executor_fused_or_not(tmp_path):
     apart = _train(_config(tmp_path / "apart", placement="local"))
     fused = _train(_config(tmp_path / "fused", placement="local", source={"fuse_with_learner": True}))
@@ -384,6 +385,7 @@ def test_a_plan_choice_becomes_config_only_through_the_workflow(tmp_path):
         wf.overrides(PlanChoice.of("local", settings={"stages": 2}))
 
 
+@pytest.mark.learning
 @pytest.mark.ray
 def test_placement_auto_profiles_searches_and_runs_the_toy_workflow_on_ray(tmp_path):
     from tests.ray_session import shared_cluster

@@ -9,6 +9,7 @@ from m2flow.models.vla import VLAConfig, VLAPolicy
 from tests.models.test_vla import packed_obs
 
 
+@pytest.mark.learning
 def test_a_tiny_behaviour_cloning_run_lowers_the_loss_and_reports_progress():
     torch.manual_seed(0)
     config = VLAConfig(height=32, width=32, dim=32, depth=1, heads=2, stem_channels=[8, 16], grid=2, num_bins=16)

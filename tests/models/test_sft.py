@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from m2flow.data.arithmetic import ARITHMETIC_ALPHABET, ArithmeticTask
@@ -12,6 +13,7 @@ from m2flow.models.tokenizer import train_char_tokenizer
 torch.set_num_threads(1)
 
 
+@pytest.mark.learning
 def test_loss_drops_on_arithmetic():
     tok = train_char_tokenizer([ARITHMETIC_ALPHABET])
     model = build_tiny_model(TinyModelConfig(hidden_size=64, intermediate_size=128, seed=0), tok)

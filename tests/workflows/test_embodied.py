@@ -68,6 +68,7 @@ def runs(tmp_path_factory):
     return out
 
 
+@pytest.mark.learning
 @pytest.mark.parametrize("name", list(PLANS))
 def test_every_plan_learns(runs, name):
     cfg, result = runs[name]
@@ -80,6 +81,7 @@ def test_every_plan_learns(runs, name):
     assert result.history[-1]["env/total_steps"] == 6 * 512
 
 
+@pytest.mark.learning
 def test_one_and_two_pipeline_stages_learn_alike(runs):
     # Both with one actor rank; K = 1 fused in one process, K = 2 pipelined across two.
     k1 = [h["env/episode_return"] for h in runs["collocated"][1].history]
@@ -140,6 +142,7 @@ def test_resume_in_place_after_a_crash_logs_no_step_twice(runs, cluster, tmp_pat
         assert {k: got.get(k) for k in LEARNING} == {k: want.get(k) for k in LEARNING}
 
 
+@pytest.mark.learning
 def test_a_checkpoint_is_evaluated_on_its_own(runs):
     from m2flow.workflows.embodied.flow import evaluate_checkpoint
 
@@ -150,6 +153,7 @@ def test_a_checkpoint_is_evaluated_on_its_own(runs):
 
 
 
+@pytest.mark.learning
 def test_m2flow_eval_dispatches_on_an_embodied_checkpoint(runs, tmp_path, capsys):
     from m2flow.cli import main
 
@@ -214,6 +218,7 @@ def grpo_config(tmp_path: Path, **overrides) -> EmbodiedConfig:
                                    "algorithm.minibatch_size": 64, **overrides})
 
 
+@pytest.mark.learning
 def test_grpo_learns_from_group_resets_and_trains_on_whole_episodes_only(tmp_path):
     result = train(grpo_config(tmp_path))
     returns = [h["env/episode_return"] for h in result.history]

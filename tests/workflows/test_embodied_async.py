@@ -26,6 +26,7 @@ def _learning(history: list[dict[str, float]]) -> list[dict[str, float]]:
 # ----------------------------------------------------------------------------- whole runs
 
 
+@pytest.mark.learning
 def test_staleness_1_learns_and_trains_every_sample_once(cluster, tmp_path):
     # The policy in the env process, the actor on a device of its own: collection overlaps updates.
     cfg = toy_config(tmp_path, placement="env,rollout: 0, actor: 1", **{"algorithm.max_staleness": 1})

@@ -33,6 +33,7 @@ def collocated(tmp_path_factory):
     return root, cfg, result, received
 
 
+@pytest.mark.learning
 def test_collocated_grpo_improves_the_reward(collocated):
     _, _, result, _ = collocated
     assert result.mode == "collocated"
@@ -56,7 +57,9 @@ def test_every_group_of_every_iteration_is_trained_exactly_once(collocated):
         assert len({index for step, _, index, _ in groups if step == s}) == 8
 
 
-@pytest.mark.parametrize("devices", ["0", "0-1"])
+# One device is the two-device case with one rank (and the collocated runs above generate fused on one
+# device): slow, to keep the suite's four Ray runs here to two.
+@pytest.mark.parametrize("devices", [pytest.param("0", marks=pytest.mark.slow), "0-1"])
 def test_a_rollout_fused_into_the_actor_generates_what_a_separate_rollout_would(tmp_path, devices):
     # Rollout and actor on the same devices rank for rank: by default each actor process generates
     # from the policy it trains, with no weight sync; with fuse_with_actor off, rollout workers get the

@@ -167,6 +167,7 @@ def test_a_group_older_than_the_bound_is_counted_and_never_trained(tmp_path):
 # ----------------------------------------------------------------------------- on Ray, overlapping
 
 
+@pytest.mark.learning
 def test_disaggregated_staleness_2_with_two_rollout_ranks_trains_every_group_once(cluster, tmp_path):
     # Two rollout ranks feed one actor rank: a fast rank's groups of iteration k + 1 must not be taken
     # for iteration k (each iteration has a lane of its own in the streams).

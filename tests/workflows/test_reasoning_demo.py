@@ -66,6 +66,7 @@ def test_a_tiny_demo_warm_starts_learns_and_tells_it(tmp_path, capsys):
     assert image.shape[0] > 100 and image.shape[1] > 100
 
 
+@pytest.mark.learning
 @pytest.mark.slow
 def test_the_demo_lifts_held_out_accuracy_well_above_its_warm_start(tmp_path):
     from m2flow.workflows.reasoning.demo import run_demo

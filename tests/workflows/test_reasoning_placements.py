@@ -19,6 +19,7 @@ PLACEMENTS = {
 }
 
 
+@pytest.mark.learning
 @pytest.mark.parametrize("mode", sorted(PLACEMENTS))
 def test_grpo_learns_and_weight_sync_is_bit_exact(tmp_path, mode):
     placement, strategy = PLACEMENTS[mode]

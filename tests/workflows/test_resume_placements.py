@@ -112,7 +112,9 @@ EMBODIED = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(EMBODIED))
+# The uncompiled hybrid resumes what hybrid-compiled does, on the same placement: slow.
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c == "hybrid" else c
+                                  for c in sorted(EMBODIED)])
 def test_a_resumed_embodied_run_equals_the_run_that_went_through(cluster, tmp_path, case):
     placement = {**EMBODIED[case], "pipeline_stages": 2, "checkpoint_every": 3}
     mode = case.split("-")[0]

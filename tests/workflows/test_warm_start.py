@@ -36,6 +36,7 @@ def _losses(run_dir: Path) -> list[float]:
     return [r["warm_start/loss"] for r in rows]
 
 
+@pytest.mark.learning
 def test_warm_start_learns_and_saves_its_model_in_the_run_directory(tmp_path):
     cfg = _config(tmp_path)
     path = warm_start.warm_start_model(cfg, prepare_model(cfg.model, cfg.data))

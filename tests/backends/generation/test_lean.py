@@ -105,6 +105,10 @@ def test_seed_makes_sampling_reproducible(backend, tok):
     assert torch.equal(torch.rand(1), before)
 
 
+# The suite's longest test (compiling for every batch shape); in the default suite the compiled step
+# is checked against the eager one in tests/models/test_functional_decode.py and, through this backend,
+# in a whole agentic run (tests/workflows/agentic/test_agentic.py).
+@pytest.mark.slow
 def test_compiled_decoding_samples_what_eager_decoding_samples(ckpt, tok):
     eager = LeanGenerationBackend.from_pretrained(ckpt)
     compiled = LeanGenerationBackend.from_pretrained(ckpt, compile=True)

@@ -14,6 +14,7 @@ from m2flow.models.tokenizer import train_char_tokenizer
 from m2flow.workers.agentic import EpisodeConfig, run_episodes
 
 
+@pytest.mark.learning
 @pytest.mark.slow
 def test_after_a_short_warm_start_the_model_calls_the_tool_in_form_on_held_out_problems():
     torch.set_num_threads(1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gymnasium as gym
 import numpy as np
+import pytest
 import torch
 
 from m2flow.algorithms.losses import ppo_policy_loss
@@ -95,6 +96,7 @@ def test_action_level_loss_takes_one_ratio_per_action():
     assert torch.allclose(loss, reference.loss + 0.5 * ((out.values - batch.returns) ** 2).mean(), atol=1e-6)
 
 
+@pytest.mark.learning
 def test_an_update_moves_the_vla_and_lowers_its_loss():
     policy = _vla()
     batch = _batch(policy, n=32)
@@ -108,6 +110,7 @@ def test_an_update_moves_the_vla_and_lowers_its_loss():
     assert after < before
 
 
+@pytest.mark.learning
 def test_a_critic_warmup_update_fits_the_value_and_leaves_the_vla_acting_as_before():
     policy = _vla()
     batch = _batch(policy, n=32)

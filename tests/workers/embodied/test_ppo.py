@@ -313,6 +313,7 @@ def test_a_nan_in_the_loss_undoes_the_update_and_too_many_in_a_row_stop_the_run(
         updater.update(poisoned)
 
 
+@pytest.mark.learning
 @pytest.mark.parametrize("separate_critic", [False, True])
 def test_a_critic_warmup_update_trains_only_what_the_value_alone_depends_on(separate_critic):
     torch.manual_seed(0)

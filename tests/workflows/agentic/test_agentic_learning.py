@@ -10,14 +10,18 @@ from m2flow.workflows.agentic.workflow import train
 from tests.workflows.agentic.setup import tiny_config
 
 
+@pytest.mark.learning
 def test_guess_the_number_reward_rises(tmp_path):
-    # Guess 1-4 in 4 turns: a random tiny model rarely writes a digit; GRPO teaches it to guess.
-    cfg = tiny_config(tmp_path, steps=30, **{"episodes.groups_per_step": 8, "episodes.group_size": 4,
+    # Guess 1-4 in 4 turns: a random tiny model rarely writes a digit; GRPO teaches it to guess. Sixteen
+    # groups a step keep the climb steady: over seeds 0-4 under the default and AVX2 float paths the
+    # rise measured 0.19-0.28 (docs/user_guide.md, Testing); with eight groups over 30 steps it ranged
+    # 0.09-0.35, the float path alone moving one seed from 0.09 to 0.19.
+    cfg = tiny_config(tmp_path, steps=20, **{"episodes.groups_per_step": 16, "episodes.group_size": 4,
                                              "env.kwargs": {"high": 4, "max_turns": 4}, "actor.optim": {"lr": 0.01},
                                              "actor.micro_batch_size": 32})
     rewards = [h["reward/mean"] for h in train(cfg).history]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
-    assert last > first + 0.15, rewards
+    assert last > first + 0.1, rewards
 
 
 @pytest.mark.slow
@@ -38,6 +42,7 @@ def test_placement_auto_profiles_searches_and_runs_the_agentic_workflow(tmp_path
     assert result.plan.fused("env") == bool(record["runs_with"].get("env.fuse_with_rollout", False))
 
 
+@pytest.mark.learning
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_calculator_rl_after_the_warm_start_raises_held_out_accuracy(tmp_path):
@@ -55,6 +60,7 @@ def test_calculator_rl_after_the_warm_start_raises_held_out_accuracy(tmp_path):
     assert after["eval/tool_calls"] > before["eval/tool_calls"]
 
 
+@pytest.mark.learning
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_guess_the_number_rl_after_the_warm_start_raises_the_win_rate_and_cuts_turns(tmp_path):
