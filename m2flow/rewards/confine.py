@@ -47,7 +47,10 @@ SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", 
 """What a dynamically linked program needs from the system (Debian's multiarch libraries are found
 through ``ld.so.cache``)."""
 SHADOWED = ("/tmp", "/proc", "/dev")
-"""Paths the sandbox mounts afresh: code found under them on ``sys.path`` is not shown."""
+"""Paths the sandbox mounts afresh: code found under them (a project or a virtualenv cloned under
+``/tmp``) is shown under ``RELOCATED`` instead (``inside``)."""
+RELOCATED = "/outside"
+"""Where the sandbox shows code whose own path it shadows: ``/tmp/x/pkg`` is ``/outside/tmp/x/pkg`` there."""
 DEVICES = ("null", "zero", "full", "random", "urandom")
 SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
                "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
@@ -71,6 +74,12 @@ class View:
 
 def _inside(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def inside(path: str) -> str:
+    """Where the sandbox shows ``path``: the same path, except under a path it mounts afresh (``SHADOWED``),
+    whose code it shows under ``RELOCATED`` (its scratch ``/tmp`` stays empty)."""
+    return RELOCATED + path if any(_inside(path, p) for p in SHADOWED) else path
 
 
 def _project_entries(directory: str) -> list[str]:
@@ -101,8 +110,6 @@ def default_view(scratch_mb: int = 64, extra: tuple[str, ...] = ()) -> View:
         entry = os.path.realpath(entry or os.getcwd())
         if not os.path.exists(entry):
             continue
-        if any(_inside(entry, p) for p in SHADOWED):
-            continue  # the sandbox has its own of these
         if os.path.isfile(entry) or any(_inside(entry, p) for p in prefixes):
             paths.append(entry)  # a zip, or inside the installation: shown whole
         elif os.path.isdir(entry):
@@ -124,7 +131,7 @@ def bwrap_argv(view: View) -> list[str]:
     for target, link in view.links:
         argv += ["--symlink", target, link]
     for path in view.visible:
-        argv += ["--ro-bind", path, path]
+        argv += ["--ro-bind", path, inside(path)]
     argv += ["--dev", "/dev", "--proc", "/proc", "--size", str(view.scratch_mb << 20), "--perms", "1777",
              "--tmpfs", "/tmp", "--remount-ro", "/", "--chdir", "/tmp", "--"]
     return argv
@@ -212,7 +219,7 @@ def enter_namespaces(view: View) -> None:
     for target, link in view.links:
         os.symlink(target, root + link)
     for path in view.visible:
-        _bind_read_only(path, root + path)
+        _bind_read_only(path, root + inside(path))
     os.makedirs(root + "/tmp")
     _mount("tmpfs", root + "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={view.scratch_mb}m,mode=1777")
     os.makedirs(root + "/dev")
@@ -268,7 +275,7 @@ def probe_command(backend: Backend, view: View) -> list[str]:
     """A command that succeeds only where ``backend`` can confine a process with ``view``."""
     code = "import os; os.listdir('/tmp')"
     if backend == "bwrap":
-        return [*bwrap_argv(view), sys.executable, "-I", "-S", "-c", code]
+        return [*bwrap_argv(view), inside(sys.executable), "-I", "-S", "-c", code]
     boot = (f"import sys; sys.path[:0] = {[os.path.dirname(os.path.dirname(os.path.dirname(__file__)))]!r}; "
             f"from m2flow.rewards.confine import enter_namespaces, default_view; "
             f"enter_namespaces(default_view()); {code}")

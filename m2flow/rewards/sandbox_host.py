@@ -35,7 +35,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from m2flow.rewards.confine import SANDBOX_ENV, Backend, View, bwrap_argv, default_view, enter_namespaces
+from m2flow.rewards.confine import SANDBOX_ENV, Backend, View, bwrap_argv, default_view, enter_namespaces, inside
 
 READY = "ready"
 MAX_REPLY_BYTES = 4 << 20
@@ -90,6 +90,8 @@ def main(config: dict[str, Any]) -> None:
     try:
         if config["backend"] == "namespaces":
             enter_namespaces(View(tuple(config["visible"]), tuple(map(tuple, config["links"])), config["scratch_mb"]))
+            sys.path[:] = config["sys_path_inside"]  # where the code is seen from now on
+            sys.path_importer_cache.clear()
         else:
             import ctypes
 
@@ -353,13 +355,17 @@ class HostWorker:
         view = default_view(scratch_mb, extra=(package_root,))
         ours, theirs = socket.socketpair()
         self.conn = Connection(ours.detach())
+        outside = [package_root, *(os.path.abspath(p or os.getcwd()) for p in sys.path)]
+        within = [inside(p) for p in outside]  # code under /tmp is shown elsewhere (confine.RELOCATED)
         config = {"backend": backend, "fd": theirs.fileno(), "imports": imports, "fresh": fresh, "max_tasks": max_tasks,
                   "memory_limit_mb": memory_limit_mb, "scratch_mb": scratch_mb, "max_processes": max_processes,
-                  "visible": view.visible, "links": view.links,
-                  "sys_path": [package_root, *(os.path.abspath(p or os.getcwd()) for p in sys.path)]}
-        argv = [sys.executable, "-I", "-c", _BOOT, json.dumps(config)]
+                  "visible": view.visible, "links": view.links, "sys_path_inside": within,
+                  # bwrap starts the host confined; the namespaces backend imports this module before it confines
+                  "sys_path": within if backend == "bwrap" else outside}
         if backend == "bwrap":
-            argv = bwrap_argv(view) + argv
+            argv = bwrap_argv(view) + [inside(sys.executable), "-I", "-c", _BOOT, json.dumps(config)]
+        else:
+            argv = [sys.executable, "-I", "-c", _BOOT, json.dumps(config)]
         popen = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), env=SANDBOX_ENV, stdin=subprocess.DEVNULL,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         theirs.close()

@@ -55,7 +55,10 @@ def test_a_project_dir_shows_its_code_not_its_runs(tmp_path, monkeypatch):
     monkeypatch.setattr("sys.path", [str(project)])
     assert set(confine._project_entries(str(project))) == {str(project / "pkg"), str(project / "my_reward.py")}
     view = default_view()
-    assert not any(p.startswith(str(tmp_path)) for p in view.visible)  # under /tmp: the sandbox has its own
+    assert str(project / "pkg") in view.visible and str(project / "runs") not in view.visible
+    # Under /tmp, which the sandbox mounts afresh as its scratch: shown elsewhere, the scratch stays empty.
+    assert confine.inside(str(project / "pkg")) == confine.RELOCATED + str(project / "pkg")
+    assert confine.inside("/usr/lib") == "/usr/lib"
 
 
 def test_replies_are_plain_data_only():
