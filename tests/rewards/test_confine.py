@@ -26,10 +26,11 @@ def pool(request):
 def test_reward_checks_see_code_but_not_the_trainers_files(pool: SandboxPool, tmp_path):
     victim = tmp_path / "reference_answers.jsonl"
     victim.write_text("42")
-    results, stats = pool.map(checks.try_read, [(str(victim), ""), (checks.__file__, "")])
+    code = confine.inside(checks.__file__)  # where the sandbox shows this file (elsewhere when it is under /tmp)
+    results, stats = pool.map(checks.try_read, [(str(victim), ""), (code, "")])
     assert [r.value for r in results] == ["FileNotFoundError", open(checks.__file__).read(100)]
     source = open(checks.__file__).read()
-    results, _ = pool.map(checks.try_write, [(str(victim), ""), (checks.__file__, ""), ("/tmp/scratch.txt", "")])
+    results, _ = pool.map(checks.try_write, [(str(victim), ""), (code, ""), ("/tmp/scratch.txt", "")])
     assert [r.value for r in results] == ["FileNotFoundError", "OSError", "written"]  # OSError: read-only file system
     assert victim.read_text() == "42" and open(checks.__file__).read() == source
     results, _ = pool.map(checks.environment, [("", "")])
