@@ -84,14 +84,24 @@ def plain(value: Any, depth: int = 0) -> Any:
 
 # --- inside the sandbox ------------------------------------------------------------------------
 
+def _look_inside(sys_path: list[str]) -> None:
+    """Import from where the sandbox shows the code (``confine.inside``), this process being confined now:
+    ``sys.path`` and the search paths of the packages imported before (``m2flow`` itself among them)."""
+    sys.path[:] = sys_path
+    for module in list(sys.modules.values()):
+        search = getattr(module, "__path__", None)
+        if isinstance(search, list):
+            search[:] = [inside(p) for p in search]
+    sys.path_importer_cache.clear()
+
+
 def main(config: dict[str, Any]) -> None:
     """The host: confine (namespaces backend), import, say ready, serve tasks until told to stop."""
     conn = Connection(config["fd"])
     try:
         if config["backend"] == "namespaces":
             enter_namespaces(View(tuple(config["visible"]), tuple(map(tuple, config["links"])), config["scratch_mb"]))
-            sys.path[:] = config["sys_path_inside"]  # where the code is seen from now on
-            sys.path_importer_cache.clear()
+            _look_inside(config["sys_path_inside"])
         else:
             import ctypes
 
