@@ -22,13 +22,13 @@ run: $(STAMP)
 
 ## test: create .venv, install, run the test suite (without the tests marked slow), then its in-process learning tests again on a second CPU float path
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" --durations=15
 	@cap=$$($(BIN)/python .ci/other_capability.py); \
 	if [ -n "$$cap" ]; then \
 		ATEN_CPU_CAPABILITY=$$cap $(BIN)/python -m pytest -q -m "learning and not slow and not ray"; \
 	fi
 
-## test-quick: the in-process tests only (no Ray workers, nothing slow): a couple of minutes, for development
+## test-quick: the in-process tests only (no Ray workers, nothing slow), for development
 test-quick: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not ray"
 
