@@ -177,12 +177,13 @@ class _TaskWorker:
         theirs.close()
         return pid, Connection(ours.detach())
 
-    def replace(self) -> None:
-        """A fresh worker in place of this one (which is killed, with anything it started)."""
+    def replace(self) -> int | None:
+        """A fresh worker in place of this one (which is killed, with anything it started); its exit code."""
         self.conn.close()
-        _kill_all(self.pid)
+        code = _kill_all(self.pid)
         self.pid, self.conn = self._start()
         self.tasks = 0
+        return code
 
     def run(self, fn: Any, args: tuple[Any, ...], limit_s: float) -> tuple[str, Any]:
         """One task under ``limit_s``: the reply, or ``timeout``/``crash`` (the worker then replaced)."""
@@ -193,11 +194,7 @@ class _TaskWorker:
                 return "timeout", "no answer within the time limit"
             outcome = tuple(loads_plain(self.conn.recv_bytes(MAX_REPLY_BYTES)))
         except (EOFError, OSError, pickle.UnpicklingError):
-            self.conn.close()
-            code = _kill_all(self.pid)
-            self.pid, self.conn = self._start()
-            self.tasks = 0
-            return "crash", f"the worker process died (exit code {code}; memory limit?)"
+            return "crash", f"the worker process died (exit code {self.replace()}; memory limit?)"
         self.tasks += 1
         if self.config["max_tasks"] and self.tasks >= self.config["max_tasks"]:
             self.replace()  # bounds the growth of sympy's and the parser's caches in long runs
