@@ -319,3 +319,15 @@ def test_many_producers_and_consumers_lose_and_duplicate_nothing(make_channel, p
         for p in range(len(per_producer)):
             mine = [i for q, i in got if q == p]
             assert mine == sorted(mine)
+
+
+def test_a_channel_host_process_never_imports_torch():
+    """A host moves bytes only: each channel's host process starts without torch's seconds of import, and a
+    tensor still crosses a channel once the sender has torch (see ``comm/serialization.py``)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, m2flow.runtime.channel.actor, m2flow.runtime.channel.host, m2flow.runtime.comm; "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]"

@@ -18,10 +18,19 @@ from m2flow.runtime.comm.rendezvous import (
     Rendezvous,
 )
 from m2flow.runtime.comm.transport import Transport
-from m2flow.runtime.comm.weights import recv_weights, send_weights
 from m2flow.runtime.comm.work import CommWork
 
 __all__ = [
     "PROCESS_UID", "CommError", "CommTimeout", "CommWork", "Communicator", "FileRendezvous",
     "MemoryRendezvous", "PeerClosedError", "PeerDiedError", "RayKVRendezvous", "Rendezvous", "Transport", "recv_weights", "send_weights",
 ]
+
+
+def __getattr__(name: str):
+    # The weight-sync path needs torch; it loads on first use, so that a process moving only bytes
+    # through this package (a channel host) never imports torch.
+    if name in ("recv_weights", "send_weights"):
+        from m2flow.runtime.comm import weights
+
+        return getattr(weights, name)
+    raise AttributeError(f"module 'm2flow.runtime.comm' has no attribute {name!r}")

@@ -6,6 +6,9 @@ come through pickle protocol 5. What is left is pickled normally. The receiver r
 as a view over whatever memory the transport gave it (a shared-memory segment, a socket buffer),
 so a transport decides how many copies a message costs, not this module.
 
+torch is imported only where a tensor is built: a process that has not imported torch holds no
+tensor, so a channel host, which moves bytes only, never pays torch's start-up.
+
 Deviations worth knowing: autograd history is not sent (tensors arrive detached, ``requires_grad``
 kept); two views of one storage arrive as two separate tensors; the same tensor object appearing
 twice arrives as one object (pickle's memo).
@@ -15,13 +18,16 @@ from __future__ import annotations
 
 import io
 import pickle
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 BufferKind = Literal["tensor", "param", "pickle"]
 
@@ -66,7 +72,21 @@ def _rebuild_tensor(index: int) -> torch.Tensor:
 
 
 _DECODING = threading.local()
-_SENDABLE_TYPES = (torch.Tensor, torch.nn.Parameter)
+_SENDABLE_TYPES: tuple[type, ...] = ()  # (torch.Tensor, torch.nn.Parameter) once this process has torch
+
+
+def _sendable_types() -> tuple[type, ...]:
+    global _SENDABLE_TYPES
+    if not _SENDABLE_TYPES:
+        loaded = sys.modules.get("torch")
+        if loaded is not None and hasattr(loaded, "nn"):  # fully imported, not mid-import
+            _SENDABLE_TYPES = (loaded.Tensor, loaded.nn.Parameter)
+    return _SENDABLE_TYPES
+
+
+def _is_tensor(obj: Any) -> bool:
+    loaded = sys.modules.get("torch")
+    return loaded is not None and isinstance(obj, loaded.Tensor)
 
 
 class _Pickler(pickle.Pickler):
@@ -87,8 +107,10 @@ class _Pickler(pickle.Pickler):
         return False
 
     def reducer_override(self, obj: Any) -> Any:
-        if type(obj) not in _SENDABLE_TYPES:
+        if type(obj) not in (_SENDABLE_TYPES or _sendable_types()):
             return NotImplemented
+        import torch
+
         assert self._encoded is not None
         if obj.layout != torch.strided or obj.is_quantized or obj.device.type == "meta":
             return NotImplemented  # rare kinds keep torch's own pickling
@@ -112,7 +134,7 @@ class _Pickler(pickle.Pickler):
 _PICKLERS = threading.local()
 
 
-GpuReducer = Callable[[torch.Tensor, Encoded], tuple]
+GpuReducer = Callable[["torch.Tensor", Encoded], tuple]
 
 
 def encode(obj: Any, gpu_reducer: GpuReducer | None = None) -> Encoded:
@@ -142,6 +164,8 @@ def encode(obj: Any, gpu_reducer: GpuReducer | None = None) -> Encoded:
 
 def tensor_bytes(t: torch.Tensor) -> torch.Tensor:
     """A flat uint8 view of ``t``'s elements, shape (nbytes,); copies only if ``t`` is strided."""
+    import torch
+
     if not t.is_contiguous():
         t = t.contiguous()
     return t.reshape(-1).view(torch.uint8)
@@ -149,7 +173,7 @@ def tensor_bytes(t: torch.Tensor) -> torch.Tensor:
 
 def source_bytes(src: Any) -> memoryview:
     """The bytes of one source buffer as a CPU memoryview (a device-to-host copy for CUDA)."""
-    if isinstance(src, torch.Tensor):
+    if _is_tensor(src):
         flat = tensor_bytes(src)
         if flat.device.type != "cpu":
             flat = flat.cpu()
@@ -161,7 +185,10 @@ def copy_into(dst: np.ndarray, src: Any) -> None:
     """Copy one source buffer into ``dst`` (uint8, shape (nbytes,)) without intermediate copies."""
     if dst.nbytes == 0:
         return
-    if isinstance(src, torch.Tensor):
+    if _is_tensor(src):
+        import torch
+
+
         if src.device.type == "cpu" and src.is_contiguous():
             # numpy's copy is a plain memcpy; torch's copy_ is measurably slower for bytes
             np.copyto(dst, src.reshape(-1).view(torch.uint8).numpy())
@@ -172,6 +199,8 @@ def copy_into(dst: np.ndarray, src: Any) -> None:
 
 
 def _as_tensor(spec: BufferSpec, buf: Any) -> torch.Tensor:
+    import torch
+
     dtype = getattr(torch, spec.dtype)
     if spec.nbytes == 0:  # an empty array's stride is 0: nothing to view
         t = torch.empty(spec.shape, dtype=dtype)
