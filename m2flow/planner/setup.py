@@ -74,7 +74,8 @@ class Placed:
     """the components whose state its offload moves and whose memory takes turns: its own, when it holds
     a model, else the model holders fused into it (a policy inside the env processes); empty for a fused one"""
     weights_in_host: bool = False
-    """a model holder fused into another holder: it uses the host's weights, so only its per-item memory counts"""
+    """a model holder fused into another holder: it uses the host's weights, so its own are not counted again
+    (``ComponentCost.shared_bytes``)"""
 
 
 @dataclass(frozen=True)
