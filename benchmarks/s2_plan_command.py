@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -67,42 +68,51 @@ def make_profile(tree: Path, shape: str, out: Path) -> Path:
     return out
 
 
-def time_command(tree: Path, shape: str, profile: Path, devices: int) -> tuple[float, str]:
-    """Wall seconds of ``m2flow plan search`` in a fresh process, and its first ranked line."""
-    t0 = time.perf_counter()
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def time_command(tree: Path, shape: str, profile: Path, devices: int) -> tuple[float, float, str]:
+    """Wall and CPU seconds of ``m2flow plan search`` in a fresh process, and its first ranked plan (CPU
+    seconds compare on a shared machine, where wall time is mostly waiting for a core)."""
+    c0, t0 = _children_cpu(), time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "m2flow", "plan", "search", str(REPO / SHAPES[shape][0]),
                            "--profile", str(profile), "--devices", str(devices), "--top", "1"],
                           env=_env(tree), capture_output=True, text=True, cwd=REPO)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, _children_cpu() - c0
     if done.returncode != 0:
         raise RuntimeError(f"plan search failed under {tree}: {done.stderr[-2000:]}")
     first = next((line for line in done.stdout.splitlines() if line.startswith("1. ")), "")
     use = next((line.strip() for line in done.stdout.splitlines() if line.strip().startswith("use:")), "")
-    return seconds, f"{first} | {use}"
+    return seconds, cpu, f"{first} | {use}"
 
 
-def time_search(tree: Path, shape: str, profile: Path, devices: int) -> dict[str, Any]:
-    """``search()`` alone, timed inside a fresh process (``--inner``)."""
-    done = subprocess.run([sys.executable, __file__, "--inner", shape, str(profile), str(devices)],
+def time_search(tree: Path, shape: str, profile: Path, scales: list[int]) -> dict[int, dict[str, Any]]:
+    """``search()`` alone at each device count, timed inside one fresh process (``--inner``)."""
+    done = subprocess.run([sys.executable, __file__, "--inner", shape, str(profile), *map(str, scales)],
                           env=_env(tree), capture_output=True, text=True, cwd=REPO, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return {int(k): v for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()}
 
 
-def inner(shape: str, profile: str, devices: int) -> None:
-    """Load the context as the command does, then time ``search()`` (CPU and wall)."""
+def inner(shape: str, profile: str, scales: list[int]) -> None:
+    """Load the context as the command does, then time ``search()`` (CPU and wall) at each device count."""
     from m2flow.autoplan.plan_search import _context
     from m2flow.planner.profile import load_profile
     from m2flow.planner.search import search
 
-    ctx = _context(REPO / SHAPES[shape][0], [], devices)
-    cost = load_profile(profile, ctx.spec.name, ctx.config_hash())
-    t0, c0 = time.perf_counter(), time.process_time()
-    result = search(ctx.space, cost, ctx.devices, top=1, build_plan=ctx.build)
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    best = result.ranked[0]
-    print(json.dumps({"search_s": wall, "search_cpu_s": cpu, "considered": result.considered,
-                      "simulated": result.simulated, "seconds_per_item": best.seconds_per_item,
-                      "placement": best.placement[:120], "choice": best.choice.describe()}))
+    out = {}
+    for devices in scales:
+        ctx = _context(REPO / SHAPES[shape][0], [], devices)
+        cost = load_profile(profile, ctx.spec.name, ctx.config_hash())
+        t0, c0 = time.perf_counter(), time.process_time()
+        result = search(ctx.space, cost, ctx.devices, top=1, build_plan=ctx.build)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        best = result.ranked[0]
+        out[devices] = {"search_s": wall, "search_cpu_s": cpu, "considered": result.considered,
+                        "simulated": result.simulated, "seconds_per_item": best.seconds_per_item,
+                        "placement": best.placement[:120], "choice": best.choice.describe()}
+    print(json.dumps(out))
 
 
 def main() -> int:
@@ -112,30 +122,37 @@ def main() -> int:
     parser.add_argument("--trees", type=Path, nargs="+", default=[REPO],
                         help="source trees to time in turn (PYTHONPATH), e.g. before and after a change")
     parser.add_argument("--out", type=Path, default=RESULTS / "s2_plan_command.json")
-    parser.add_argument("--inner", nargs=3, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--inner", nargs="+", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.inner:
-        inner(args.inner[0], args.inner[1], int(args.inner[2]))
+        inner(args.inner[0], args.inner[1], [int(n) for n in args.inner[2:]])
         return 0
     rows = []
     with tempfile.TemporaryDirectory(prefix="s2-command-") as work:
         for shape in args.shapes:
             profile = make_profile(args.trees[-1], shape, Path(work) / f"{shape}.json")
+            searches = {tree: time_search(tree, shape, profile, args.scales) for tree in args.trees}
             for devices in args.scales:
                 for tree in args.trees:
-                    wall, best = time_command(tree, shape, profile, devices)
-                    inside = time_search(tree, shape, profile, devices)
-                    row = {"shape": shape, "devices": devices, "tree": str(tree), "command_s": wall, **inside,
+                    wall, cpu, best = time_command(tree, shape, profile, devices)
+                    inside = searches[tree][devices]
+                    row = {"shape": shape, "devices": devices, "tree": str(tree), "command_s": wall,
+                           "command_cpu_s": cpu, **inside,
                            "best": best, "load_1min": os.getloadavg()[0]}
                     rows.append(row)
-                    print(f"{shape:9s} {devices:5d} devices [{tree}]: command {wall:.2f} s wall, search() "
-                          f"{inside['search_s']:.2f} s ({inside['considered']} bounded, {inside['simulated']} "
+                    print(f"{shape:9s} {devices:5d} devices [{tree}]: command {wall:.2f} s wall {cpu:.2f} s CPU, "
+                          f"search() {inside['search_s']:.2f} s wall {inside['search_cpu_s']:.2f} s CPU "
+                          f"({inside['considered']} bounded, {inside['simulated']} "
                           f"simulated), load {row['load_1min']:.1f}; {best}", flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"benchmark": "s2_plan_command", "machine": os.uname().nodename,
-                                    "command": " ".join(["python", "benchmarks/s2_plan_command.py", *sys.argv[1:]]),
-                                    "rows": rows}, indent=1))
+                    _write(args.out, rows)  # after every row: a long run interrupted keeps what it measured
     return 0
+
+
+def _write(out: Path, rows: list[dict[str, Any]]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"benchmark": "s2_plan_command", "machine": os.uname().nodename, "cpus": os.cpu_count(),
+                               "command": " ".join(["python", "benchmarks/s2_plan_command.py", *sys.argv[1:]]),
+                               "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
