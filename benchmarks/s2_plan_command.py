@@ -77,9 +77,10 @@ def time_command(tree: Path, shape: str, profile: Path, devices: int) -> tuple[f
     """Wall and CPU seconds of ``m2flow plan search`` in a fresh process, and its first ranked plan (CPU
     seconds compare on a shared machine, where wall time is mostly waiting for a core)."""
     c0, t0 = _children_cpu(), time.perf_counter()
+    # Run from the tree: ``-m`` puts the working directory first on the path, ahead of PYTHONPATH.
     done = subprocess.run([sys.executable, "-m", "m2flow", "plan", "search", str(REPO / SHAPES[shape][0]),
                            "--profile", str(profile), "--devices", str(devices), "--top", "1"],
-                          env=_env(tree), capture_output=True, text=True, cwd=REPO)
+                          env=_env(tree), capture_output=True, text=True, cwd=tree)
     seconds, cpu = time.perf_counter() - t0, _children_cpu() - c0
     if done.returncode != 0:
         raise RuntimeError(f"plan search failed under {tree}: {done.stderr[-2000:]}")
@@ -122,6 +123,7 @@ def main() -> int:
     parser.add_argument("--trees", type=Path, nargs="+", default=[REPO],
                         help="source trees to time in turn (PYTHONPATH), e.g. before and after a change")
     parser.add_argument("--out", type=Path, default=RESULTS / "s2_plan_command.json")
+    parser.add_argument("--command-only", action="store_true", help="time the command alone, not search() in process")
     parser.add_argument("--inner", nargs="+", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.inner:
@@ -131,19 +133,20 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="s2-command-") as work:
         for shape in args.shapes:
             profile = make_profile(args.trees[-1], shape, Path(work) / f"{shape}.json")
-            searches = {tree: time_search(tree, shape, profile, args.scales) for tree in args.trees}
+            searches = {tree: ({} if args.command_only else time_search(tree, shape, profile, args.scales))
+                        for tree in args.trees}
             for devices in args.scales:
                 for tree in args.trees:
                     wall, cpu, best = time_command(tree, shape, profile, devices)
-                    inside = searches[tree][devices]
+                    inside = searches[tree].get(devices, {})
                     row = {"shape": shape, "devices": devices, "tree": str(tree), "command_s": wall,
                            "command_cpu_s": cpu, **inside,
                            "best": best, "load_1min": os.getloadavg()[0]}
                     rows.append(row)
+                    timed = (f"search() {inside['search_s']:.2f} s wall {inside['search_cpu_s']:.2f} s CPU "
+                             f"({inside['considered']} bounded, {inside['simulated']} simulated), " if inside else "")
                     print(f"{shape:9s} {devices:5d} devices [{tree}]: command {wall:.2f} s wall {cpu:.2f} s CPU, "
-                          f"search() {inside['search_s']:.2f} s wall {inside['search_cpu_s']:.2f} s CPU "
-                          f"({inside['considered']} bounded, {inside['simulated']} "
-                          f"simulated), load {row['load_1min']:.1f}; {best}", flush=True)
+                          f"{timed}load {row['load_1min']:.1f}; {best}", flush=True)
                     _write(args.out, rows)  # after every row: a long run interrupted keeps what it measured
     return 0
 
