@@ -88,7 +88,8 @@ def run_template(args: argparse.Namespace) -> int:
     from m2flow.planner.profile import new_profile
 
     ctx = _context(args.config, args.overrides, None)
-    comps = {c: {"points": [], "mem_fixed": 0, "mem_per_item": 0, "state_bytes": 0, "startup_s": 0}
+    comps = {c: {"points": [], "mem_fixed": 0, "mem_per_item": 0, "state_bytes": 0, "weight_bytes": 0,
+                 "startup_s": 0}
              for c in ctx.space.running}
     profile = new_profile(ctx.spec.name, ctx.config_hash(), comps,
                           device={"memory_bytes": None, "cores": None}, link={"bandwidth": 1e9, "latency": 1e-4},

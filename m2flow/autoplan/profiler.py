@@ -303,7 +303,7 @@ class Profiler:
             state = (training if c in trainers else weights) if c in holders else 0.0
             entry = {"points": pts, "mem_fixed": state + (weights if c in trainers else 0.0), "mem_per_item": 0.0,
                      "state_bytes": state, "startup_s": startup}
-            if c in trainers:
+            if c in holders:  # the model's weights: what a trainer's sync sends, what a fused copy shares
                 entry["weight_bytes"] = weights
             share = cpu_share(c, [p for p in done if p.kind == "cost"])
             if share is not None:

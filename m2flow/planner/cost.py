@@ -83,7 +83,9 @@ class ComponentCost:
     state_bytes: float = 0.0
     """bytes moved by an offload or onload (weights, gradients, optimiser state, caches)"""
     weight_bytes: float = 0.0
-    """bytes of a weight sync sent from this component (0: ``state_bytes``)"""
+    """bytes of its model's weights: what a weight sync from it sends (0: ``state_bytes``), and what it shares
+    with its host when fused into another model holder (0: all of ``mem_fixed``, as profiles without the
+    figure were read)"""
     startup_s: float = 0.0
     """seconds to start the group (once per run)"""
     fit_error: float = 0.0
@@ -109,6 +111,11 @@ class ComponentCost:
         if threads and self.threads and threads != self.threads:
             t *= self.speedup(self.threads) / self.speedup(threads)
         return t
+
+    def shared_bytes(self) -> float:
+        """Bytes of ``mem_fixed`` a copy of the model fused into another holder takes from its host (the
+        weights) rather than holding itself: ``weight_bytes`` (at most ``mem_fixed``; 0: all of it)."""
+        return min(self.weight_bytes, self.mem_fixed) if self.weight_bytes > 0 else self.mem_fixed
 
     def memory(self, b: float, d: int) -> float:
         """Bytes per rank for a call on ``b`` items over ``d`` ranks."""

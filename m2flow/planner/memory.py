@@ -4,7 +4,8 @@ On each device class, every member's bytes per rank (``ComponentCost.memory`` of
 at once, times its ranks per device) add up, except:
 
 * a model holder fused into another holder (the rollout inside the actor) uses its host's weights:
-  only its per-item bytes count, not its ``mem_fixed`` a second time;
+  its weights (``ComponentCost.shared_bytes``: its ``weight_bytes``) are not counted a second time,
+  the rest of its ``mem_fixed`` (a KV-cache pool, buffers) and its per-item bytes are;
 * process groups that offload take turns on the memory: the state each one moves (``Placed.moves``:
   its own, or the policy fused into the env processes) is resident for one of them at a time, so
   only the largest counts; everything else stays resident.
@@ -48,7 +49,8 @@ class MemoryCheck:
     def member_bytes(self, cost: CostModel, name: str, items: float, ranks: int) -> float:
         """Bytes per rank of ``name`` holding ``items`` over ``ranks`` ranks (weights counted once)."""
         c = cost.component(name)
-        return (0.0 if name in self.weightless else c.mem_fixed) + c.mem_per_item * items / ranks
+        fixed = c.mem_fixed - c.shared_bytes() if name in self.weightless else c.mem_fixed
+        return fixed + c.mem_per_item * items / ranks
 
     def _class_bytes(self, cost: CostModel, k: _Class, held: Mapping[str, float],
                      ranks: Mapping[str, int]) -> tuple[float, dict[str, float]]:

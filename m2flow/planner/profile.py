@@ -15,9 +15,13 @@ A profile is JSON::
      "edge_bytes": {"responses": 4096},                      # bytes per item per edge
      "components": {"rollout": {"points": [[items, devices, seconds(, threads)], ...],
                                 "mem_fixed": ..., "mem_per_item": ..., "state_bytes": ...,
-                                "startup_s": ..., "cpu_share": 1.0}}}
+                                "weight_bytes": ..., "startup_s": ..., "cpu_share": 1.0}}}
 
-A component may give ``a, c, alpha, s`` instead of points (numbers entered by hand). ``cpu_share``
+A component may give ``a, c, alpha, s`` instead of points (numbers entered by hand). ``weight_bytes``
+(optional) are its model's weights, part of ``mem_fixed``: what a weight sync from it sends and what a
+copy fused into another model holder shares with its host (``ComponentCost.shared_bytes``); the
+profiler records them for every model holder (the policy's checkpoint); without them a sync sends
+``state_bytes`` and a fused copy shares all its ``mem_fixed``, as before the figure existed. ``cpu_share``
 (optional, default 1: a profile without it reads as before) is the part of its busy time it computes;
 the rest waits and does not contend for the cores (``CostModel``). Loading checks
 that the profile was taken on this machine (hostname and cores) with this torch and m2flow, and on

@@ -342,80 +342,98 @@ class Searcher:
             cand.items = self.sim.items(cand.setup)
 
     def best_first(self, entries: Sequence[Entry], top: int) -> tuple[list[Candidate], list[Candidate], int]:
-        """The ``top`` fastest built plans of ``entries``: (ranked, rejected on the way, simulated).
-
-        One queue, keyed by what is known of each candidate: its bound (not simulated yet) or its
-        simulated time from the search's setup (not built yet); built Plans wait in a second queue,
-        keyed by their time simulated from the Plan. A built plan is ranked once no key in the first
-        queue is below its time; otherwise the smallest key is taken: a bound is simulated, a simulated
-        candidate is built (within ``exact_limit`` devices, where a Plan is cheap, a bound is built and
-        simulated from its Plan at once). As bound <= simulated time, the first plan ranked is the
-        fastest built plan of the set, whatever ``top`` is; ``top`` only says how many follow it.
-        """
-        queue: list[tuple[float, int, int, Any]] = [(e[0], i, 0, e) for i, e in enumerate(entries) if e[6]]
-        heapq.heapify(queue)
-        built: list[tuple[float, int, Candidate]] = []
-        ranked: list[Candidate] = []
-        rejected: list[Candidate] = []
-        simulated, order = 0, len(entries)
-        while len(ranked) < top and (queue or built):
-            if built and (not queue or built[0][0] <= queue[0][0]):
-                ranked.append(heapq.heappop(built)[2])
-                continue
-            _, _, stage, item = heapq.heappop(queue)
-            order += 1
-            if stage == 0:
-                cand = self._candidate(item)
-                if cand.rejected:
-                    rejected.append(cand)
-                    continue
-                if self.exact:  # small clusters: a Plan is cheap to build, so build it and simulate once
-                    item = cand
-                else:
-                    assert cand.setup is not None
-                    cand.result = self.sim.simulate(cand.setup)
-                    simulated += 1
-                    heapq.heappush(queue, (cand.seconds_per_item, order, 1, cand))
-                    continue
-            self._materialise(item)
-            simulated += self.exact and item.result is not None
-            if item.rejected:
-                rejected.append(item)
-            else:
-                heapq.heappush(built, (item.seconds_per_item, order, item))
-        return ranked, rejected, simulated
+        """The ``top`` fastest built plans of ``entries`` (``best_first`` over this searcher's alone)."""
+        return best_first([(self, e) for e in entries], top)
 
     def run(self, top: int = 5) -> SearchResult:
         """Bound every candidate, then build and simulate best first (``best_first``) until ``top`` are ranked."""
-        entries = self.entries()
-        ranked, rejected, simulated = self.best_first(entries, top)
-        collocated = next((c for c in ranked if c.shape.mode == "collocated"), None)
-        if collocated is None:
-            found, _, n = self.best_first([e for e in entries if e[3].mode == "collocated"], 1)
-            collocated, simulated = (found[0] if found else None), simulated + n
-        unfit = [e for e in entries if not e[6]]
-        reasons: dict[str, int] = {}
-        for cand in rejected:
-            kind = reason_kind(cand.rejected)
-            reasons[kind] = reasons.get(kind, 0) + 1
-        if unfit:
-            reasons[MEMORY] = reasons.get(MEMORY, 0) + len(unfit)
-        best_rejected = self._best_rejected(unfit, rejected)
-        log.debug("search: %d candidates bounded, %d simulated", len(entries), simulated)
-        return SearchResult(ranked, rejected, len(entries), simulated, self.exact, len(unfit), collocated,
-                            reasons, best_rejected)
+        return run_searches([self], top)
 
-    def _best_rejected(self, unfit: Sequence[Entry], rejected: Sequence[Candidate]) -> Candidate | None:
-        """The rejected candidate predicted fastest, simulated as if allowed: the unfit one of the lowest
-        bound and those refused one by one."""
-        pool = list(rejected)
-        if unfit:
-            pool.append(self._candidate(min(unfit, key=lambda e: e[1] / e[2])))
-        for cand in pool:
-            if cand.result is None and cand.setup is not None:
-                cand.result = self.sim.simulate(cand.setup)
-                cand.items = cand.items or self.sim.items(cand.setup)
-        return min(pool, key=lambda c: c.seconds_per_item, default=None)
+
+Scored = tuple["Searcher", Entry]
+"""A scored split and the searcher (device count) it belongs to."""
+
+
+def best_first(entries: Sequence[Scored], top: int) -> tuple[list[Candidate], list[Candidate], int]:
+    """The ``top`` fastest built plans of ``entries``: (ranked, rejected on the way, simulated).
+
+    One queue, keyed by what is known of each candidate: its bound (not simulated yet) or its
+    simulated time from the search's setup (not built yet); built Plans wait in a second queue,
+    keyed by their time simulated from the Plan. A built plan is ranked once no key in the first
+    queue is below its time; otherwise the smallest key is taken: a bound is simulated, a simulated
+    candidate is built (within ``exact_limit`` devices, where a Plan is cheap, a bound is built and
+    simulated from its Plan at once). As bound <= simulated time, the first plan ranked is the
+    fastest built plan of the set, whatever ``top`` is; ``top`` only says how many follow it. The
+    entries of several device counts share the queue, so a count none of whose bounds can beat the
+    plans found is never simulated.
+    """
+    queue: list[tuple[float, int, int, Any]] = [(e[0], i, 0, (s, e)) for i, (s, e) in enumerate(entries) if e[6]]
+    heapq.heapify(queue)
+    built: list[tuple[float, int, Candidate, Searcher]] = []
+    ranked: list[Candidate] = []
+    rejected: list[Candidate] = []
+    simulated, order = 0, len(entries)
+    while len(ranked) < top and (queue or built):
+        if built and (not queue or built[0][0] <= queue[0][0]):
+            ranked.append(heapq.heappop(built)[2])
+            continue
+        _, _, stage, (searcher, item) = heapq.heappop(queue)
+        order += 1
+        if stage == 0:
+            cand = searcher._candidate(item)
+            if cand.rejected:
+                rejected.append(cand)
+                continue
+            if searcher.exact:  # small clusters: a Plan is cheap to build, so build it and simulate once
+                item = cand
+            else:
+                assert cand.setup is not None
+                cand.result = searcher.sim.simulate(cand.setup)
+                simulated += 1
+                heapq.heappush(queue, (cand.seconds_per_item, order, 1, (searcher, cand)))
+                continue
+        searcher._materialise(item)
+        simulated += searcher.exact and item.result is not None
+        if item.rejected:
+            rejected.append(item)
+        else:
+            heapq.heappush(built, (item.seconds_per_item, order, item, searcher))
+    return ranked, rejected, simulated
+
+
+def run_searches(searchers: Sequence[Searcher], top: int) -> SearchResult:
+    """Bound every candidate of every searcher (one per device count), then one best-first pass over all of
+    them (``best_first``) until ``top`` are ranked; the fastest collocated plan and the fastest rejected one."""
+    entries = [(s, e) for s in searchers for e in s.entries()]
+    ranked, rejected, simulated = best_first(entries, top)
+    collocated = next((c for c in ranked if c.shape.mode == "collocated"), None)
+    if collocated is None:
+        found, _, n = best_first([x for x in entries if x[1][3].mode == "collocated"], 1)
+        collocated, simulated = (found[0] if found else None), simulated + n
+    unfit = [x for x in entries if not x[1][6]]
+    reasons: dict[str, int] = {}
+    for cand in rejected:
+        kind = reason_kind(cand.rejected)
+        reasons[kind] = reasons.get(kind, 0) + 1
+    if unfit:
+        reasons[MEMORY] = reasons.get(MEMORY, 0) + len(unfit)
+    log.debug("search: %d candidates bounded, %d simulated", len(entries), simulated)
+    return SearchResult(ranked, rejected, len(entries), simulated, all(s.exact for s in searchers), len(unfit),
+                        collocated, reasons, _best_rejected(searchers[0].sim, unfit, rejected))
+
+
+def _best_rejected(sim: Simulator, unfit: Sequence[Scored], rejected: Sequence[Candidate]) -> Candidate | None:
+    """The rejected candidate predicted fastest, simulated as if allowed: the unfit one of the lowest bound
+    and those refused one by one (``sim``: every searcher's simulator times any device count alike)."""
+    pool = list(rejected)
+    if unfit:
+        searcher, entry = min(unfit, key=lambda x: x[1][1] / x[1][2])
+        pool.append(searcher._candidate(entry))
+    for cand in pool:
+        if cand.result is None and cand.setup is not None:
+            cand.result = sim.simulate(cand.setup)
+            cand.items = cand.items or sim.items(cand.setup)
+    return min(pool, key=lambda c: c.seconds_per_item, default=None)
 
 
 MEMORY = "memory: needs more than a device has"
@@ -454,22 +472,6 @@ def device_counts(devices: int, cores: int | None, exact_limit: int = 16) -> lis
     return sorted({devices} | {max(1, devices >> j) for j in range(1, 5)})
 
 
-def merge_results(results: Sequence[SearchResult], keep_rejected: int = 20) -> SearchResult:
-    """One ranking of the searches of several device counts (each the simulated optimum of its own set)."""
-    ranked = sorted((c for r in results for c in r.ranked), key=lambda c: c.seconds_per_item)
-    collocated = [r.collocated for r in results if r.collocated is not None]
-    reasons: dict[str, int] = {}
-    for r in results:
-        for kind, n in r.reasons.items():
-            reasons[kind] = reasons.get(kind, 0) + n
-    best_rejected = [r.best_rejected for r in results if r.best_rejected is not None]
-    return SearchResult(ranked, [c for r in results for c in r.rejected][:keep_rejected],
-                        sum(r.considered for r in results), sum(r.simulated for r in results),
-                        all(r.exact for r in results), sum(r.unfit for r in results),
-                        min(collocated, key=lambda c: c.seconds_per_item, default=None), reasons,
-                        min(best_rejected, key=lambda c: c.seconds_per_item, default=None))
-
-
 def search(space: SearchSpace, cost: CostModel, devices: int, *, top: int = 5,
            devices_per_node: int | None = None, build_plan: Callable[[PlanChoice], Plan] | None = None,
            exact_limit: int = 16, grid: int = 8, starts: int = 2, keep: int | None = 16) -> SearchResult:
@@ -482,6 +484,6 @@ def search(space: SearchSpace, cost: CostModel, devices: int, *, top: int = 5,
     ranked (``best_first``).
     """
     counts = device_counts(devices, cost.cores, exact_limit)
-    return merge_results([Searcher(space, cost, n, devices_per_node=devices_per_node, build_plan=build_plan,
-                                   exact_limit=exact_limit, cluster_devices=devices, grid=grid,
-                                   starts=starts, keep=keep).run(top) for n in counts])
+    return run_searches([Searcher(space, cost, n, devices_per_node=devices_per_node, build_plan=build_plan,
+                                  exact_limit=exact_limit, cluster_devices=devices, grid=grid,
+                                  starts=starts, keep=keep) for n in counts], top)

@@ -74,7 +74,8 @@ class Placed:
     """the components whose state its offload moves and whose memory takes turns: its own, when it holds
     a model, else the model holders fused into it (a policy inside the env processes); empty for a fused one"""
     weights_in_host: bool = False
-    """a model holder fused into another holder: it uses the host's weights, so only its per-item memory counts"""
+    """a model holder fused into another holder: it uses the host's weights, so its own are not counted again
+    (``ComponentCost.shared_bytes``)"""
 
 
 @dataclass(frozen=True)
@@ -199,11 +200,9 @@ def build_setup(blocks: Sequence[tuple[Sequence[str], int, int]], hosts: Mapping
             shares = c in launched_holders and any(
                 o in classes[i].members for i in mine for o in launched_holders if o != c)
             nodes: tuple[tuple[int, int], ...] = ()
-            if devices_per_node:
-                counts: dict[int, int] = {}
-                for dev in range(lo, lo + n):
-                    counts[dev // devices_per_node] = counts.get(dev // devices_per_node, 0) + 1
-                nodes = tuple(sorted(counts.items()))
+            if devices_per_node:  # devices lo .. lo + n - 1 by node, in O(nodes): thousands of devices are common
+                nodes = tuple((node, min(lo + n, (node + 1) * devices_per_node) - max(lo, node * devices_per_node))
+                              for node in range(lo // devices_per_node, (lo + n - 1) // devices_per_node + 1))
             fused = all_hosts[c] != c
             offloads = shares and all((offload or {}).get(m, True) for m in owners.get(c, ()))
             comps[c] = Placed(c, all_hosts[c], n, process_threads(c, hosts, threads), shares, offloads,

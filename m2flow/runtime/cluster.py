@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import ray
 
 from m2flow.runtime.auth import run_secret
 from m2flow.runtime.device_lock import remove_lock_dir
@@ -98,6 +97,8 @@ def _start_local_ray(kwargs: dict) -> None:
     Ray waits a hard-coded 30 s for its own processes; on a busy machine they can miss it, and a
     second attempt usually succeeds. Other failures are raised at once.
     """
+    import ray  # on use: planning commands read cluster layouts without Ray
+
     for attempt in range(1, _STARTUP_ATTEMPTS + 1):
         try:
             ray.init(**kwargs)
@@ -191,6 +192,8 @@ class Cluster:
         self._watchdog = None
         # The run's secret exists before Ray starts, so a local raylet hands it to every worker.
         run_secret()
+        import ray
+
         if not ray.is_initialized():
             if self.config.address:
                 log.info("attaching to Ray at %s", self.config.address)
@@ -219,6 +222,8 @@ class Cluster:
                 )
 
     def _discover_nodes(self) -> list[NodeInfo]:
+        import ray
+
         alive = [n for n in ray.nodes() if n.get("Alive")]
         head_ip = ray.util.get_node_ip_address()
         # Stable node ranks: the node this driver runs on first, then by IP and id.
@@ -261,6 +266,8 @@ class Cluster:
 
     def shutdown(self) -> None:
         """Stop Ray if this handle started it; remove this node's device-lock directory of the run."""
+        import ray
+
         if self._started_ray and ray.is_initialized():
             ray_watchdog.stop_watchdog(self._watchdog)
             ray.shutdown()

@@ -11,7 +11,7 @@ the link; a weight sync between processes costs its bytes over the link before t
 process groups that hold a model (their own or one fused into them) and share a device take turns on
 it, each change of hands paying the leaver's offload and the newcomer's onload of the state it moves
 (the policy's, for env processes running it); memory per device is the sum of its components' bytes,
-weights of a holder fused into a holder counted once and offloading groups' moved state counted for
+weights of a holder fused into a holder counted once (the rest of its fixed bytes counted) and offloading groups' moved state counted for
 the largest only. Iterations are played by a list scheduler of its own (two iterations, the second
 timed). The search's choice must match the oracle's optimum within 1%.
 """
@@ -136,6 +136,12 @@ def oracle(space: SearchSpace, cost: CostModel, n: int) -> OraclePlan:
     return best
 
 
+def shared(k: ComponentCost) -> float:
+    """The bytes a model copy fused into another holder takes from its host: its weights (all of its fixed
+    bytes when the profile does not give them)."""
+    return min(k.weight_bytes, k.mem_fixed) if k.weight_bytes else k.mem_fixed
+
+
 def call(cost: CostModel, name: str, items: float, ranks: int) -> float:
     k = cost.components[name]
     return k.a + k.c * items / ranks ** k.alpha + k.s * math.log2(ranks)
@@ -165,7 +171,8 @@ def evaluate(space: SearchSpace, cost: CostModel, plan: OraclePlan) -> None:
             held[c] = math.prod(s[k] for k in w.loop_items) * scale
     for d in range(max(r[0] + r[1] for r in plan.ranges.values())):
         on = [c for c in space.running if d in _devices(plan.ranges[c])]
-        size = {c: (0.0 if host[c] != c and c in holders and host[c] in holders else cost.components[c].mem_fixed)
+        size = {c: cost.components[c].mem_fixed - (shared(cost.components[c])
+                                                    if host[c] != c and c in holders and host[c] in holders else 0.0)
                 + cost.components[c].mem_per_item * held[c] / ranks[c] for c in on}
         units = [sum(size[m] for m in moves[x] if m in size) for x in groups if takes_turns[x] and x in on]
         moving = {m for x in groups if takes_turns[x] and x in on for m in moves[x]}

@@ -113,3 +113,21 @@ def test_each_ranked_plan_is_its_choice_as_the_workflow_builds_it(tmp_path, caps
     # The keys the workflow translates a choice to are execution keys: a profile outlives them.
     other = with_overrides(spec.schema, ctx.cfg, {tunable: ctx.space.varied[varied.pop()][0]})
     assert PlanContext(spec, other, NodeLayout((2,))).config_hash() == ctx.config_hash()
+
+
+def test_planning_a_config_imports_neither_ray_nor_the_workflows_flow():
+    """`m2flow plan search` loads a config and builds its Plans: the runtime's Ray side and the live flow
+    (workers, models) are imported when a run launches, not to plan one."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from m2flow.autoplan.plan_context import PlanContext\n"
+            "from m2flow.driver.registry import load_workflow_config\n"
+            f"for path in {[REASONING, EMBODIED]!r}:\n"
+            "    spec, cfg = load_workflow_config(path)\n"
+            "    PlanContext(spec, cfg)\n"
+            "print(sorted(m for m in sys.modules if m == 'ray' or m.endswith('.flow')))\n")
+    root = __import__("pathlib").Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
+    assert done.stdout.strip() == "[]", done.stdout

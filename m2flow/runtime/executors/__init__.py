@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from m2flow.runtime.cluster import Cluster, ClusterConfig
 from m2flow.runtime.executors.base import Executor, GroupSpec, Handle, WorkerGroup
-from m2flow.runtime.executors.local import LocalExecutor, LocalGroup
-from m2flow.runtime.executors.ray import RayExecutor, launch_groups
 from m2flow.runtime.placement import executor_kind
+
+if TYPE_CHECKING:
+    from m2flow.runtime.executors.local import LocalExecutor, LocalGroup
+    from m2flow.runtime.executors.ray import RayExecutor, launch_groups
+
+# The executors resolve on first use: what only declares or plans a workflow (``m2flow plan``) imports
+# this package for its types and must not pay for Ray.
+_HOME = {"LocalExecutor": "local", "LocalGroup": "local", "RayExecutor": "ray", "launch_groups": "ray"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOME:
+        return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["Executor", "GroupSpec", "Handle", "WorkerGroup", "LocalExecutor", "LocalGroup", "RayExecutor", "launch_groups", "make_executor"]
 
@@ -15,5 +31,9 @@ def make_executor(placement: str, config: ClusterConfig | None = None, cluster: 
     """The executor a placement string asks for: ``"local"`` runs every component, one rank each, on
     device 0 in this process (no Ray); any other placement runs on Ray (``cluster``, or one started)."""
     if executor_kind(placement) == "local":
+        from m2flow.runtime.executors.local import LocalExecutor
+
         return LocalExecutor(config)
+    from m2flow.runtime.executors.ray import RayExecutor
+
     return RayExecutor(config, cluster)

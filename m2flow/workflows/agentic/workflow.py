@@ -10,7 +10,7 @@ at a time; the driver runs the loop.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from m2flow.driver.registry import register_workflow
 from m2flow.driver.workflow import Launch, Workflow
@@ -18,8 +18,10 @@ from m2flow.planner import Plan
 from m2flow.planner.setup import Workload
 from m2flow.runtime.executors import Executor
 from m2flow.workflows.agentic.config import AgenticConfig
-from m2flow.workflows.agentic.flow import AgenticFlow, Prepared
 from m2flow.workflows.agentic.graph import GRAPH
+
+if TYPE_CHECKING:  # the flow (workers, models, torch) is imported when a run launches, not to plan one
+    from m2flow.workflows.agentic.flow import AgenticFlow, Prepared
 
 # An item is one episode; env and rollout alternate for up to max_turns rounds, then the actor trains.
 WORKLOAD = Workload(
@@ -57,9 +59,13 @@ class AgenticWorkflow(Workflow):
         path = prepare_model(cfg.model)
         if cfg.model.warm_start.steps:
             path = warm_start_model(cfg, path)
+        from m2flow.workflows.agentic.flow import Prepared
+
         return Prepared(path)
 
     def launch(self, cfg: AgenticConfig, plan: Plan, executor: Executor, run: Launch) -> AgenticFlow:
+        from m2flow.workflows.agentic.flow import AgenticFlow
+
         return AgenticFlow(self, cfg, plan, executor, run)
 
     def iterations(self, cfg: AgenticConfig, plan: Plan) -> int:

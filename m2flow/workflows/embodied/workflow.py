@@ -8,7 +8,7 @@ the live system one iteration at a time; the driver runs the loop.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from m2flow.driver.registry import register_workflow
 from m2flow.driver.workflow import Launch, Workflow
@@ -17,8 +17,10 @@ from m2flow.runtime.executors import Executor
 from m2flow.runtime.placement import NodeLayout
 from m2flow.workflows.embodied import plan as planning
 from m2flow.workflows.embodied.config import EmbodiedConfig
-from m2flow.workflows.embodied.flow import EmbodiedFlow, edge_bytes
 from m2flow.workflows.embodied.graph import GRAPH
+
+if TYPE_CHECKING:  # the flow (workers, models, torch) is imported when a run launches, not to plan one
+    from m2flow.workflows.embodied.flow import EmbodiedFlow
 
 
 class EmbodiedWorkflow(Workflow):
@@ -38,6 +40,8 @@ class EmbodiedWorkflow(Workflow):
         return {"rollout": cfg.rollout.offload, "actor": cfg.actor.offload}
 
     def launch(self, cfg: EmbodiedConfig, plan: Plan, executor: Executor, run: Launch) -> EmbodiedFlow:
+        from m2flow.workflows.embodied.flow import EmbodiedFlow
+
         return EmbodiedFlow(self, cfg, plan, executor, run)
 
     def iterations(self, cfg: EmbodiedConfig, plan: Plan) -> int:
@@ -50,6 +54,8 @@ class EmbodiedWorkflow(Workflow):
         return planning.profile_length(cfg, iterations)
 
     def edge_bytes(self, cfg: EmbodiedConfig) -> dict[str, float]:
+        from m2flow.workflows.embodied.flow import edge_bytes
+
         return edge_bytes(cfg)
 
     def model_bytes(self, checkpoint: Path | None) -> tuple[float, float]:

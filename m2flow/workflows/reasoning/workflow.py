@@ -8,7 +8,7 @@ the flow (``flow.py``) is the live system one iteration at a time; the driver ru
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from m2flow.driver.registry import register_workflow
 from m2flow.driver.workflow import Launch, Workflow
@@ -17,8 +17,10 @@ from m2flow.runtime.executors import Executor
 from m2flow.runtime.placement import NodeLayout
 from m2flow.workflows.reasoning import plan as planning
 from m2flow.workflows.reasoning.config import ReasoningConfig
-from m2flow.workflows.reasoning.flow import Prepared, ReasoningFlow
 from m2flow.workflows.reasoning.graph import GRAPH
+
+if TYPE_CHECKING:  # the flow (workers, models, torch) is imported when a run launches, not to plan one
+    from m2flow.workflows.reasoning.flow import Prepared, ReasoningFlow
 
 
 class ReasoningWorkflow(Workflow):
@@ -44,9 +46,13 @@ class ReasoningWorkflow(Workflow):
         if cfg.model.warm_start.steps:
             model_path = warm_start_model(cfg, model_path)
         train_set, test_set = load_datasets(cfg.data, load_tokenizer(model_path))
+        from m2flow.workflows.reasoning.flow import Prepared
+
         return Prepared(model_path, train_set, test_set)
 
     def launch(self, cfg: ReasoningConfig, plan: Plan, executor: Executor, run: Launch) -> ReasoningFlow:
+        from m2flow.workflows.reasoning.flow import ReasoningFlow
+
         return ReasoningFlow(self, cfg, plan, executor, run)
 
     def iterations(self, cfg: ReasoningConfig, plan: Plan) -> int:
