@@ -1,11 +1,11 @@
 """``AgenticRolloutWorker``: model turns for the episodes routed to this rank, finished groups streamed on.
 
-Per iteration the flow calls ``begin`` (the rank's episodes), then the turn loop (``turn_loop.play_turns``)
+Per iteration the flow calls ``begin`` (the rank's episodes); the turn loop (``turn_loop.play_turns``) then
 calls ``start_episodes`` (their first observations) and rounds of ``play_turn`` (one model turn for every
-running episode) and ``observe`` (what the environments answered), until every episode has ended, and the
-flow ``end``. A GRPO group (the ``group_size`` episodes of
-one seed, all on this rank) is put into the trajectories stream as a ``GroupSample`` the moment its last
-episode ends, so the actor trains on it while the long episodes of other groups still run.
+running episode) and ``observe`` (what the environments answered) until every episode has ended; ``end``
+closes the iteration. A GRPO group (the ``group_size`` episodes of one seed, all on this rank) is put into
+the trajectories stream as a ``GroupSample`` the moment its last episode ends, so the actor trains on it
+while the long episodes of other groups still run.
 Observation tokens are in the response but out of the loss (``action_mask``); the return is the sum of
 the turn rewards. When the plan fuses ``env`` into ``rollout`` this worker hosts the environments too
 (``TextEnvs``): the flow then calls them as ``env/<method>`` on this group, or, when every episode's
