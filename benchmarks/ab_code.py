@@ -7,10 +7,14 @@ Python environment (A B, then B A, so neither side always runs first), and repor
 and the median ratio A / B:
 
 - ``g1``: ``g1_reasoning.py --sides m2flow``, completions per second of one plan;
-- ``e1``: ``e1_embodied.py --sides m2flow``, env steps per second of the whole run (start-up included).
+- ``e1``: ``e1_embodied.py --sides m2flow``, env steps per second of the whole run (start-up included);
+- ``a1``: ``a1_agentic.py`` without TRL, trajectories per second of the training loop of one short run of
+  the ``local`` plan (``--extra "--plans collocated"`` for another plan; the warm start is made once, in
+  ``--warm-start-dir``, shared by both sides).
 
     python benchmarks/ab_code.py g1 --ref ebb796a --rounds 3
     python benchmarks/ab_code.py e1 --ref ebb796a --rounds 3
+    python benchmarks/ab_code.py a1 --ref ebb796a --rounds 3
 
 Writes ``benchmarks/results/ab_<bench>.json`` and prints one summary line.
 """
@@ -37,6 +41,10 @@ BENCHES = {
     "e1": {"script": "e1_embodied.py",
            "args": ["--sides", "m2flow", "--steps", "32768", "--repeats", "1", "--raw-steps", "0"],
            "figure": "env_steps_per_s"},
+    "a1": {"script": "a1_agentic.py",
+           "args": ["--trl", "", "--plans", "local", "--rounds", "1", "--steps", "12", "--eval-episodes", "20",
+                    "--warm-start-dir", str(ROOT / "runs" / "a1")],
+           "figure": "trajectories_per_s"},
 }
 
 
@@ -55,6 +63,8 @@ def figure(bench: str, out: Path) -> float:
     if bench == "g1":
         runs = [r for per in data["runs"].values() for rs in per.values() for r in rs]
         return statistics.median(r["completions_per_s"] for r in runs)
+    if bench == "a1":
+        return statistics.median(r["trajectories_per_s"] for rs in data["runs"].values() for r in rs)
     summary = next(iter(data["summary"].values()))
     return float(summary["m2flow"]["env_steps_per_s"])
 

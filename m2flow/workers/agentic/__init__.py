@@ -1,7 +1,8 @@
 """Agentic RL's rollout core, free of Ray: multi-turn episodes over text environments and tools.
 
+- ``turn_loop.py``   ``play_turns``: the one turn loop, between a ``TurnPolicy`` and a ``TurnEnvs``
 - ``episode.py``     ``run_episodes``: model turns and observations until each episode ends or a budget is spent
-- ``turns.py``       ``TurnEngine``: the model's half of each round, for environments held elsewhere
+- ``turns.py``       ``TurnEngine``: the model's half of each round (contexts, budgets, re-runs)
 - ``env_worker.py``  ``EnvWorker`` / ``TextEnvs``: many text environments per process, stepped by trajectory id
 - ``rollout_worker.py`` ``AgenticRolloutWorker``: model turns; each finished GRPO group streamed to the actor
 - ``trajectory.py``  ``Trajectory`` (ids, action mask, log-probs, per-turn rewards) and ``to_rollout_batch``

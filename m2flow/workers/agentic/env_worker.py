@@ -5,7 +5,8 @@ assigns it, keyed by trajectory id: ``env_reset`` starts them, ``env_step`` step
 ``env_stats`` gives (and clears) the counts of calls and failures. An environment that raises, hangs or
 returns a bad value ends only its own episode (``TextEnvBatch``); too many such failures stop the run
 (``RunHealthError``). ``TextEnvs`` is that part alone: the env worker is one, and when the plan fuses the
-``env`` component into ``rollout`` the rollout worker hosts one (``EnvSettings.hosted_in``).
+``env`` component into ``rollout`` the rollout worker hosts one (``EnvSettings.hosted_in``). ``EnvsInProcess``
+is a ``TextEnvs`` in the caller's process as the turn loop's environment side (``turn_loop.py``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class EnvSettings:
 
     def hosted_in(self, host: Any) -> TextEnvs:
         """The environments inside a rollout rank (``env`` fused into ``rollout``)."""
-        return TextEnvs(self)
+        return TextEnvs(self.batch())
 
     def batch(self, max_error_rate: float | None = None) -> TextEnvBatch:
         """A new ``TextEnvBatch`` of these environments (``max_error_rate``: instead of the configured one)."""
@@ -50,9 +51,8 @@ class EnvSettings:
 class TextEnvs:
     """Environments keyed by trajectory id, for the episodes of one iteration at a time."""
 
-    def __init__(self, settings: EnvSettings) -> None:
-        self.env_settings = settings
-        self.envs = settings.batch()
+    def __init__(self, envs: TextEnvBatch) -> None:
+        self.envs = envs
         self._slots: dict[int, int] = {}  # trajectory id -> index of its environment
         self._env_stats = TextEnvStats()
 
@@ -75,6 +75,11 @@ class TextEnvs:
         by_index = {i: tid for tid, i in self._slots.items()}
         return {by_index[i]: step for i, step in results.items()}
 
+    def env_stop(self, traj_ids: Sequence[int]) -> None:
+        """End these episodes' environments from outside (a budget ran out): they take no more steps."""
+        for tid in traj_ids:
+            self.envs.stop(self._slots[tid])
+
     def env_stats(self, where: str = "") -> dict[str, float]:
         """The calls and failures since the last call (``env/...``) and the seconds their threads wanted a core
         (``time/env_cpu_s``); too many failures raise ``RunHealthError``."""
@@ -87,6 +92,23 @@ class EnvWorker(TextEnvs, Worker):
     """An env worker: a process (of its own) holding ``settings.num_envs`` environments."""
 
     def __init__(self, *, settings: EnvSettings) -> None:
-        TextEnvs.__init__(self, settings)
+        TextEnvs.__init__(self, settings.batch())
         self.index = settings.index
         """Which env worker of the flow this is (each is a group of one rank, restarted alone)."""
+
+
+class EnvsInProcess:
+    """Environments at hand as the turn loop's environment side (``turn_loop.TurnEnvs``): none is ever lost."""
+
+    def __init__(self, envs: TextEnvs, seeds: Mapping[int, int]) -> None:
+        self.envs, self.seeds = envs, seeds
+        """``seeds``: each episode's reset seed, by trajectory id"""
+
+    def reset(self, traj_ids: Sequence[int]) -> tuple[dict[int, EnvStep], list[int]]:
+        return self.envs.env_reset(traj_ids, [self.seeds[t] for t in traj_ids]), []
+
+    def step(self, actions: Mapping[int, str]) -> tuple[dict[int, EnvStep], list[int]]:
+        return self.envs.env_step(actions), []
+
+    def end(self, traj_ids: Sequence[int]) -> None:
+        self.envs.env_stop(traj_ids)

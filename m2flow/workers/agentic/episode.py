@@ -1,13 +1,14 @@
 """Multi-turn rollout: model turn, environment or tool observation, model turn ... for a batch of episodes.
 
-``run_episodes`` plays one episode in each environment of a ``TextEnvBatch`` with a generation backend:
-each round generates one turn for every episode still running (one ``generate`` call over their whole
-contexts, so the backend needs no state between turns), hands each turn's text to its environment, and
-appends the observation's tokens. An episode ends when its environment ends it, fails, or when the
-rollout's turn budget (``max_turns`` model turns) or token budget (``max_tokens`` response tokens, model
-and observation together) is spent. The engine knows nothing about Ray, rewards or training. The model's
-half of each round (budgets, contexts, observations) is ``TurnEngine`` (``turns.py``), which the agentic
-workflow's rollout workers use with environments held by other processes; here the environments are at hand.
+``run_episodes`` plays one episode in each environment of a ``TextEnvBatch`` with a generation backend,
+through the one turn loop (``turn_loop.play_turns``): each round generates one turn for every episode
+still running (one ``generate`` call over their whole contexts, so the backend needs no state between
+turns), hands each turn's text to its environment, and appends the observation's tokens. An episode ends
+when its environment ends it, fails, or when the rollout's turn budget (``max_turns`` model turns) or
+token budget (``max_tokens`` response tokens, model and observation together) is spent. The engine knows
+nothing about Ray, rewards or training. The model's half of each round (budgets, contexts, observations)
+is ``TurnEngine`` (``turns.py``), which the agentic workflow's rollout workers use in the same loop with
+environments held by other processes; here the environments are at hand (evaluation, the episode tests).
 
 Token ids are never re-tokenized: a context is the prompt's ids followed by the ids the model generated
 and the observations' ids, so the generator's log-probs belong to exactly the tokens trained on.
@@ -20,15 +21,16 @@ finished trajectories on; continuous batching across turns is the backend's busi
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from m2flow.backends.generation.base import GenerationBackend
-from m2flow.envs.text.batch import TextEnvBatch
+from m2flow.envs.text.batch import EnvStep, TextEnvBatch
+from m2flow.workers.agentic.env_worker import EnvsInProcess, TextEnvs
 from m2flow.workers.agentic.trajectory import Trajectory
+from m2flow.workers.agentic.turn_loop import play_turns
 from m2flow.workers.agentic.turns import EpisodeConfig, EpisodeSpec, EpisodeStats, TurnEngine
 
 __all__ = ["EpisodeConfig", "EpisodeStats", "run_episodes", "turn_seed"]
@@ -41,6 +43,26 @@ def turn_seed(seed: int, turn: int) -> int:
     return int(np.random.SeedSequence([seed, turn]).generate_state(1)[0])
 
 
+class _EnginePolicy:
+    """A ``TurnEngine`` with its backend at hand as the turn loop's policy side; round r sampled from
+    ``turn_seed(seed, r)``."""
+
+    def __init__(self, engine: TurnEngine, backend: GenerationBackend, seed: int) -> None:
+        self.engine, self.backend, self.seed = engine, backend, seed
+
+    def start_episodes(self, first: Mapping[int, EnvStep]) -> list[int]:
+        return self.engine.begin(first)
+
+    def play_turn(self, round_: int) -> tuple[dict[int, str], list[int]]:
+        return self.engine.turn(self.backend, turn_seed(self.seed, round_))
+
+    def observe(self, results: Mapping[int, EnvStep]) -> list[int]:
+        return self.engine.observe(results)
+
+    def rerun(self, traj_ids: Sequence[int]) -> None:
+        self.engine.rerun(traj_ids)
+
+
 def run_episodes(backend: GenerationBackend, tokenizer: Any, envs: TextEnvBatch, seeds: Sequence[int],
                  group_ids: Sequence[int], cfg: EpisodeConfig,
                  first_traj_id: int = 0) -> tuple[list[Trajectory], EpisodeStats]:
@@ -50,24 +72,9 @@ def run_episodes(backend: GenerationBackend, tokenizer: Any, envs: TextEnvBatch,
         raise ValueError(f"{len(seeds)} seeds and {len(group_ids)} group ids for {len(envs)} environments")
     specs = [EpisodeSpec(first_traj_id + i, int(g), int(s), i) for i, (s, g) in enumerate(zip(seeds, group_ids))]
     engine = TurnEngine(cfg, tokenizer, specs)
-    t0 = time.perf_counter()
-    first = envs.reset(list(seeds))
-    engine.stats.env_s += time.perf_counter() - t0
-    for tid in engine.begin({s.traj_id: step for s, step in zip(specs, first)}):
-        envs.stop(engine.trajectory(tid).env_index)
-    for turn in range(cfg.max_turns):
-        if not engine.running():
-            break
-        t0 = time.perf_counter()
-        actions, cut = engine.turn(backend, turn_seed(cfg.seed, turn))
-        engine.stats.generate_s += time.perf_counter() - t0
-        for tid in cut:
-            envs.stop(engine.trajectory(tid).env_index)  # the turn was cut by the budget: not an action to judge
-        t0 = time.perf_counter()
-        results = envs.step({engine.trajectory(tid).env_index: text for tid, text in actions.items()})
-        engine.stats.env_s += time.perf_counter() - t0
-        for tid in engine.observe({s.traj_id: results[s.env_rank] for s in specs if s.env_rank in results}):
-            envs.stop(engine.trajectory(tid).env_index)
+    # Episode i in environment i: the ids are reset in order, so ``TextEnvs`` gives episode i slot i.
+    held = EnvsInProcess(TextEnvs(envs), {s.traj_id: s.seed for s in specs})
+    play_turns(_EnginePolicy(engine, backend, cfg.seed), held, [s.traj_id for s in specs])
     stats = engine.close()
     stats.env += envs.pop_stats()
     return [engine.trajectory(s.traj_id) for s in specs], stats

@@ -1,19 +1,20 @@
 """``AgenticRolloutWorker``: model turns for the episodes routed to this rank, finished groups streamed on.
 
-Per iteration the flow calls ``begin`` (the rank's episodes), ``start_episodes`` (their first
-observations), then rounds of ``turn`` (one model turn for every running episode) and ``observe`` (what
-the environments answered), until every episode has ended. A GRPO group (the ``group_size`` episodes of
-one seed, all on this rank) is put into the trajectories stream as a ``GroupSample`` the moment its last
-episode ends, so the actor trains on it while the long episodes of other groups still run.
+Per iteration the flow calls ``begin`` (the rank's episodes); the turn loop (``turn_loop.play_turns``) then
+calls ``start_episodes`` (their first observations) and rounds of ``play_turn`` (one model turn for every
+running episode) and ``observe`` (what the environments answered) until every episode has ended; ``end``
+closes the iteration. A GRPO group (the ``group_size`` episodes of one seed, all on this rank) is put into
+the trajectories stream as a ``GroupSample`` the moment its last episode ends, so the actor trains on it
+while the long episodes of other groups still run.
 Observation tokens are in the response but out of the loss (``action_mask``); the return is the sum of
 the turn rewards. When the plan fuses ``env`` into ``rollout`` this worker hosts the environments too
 (``TextEnvs``): the flow then calls them as ``env/<method>`` on this group, or, when every episode's
-environment is here (one rollout rank), plays the whole iteration with one call (``play_iteration``).
+environment is here (one rollout rank), plays the whole iteration with one call (``play_iteration``: the
+turn loop of ``turn_loop.py`` run in this process, with this worker as its policy side).
 """
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,9 +25,10 @@ from m2flow.data.batch import RolloutBatch
 from m2flow.envs.text.batch import EnvStep
 from m2flow.models.tokenizer import load_tokenizer
 from m2flow.runtime.trace import trace_category
-from m2flow.workers.agentic.env_worker import EnvSettings
+from m2flow.workers.agentic.env_worker import EnvSettings, EnvsInProcess
 from m2flow.workers.agentic.episode import EpisodeConfig, run_episodes
 from m2flow.workers.agentic.trajectory import Trajectory, to_rollout_batch
+from m2flow.workers.agentic.turn_loop import play_turns
 from m2flow.workers.agentic.turns import EpisodeSpec, TurnEngine
 from m2flow.workers.common import ReasoningWorker, derive_seed, state_digest
 from m2flow.workers.messages import GroupSample
@@ -116,36 +118,19 @@ class AgenticRolloutWorker(ReasoningWorker):
     def play_iteration(self, step: int, specs: Sequence[EpisodeSpec], where: str = "",
                        weights: tuple[str, int, int] | None = None) -> dict[str, float]:
         """Every episode of ``specs`` to its end with the environments hosted in this process (env fused into
-        the rollout, every episode's environment here): the calls of the flow's turn loop (``begin``, reset,
-        ``start_episodes``, then rounds of ``play_turn``, step and ``observe``, ``end``) made here, in the same
-        order, without a message between them. ``weights`` (source group, rank, version): receive them first,
-        as ``receive_weights`` would (one message less). The rollout and env metrics of the iteration."""
+        the rollout, every episode's environment here): the turn loop runs here, this worker its policy side,
+        without a message between rounds. ``weights`` (source group, rank, version): receive them first, as
+        ``receive_weights`` would (one message less). The rollout and env metrics of the iteration."""
         envs = self.hosted("env")
         if envs is None:
             raise RuntimeError("play_iteration needs the environments hosted in this process (env fused into rollout)")
         if weights is not None:
             self.receive_weights(*weights)
         self.begin(step, specs)
-        ids = sorted(s.traj_id for s in specs)
-        seeds = {s.traj_id: s.seed for s in specs}
-        t0 = time.perf_counter()
-        first = envs.env_reset(ids, [seeds[t] for t in ids])
-        env_s, generate_s = time.perf_counter() - t0, 0.0
-        open_ids = set(ids).difference(self.start_episodes(first))
-        round_ = 0
-        while open_ids:
-            t0 = time.perf_counter()
-            actions, cut = self.play_turn(round_)
-            t1 = time.perf_counter()
-            open_ids.difference_update(cut)
-            results = envs.env_step(actions)
-            env_s += time.perf_counter() - t1
-            generate_s += t1 - t0
-            open_ids.difference_update(self.observe(results))
-            round_ += 1
+        rounds = play_turns(self, EnvsInProcess(envs, {s.traj_id: s.seed for s in specs}), [s.traj_id for s in specs])
         metrics = self.end()
         metrics.update(envs.env_stats(where))
-        metrics.update({"time/env_busy_s": env_s, "time/generate_busy_s": generate_s, "rollout/rounds": float(round_)})
+        metrics.update(rounds.metrics())
         return metrics
 
     def observe(self, results: Mapping[int, EnvStep]) -> list[int]:
@@ -170,8 +155,6 @@ class AgenticRolloutWorker(ReasoningWorker):
             raise RuntimeError(f"rollout rank {self.rank}: {len(self._groups) - len(self._sent)} group(s) never sent")
         trajs = [self.engine.trajectory(t) for ids in self._groups.values() for t in ids]
         out = stats.as_metrics()
-        out.pop("time/generate_s", None)
-        out.pop("time/env_s", None)
         returns = [t.reward for t in trajs]
         out["reward/mean"] = sum(returns) / max(1, len(returns))
         out["reward/success"] = sum(t.finish_reason == "terminated" and t.reward > 0 for t in trajs) / max(1, len(trajs))

@@ -1,4 +1,4 @@
-"""The rollout's side of multi-turn episodes whose environments live elsewhere (env workers).
+"""The model's side of multi-turn episodes: contexts, budgets and turns, for environments held by whoever steps them.
 
 ``TurnEngine`` holds the episodes a rollout rank plays in one iteration and their contexts, and does
 the model's half of each round: ``begin`` takes an episode's first observation, ``turn`` generates one
@@ -8,8 +8,9 @@ environments, ``observe`` records what the environments answered. Whoever holds 
 episodes back to their start, for an environment that was lost mid-episode: the trajectory keeps its id,
 so a re-run episode is delivered once, as if it had run without a fault.
 
-It follows ``run_episodes`` (``episode.py``) turn for turn; what differs is only who steps the
-environments and that episodes may be at different turns in one round (a re-run one starts over).
+The rounds themselves are ``turn_loop.play_turns``, the one loop for ``run_episodes`` (``episode.py``), the
+rollout worker with the environments in its process and the flow over env workers; episodes may be at
+different turns in one round (a re-run one starts over).
 """
 
 from __future__ import annotations
@@ -74,15 +75,12 @@ class EpisodeStats:
     finish: Counter = field(default_factory=Counter)
     tool_outcomes: Counter = field(default_factory=Counter)
     env: TextEnvStats = field(default_factory=TextEnvStats)
-    generate_s: float = 0.0
-    env_s: float = 0.0
 
     def as_metrics(self) -> dict[str, float]:
         n = max(1, self.trajectories)
         out = {"rollout/trajectories": float(self.trajectories), "rollout/turns_mean": self.turns / n,
                "rollout/model_tokens": float(self.model_tokens),
-               "rollout/observation_tokens": float(self.observation_tokens),
-               "time/generate_s": self.generate_s, "time/env_s": self.env_s}
+               "rollout/observation_tokens": float(self.observation_tokens)}
         out.update({f"rollout/finish_{k}": float(v) for k, v in sorted(self.finish.items())})
         out.update({f"tool/{k}": float(v) for k, v in sorted(self.tool_outcomes.items())})
         out.update(self.env.as_metrics())

@@ -1,14 +1,15 @@
 """The agentic workflow's live system: env workers, rollout and actor groups, and the turn loop between them.
 
 One iteration is ``groups_per_step`` GRPO groups of ``group_size`` episodes (a group's episodes are
-reset with the same seed). The turn loop (``_play``) runs on a thread of the flow, one iteration after
-another: env workers reset their environments, then rounds of one model turn for every running episode
-(rollout) and one step of each environment that got an action (env workers), until every episode has
-ended or spent its turn or token budget. With the environments fused into a single rollout rank, that
-rank runs the same calls itself (``play_iteration``): one message per iteration instead of three per
-round. The rollout puts each group into the trajectories stream the
-moment its last episode ends, and the actor, called before the loop runs, trains on what is ready, so a
-few long episodes do not idle it. Actions and observations travel as the arguments and results of the
+reset with the same seed). ``_play`` plays an iteration's episodes on a thread of the flow, one iteration
+after another, through the one turn loop (``workers/agentic/turn_loop.play_turns``) between the rollout
+ranks and the env workers (``sides.py``): env workers reset their environments, then rounds of one model
+turn for every running episode (rollout) and one step of each environment that got an action (env
+workers), until every episode has ended or spent its turn or token budget. With the environments fused
+into a single rollout rank, that rank runs the same loop itself (``play_iteration``): one message per
+iteration instead of three per round. The rollout puts each group into the trajectories stream the moment
+its last episode ends, and the actor, called before the loop runs, trains on what is ready, so a few long
+episodes do not idle it. Actions and observations travel as the arguments and results of the
 env workers' calls.
 
 Bounded staleness (``algorithm.max_staleness`` s): the episodes of iteration j are played behind the
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -41,11 +41,13 @@ from m2flow.runtime.executors import Executor, GroupSpec, Handle, WorkerGroup
 from m2flow.runtime.placement import ComponentPlacement
 from m2flow.runtime.hosting import HostedGroup
 from m2flow.workers.agentic.env_worker import EnvSettings
+from m2flow.workers.agentic.turn_loop import play_turns
 from m2flow.workers.agentic.turns import EpisodeSpec
 from m2flow.workers.stats import WEIGHT_KEY
 from m2flow.workers.streams import GroupStream
 from m2flow.workflows.agentic.config import AgenticConfig
 from m2flow.workflows.agentic.settings import env_settings, worker_settings
+from m2flow.workflows.agentic.sides import EnvWorkers, RolloutRanks
 
 log = logging.getLogger(__name__)
 
@@ -185,82 +187,37 @@ class AgenticFlow:
         """The process id of every env worker (tests check that a restart touches one only)."""
         return [g.pids()[0] for g in self.envs]
 
-    # -- the turn loop ---------------------------------------------------------------------------
+    # -- one iteration's episodes ---------------------------------------------------------------
     def _play(self, step: int, version: int | None) -> dict[str, float]:
         """Every episode of iteration ``step`` until it ends (on the loop thread); the rollout and env metrics."""
         t_start = time.perf_counter()
         specs = episode_specs(self.cfg, step, self.env_ranks)
+        where = f"in iteration {step}"
         # The weights this iteration plays with, when it is the first behind a new version (the actor sends
         # them; see ``start``).
         weights = (self.names["actor"], 0, version) if version is not None else None
         if self.env_fused and self.rollout_ranks == 1:  # every environment in the one rollout process
-            metrics = gather([self.rollout.play_iteration(step, specs, f"in iteration {step}", weights)],
+            metrics = gather([self.rollout.play_iteration(step, specs, where, weights)],
                              self.timeout, "rollout: play_iteration")[0][0]
             metrics["time/rollout_s"] = time.perf_counter() - t_start
             return metrics
         if weights is not None:
             gather([self.rollout.receive_weights(*weights)], self.timeout, "a weight sync")
-        by_id = {s.traj_id: s for s in specs}
         per_rollout: list[list[EpisodeSpec]] = [[] for _ in range(self.rollout_ranks)]
         for s in specs:
             per_rollout[s.slot % self.rollout_ranks].append(s)
         gather([self.rollout.execute_each("begin", [(step, mine) for mine in per_rollout])], self.timeout)
-        open_ids = set(by_id)
-        busy = {"env": 0.0, "generate": 0.0}
-
-        def rollout_round(method: str, per_rank: list[tuple]) -> None:
-            ended = gather([self.rollout.execute_each(method, per_rank)], self.timeout, f"rollout: {method}")[0]
-            for ids in ended:
-                open_ids.difference_update(ids)
-
-        def reset(ids: list[int]) -> None:
-            """Reset the environments of these episodes and start them, again after any env worker is lost."""
-            while ids:
-                by_env: dict[int, list[int]] = defaultdict(list)
-                for tid in ids:
-                    by_env[by_id[tid].env_rank].append(tid)
-                t0 = time.perf_counter()
-                firsts, lost = self._env_round({e: ("env_reset", (tids, [by_id[t].seed for t in tids]))
-                                                for e, tids in by_env.items()})
-                busy["env"] += time.perf_counter() - t0
-                first = {tid: step_ for out in firsts.values() for tid, step_ in out.items()}
-                rollout_round("start_episodes", [({t: s for t, s in first.items() if by_id[t].slot % self.rollout_ranks == r},)
-                                                 for r in range(self.rollout_ranks)])
-                ids = [tid for e in lost for tid in by_env[e]]
-
-        reset(sorted(open_ids))
-        round_ = 0
-        while open_ids:
-            t0 = time.perf_counter()
-            outs = gather([self.rollout.execute_each("play_turn", [(round_,)] * self.rollout_ranks)], self.timeout,
-                          "rollout: play_turn")[0]
-            busy["generate"] += time.perf_counter() - t0
-            actions: dict[int, dict[int, str]] = defaultdict(dict)
-            for acts, cut in outs:
-                open_ids.difference_update(cut)
-                for tid, text in acts.items():
-                    actions[by_id[tid].env_rank][tid] = text
-            t0 = time.perf_counter()
-            answered, lost = self._env_round({e: ("env_step", (acts,)) for e, acts in actions.items()})
-            busy["env"] += time.perf_counter() - t0
-            results = {tid: s for out in answered.values() for tid, s in out.items()}
-            rollout_round("observe", [({t: s for t, s in results.items() if by_id[t].slot % self.rollout_ranks == r},)
-                                      for r in range(self.rollout_ranks)])
-            if lost:  # the lost workers' episodes that had not ended start over, on their new workers
-                again = sorted(t for t in open_ids if by_id[t].env_rank in lost)
-                gather([self.rollout.execute_each("rerun", [([t for t in again if by_id[t].slot % self.rollout_ranks == r],)
-                                                            for r in range(self.rollout_ranks)])], self.timeout)
-                reset(again)
-            round_ += 1
+        rounds = play_turns(RolloutRanks(self.rollout, self.rollout_ranks, specs, self.timeout),
+                            EnvWorkers(self._env_round, specs), [s.traj_id for s in specs])
         metrics = merge_rollout_metrics(gather([self.rollout.end()], self.timeout, "rollout: end")[0])
-        env_stats, _ = self._env_round({e: ("env_stats", (f"in iteration {step}",)) for e in range(self.env_ranks)})
+        env_stats, _ = self._env_round({e: ("env_stats", (where,)) for e in range(self.env_ranks)})
         for out in env_stats.values():
             for k, v in out.items():
                 metrics[k] = metrics.get(k, 0.0) + v
+        metrics.update(rounds.metrics())
         # The env workers' CPU per rank: the part of their busy time that computes (the rest waits on tools).
-        metrics.update({"time/env_busy_s": busy["env"], "time/env_cpu_s": metrics.get("time/env_cpu_s", 0.0) / self.env_ranks,
-                        "time/generate_busy_s": busy["generate"],
-                        "time/rollout_s": time.perf_counter() - t_start, "rollout/rounds": float(round_)})
+        metrics["time/env_cpu_s"] = metrics.get("time/env_cpu_s", 0.0) / self.env_ranks
+        metrics["time/rollout_s"] = time.perf_counter() - t_start
         return metrics
 
     # -- the driver's Flow -------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""The turn engine on its own: episodes started from given observations, re-run from their start, seeded
-per episode with a continuous-batching backend so a re-run plays as it first did."""
+"""The turn engine: episodes started from given observations, re-run from their start (played by the turn loop
+over environments that are lost once), seeded per episode with a continuous-batching backend so a re-run
+plays as it first did."""
 
 from __future__ import annotations
 
@@ -8,29 +9,45 @@ import pytest
 from m2flow.backends.generation.lean import LeanGenerationBackend
 from m2flow.envs.text import TextEnvBatch
 from m2flow.models.tiny import TinyModelConfig, build_tiny_model
+from m2flow.workers.agentic.env_worker import EnvsInProcess, TextEnvs
+from m2flow.workers.agentic.turn_loop import play_turns
 from m2flow.workers.agentic.turns import EpisodeConfig, EpisodeSpec, TurnEngine
 from tests.workers.agentic.scripted import char_tokenizer
 
 TOK = char_tokenizer()
 
 
+class _SeededEngine:
+    """The engine as the turn loop's policy side, each episode's turn seeded by its own (seed, id, turn)."""
+
+    def __init__(self, engine: TurnEngine, backend) -> None:
+        self.engine, self.backend = engine, backend
+        self.start_episodes, self.observe, self.rerun = engine.begin, engine.observe, engine.rerun
+
+    def play_turn(self, round_: int):
+        return self.engine.turn(self.backend, seed=round_, seed_base=3)
+
+
+class _LosingEnvs(EnvsInProcess):
+    """Environments in this process that are all lost at step call ``lose_at``: no answer (a dead env worker);
+    the turn loop resets the episodes that were running on them again."""
+
+    def __init__(self, envs: TextEnvBatch, specs, lose_at: int | None) -> None:
+        super().__init__(TextEnvs(envs), {s.traj_id: s.seed for s in specs})
+        self.lose_at, self.calls = lose_at, 0
+
+    def step(self, actions):
+        self.calls += 1
+        if self.calls - 1 == self.lose_at:
+            return {}, list(actions)
+        return super().step(actions)
+
+
 def _play(engine: TurnEngine, envs: TextEnvBatch, backend, specs, lose_after: int | None = None) -> int:
-    """Play every episode to its end, stepping ``envs`` (episode i on env i); with ``lose_after`` the episodes
-    still running after that many rounds start over once. Returns the rounds played."""
-    first = envs.reset([s.seed for s in specs])
-    engine.begin({s.traj_id: f for s, f in zip(specs, first)})
-    rounds = 0
-    while engine.running():
-        actions, _ = engine.turn(backend, seed=rounds, seed_base=3)
-        results = envs.step({s.env_rank: actions[s.traj_id] for s in specs if s.traj_id in actions})
-        engine.observe({s.traj_id: results[s.env_rank] for s in specs if s.env_rank in results})
-        rounds += 1
-        if rounds == lose_after:
-            again = engine.running()
-            engine.rerun(again)
-            restarted = envs.reset([s.seed for s in specs])  # a fresh worker: every env starts over
-            engine.begin({s.traj_id: f for s, f in zip(specs, restarted) if s.traj_id in again})
-    return rounds
+    """Play every episode to its end through the turn loop; with ``lose_after`` every environment is lost in
+    the round after that many rounds, and the episodes still running start over once. Returns the rounds."""
+    return play_turns(_SeededEngine(engine, backend), _LosingEnvs(envs, specs, lose_after),
+                      [s.traj_id for s in specs]).rounds
 
 
 def test_a_re_run_episode_plays_as_it_first_did():
@@ -43,11 +60,11 @@ def test_a_re_run_episode_plays_as_it_first_did():
         envs = TextEnvBatch.from_registry("guess_number", 4, env_kwargs={"high": 8, "max_turns": 4})
         engine = TurnEngine(cfg, TOK, specs)
         rounds = _play(engine, envs, backend, specs, lose_after)
-        return [engine.trajectory(s.traj_id) for s in specs], engine.close(), rounds
+        return [engine.trajectory(s.traj_id) for s in specs], engine.close(), rounds, engine.reruns
 
-    calm, _, calm_rounds = run(None)
-    lost, stats, rounds = run(1)
-    assert rounds > calm_rounds and stats.trajectories == 4
+    calm, _, calm_rounds, _ = run(None)
+    lost, stats, rounds, reruns = run(1)
+    assert reruns > 0 and rounds > calm_rounds and stats.trajectories == 4
     for a, b in zip(calm, lost):
         assert (a.response_ids, a.action_mask, a.turn_rewards, a.finish_reason) == \
             (b.response_ids, b.action_mask, b.turn_rewards, b.finish_reason)

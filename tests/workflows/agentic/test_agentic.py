@@ -1,5 +1,5 @@
-"""The agentic workflow on the local executor: every trajectory streamed once, fused or not the same,
-resume continues exactly, staleness, misbehaving environments counted or stopping the run, examples and plans."""
+"""The agentic workflow on the local executor: every trajectory streamed once, with the environments in
+env workers or in the rollout, resume continues exactly, staleness, misbehaving environments counted or stopping the run, examples and plans."""
 
 from __future__ import annotations
 
@@ -32,23 +32,23 @@ def _run_and_collect(cfg) -> tuple[list[dict[str, float]], list[int], list[tuple
     return result.history, emitted, taken
 
 
-def test_every_trajectory_reaches_the_actor_once_and_observations_carry_no_loss(tmp_path, model):
-    cfg = tiny_config(tmp_path, model)
-    history, emitted, taken = _run_and_collect(cfg)
+@pytest.mark.parametrize("fused", [False, True], ids=["env-workers", "env-in-rollout"])
+def test_every_trajectory_reaches_the_actor_once_and_observations_carry_no_loss(tmp_path, model, fused):
+    # Apart, the flow runs the turn loop over the env workers; fused, the rollout runs it over its own
+    # environments (``play_iteration``): one loop (``turn_loop.play_turns``), two places it runs.
+    with Run(WORKFLOW, tiny_config(tmp_path, model, **{"env.fuse_with_rollout": fused})) as run:
+        history = run.train().history
+        assert run.plan.fused("env") == fused and ("env" in run.plan.launched) != fused
+        emitted = [t for part in gather([run.flow.rollout.emitted_ids()])[0] for t in part]
+        taken = [(s, g) for part in gather([run.flow.actor.received_groups()])[0] for s, g, _, _ in part]
     assert len(history) == 3
     assert sorted(emitted) == list(range(3 * 2 * 2)) and sorted(taken) == [(s, g) for s in range(3) for g in range(2)]
     h = history[0]
     assert h["rollout/trajectories"] == 4 and h["env/resets"] == 4 and h["env/steps"] > 0
     assert h["rollout/observation_tokens"] > 0 and h["rollout/model_tokens"] > 0  # both in the responses
     assert all(h["rollout/turns_mean"] <= 4 for h in history)
+    assert all(1 <= h["rollout/rounds"] <= 4 and h["time/env_busy_s"] > 0 for h in history)
     assert "actor/pg_loss" in h and "reward/mean" in h
-
-
-def test_env_fused_into_the_rollout_computes_the_same(tmp_path, model):
-    apart = train(tiny_config(tmp_path / "apart", model))
-    fused = train(tiny_config(tmp_path / "fused", model, **{"env.fuse_with_rollout": True}))
-    assert fused.plan.fused("env") and not apart.plan.fused("env") and "env" not in fused.plan.launched
-    assert comparable(fused.history) == comparable(apart.history)
 
 
 def test_a_resumed_run_continues_exactly(tmp_path, model):

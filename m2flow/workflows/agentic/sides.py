@@ -1,0 +1,88 @@
+"""The turn loop's two sides over a flow's groups: the rollout ranks (policy) and the env workers (environments).
+
+``workers/agentic/turn_loop.play_turns`` drives them from the flow's loop thread, one call per rank per step
+of the loop. Episodes are routed by their spec: group ``slot`` to rollout rank ``slot mod ranks`` (a GRPO
+group stays on one rank, which streams it when its last episode ends), episode to env worker ``env_rank``.
+An env worker that died or hung is restarted by the flow (``env_call``); its episodes come back as lost.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from m2flow.driver.restarts import gather
+from m2flow.envs.text.batch import EnvStep
+from m2flow.runtime.executors import WorkerGroup
+from m2flow.workers.agentic.turns import EpisodeSpec
+
+V = TypeVar("V")
+
+EnvRound = Callable[[dict[int, tuple[str, tuple]]], tuple[dict[int, Any], list[int]]]
+"""Calls on env workers (``e -> (method, args)``), waited for: the answers of those that answered, and the
+env workers lost (restarted already)."""
+
+
+class RolloutRanks:
+    """The rollout group's ranks as the turn loop's policy side (``turn_loop.TurnPolicy``)."""
+
+    def __init__(self, rollout: WorkerGroup, ranks: int, specs: Sequence[EpisodeSpec], timeout: float) -> None:
+        self.rollout, self.ranks, self.timeout = rollout, ranks, timeout
+        self.by_id = {s.traj_id: s for s in specs}
+
+    def _each(self, method: str, per_rank: list[tuple]) -> list[Any]:
+        return gather([self.rollout.execute_each(method, per_rank)], self.timeout, f"rollout: {method}")[0]
+
+    def _split(self, by_tid: Mapping[int, V]) -> list[tuple[dict[int, V]]]:
+        """One argument tuple per rank: the entries of the episodes it plays."""
+        return [({t: v for t, v in by_tid.items() if self.by_id[t].slot % self.ranks == r},) for r in range(self.ranks)]
+
+    def start_episodes(self, first: Mapping[int, EnvStep]) -> list[int]:
+        return [t for ended in self._each("start_episodes", self._split(first)) for t in ended]
+
+    def play_turn(self, round_: int) -> tuple[dict[int, str], list[int]]:
+        actions: dict[int, str] = {}
+        cut: list[int] = []
+        for acts, ended in self._each("play_turn", [(round_,)] * self.ranks):
+            actions.update(acts)
+            cut.extend(ended)
+        return actions, cut
+
+    def observe(self, results: Mapping[int, EnvStep]) -> list[int]:
+        return [t for ended in self._each("observe", self._split(results)) for t in ended]
+
+    def rerun(self, traj_ids: Sequence[int]) -> None:
+        self._each("rerun", [([t for t in traj_ids if self.by_id[t].slot % self.ranks == r],) for r in range(self.ranks)])
+
+
+class EnvWorkers:
+    """The env workers as the turn loop's environment side (``turn_loop.TurnEnvs``)."""
+
+    def __init__(self, env_round: EnvRound, specs: Sequence[EpisodeSpec]) -> None:
+        self.env_round = env_round
+        self.by_id = {s.traj_id: s for s in specs}
+
+    def _by_env(self, traj_ids: Sequence[int]) -> dict[int, list[int]]:
+        by_env: dict[int, list[int]] = defaultdict(list)
+        for tid in traj_ids:
+            by_env[self.by_id[tid].env_rank].append(tid)
+        return by_env
+
+    def _answer(self, calls: dict[int, tuple[str, tuple]], by_env: Mapping[int, list[int]]) -> tuple[dict[int, EnvStep], list[int]]:
+        answered, lost = self.env_round(calls)
+        return ({tid: step for out in answered.values() for tid, step in out.items()},
+                [tid for e in lost for tid in by_env[e]])
+
+    def reset(self, traj_ids: Sequence[int]) -> tuple[dict[int, EnvStep], list[int]]:
+        by_env = self._by_env(traj_ids)
+        return self._answer({e: ("env_reset", (tids, [self.by_id[t].seed for t in tids])) for e, tids in by_env.items()},
+                            by_env)
+
+    def step(self, actions: Mapping[int, str]) -> tuple[dict[int, EnvStep], list[int]]:
+        by_env = self._by_env(list(actions))
+        return self._answer({e: ("env_step", ({t: actions[t] for t in tids},)) for e, tids in by_env.items()}, by_env)
+
+    def end(self, traj_ids: Sequence[int]) -> None:
+        """Nothing to send: an env worker steps only the episodes given an action, and the next iteration's
+        ``env_reset`` starts every one of its environments anew."""
