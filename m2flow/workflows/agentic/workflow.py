@@ -92,11 +92,3 @@ class AgenticWorkflow(Workflow):
 
 
 WORKFLOW = register_workflow(AgenticWorkflow())
-
-
-def train(cfg: AgenticConfig, cluster: Any = None, watch: Any = None) -> Any:
-    """Run (or resume) an agentic config: ``placement: auto`` plans first; a lost env worker is restarted alone,
-    any other dead or hung worker restarts the flow from this run's newest checkpoint."""
-    from m2flow.autoplan.entry import train as train_workflow
-
-    return train_workflow(WORKFLOW, cfg, cluster, watch)

@@ -60,11 +60,3 @@ class EmbodiedWorkflow(Workflow):
 
 
 WORKFLOW = register_workflow(EmbodiedWorkflow())
-
-
-def train(cfg: EmbodiedConfig, cluster: Any = None, watch: Any = None) -> Any:
-    """Run (or resume) an embodied config: ``placement: auto`` plans first; a dead or hung worker restarts the
-    flow from this run's newest checkpoint."""
-    from m2flow.autoplan.entry import train as train_workflow
-
-    return train_workflow(WORKFLOW, cfg, cluster, watch)

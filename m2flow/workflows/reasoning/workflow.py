@@ -66,11 +66,3 @@ class ReasoningWorkflow(Workflow):
 
 
 WORKFLOW = register_workflow(ReasoningWorkflow())
-
-
-def train(cfg: ReasoningConfig, cluster: Any = None, watch: Any = None) -> Any:
-    """Run (or resume) a reasoning config: ``placement: auto`` plans first; a dead or hung worker restarts the
-    flow from this run's newest checkpoint."""
-    from m2flow.autoplan.entry import train as train_workflow
-
-    return train_workflow(WORKFLOW, cfg, cluster, watch)
