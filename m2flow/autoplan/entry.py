@@ -1,13 +1,14 @@
 """The one way to train any workflow: from the command (or a script) to the driver's loop.
 
 ``train(workflow, cfg)`` runs a config under its Plan: the one its placement or ``plan_file`` gives,
-or, with ``placement: auto``, the one the search chooses (``auto.resolve``), which may be switched at
-a checkpoint when the measured times drift (``replan.ReplanMonitor``). Each Plan's run is attempts of
+or, with ``placement: auto``, the one the search chooses and built (``auto.resolve``), run as it is,
+which may be switched at a checkpoint when the measured times drift (``replan.ReplanMonitor``). Each Plan's run is attempts of
 ``driver.run.Run`` that ``run_with_restarts`` repeats after a worker died or hung.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import replace
@@ -34,7 +35,7 @@ def train(workflow: Workflow, cfg: Any, cluster: Any = None, watch: Watch | None
     from m2flow.autoplan.replan import ReplanMonitor
 
     choice = resolve(workflow, cfg)
-    run_cfg = choice.cfg
+    run_cfg = cfg
     history: list[dict[str, float]] = []
     for switches in range(cfg.auto.max_replans + 1):
         monitor = ReplanMonitor(choice, switches_left=cfg.auto.max_replans - switches)
@@ -43,14 +44,15 @@ def train(workflow: Workflow, cfg: Any, cluster: Any = None, watch: Watch | None
             stop = monitor(it, metrics)
             return bool(watch(it, metrics)) or stop if watch is not None else stop
 
-        result = run_with_restarts(attempts(workflow, run_cfg, cluster, watched), cfg.run_dir, cfg.fault_tolerance)
+        result = run_with_restarts(attempts(workflow, run_cfg, cluster, watched, choice.plan), cfg.run_dir,
+                                   cfg.fault_tolerance)
         history += result.history
         if monitor.switch is None:
             result.history = history
             return result
         choice = monitor.switch
-        run_cfg = replace(choice.cfg, resume="auto")
-        log.info("auto: restarting from the newest checkpoint with placement=%s", run_cfg.placement)
+        run_cfg = replace(cfg, resume="auto")
+        log.info("auto: restarting from the newest checkpoint with placement=%s", json.dumps(choice.plan.placement))
     raise AssertionError("unreachable: the last run has no switches left")
 
 

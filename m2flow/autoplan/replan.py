@@ -34,7 +34,7 @@ class ReplanMonitor:
         ctx = choice.ctx
         self.cfg, self.spec = choice.cfg, ctx.spec
         self.timings = ctx.spec.graph.timings()
-        self.plan = choice.best.plan if choice.best.plan is not None else self.spec.plan(self.cfg, ctx.layout)
+        self.plan = choice.plan
         self.total = self.spec.iterations(self.cfg, self.plan)
         auto = self.cfg.auto
         self.window = auto.drift_window
