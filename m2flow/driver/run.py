@@ -38,6 +38,7 @@ from m2flow.driver.stop import EXIT_TERMINATED
 from m2flow.driver.workflow import Flow, Launch, Workflow
 from m2flow.planner import Plan, PlanError
 from m2flow.runtime.cluster import Cluster
+from m2flow.runtime.placement import executor_kind
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +98,10 @@ class Run:
         # plans the config once the executor knows the cluster's layout.
         self.fixed_plan = plan.validate(workflow.graph) if plan is not None else (
             load_plan_file(workflow, cfg.plan_file) if cfg.plan_file else None)
-        placement = self.fixed_plan.placement if self.fixed_plan is not None else cfg.placement
-        self.scaffold = RunScaffold(cfg.run_dir, placement=placement, cluster_config=cfg.cluster, cluster=cluster,
+        # The executor is the Plan's when the Plan is known; else the one the placement's Plan will have (the
+        # executor's cluster gives the layout the config is planned on).
+        kind = self.fixed_plan.executor if self.fixed_plan is not None else executor_kind(cfg.placement)
+        self.scaffold = RunScaffold(cfg.run_dir, executor=kind, cluster_config=cfg.cluster, cluster=cluster,
                                     trace=cfg.trace)
         self.flow: Flow | None = None
         self.plan: Plan | None = None
