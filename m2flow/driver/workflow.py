@@ -108,7 +108,7 @@ class Launch:
 
 @dataclass(frozen=True)
 class Tunable:
-    """A plan setting the plan search may vary, declared by its workflow next to its plan function."""
+    """A plan setting the plan search may vary, declared by its workflow in its ``plan.py``."""
 
     setting: str
     """its name in the Plan's settings (``prompts_per_chunk``, ``pipeline_stages``)"""

@@ -1,4 +1,4 @@
-"""The embodied workflow's plan function: how a config runs (its Plan), and what the planner needs to know.
+"""The embodied workflow's plan constraints: what its config adds to the one plan builder, and what the planner needs to know.
 
 The one builder (``planner.build``) decides devices, the fusion of the rollout into the env
 processes, edges, turns and offloads (``Workflow.offload_settings``) from the graph; this workflow

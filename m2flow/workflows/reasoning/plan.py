@@ -1,4 +1,4 @@
-"""The reasoning workflow's plan function: how a config runs (its Plan), and what the planner needs to know.
+"""The reasoning workflow's plan constraints: what its config adds to the one plan builder, and what the planner needs to know.
 
 The one builder (``planner.build``) decides devices, fusions, edges and turns from the graph; this
 workflow adds its constraints: whether inference runs at all (``inactive``), when the rollout cannot
