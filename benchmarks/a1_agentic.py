@@ -252,7 +252,8 @@ def m2flow_side(workload: str, threads: int, plan_name: str, seed: int, save: st
 
     from m2flow.config.loader import load_config
     from m2flow.workflows.agentic.config import AgenticConfig
-    from m2flow.workflows.agentic.workflow import train
+    from m2flow.autoplan.entry import train
+    from m2flow.workflows.agentic.workflow import WORKFLOW as AGENTIC
 
     torch.set_num_threads(threads)
     w = json.loads(Path(workload).read_text())
@@ -278,7 +279,7 @@ def m2flow_side(workload: str, threads: int, plan_name: str, seed: int, save: st
             ends.append((time.perf_counter(), metrics["time/step"]))
             return False
 
-        history = train(cfg, None, watch).history
+        history = train(AGENTIC, cfg, None, watch).history
         if save:
             actor = sorted(Path(run_dir).glob("**/actor/config.json"), key=lambda p: p.stat().st_mtime)[-1].parent
             shutil.copytree(actor, save, dirs_exist_ok=True)

@@ -98,7 +98,8 @@ def run_plan(model: Path, placement: str, staleness: int, fuse: bool, latency: t
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from m2flow.driver.registry import load_workflow_config
     from m2flow.runtime.logs import setup_logging
-    from m2flow.workflows.agentic.workflow import train
+    from m2flow.autoplan.entry import train
+    from m2flow.workflows.agentic.workflow import WORKFLOW as AGENTIC
 
     setup_logging(console=False)
     load_before = os.getloadavg()[0]
@@ -106,7 +107,7 @@ def run_plan(model: Path, placement: str, staleness: int, fuse: bool, latency: t
         _, cfg = load_workflow_config(EXAMPLE, [
             *overrides(model, Path(tmp), latency, iterations, seed), f"placement={placement}",
             f"algorithm.max_staleness={staleness}", f"env.fuse_with_rollout={str(fuse).lower()}"])
-        result = train(cfg)
+        result = train(AGENTIC, cfg)
     rows = []
     for h in result.history[1:]:  # the first iteration warms processes and connections up
         busy = {"env": h["time/env_busy_s"], "generate": h["time/generate_busy_s"], "actor": h["time/train_busy"]}

@@ -41,11 +41,12 @@ KEYS = ("eval/success", "eval/turns_mean", "eval/return_mean", "eval/tool_calls"
 def _eval(example: Path, overrides: list[str]) -> dict[str, float]:
     """The held-out evaluation before any training of a one-iteration run of ``example`` with ``overrides``."""
     from m2flow.driver.registry import load_workflow_config
-    from m2flow.workflows.agentic.workflow import train
+    from m2flow.autoplan.entry import train
+    from m2flow.workflows.agentic.workflow import WORKFLOW as AGENTIC
 
     _, cfg = load_workflow_config(example, [*overrides, "steps=1", "eval_every=1", "model.warm_start.steps=0",
                                             "model.create_tiny=false"])
-    step, metrics = train(cfg).evaluations[0]
+    step, metrics = train(AGENTIC, cfg).evaluations[0]
     assert step == 0, step
     return {k: metrics[k] for k in KEYS if k in metrics}
 
@@ -58,7 +59,8 @@ def run_seed(task: str, seed: int, steps: int | None, work: Path, extra: list[st
     torch.set_num_threads(1)
     from m2flow.driver.registry import load_workflow_config
     from m2flow.runtime.logs import setup_logging
-    from m2flow.workflows.agentic.workflow import train
+    from m2flow.autoplan.entry import train
+    from m2flow.workflows.agentic.workflow import WORKFLOW as AGENTIC
 
     setup_logging(console=False)
     example = EXAMPLES[task]
@@ -79,7 +81,7 @@ def run_seed(task: str, seed: int, steps: int | None, work: Path, extra: list[st
     if steps is not None:
         overrides.append(f"steps={steps}")
     _, cfg = load_workflow_config(example, overrides)
-    result = train(cfg)
+    result = train(AGENTIC, cfg)
     out["rl"] = [{"iteration": it, **{k: m[k] for k in KEYS if k in m}} for it, m in result.evaluations]
     out["rl_seconds"] = round(time.perf_counter() - start, 1)
     warm = rl_dir / "warm_start"

@@ -95,7 +95,8 @@ def m2flow_side(args: argparse.Namespace) -> dict:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from m2flow.config import from_dict
     from m2flow.driver.registry import load_workflow_config
-    from m2flow.workflows.embodied.workflow import train
+    from m2flow.autoplan.entry import train
+    from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED
     from m2flow.workflows.embodied.config import EmbodiedConfig
     from m2flow.runtime.placement import NodeLayout, parse_placement
     from m2flow.runtime.logs import setup_logging
@@ -122,7 +123,7 @@ def m2flow_side(args: argparse.Namespace) -> dict:
             "run_dir": run_dir,
             "metrics": {"sinks": []},
         }
-        result = train(from_dict(EmbodiedConfig, data))
+        result = train(EMBODIED, from_dict(EmbodiedConfig, data))
     checkpoints = sorted(int(c) for c in args.checkpoints.split(",") if c)
     noted: dict[str, float | None] = {}
     boundaries = [int(h["env/total_steps"]) for h in result.history]

@@ -115,7 +115,8 @@ def run_plan(name: str, iterations: int, env_id: str, seed: int, trace_dir: str 
     """
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from m2flow.config import from_dict
-    from m2flow.workflows.embodied.workflow import train
+    from m2flow.autoplan.entry import train
+    from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED
     from m2flow.workflows.embodied.config import EmbodiedConfig
     from m2flow.runtime.logs import setup_logging
 
@@ -132,7 +133,7 @@ def run_plan(name: str, iterations: int, env_id: str, seed: int, trace_dir: str 
             shutil.rmtree(run_dir, ignore_errors=True)
         cfg = workload_config(workload, placement, stages, fused, env_ranks, iterations, env_id, compile, staleness,
                               seed, run_dir, trace_dir is not None)
-        result = train(cfg)
+        result = train(EMBODIED, cfg)
     rows = []
     for h in result.history[1:]:  # the first iteration warms caches and connections up
         env_stage = h["time/env_busy_s"] + (h["time/rollout_busy_s"] if result.plan.fused("rollout") else 0.0)

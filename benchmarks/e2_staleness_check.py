@@ -23,7 +23,8 @@ def main() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from m2flow.config import from_dict
     from m2flow.runtime.logs import setup_logging
-    from m2flow.workflows.embodied.workflow import train
+    from m2flow.autoplan.entry import train
+    from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED
     from m2flow.workflows.embodied.config import EmbodiedConfig
 
     setup_logging(console=False)
@@ -33,7 +34,7 @@ def main() -> None:
             "env": {"env_id": "HalfCheetah-v5", "num_envs": 4}, "rollout_steps": 256,
             "total_env_steps": args.iterations * 2048, "algorithm": {"max_staleness": args.staleness},
             "run_dir": tmp, "metrics": {"sinks": []}})
-        result = train(cfg)
+        result = train(EMBODIED, cfg)
     h = result.history[1:]
 
     def mean(key: str) -> float:

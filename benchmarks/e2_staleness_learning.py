@@ -33,7 +33,8 @@ def run_one(staleness: int, seed: int, steps: int, placement: str, env_id: str) 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from m2flow.config import from_dict
     from m2flow.runtime.logs import setup_logging
-    from m2flow.workflows.embodied.workflow import train
+    from m2flow.autoplan.entry import train
+    from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED
     from m2flow.workflows.embodied.config import EmbodiedConfig
 
     setup_logging(console=False)
@@ -55,7 +56,7 @@ def run_one(staleness: int, seed: int, steps: int, placement: str, env_id: str) 
             "eval_episodes": 5,
             "metrics": {"sinks": []},
         })
-        result = train(cfg)
+        result = train(EMBODIED, cfg)
     last = result.history[-1]
     return {"staleness": staleness, "seed": seed, "steps": int(last["env/total_steps"]),
             "return_recent": last["env/episode_return_recent"], "eval_return": last["eval/return"],

@@ -256,7 +256,8 @@ def _runner_side(w: dict, threads: int, plan_name: str, trace_dir: str | None, r
 
     With ``trace_dir`` the run keeps its directory there (with a trace: ``m2flow report`` reads it).
     """
-    from m2flow.workflows.reasoning.workflow import train
+    from m2flow.autoplan.entry import train
+    from m2flow.workflows.reasoning.workflow import WORKFLOW as REASONING
 
     plan, backend = plan_and_backend(plan_name)
     with tempfile.TemporaryDirectory(prefix="g1-m2flow-") as tmp:
@@ -265,7 +266,7 @@ def _runner_side(w: dict, threads: int, plan_name: str, trace_dir: str | None, r
             run_dir = str(Path(trace_dir) / f"{plan_name.replace('+', '-')}-t{threads}-{time.strftime('%H%M%S')}")
         cfg = runner_config(w, threads, plan, run_dir, trace=bool(trace_dir), ray_address=ray_address,
                             backend=backend)
-        history = train(cfg).history[w["warmup_steps"]:]
+        history = train(REASONING, cfg).history[w["warmup_steps"]:]
     total = sum(h["time/step"] for h in history)
     completions = sum(h["perf/completions_per_s"] * h["time/step"] for h in history)
     tokens = sum(h["perf/tokens_per_s"] * h["time/step"] for h in history)

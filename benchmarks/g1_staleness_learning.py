@@ -51,7 +51,8 @@ def run_one(staleness: int, seed: int, steps: int, placement: str, model: str) -
     """One GRPO run in this process from the warm-started ``model``; its curves and loop time."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from m2flow.runtime.logs import setup_logging
-    from m2flow.workflows.reasoning.workflow import train
+    from m2flow.autoplan.entry import train
+    from m2flow.workflows.reasoning.workflow import WORKFLOW as REASONING
     from m2flow.driver.registry import load_workflow_config
 
     setup_logging(console=False)
@@ -61,7 +62,7 @@ def run_one(staleness: int, seed: int, steps: int, placement: str, model: str) -
             f"model.path={model}", "model.warm_start.steps=0", f"algorithm.max_staleness={staleness}"]
         _, cfg = load_workflow_config(DEMO, overrides)
         start = time.perf_counter()
-        result = train(cfg)
+        result = train(REASONING, cfg)
         seconds = time.perf_counter() - start
     h = result.history
     return {"staleness": staleness, "seed": seed, "iterations": len(h),

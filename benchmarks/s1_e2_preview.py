@@ -35,7 +35,8 @@ from m2flow.planner.simulate import Simulator  # noqa: E402
 from m2flow.runtime.placement import NodeLayout  # noqa: E402
 from m2flow.workflows.embodied.config import EmbodiedConfig  # noqa: E402
 from m2flow.workflows.embodied.graph import GRAPH  # noqa: E402
-from m2flow.workflows.embodied.plan import WORKLOAD, plan_embodied  # noqa: E402
+from m2flow.workflows.embodied.plan import WORKLOAD  # noqa: E402
+from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED  # noqa: E402
 
 STEPS, ENVS = 256, 8
 
@@ -82,7 +83,7 @@ def main() -> int:
                                          "pipeline_stages": stages, "rollout_steps": STEPS,
                                          "env": {"num_envs": ENVS // env_ranks},
                                          "rollout": {"fuse_with_env": fused}})
-        plan = plan_embodied(cfg, NodeLayout((8,)))
+        plan = EMBODIED.plan(cfg, NodeLayout((8,)))
         predicted = sim.simulate(setup_from_plan(plan)).iteration_time
         got = measured[name]["step_s"]
         rows.append({"plan": name, "placement": placement, "stages": stages, "fused": fused,

@@ -180,9 +180,9 @@ def run_one(workflow: str, config_json: str, skip: int) -> dict[str, Any]:
     setup_logging(console=False)
     spec = spec_of(workflow)
     cfg = from_dict(spec.schema, json.loads(config_json))
-    from m2flow.autoplan.auto_config import auto_support
+    from m2flow.autoplan.entry import train
 
-    result = auto_support(spec).train(cfg, None, None)
+    result = train(spec, cfg)
     key = next(k for k in ITERATION_KEYS if k in result.history[0])
     return {"iterations": [h[key] for h in result.history[skip:]], "mode": result.mode}
 

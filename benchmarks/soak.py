@@ -178,12 +178,14 @@ def main() -> int:
     cfg = config(args.workflow, root, args.iterations, placement)
     if args.workflow == "embodied":
         from m2flow.workflows.embodied import flow as module
-        from m2flow.workflows.embodied.workflow import train
+        from m2flow.autoplan.entry import train
+        from m2flow.workflows.embodied.workflow import WORKFLOW as workflow
 
         flow_class = module.EmbodiedFlow
     else:
         from m2flow.workflows.reasoning import flow as module
-        from m2flow.workflows.reasoning.workflow import train
+        from m2flow.autoplan.entry import train
+        from m2flow.workflows.reasoning.workflow import WORKFLOW as workflow
 
         flow_class = module.ReasoningFlow
     flows: list[Any] = []
@@ -197,7 +199,7 @@ def main() -> int:
     sampler = Sampler(Path(cfg.run_dir) / "metrics.jsonl", flows, args.interval)
     sampler.start()
     t0 = time.perf_counter()
-    result = train(cfg)
+    result = train(workflow, cfg)
     seconds = time.perf_counter() - t0
     sampler.halt.set()
     sampler.join()

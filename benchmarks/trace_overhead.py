@@ -108,7 +108,8 @@ def demo_step_time(trace: bool, steps: int, warmup: int, batch_size: int = 4096)
 def embodied_step_time(trace: bool, steps: int, warmup: int, cluster: object) -> tuple[float, float]:
     """Median seconds per iteration of the pipelined CartPole PPO loop, and trace events per iteration."""
     from m2flow.config.loader import load_config
-    from m2flow.workflows.embodied.workflow import train
+    from m2flow.autoplan.entry import train
+    from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED
     from m2flow.workflows.embodied.config import EmbodiedConfig
 
     with tempfile.TemporaryDirectory() as d:
@@ -116,7 +117,7 @@ def embodied_step_time(trace: bool, steps: int, warmup: int, cluster: object) ->
         cfg = load_config(EmbodiedConfig, ROOT / "examples" / "embodied" / "cartpole_pipelined.yaml", [
             'placement="env: 0, rollout: 1, actor: 0"', f"total_env_steps={steps * 8 * 128}",
             "eval_every=0", f"trace={str(trace).lower()}", f"run_dir={d}", "metrics.sinks=[]"])
-        history = train(cfg, cluster).history
+        history = train(EMBODIED, cfg, cluster).history
         events = _events_per_step(d, len(history)) if trace else 0.0
     return statistics.median(h["time/iteration_s"] for h in history[warmup:]), events
 
@@ -124,7 +125,8 @@ def embodied_step_time(trace: bool, steps: int, warmup: int, cluster: object) ->
 def reasoning_step_time(trace: bool, steps: int, warmup: int, cluster: object, model_dir: Path) -> tuple[float, float]:
     """Median seconds per iteration of the arithmetic GRPO loop, and trace events per iteration."""
     from m2flow.config.loader import load_config
-    from m2flow.workflows.reasoning.workflow import train
+    from m2flow.autoplan.entry import train
+    from m2flow.workflows.reasoning.workflow import WORKFLOW as REASONING
     from m2flow.workflows.reasoning.config import ReasoningConfig
 
     with tempfile.TemporaryDirectory() as d:
@@ -134,7 +136,7 @@ def reasoning_step_time(trace: bool, steps: int, warmup: int, cluster: object, m
             "actor.micro_batch_size=32", "data.prompts_per_step=16", "data.arithmetic.train_size=512",
             f"model.path={model_dir}", "model.warm_start.steps=0", f"steps={steps}", "eval_every=0",
             "checkpoint_every=0", f"trace={str(trace).lower()}", f"run_dir={d}", "metrics.sinks=[]"])
-        history = train(cfg, cluster).history
+        history = train(REASONING, cfg, cluster).history
         events = _events_per_step(d, len(history)) if trace else 0.0
     return statistics.median(h["time/step"] for h in history[warmup:]), events
 

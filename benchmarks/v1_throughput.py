@@ -85,7 +85,8 @@ def m2flow_side(name: str, steps: int, seed: int, init_from: str | None) -> dict
     from m2flow.config.loader import load_config
     from m2flow.runtime.logs import setup_logging
     from m2flow.workflows.embodied.config import EmbodiedConfig
-    from m2flow.workflows.embodied.workflow import train
+    from m2flow.autoplan.entry import train
+    from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED
 
     setup_logging(console=False)
     placement, staleness, extra = M2FLOW_PLANS[name]
@@ -98,7 +99,7 @@ def m2flow_side(name: str, steps: int, seed: int, init_from: str | None) -> dict
             f"policy.init_from={init_from or 'null'}", "env_worker.num_threads=1", "rollout.num_threads=1",
             "actor.num_threads=1", *extra])
         imported = time.perf_counter() - t0
-        result = train(cfg)
+        result = train(EMBODIED, cfg)
     hist = result.history
     total = {k: sum(h.get(f"time/{k}", 0.0) for h in hist)
              for k in ("env_busy_s", "rollout_busy_s", "actor_busy_s", "iteration_s")}

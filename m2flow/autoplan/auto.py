@@ -10,10 +10,8 @@ predicted time and the runner-up are logged and saved in ``RUN_DIR/auto.json``
 
 from __future__ import annotations
 
-import json
 import logging
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -61,25 +59,3 @@ def resolve(spec: Any, cfg: Any) -> Choice:
         log.info("%s", line)
     write_record(Path(cfg.run_dir), choice.record())
     return choice
-
-
-def train_auto(spec: Any, cfg: Any, cluster: Any = None) -> Any:
-    """Run ``cfg`` of the workflow ``spec`` (``placement: auto``): choose, run, and switch plans at a
-    checkpoint when it pays."""
-    from m2flow.autoplan.auto_config import auto_support
-    from m2flow.autoplan.replan import ReplanMonitor
-
-    choice = resolve(spec, cfg)
-    run_cfg = choice.cfg
-    history: list[dict[str, float]] = []
-    for switches in range(cfg.auto.max_replans + 1):
-        monitor = ReplanMonitor(choice, switches_left=cfg.auto.max_replans - switches)
-        result = auto_support(spec).train(run_cfg, cluster, monitor)
-        history += result.history
-        if monitor.switch is None:
-            result.history = history
-            return result
-        choice = monitor.switch
-        run_cfg = replace(choice.cfg, resume="auto")
-        log.info("auto: restarting from the newest checkpoint with placement=%s", json.dumps(run_cfg.placement))
-    raise AssertionError("unreachable: the last run has no switches left")

@@ -33,20 +33,24 @@ class Choice:
     profile: Path | None = None
     choice: PlanChoice = field(init=False)
     """the ``PlanChoice`` that runs: the candidate's (``placement: local`` for a plan on one device)"""
+    plan: Any = field(init=False)
+    """the Plan that runs: the candidate's, as the search built it"""
     cfg: Any = field(init=False)
-    """the config that runs it: the workflow's ``apply`` of ``choice`` (a concrete placement among it)"""
+    """the config it runs with: the one given (the Plan, not the config, says how it runs)"""
     overrides: dict[str, Any] = field(init=False)
-    """the config overrides of ``choice`` (``Workflow.overrides``), as logged and recorded"""
+    """the config overrides of ``choice`` (``Workflow.overrides``), as logged and recorded for the user to
+    read or rerun; never planned from"""
 
     def __post_init__(self) -> None:
-        choice = self.best.choice
-        if _one_device(self.best.plan):
+        choice, plan = self.best.choice, self.best.plan
+        if _one_device(plan):
             # Every component on device 0, one rank each, is the plan the local executor runs in this
             # process: the same ranks and turns without starting Ray.
             choice = choice.at("local")
-        self.choice = choice
+            plan = self.ctx.build(choice)
+        self.choice, self.plan = choice, plan
         self.overrides = self.ctx.spec.overrides(choice)
-        self.cfg = self.ctx.config_of(choice)
+        self.cfg = self.ctx.given
 
     @property
     def seconds(self) -> float:

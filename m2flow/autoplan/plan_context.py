@@ -1,5 +1,5 @@
 """A config object as the planner needs it: its layout, its search space, its profile hash, and the
-Plan of a candidate (the workflow asks its config for the ``PlanChoice``, then plans it).
+Plan of a candidate (the workflow's one builder on the ``PlanChoice``; no config key on the way).
 
 ``m2flow profile``, ``placement: auto`` and ``m2flow plan search`` (``plan_search.py``) all start
 from a loaded config (not a file), so candidates are configured from the config's own data.
@@ -34,6 +34,8 @@ class PlanContext:
         from m2flow.runtime.placement import PlacementError
 
         self.spec, self.cfg = spec, cfg
+        self.given = cfg
+        """the config as given (``placement: auto`` among it): the one a chosen Plan runs with"""
         self.layout = layout if layout is not None else layout_of(cfg)
         self.devices = sum(self.layout.devices_per_node)
         try:
@@ -48,13 +50,9 @@ class PlanContext:
         """The config with dotted ``changes`` applied, validated (the profiler's probes)."""
         return with_overrides(self.spec.schema, self.cfg, changes)
 
-    def config_of(self, choice: PlanChoice) -> Any:
-        """The config that runs the search's ``PlanChoice`` ``choice`` (the workflow's ``apply``)."""
-        return self.spec.apply(self.cfg, choice)
-
     def build(self, choice: PlanChoice) -> Any:
-        """The validated Plan of ``choice``: its config, then the workflow's plan function (a ValueError refuses it)."""
-        return self.spec.plan(self.config_of(choice), self.layout)
+        """The validated Plan of ``choice``: the workflow's plan on the config's constraints (a ValueError refuses it)."""
+        return self.spec.plan(self.cfg, self.layout, choice)
 
     def config_hash(self) -> str:
         from m2flow.autoplan.auto_config import profile_hash

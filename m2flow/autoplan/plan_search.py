@@ -1,9 +1,9 @@
 """``m2flow plan search CONFIG --profile FILE``: rank the plans of a config by predicted iteration time.
 
 The workflow says what may vary (``Workflow.search_space``); the planner enumerates ``PlanChoice``s,
-simulates them from the profile's cost model and has the workflow build each into a Plan (its config
-asked for the choice, then its plan function); this module only loads configs, checks the profile
-and prints, with each plan the config overrides that run it (``Workflow.overrides``). ``m2flow plan
+simulates them from the profile's cost model and has the workflow build each into a Plan
+(``Workflow.plan`` with the choice: the one builder); this module only loads configs, checks the profile
+and prints, with each plan the config overrides that ask for it (``Workflow.overrides``), for the user. ``m2flow plan
 profile-template CONFIG FILE`` writes an empty profile naming this machine and config, for
 measured points to be filled in.
 """

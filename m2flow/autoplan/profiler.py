@@ -7,9 +7,9 @@ rank's) is its time per iteration (a run's time is its typical iteration, which 
 seconds per call]`` points from the calls the probe's plan makes.
 
 Which probes run:
-- at one rank, every batch size the workflow lists (``AutoSupport.probes``), with the
+- at one rank, every batch size the workflow lists (``Workflow.profile_probes``), with the
   ``local`` placement: one process, the components one after another (the fusions of
-  ``profile_fusions`` make one process run them in turn), each with its configured threads,
+  every fusion key set, make one process run them in turn), each with its configured threads,
   which is what the cost model's contention rule assumes a measured time to be;
 - on CPUs, when a component has more than one thread, the largest batch on one thread (how each
   component's time scales with its process's threads; every point records those threads);
@@ -51,7 +51,6 @@ from pathlib import Path
 from typing import Any
 
 from m2flow.autoplan.machine import device_memory, offload_bandwidth, on_gpus, peak_rss, reset_peak_rss
-from m2flow.autoplan.auto_config import auto_support
 from m2flow.autoplan.plan_context import PlanContext
 from m2flow.config import with_overrides
 
@@ -144,7 +143,10 @@ class Profiler:
                  work_dir: Path, say: Say = log.info, repeats: int = 1) -> None:
         if iterations < 2:
             raise ValueError(f"profiling needs at least 2 iterations per run (one warm-up), got {iterations}")
-        self.ctx, self.support = ctx, auto_support(ctx.spec)
+        self.ctx, self.spec = ctx, ctx.spec
+        self.thread_keys = ctx.spec.graph.thread_keys()
+        # every fusion taken while profiling, so that each process runs one component at a time
+        self.fusions = {key: True for key in ctx.spec.graph.fusion_keys().values()}
         if repeats < 1:
             raise ValueError(f"profiling needs at least 1 repeat, got {repeats}")
         self.iterations, self.max_devices, self.repeats = iterations, max_devices, repeats
@@ -153,18 +155,18 @@ class Profiler:
 
     # -- which probes --------------------------------------------------------------------------
     def probes(self) -> list[Probe]:
-        sizes = self.support.probes(self.ctx.cfg)
+        sizes = self.spec.profile_probes(self.ctx.cfg)
         out = [Probe(f"b{i}", o, "local", 1) for i, o in enumerate(sizes)]
         out[-1].overrides = {**out[-1].overrides, "checkpoint_every": self.iterations}
         limit = min(self.ctx.devices, self.max_devices or self.ctx.devices)
         threads = max(self.ctx.space.threads.values(), default=1)
-        if self.cores is not None and threads > 1 and self.support.thread_keys:
+        if self.cores is not None and threads > 1 and self.thread_keys:
             # The largest batch again on one thread: how each component's time scales with its
             # process's threads, for ranks that run with fewer threads than the probes' process.
-            one = {key: 1 for c, key in self.support.thread_keys.items() if c in self.ctx.space.threads}
+            one = {key: 1 for c, key in self.thread_keys.items() if c in self.ctx.space.threads}
             out.append(Probe("t1", {**sizes[-1], **one}, "local", 1))
         names = ",".join(self.ctx.spec.graph.component_names)
-        unfused = {k: not v for k, v in self.support.profile_fusions.items()}
+        unfused = {k: not v for k, v in self.fusions.items()}
         if unfused:
             out.append(Probe("u1", {**sizes[-1], **unfused}, "local", 1, kind="local"))
         d = 2
@@ -175,11 +177,11 @@ class Profiler:
                 # Fewer threads per rank so that the ranks fit on the cores (the fit carries the point
                 # over to the configured threads); without thread keys, or below one thread, stop here.
                 per_rank = self.cores // d
-                if per_rank < 1 or not self.support.thread_keys:
+                if per_rank < 1 or not self.thread_keys:
                     self.say(f"profile: not probing {d} ranks: {d} x {threads} thread(s) exceed the "
                              f"{self.cores} core(s), and a measured time must hold no contention")
                     break
-                fewer = {key: per_rank for c, key in self.support.thread_keys.items() if c in self.ctx.space.threads}
+                fewer = {key: per_rank for c, key in self.thread_keys.items() if c in self.ctx.space.threads}
                 self.say(f"profile: probing {d} ranks at {per_rank} thread(s) each, so that they fit on the "
                          f"{self.cores} core(s)")
                 if not over:
@@ -202,18 +204,20 @@ class Profiler:
         from m2flow.planner.measure import call_shapes, points
         from m2flow.planner.setup import setup_from_plan
 
-        spec, s = self.ctx.spec, self.support
-        cfg = self.ctx.configure({**s.profile_fusions, **probe.overrides, "placement": probe.placement})
+        from m2flow.driver.run import attempts
+
+        spec = self.spec
+        cfg = self.ctx.configure({**self.fusions, **probe.overrides, "placement": probe.placement})
         run_dir = self.work_dir / (probe.label if not probe.attempt else f"{probe.label}.{probe.attempt}")
         cfg = with_overrides(spec.schema, cfg, {
-            **s.length(cfg, self.iterations), "run_dir": str(run_dir), "resume": None, "trace": False,
+            **spec.profile_length(cfg, self.iterations), "run_dir": str(run_dir), "resume": None, "trace": False,
             "metrics.sinks": ["jsonl"], "fault_tolerance.max_restarts": 0,
             "checkpoint_every": probe.overrides.get("checkpoint_every", 0)})
         plan = spec.plan(cfg, self.ctx.layout)
         reset_peak_rss()
         start = time.perf_counter()
         with kept_logging():
-            result = s.train(cfg, cluster, None)
+            result = attempts(spec, cfg, cluster)(0)  # one attempt: a probe never restarts
         wall = time.perf_counter() - start
         history = result.history
         if len(history) < 2:
@@ -223,11 +227,11 @@ class Profiler:
         # probe has its threads to itself (contention between processes is added by the simulator). The
         # least would be the time of an iteration that met no interruption, which a whole run never
         # keeps to (it made every prediction fast). The spread says how busy the machine was.
-        seen = {c: [h[key] for h in measured if key in h] for c, key in s.timings.items()
+        seen = {c: [h[key] for h in measured if key in h] for c, key in spec.graph.timings().items()
                 if c in self.ctx.space.running}
         probe.busy = {c: statistics.median(v) for c, v in seen.items() if v}
         probe.spread = {c: max(v) / min(v) for c, v in seen.items() if v and min(v) > 0}
-        cpu = {c: [h[key] for h in measured if key in h] for c, key in s.cpu_timings.items() if c in probe.busy}
+        cpu = {c: [h[key] for h in measured if key in h] for c, key in spec.graph.cpu_timings().items() if c in probe.busy}
         probe.cpu = {c: statistics.median(v) for c, v in cpu.items() if v}
         setup = probe.setup = setup_from_plan(plan, self.ctx.space.holders)
         # Each point carries the threads of the process that measured it (a fused component's are its
@@ -287,7 +291,7 @@ class Profiler:
         # last seconds) lengthens a whole run, and repeating in rotation lets one run miss it.
         done = [min(tries, key=lambda p: p.iteration_s if p.iteration_s is not None else math.inf)
                 for tries in runs.values()]
-        weights, training = self.support.model_bytes(next((p.checkpoint for p in done if p.checkpoint), None))
+        weights, training = self.spec.model_bytes(next((p.checkpoint for p in done if p.checkpoint), None))
         comps: dict[str, dict[str, Any]] = {}
         holders = set(self.ctx.space.holders)
         trainers = {c.name for c in self.ctx.spec.graph.components if c.trains}
@@ -299,7 +303,7 @@ class Profiler:
             pts = [[p.points[c][0], p.points[c][1], p.points[c][2] / (process if p.placement != "local" else 1.0),
                     p.points[c][3]] for p in done if c in p.points and p.kind == "cost"]
             if not pts:
-                raise RuntimeError(f"profile: no run measured {c!r} (metric {self.support.timings.get(c)!r})")
+                raise RuntimeError(f"profile: no run measured {c!r} (metric {self.spec.graph.timings().get(c)!r})")
             state = (training if c in trainers else weights) if c in holders else 0.0
             entry = {"points": pts, "mem_fixed": state + (weights if c in trainers else 0.0), "mem_per_item": 0.0,
                      "state_bytes": state, "startup_s": startup}
@@ -314,7 +318,7 @@ class Profiler:
         profile = new_profile(
             self.ctx.spec.name, self.ctx.config_hash(), comps,
             device={"memory_bytes": device_memory(), "cores": self.cores}, link={},
-            offload_bandwidth=offload_bandwidth(training), edge_bytes=self.support.edge_bytes(self.ctx.cfg),
+            offload_bandwidth=offload_bandwidth(training), edge_bytes=self.spec.edge_bytes(self.ctx.cfg),
             probes=[{"label": p.label, "ranks": p.ranks, "overrides": {k: v for k, v in p.overrides.items()},
                      "kind": p.kind, "iteration_s": p.iteration_s, "calls": p.calls, "busy_s": p.busy,
                      "cpu_s": p.cpu, "spread": p.spread, "startup_s": p.startup_s, "peak_rss_bytes": p.peak_rss_bytes,

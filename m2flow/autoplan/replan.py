@@ -9,7 +9,7 @@ cost model with every component scaled by its measured / predicted ratio, the cu
 simulated under it, the search run again (among plans a checkpoint of the current one can be
 resumed under). It switches when the time saved over the remaining iterations exceeds the
 switch cost (the start-up of the new plan's groups and one iteration), by ending the loop there;
-``auto.train_auto`` resumes from that checkpoint under the new plan. Otherwise it keeps the
+``entry.train`` resumes from that checkpoint under the new plan. Otherwise it keeps the
 plan and takes the corrected predictions as its new reference, so the same drift does not ask
 again.
 """
@@ -20,7 +20,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from m2flow.autoplan.auto_config import auto_support
 from m2flow.planner.drift import DriftDetector, rescaled, worth_switching
 from m2flow.planner.simulate import Simulator
 
@@ -33,9 +32,10 @@ class ReplanMonitor:
     def __init__(self, choice: Any, switches_left: int) -> None:
         self.choice = choice
         ctx = choice.ctx
-        self.cfg, self.spec, self.support = choice.cfg, ctx.spec, auto_support(ctx.spec)
-        self.plan = choice.best.plan if choice.best.plan is not None else self.spec.plan(self.cfg, ctx.layout)
-        self.total = self.support.iterations(self.cfg, self.plan)
+        self.cfg, self.spec = choice.cfg, ctx.spec
+        self.timings = ctx.spec.graph.timings()
+        self.plan = choice.plan
+        self.total = self.spec.iterations(self.cfg, self.plan)
         auto = self.cfg.auto
         self.window = auto.drift_window
         self.detector = self._detector(choice.best.result.component_time)
@@ -56,7 +56,7 @@ class ReplanMonitor:
         return DriftDetector(predicted, auto.drift_threshold, auto.drift_window, warmup=1)
 
     def __call__(self, it: int, metrics: dict[str, float]) -> bool:
-        measured = {c: float(metrics[k]) for c, k in self.support.timings.items() if k in metrics}
+        measured = {c: float(metrics[k]) for c, k in self.timings.items() if k in metrics}
         for drift in self.detector.observe(measured):
             log.warning("auto: drift at iteration %d: %s", it, drift.describe(self.window))
         if not self.detector.drifting:
@@ -79,7 +79,7 @@ class ReplanMonitor:
         cost = rescaled(self.cost, ratios)
         sim = Simulator(ctx.space.graph, ctx.space.workload, cost)
         current = sim.simulate(self.choice.best.setup)
-        resumable = self.support.resumable
+        resumable = self.spec.resumable
 
         def keep(cand: Any) -> bool:
             return cand.plan is not None and resumable(self.plan, cand.plan)

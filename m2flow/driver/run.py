@@ -1,11 +1,12 @@
 """A run of any workflow, written once: resume, plan, launch, loop, checkpoints, restarts, result.
 
-``train(workflow, cfg)`` runs (or resumes) a config of a registered workflow under the plan its
-placement (or ``plan_file``) gives. ``Run`` is one attempt as a context manager: inside the block
+``Run`` is one attempt (a config under a given Plan, its ``plan_file``'s, or the one its placement
+gives) as a context manager: inside the block
 ``run.flow`` is the live system and ``run.plan`` the plan it applies (tests inspect workers between
 iterations). A worker that dies or hangs ends the attempt; the next one resumes the newest
 checkpoint this run wrote (never another run's), or starts over, and the metric rows logged after
-that point are dropped, so every step is logged once.
+that point are dropped, so every step is logged once: ``attempts`` makes the attempt that
+``restarts.run_with_restarts`` repeats (``autoplan.entry.train`` runs them, the one way to train).
 """
 
 from __future__ import annotations
@@ -32,12 +33,12 @@ from m2flow.driver.checkpoints import (
     write_state,
 )
 from m2flow.driver.loop import Cadence, train_loop
-from m2flow.driver.restarts import run_with_restarts
 from m2flow.driver.scaffold import RunScaffold
 from m2flow.driver.stop import EXIT_TERMINATED
 from m2flow.driver.workflow import Flow, Launch, Workflow
 from m2flow.planner import Plan, PlanError
 from m2flow.runtime.cluster import Cluster
+from m2flow.runtime.placement import executor_kind
 
 log = logging.getLogger(__name__)
 
@@ -89,13 +90,18 @@ class Run:
     """One attempt of a run, as a context manager: prepares, resumes, plans, launches; shuts down on exit."""
 
     def __init__(self, workflow: Workflow, cfg: Any, cluster: Cluster | None = None, restarts: int = 0,
-                 identity: RunIdentity | None = None) -> None:
+                 identity: RunIdentity | None = None, plan: Plan | None = None) -> None:
         self.workflow, self.cfg, self.restarts = workflow, cfg, restarts
         self.run_dir = Path(cfg.run_dir)
         self.identity = identity or identity_of(workflow, cfg)
-        self.fixed_plan = load_plan_file(workflow, cfg.plan_file) if cfg.plan_file else None
-        placement = self.fixed_plan.placement if self.fixed_plan is not None else cfg.placement
-        self.scaffold = RunScaffold(cfg.run_dir, placement=placement, cluster_config=cfg.cluster, cluster=cluster,
+        # The plan that runs: the one given (the search's choice), else the plan file's, else the workflow
+        # plans the config once the executor knows the cluster's layout.
+        self.fixed_plan = plan.validate(workflow.graph) if plan is not None else (
+            load_plan_file(workflow, cfg.plan_file) if cfg.plan_file else None)
+        # The executor is the Plan's when the Plan is known; else the one the placement's Plan will have (the
+        # executor's cluster gives the layout the config is planned on).
+        kind = self.fixed_plan.executor if self.fixed_plan is not None else executor_kind(cfg.placement)
+        self.scaffold = RunScaffold(cfg.run_dir, executor=kind, cluster_config=cfg.cluster, cluster=cluster,
                                     trace=cfg.trace)
         self.flow: Flow | None = None
         self.plan: Plan | None = None
@@ -195,21 +201,22 @@ def _set_aside_metrics(run_dir: Path, run_id: str) -> None:
         log.warning("a new run in %s: the metrics of the run before it moved to %s", run_dir, aside.name)
 
 
-def train(workflow: Workflow, cfg: Any, cluster: Cluster | None = None,
-          watch: Callable[[int, dict[str, float]], bool] | None = None) -> TrainResult:
-    """Run (or resume) ``cfg``; ``cluster`` reuses a running Ray (else one starts here). A worker that dies or
-    hangs restarts the flow from the newest checkpoint of this run (``fault_tolerance``)."""
+def attempts(workflow: Workflow, cfg: Any, cluster: Cluster | None = None,
+             watch: Callable[[int, dict[str, float]], bool] | None = None,
+             plan: Plan | None = None) -> Callable[[int], TrainResult]:
+    """``attempt(restarts)``: one ``Run`` of ``cfg`` (under ``plan`` when given) through the loop, for
+    ``run_with_restarts``; each attempt goes on under the id of the run the one before resumed."""
     identity = [identity_of(workflow, cfg)]
 
     def attempt(restarts: int) -> TrainResult:
-        run = Run(workflow, cfg, cluster, restarts, identity[0])
+        run = Run(workflow, cfg, cluster, restarts, identity[0], plan=plan)
         try:
             with run:
                 return run.train(watch)
         finally:
             identity[0] = run.identity  # a resumed run goes on under the id of the run it continues
 
-    return run_with_restarts(attempt, cfg.run_dir, cfg.fault_tolerance)
+    return attempt
 
 
 def exit_code(result: TrainResult) -> int:

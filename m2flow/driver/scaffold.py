@@ -18,15 +18,16 @@ class RunScaffold:
     """The parts of a run every workflow shares, as a context manager.
 
     On entry: the run directory, the driver's log file, the tracer when ``trace``. ``executor()``
-    starts the executor the placement asks for; ``adopt(plan)`` logs the plan and saves it as
+    starts the executor of kind ``executor`` (``local`` or ``ray``: a Plan's, or the one its placement
+    will give); ``adopt(plan)`` logs the plan and saves it as
     ``plan.json``. On exit: the executor is shut down and the trace merged; a failure while merging
     never replaces the run's own error.
     """
 
-    def __init__(self, run_dir: str | Path, *, placement: str, cluster_config: ClusterConfig,
+    def __init__(self, run_dir: str | Path, *, executor: str, cluster_config: ClusterConfig,
                  cluster: Cluster | None = None, trace: bool = False) -> None:
         self.run_dir = Path(run_dir)
-        self.placement = placement
+        self.kind = executor
         self.cluster_config = cluster_config
         self.cluster = cluster
         self.trace = trace
@@ -47,7 +48,7 @@ class RunScaffold:
     def executor(self) -> Executor:
         """The run's executor, started on first use."""
         if self._executor is None:
-            self._executor = make_executor(self.placement, self.cluster_config, self.cluster)
+            self._executor = make_executor(self.kind, self.cluster_config, self.cluster)
             self.stop.install()
         return self._executor
 

@@ -3,14 +3,16 @@
 ``Workflow`` is the static side, one object per workflow, registered by name: its config class, its
 graph (every component declared once: worker class, config section, threads key, timing metric,
 fusions and their keys), the plan settings the search may vary (``Tunable``: a setting's name in the
-Plan and the config key that sets it), the one function that turns a config into a ``Plan``, and
-what the planner needs to profile and search it. ``Workflow.apply`` is the one place where a
-``PlanChoice`` of the search becomes config: a placement, every fusion's key, every tunable's key.
+Plan and the config key that sets it), the constraints its config adds when the one builder
+(``planner.build``) makes a ``Plan`` of it, and what the planner needs to profile and search it.
+``Workflow.overrides`` writes a ``PlanChoice`` out as config keys for the user to read; nothing plans
+from them.
 ``Flow`` is the live side of one run: the groups a ``launch`` started from a Plan, driven by the one
 loop in ``driver/loop.py``.
 
 Adding a workflow is one package (or one module): a config dataclass extending ``RunConfig``, a
-``WorkflowGraph``, a ``Workflow`` subclass with ``plan`` and ``launch``, a ``Flow``, and
+``WorkflowGraph``, a ``Workflow`` subclass with ``launch`` (and the plan constraints its config adds:
+``settings``, ``inactive``, ``fusion_refusal``, ``check``, ``notes``), a ``Flow``, and
 ``register_workflow(...)``; nothing in the driver, the planner or the CLI changes.
 """
 
@@ -22,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from m2flow.config import with_overrides
 from m2flow.config.schema import get_key
 from m2flow.planner import Plan, WorkflowGraph
 from m2flow.planner.choice import PlanChoice
+from m2flow.planner.build import PlanRules, build_plan
 from m2flow.runtime.executors import Executor, GroupSpec, WorkerGroup
 from m2flow.runtime.hosting import HostedGroup
 from m2flow.runtime.placement import NodeLayout
@@ -106,7 +108,7 @@ class Launch:
 
 @dataclass(frozen=True)
 class Tunable:
-    """A plan setting the plan search may vary, declared by its workflow next to its plan function."""
+    """A plan setting the plan search may vary, declared by its workflow in its ``plan.py``."""
 
     setting: str
     """its name in the Plan's settings (``prompts_per_chunk``, ``pipeline_stages``)"""
@@ -141,54 +143,58 @@ class Workflow:
     """the plan settings the search may vary, each with the config key that sets it"""
 
     # -- planning ------------------------------------------------------------------------------------
-    def plan(self, cfg: Any, layout: NodeLayout) -> Plan:
-        """The plan of ``cfg`` on a cluster of ``layout`` (validated against the graph).
+    def plan(self, cfg: Any, layout: NodeLayout, choice: PlanChoice | None = None) -> Plan:
+        """The validated Plan of ``cfg`` on a cluster of ``layout``: of what the config asks for (``asked``), or
+        of the search's ``choice`` (its placement, fusions and setting values in place of the config's).
 
-        This default serves a workflow whose decisions all follow from its graph: every component
-        on the devices the placement gives it; a fusion taken when its config key asks for it and the
-        component sits on its host's devices rank for rank; model holders on shared devices take turns
-        and offload; each edge a channel (stream) or point-to-point messages between groups, a hand-over
-        inside one process; ``settings(cfg)`` as the plan's settings. A workflow with more decisions
-        overrides it."""
-        from m2flow.planner import ComponentPlan, EdgePlan
-        from m2flow.planner.graph import DRIVER
-        from m2flow.runtime.placement import executor_kind, parse_placement
+        The one builder (``planner.build.build_plan``) makes it from the graph; the workflow adds only
+        constraints (``rules``): the components this config does not need, the fusions it cannot take, the
+        threads and offloads, and the settings (their defaults, the choice's values, their checks)."""
+        choice = choice if choice is not None else self.asked(cfg)
+        tunable = {t.setting for t in self.tunables}
+        unknown = sorted(set(choice.values) - tunable)
+        if unknown:
+            raise ValueError(f"{self.name}: no tunable plan setting {unknown}; the tunables are {sorted(tunable)}")
+        return build_plan(self.graph, choice, layout, self.rules(cfg, choice.values))
 
-        names = self.graph.component_names
-        placed = parse_placement(cfg.placement, layout, names)
-        hosts = {c: c for c in names}
-        notes = []
-        for f in self.graph.fusions:
-            if not self.wants_fusion(cfg, f.component, f.host):
-                continue
-            if placed[f.component].same_devices(placed[f.host]):
-                hosts[f.component] = f.host
-            else:
-                notes.append(f"{f.component} runs as its own group: it is not on {f.host}'s devices rank for rank")
-        for c in names:  # a fusion into a fused component lands in that one's host
-            while hosts[hosts[c]] != hosts[c]:
-                hosts[c] = hosts[hosts[c]]
-        holders = [c for c in names if self.graph.component(c).holds_model and hosts[c] == c]
-        threads = self.threads(cfg)
+    def asked(self, cfg: Any) -> PlanChoice:
+        """What the config asks for, as a ``PlanChoice``: its placement and the fusions whose keys it sets."""
+        return PlanChoice.of(cfg.placement, [pair for pair, key in self.graph.fusion_keys().items()
+                                             if bool(get_key(cfg, key))])
 
-        def shares(c: str) -> bool:
-            return c in holders and any(placed[c].devices & placed[o].devices for o in holders if o != c)
+    def rules(self, cfg: Any, values: Mapping[str, Any]) -> PlanRules:
+        """The constraints ``cfg`` adds to the graph when a Plan is built (``values``: the search's setting
+        values by Plan name, in place of the config's)."""
+        def settings(plan: Plan) -> tuple[dict[str, Any], tuple[str, ...]]:
+            out = self.settings(cfg, plan, values)
+            self.check(cfg, plan)
+            return out, self.notes(cfg, plan)
 
-        components = tuple(ComponentPlan(c, placed[c], hosts[c], shares_devices=shares(c), offload=shares(c),
-                                         threads=threads.get(c, 1)) for c in names)
-        edges = []
-        for e in self.graph.edges:
-            src = DRIVER if e.source == DRIVER else hosts[e.source]
-            dst = DRIVER if e.target == DRIVER else hosts[e.target]
-            transport = "in-process" if src == dst else ("channel" if e.kind == "stream" else "p2p")
-            edges.append(EdgePlan(e.name, src, dst, transport, placed[dst].world_size if dst != DRIVER else 1))
-        plan = Plan(self.name, executor_kind(cfg.placement), cfg.placement, components, tuple(edges),
-                    self.settings(cfg), tuple(notes))
-        return plan.validate(self.graph)
+        refused = {(f.component, f.host): why for f in self.graph.fusions
+                   if (why := self.fusion_refusal(cfg, f.component, f.host))}
+        return PlanRules(inactive=self.inactive(cfg), refused=refused, threads=self.threads(cfg),
+                         offload=self.offload_settings(cfg), settings=settings)
 
-    def settings(self, cfg: Any) -> dict[str, Any]:
-        """The plan's workflow-level settings (JSON values) the default ``plan`` records."""
+    def settings(self, cfg: Any, plan: Plan, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The plan's workflow-level settings (JSON values) for the structure ``plan`` has decided: the
+        config's defaults, with the search's ``values`` (by Plan name) in their place; a ValueError refuses
+        a value."""
         return {}
+
+    def inactive(self, cfg: Any) -> dict[str, str]:
+        """Optional components this config does not need -> why (a note of the plan)."""
+        return {}
+
+    def fusion_refusal(self, cfg: Any, component: str, host: str) -> str:
+        """Why this config cannot run ``component`` inside ``host``'s processes, besides the devices ("": it can)."""
+        return ""
+
+    def check(self, cfg: Any, plan: Plan) -> None:
+        """Raise ValueError when ``plan`` cannot run this config (ranks the config's sizes do not divide)."""
+
+    def notes(self, cfg: Any, plan: Plan) -> tuple[str, ...]:
+        """What the plan's structure means for this config, one line each (after the builder's own notes)."""
+        return ()
 
     def search_space(self, cfg: Any, plan: Plan) -> Any:
         """What ``m2flow plan search`` and ``placement: auto`` may vary for ``cfg``, in the Plan's terms: the
@@ -201,8 +207,10 @@ class Workflow:
                            offload=self.offload_settings(cfg))
 
     def overrides(self, choice: PlanChoice) -> dict[str, Any]:
-        """The config overrides that ask for ``choice`` (what ``m2flow plan search`` prints after ``use:``):
-        its placement, every fusion key (true for the fusions it takes), the config key of each setting."""
+        """The config overrides that ask for ``choice`` (what ``m2flow plan search`` prints after ``use:`` and
+        ``auto.json`` records, so that a user may read and rerun it): its placement, every fusion key (true for
+        the fusions it takes), the config key of each setting. A chosen Plan runs as it is, never re-planned
+        from these."""
         keys = {t.setting: t.key for t in self.tunables}
         unknown = sorted(set(choice.values) - set(keys))
         if unknown:
@@ -213,10 +221,6 @@ class Workflow:
             raise ValueError(f"{self.name}: no fusion with a config key for {foreign}; those are {sorted(fusions)}")
         return {"placement": choice.placement, **{key: pair in choice.fusions for pair, key in fusions.items()},
                 **{keys[name]: value for name, value in choice.values.items()}}
-
-    def apply(self, cfg: Any, choice: PlanChoice) -> Any:
-        """``cfg`` asking for ``choice``, validated (a ConfigError names the key a value does not fit)."""
-        return with_overrides(self.schema, cfg, self.overrides(choice))
 
     def offload_settings(self, cfg: Any) -> dict[str, bool]:
         """model holder -> whether it offloads when it shares devices (missing: it does), so the search
@@ -230,11 +234,6 @@ class Workflow:
     def threads(self, cfg: Any) -> dict[str, int]:
         """component -> torch threads per rank, read from the config key each component declares."""
         return {c: int(get_key(cfg, key)) for c, key in self.graph.thread_keys().items()}
-
-    def wants_fusion(self, cfg: Any, component: str, host: str) -> bool:
-        """Whether the config asks for ``component`` to run inside ``host``'s processes."""
-        key = self.graph.fusion(component, host).key
-        return bool(get_key(cfg, key)) if key else False
 
     def execution_keys(self) -> tuple[str, ...]:
         """Config keys that change only how a run executes, not what it computes (placement, fusions,

@@ -1,8 +1,8 @@
 """``PlanChoice``: one execution plan as the search states it, in the Plan's own terms.
 
-The search enumerates, simulates and ranks choices; a choice becomes a ``Plan`` through the
-workflow (which knows how to ask its config for it) or, for a bare search space, through
-``candidate_plan.plan_of``. A choice names no config key: its settings are keyed by the names the
+The search enumerates, simulates and ranks choices; a choice becomes a ``Plan`` through the one
+builder (``build.build_plan``): under a workflow's constraints (``Workflow.plan(cfg, layout, choice)``)
+or, for a bare search space, its own (``candidate_plan.plan_of``). A choice names no config key: its settings are keyed by the names the
 Plan gives them (``prompts_per_chunk``, ``pipeline_stages``, a micro-batch size), its fusions are
 (component, host) pairs of the graph.
 """

@@ -1,7 +1,8 @@
 """The Plan: every execution decision of one run, made in one place, validated once, applied by an executor.
 
-A workflow's planning function builds it from the workflow graph, the config and the cluster's
-layout: devices per component and rank, which components run and which are fused into another's
+The one builder (``build.build_plan``) makes it from the workflow graph, a ``PlanChoice`` (what the
+config asks for, or the search's candidate), the constraints the workflow's config adds and the
+cluster's layout: devices per component and rank, which components run and which are fused into another's
 processes, what each edge becomes (a channel, point-to-point messages, or a hand-over inside one
 process), who takes turns on shared devices and offloads, pipeline stages and micro-batch sizes.
 It prints as a table (``m2flow plan show``), saves as JSON into the run directory and loads back
@@ -27,6 +28,15 @@ _FORMAT = 1
 
 class PlanError(UserInputError):
     """A plan that cannot be applied (or a plan file that cannot be read)."""
+
+
+def fusion_refusal(component: ComponentPlacement, host: ComponentPlacement, name: str, host_name: str) -> str:
+    """Why ``name`` cannot run inside ``host_name``'s processes on these placements ("" when it can): it
+    must sit on the host's devices rank for rank, so that each of its ranks has a host rank to run in. The
+    one rule, for the builder that takes a fusion and for ``Plan.validate`` that checks one."""
+    if component.same_devices(host):
+        return ""
+    return f"{name} runs as its own group: it is not on {host_name}'s devices rank for rank"
 
 
 @dataclass(frozen=True)
@@ -149,7 +159,7 @@ class Plan:
                 host = self[c.host]
                 if not host.launched:
                     raise PlanError(f"{c.name} is fused into {c.host}, which is not a group of its own")
-                if not c.placement.same_devices(host.placement):
+                if fusion_refusal(c.placement, host.placement, c.name, c.host):
                     raise PlanError(f"{c.name} is fused into {c.host} but does not sit on its devices rank for rank")
             if not c.active and not graph.component(c.name).optional:
                 raise PlanError(f"{c.name} is not optional in workflow {graph.name!r} and must run")

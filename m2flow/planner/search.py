@@ -3,8 +3,8 @@
 Candidates: every shape (``shapes.py``) times a device count per block, every fusion the graph
 allows where component and host share devices, every value of each searched setting. A candidate
 is a ``PlanChoice`` (placement, fusions taken, setting values, in the Plan's own terms); its Plan is
-built by the workflow (which asks its config for the choice and runs its plan function) or by
-``candidate_plan.plan_of``, and only built, validated Plans are ranked.
+built by the one builder (``build.build_plan``) under the workflow's constraints or, for a bare
+space, ``candidate_plan.plan_of``'s, and only built, validated Plans are ranked.
 
 Scoring: seconds per item of a simulated steady iteration (``Simulator``). Every candidate gets a
 lower bound on its iteration time and a memory check (``bound.FastBound``, ``memory.MemoryCheck``);
@@ -478,9 +478,9 @@ def search(space: SearchSpace, cost: CostModel, devices: int, *, top: int = 5,
     """Rank the plans of ``space`` on ``devices`` devices by predicted seconds per item (on CPU nodes,
     ``cost.cores`` set, plans on the first 1, 2, ... of them too: see ``device_counts``).
 
-    ``build_plan`` turns a ``PlanChoice`` into its validated Plan (a workflow's: its config asked for the
-    choice, then its plan function, which validates the config too; it raises ValueError to refuse);
-    without it, ``candidate_plan.plan_of`` builds it from the graph. Only built, validated Plans are
+    ``build_plan`` turns a ``PlanChoice`` into its validated Plan (a workflow's ``plan(cfg, layout, choice)``:
+    the one builder under the config's constraints and checks; it raises ValueError to refuse); without it,
+    ``candidate_plan.plan_of`` builds it from the graph. The Plans returned are the ones that run. Only built, validated Plans are
     ranked (``best_first``).
     """
     counts = device_counts(devices, cost.cores, exact_limit)

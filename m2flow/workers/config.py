@@ -116,13 +116,18 @@ def _backend_names() -> list[str]:
     return sorted(GENERATION_BACKENDS)
 
 
-def batching_mode(cfg: RolloutConfig) -> Literal["continuous", "chunked"]:
-    """How a rollout rank batches its prompts under ``cfg`` (``batching: auto`` resolved)."""
+_CONFIGURED: Any = object()
+
+
+def batching_mode(cfg: RolloutConfig, prompts_per_chunk: int | None = _CONFIGURED) -> Literal["continuous", "chunked"]:
+    """How a rollout rank batches its prompts under ``cfg`` (``batching: auto`` resolved), with
+    ``prompts_per_chunk`` (a plan's choice) in place of the config's when given."""
     if cfg.batching != "auto":
         return cfg.batching  # type: ignore[return-value]
     from m2flow.backends.generation import generation_backend_class
 
-    streams = generation_backend_class(cfg.backend).continuous and cfg.prompts_per_chunk is None
+    chunk = cfg.prompts_per_chunk if prompts_per_chunk is _CONFIGURED else prompts_per_chunk
+    streams = generation_backend_class(cfg.backend).continuous and chunk is None
     return "continuous" if streams else "chunked"
 
 

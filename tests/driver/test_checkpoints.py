@@ -75,7 +75,7 @@ def test_an_explicit_bad_checkpoint_is_named(tmp_path, content, words):
 
 
 def test_a_failing_run_keeps_its_own_error_when_the_trace_cannot_merge(tmp_path):
-    scaffold = RunScaffold(tmp_path, placement="x: 0", cluster_config=ClusterConfig(), trace=True)
+    scaffold = RunScaffold(tmp_path, executor="ray", cluster_config=ClusterConfig(), trace=True)
     with pytest.raises(RuntimeError, match="the run's own error"):
         with scaffold:
             for shard in (tmp_path / "trace").glob("*"):

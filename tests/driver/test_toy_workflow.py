@@ -8,6 +8,7 @@ a ``Tunable`` with its config key). Registered here, it runs on the local execut
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -291,16 +292,13 @@ class ToyWorkflow(Workflow):
     help = "fit the mean of noisy samples"
     tunables = (Tunable("micro_batch", "learner.micro_batch", micro_batches),)
 
-    def plan(self, cfg: ToyConfig, layout: Any) -> Plan:
-        plan = super().plan(cfg, layout)
-        batch, micro, ranks = plan.settings["batch"], plan.settings["micro_batch"], plan["source"].world_size
+    def settings(self, cfg: ToyConfig, plan: Plan, values: Mapping[str, Any]) -> dict[str, Any]:
+        batch = cfg.source.batch
+        micro, ranks = values.get("micro_batch", cfg.learner.micro_batch or batch), plan["source"].world_size
         if batch % micro or micro % ranks:
             raise PlanError(f"micro-batches of {micro} samples do not split a batch of {batch} over {ranks} "
                             "source rank(s)")
-        return plan
-
-    def settings(self, cfg: ToyConfig) -> dict[str, Any]:
-        return {"batch": cfg.source.batch, "micro_batch": cfg.learner.micro_batch or cfg.source.batch}
+        return {"batch": batch, "micro_batch": micro}
 
     def workload(self) -> Workload:
         return Workload(chain=("source", "learner"), items=("batch",), micro_items=("micro_batch",),
@@ -377,12 +375,15 @@ def test_a_plan_choice_becomes_config_only_through_the_workflow(tmp_path):
     choice = PlanChoice.of("source,learner: 0-1", [("source", "learner")], {"micro_batch": 32})
     assert wf.overrides(choice) == {"placement": "source,learner: 0-1", "source.fuse_with_learner": True,
                                     "learner.micro_batch": 32}
-    plan = wf.plan(wf.apply(cfg, choice), NodeLayout((2,)))
+    # The search's choice is built into a Plan as it is: no config key on the way.
+    plan = wf.plan(cfg, NodeLayout((2,)), choice)
     assert plan.fused("source") and plan.settings["micro_batch"] == 32 and plan["learner"].world_size == 2
     with pytest.raises(PlanError, match="do not split a batch of 64"):  # refused as the search would see it
-        wf.plan(wf.apply(cfg, PlanChoice.of("source: 0-1, learner: 0", settings={"micro_batch": 3})), NodeLayout((2,)))
+        wf.plan(cfg, NodeLayout((2,)), PlanChoice.of("source: 0-1, learner: 0", settings={"micro_batch": 3}))
     with pytest.raises(ValueError, match="no tunable plan setting \\['stages'\\]"):
         wf.overrides(PlanChoice.of("local", settings={"stages": 2}))
+    with pytest.raises(ValueError, match="no tunable plan setting \\['stages'\\]"):
+        wf.plan(cfg, NodeLayout((2,)), PlanChoice.of("local", settings={"stages": 2}))
 
 
 @pytest.mark.learning

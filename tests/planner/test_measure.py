@@ -7,8 +7,10 @@ import pytest
 from m2flow.planner.cost import fit_component
 from m2flow.planner.measure import call_shapes, points
 from m2flow.planner.setup import build_setup
-from m2flow.workflows.embodied.plan import GRAPH as EMBODIED, WORKLOAD as EMBODIED_W
-from m2flow.workflows.reasoning.plan import GRAPH as REASONING, WORKLOAD as REASONING_W
+from m2flow.workflows.embodied.graph import GRAPH as EMBODIED
+from m2flow.workflows.embodied.plan import WORKLOAD as EMBODIED_W
+from m2flow.workflows.reasoning.graph import GRAPH as REASONING
+from m2flow.workflows.reasoning.plan import WORKLOAD as REASONING_W
 
 
 def _reasoning(prompts: int, chunk: int, ranks: int = 1):

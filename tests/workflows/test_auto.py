@@ -16,7 +16,8 @@ from m2flow.autoplan import auto
 from m2flow.autoplan import auto_choice
 from m2flow.autoplan import replan
 from m2flow.autoplan.plan_context import PlanContext
-from m2flow.workflows.reasoning.workflow import train
+from m2flow.autoplan.entry import train
+from m2flow.workflows.reasoning.workflow import WORKFLOW as REASONING
 from m2flow.driver.registry import get_workflow, load_workflow_config
 from tests.workflows import test_embodied
 
@@ -98,7 +99,7 @@ def test_auto_reasoning_runs_the_chosen_plan_and_reuses_its_profile(tiny, tmp_pa
     config, profile = tiny
     caplog.set_level(logging.INFO, logger="m2flow")
     run_dir = tmp_path / "run"
-    result = train(_cfg(config, f"run_dir={run_dir}", f"auto.profile={profile}", "auto.replan=false"))
+    result = train(REASONING, _cfg(config, f"run_dir={run_dir}", f"auto.profile={profile}", "auto.replan=false"))
     assert [int(h["rollout/responses_count"]) for h in result.history] == [32] * 6  # nothing lost or repeated
     record = json.loads((run_dir / "auto.json").read_text())
     assert record["chosen"]["seconds_per_iteration"] > 0 and record["runs_with"]["placement"] == "local"
@@ -147,7 +148,7 @@ def test_drift_replans_at_a_checkpoint_and_resumes_under_the_new_plan(tiny, tmp_
     monkeypatch.setattr(auto_choice, "choose", choose)
     caplog.set_level(logging.INFO, logger="m2flow")
     run_dir = tmp_path / "run"
-    result = train(_cfg(config, f"run_dir={run_dir}", f"auto.profile={path}", "auto.max_replans=1"))
+    result = train(REASONING, _cfg(config, f"run_dir={run_dir}", f"auto.profile={path}", "auto.max_replans=1"))
     assert "auto: drift at iteration" in caplog.text and "actor took" in caplog.text
     record = json.loads((run_dir / "auto.json").read_text())
     switch = record["replans"][0]
@@ -159,13 +160,14 @@ def test_drift_replans_at_a_checkpoint_and_resumes_under_the_new_plan(tiny, tmp_
 
 
 def test_auto_embodied_end_to_end(tmp_path, caplog) -> None:
-    from m2flow.workflows.embodied.workflow import train as train_embodied
+    from m2flow.autoplan.entry import train
+    from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED
 
     caplog.set_level(logging.INFO, logger="m2flow")
     cfg = test_embodied.toy_config(tmp_path, placement="auto", **{
         "cluster.cpu_devices_per_node": 1, "auto.profile_iterations": 2, "total_env_steps": 3 * 512,
         "rollout_steps": 64})
-    result = train_embodied(cfg)
+    result = train(EMBODIED, cfg)
     assert len(result.history) == 3 and result.history[-1]["env/total_steps"] == 3 * 512
     profile = json.loads((tmp_path / "run" / "profile.json").read_text())
     assert set(profile["components"]) == {"env", "rollout", "actor"}

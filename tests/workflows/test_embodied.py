@@ -14,7 +14,8 @@ from m2flow.planner import Plan
 from m2flow.planner.plan import PLAN_FILE
 from m2flow.config.errors import ConfigError
 from m2flow.driver.registry import load_workflow_config
-from m2flow.workflows.embodied.workflow import train
+from m2flow.autoplan.entry import train
+from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED
 from m2flow.workflows.embodied.config import EmbodiedConfig
 
 # The module's runs start worker processes (most of their time); on a loaded machine that can take
@@ -64,7 +65,7 @@ def runs(tmp_path_factory):
         cfg = toy_config(tmp_path_factory.mktemp(name), placement=placement, pipeline_stages=stages,
                          trace=name == "hybrid", checkpoint_every=4 if name == "collocated" else 0,
                          **{"actor.compile": name == "hybrid"})
-        out[name] = (cfg, train(cfg, cluster=cluster))
+        out[name] = (cfg, train(EMBODIED, cfg, cluster=cluster))
     return out
 
 
@@ -119,7 +120,7 @@ def test_metrics_and_trace_are_written(runs):
 def test_resume_continues_exactly(runs, cluster, tmp_path):
     cfg, full = runs["collocated"]
     checkpoint = Path(cfg.run_dir) / "checkpoints" / "step_000004"
-    resumed = train(toy_config(tmp_path, resume=str(checkpoint)), cluster=cluster)
+    resumed = train(EMBODIED, toy_config(tmp_path, resume=str(checkpoint)), cluster=cluster)
     assert len(resumed.history) == 2
     for a, b in zip(full.history[4:], resumed.history):
         for key in LEARNING:
@@ -133,7 +134,7 @@ def test_resume_in_place_after_a_crash_logs_no_step_twice(runs, cluster, tmp_pat
     crashed = toy_config(tmp_path, resume="auto", checkpoint_every=4)
     shutil.copytree(cfg.run_dir, crashed.run_dir)
     shutil.rmtree(Path(crashed.run_dir) / "checkpoints" / "step_000006")  # the final checkpoint never landed
-    resumed = train(crashed, cluster=cluster)
+    resumed = train(EMBODIED, crashed, cluster=cluster)
     assert len(resumed.history) == 2
     rows = [json.loads(x) for x in (Path(crashed.run_dir) / "metrics.jsonl").read_text().splitlines()]
     original = [json.loads(x) for x in (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines()]
@@ -206,7 +207,7 @@ def test_a_traced_run_that_fails_raises_its_own_error(tmp_path, monkeypatch, cap
     monkeypatch.setattr("m2flow.workflows.embodied.workflow.EmbodiedFlow", fails)
     cfg = toy_config(tmp_path, trace=True)
     with pytest.raises(RuntimeError, match="the run's own failure"):
-        train(cfg, cluster=shared_cluster())
+        train(EMBODIED, cfg, cluster=shared_cluster())
     assert "no trace shards" in caplog.text  # the merge in the run's finally block only warns
 
 
@@ -220,7 +221,7 @@ def grpo_config(tmp_path: Path, **overrides) -> EmbodiedConfig:
 
 @pytest.mark.learning
 def test_grpo_learns_from_group_resets_and_trains_on_whole_episodes_only(tmp_path):
-    result = train(grpo_config(tmp_path))
+    result = train(EMBODIED, grpo_config(tmp_path))
     returns = [h["env/episode_return"] for h in result.history]
     assert returns[0] < 1.0  # about a third: the random policy
     assert min(returns[-5:]) > 6.0, returns  # near the best (8), twenty times the random policy's return
@@ -230,9 +231,9 @@ def test_grpo_learns_from_group_resets_and_trains_on_whole_episodes_only(tmp_pat
 
 
 def test_grpo_resumed_run_continues_exactly(tmp_path):
-    full = train(grpo_config(tmp_path / "full", total_env_steps=8 * 256, checkpoint_every=4))
+    full = train(EMBODIED, grpo_config(tmp_path / "full", total_env_steps=8 * 256, checkpoint_every=4))
     checkpoint = tmp_path / "full" / "run" / "checkpoints" / "step_000004"
-    resumed = train(grpo_config(tmp_path / "resumed", total_env_steps=8 * 256, resume=str(checkpoint)))
+    resumed = train(EMBODIED, grpo_config(tmp_path / "resumed", total_env_steps=8 * 256, resume=str(checkpoint)))
     assert len(resumed.history) == 4
     for a, b in zip(full.history[4:], resumed.history):
         for key in ("actor/pg_loss", "actor/approx_kl", "actor/batch_size", "env/episode_return", "env/episodes"):

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from m2flow.workflows.embodied.workflow import train
+from m2flow.autoplan.entry import train
+from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED
 from tests.workflows.test_embodied import LEARNING, toy_config
 
 pytestmark = pytest.mark.timeout(900)
@@ -30,7 +31,7 @@ def _learning(history: list[dict[str, float]]) -> list[dict[str, float]]:
 def test_staleness_1_learns_and_trains_every_sample_once(cluster, tmp_path):
     # The policy in the env process, the actor on a device of its own: collection overlaps updates.
     cfg = toy_config(tmp_path, placement="env,rollout: 0, actor: 1", **{"algorithm.max_staleness": 1})
-    result = train(cfg, cluster=cluster)
+    result = train(EMBODIED, cfg, cluster=cluster)
     h = result.history
     returns = [x["env/episode_return"] for x in h]
     assert returns[0] < 1.0 and returns[-1] > 1.5, returns
@@ -46,7 +47,7 @@ def test_staleness_that_may_never_run_ahead_equals_the_synchronous_flow(tmp_path
     sync = toy_config(tmp_path / "sync", placement="local", eval_every=1, eval_episodes=2, checkpoint_every=6)
     drained = toy_config(tmp_path / "s1", placement="local", eval_every=1, eval_episodes=2, checkpoint_every=6,
                          **{"algorithm.max_staleness": 1})
-    a, b = train(sync), train(drained)
+    a, b = train(EMBODIED, sync), train(EMBODIED, drained)
     assert _learning(a.history) == _learning(b.history) and a.episodes == b.episodes
     assert all(x["async/staleness_max"] == 0.0 for x in b.history)
     wa, wb = _weights(sync.run_dir), _weights(drained.run_dir)
@@ -55,11 +56,11 @@ def test_staleness_that_may_never_run_ahead_equals_the_synchronous_flow(tmp_path
 
 def test_staleness_1_resumes_exactly(tmp_path):
     full_cfg = toy_config(tmp_path / "full", placement="local", checkpoint_every=3, **{"algorithm.max_staleness": 1})
-    full = train(full_cfg)
+    full = train(EMBODIED, full_cfg)
     checkpoint = Path(full_cfg.run_dir) / "checkpoints" / "step_000003"
     resumed_cfg = toy_config(tmp_path / "resumed", placement="local", resume=str(checkpoint), checkpoint_every=3,
                              **{"algorithm.max_staleness": 1})
-    resumed = train(resumed_cfg)
+    resumed = train(EMBODIED, resumed_cfg)
     assert len(resumed.history) == 3
     for a, b in zip(full.history[3:], resumed.history):
         for key in LEARNING + ("async/staleness_max", "async/age_1_samples"):

@@ -18,7 +18,8 @@ from m2flow.config.convert import set_dotted
 from m2flow.config.errors import ConfigError, InputError
 from m2flow.envs.metaworld import metaworld_unavailable_reason
 from m2flow.workflows.embodied.config import EmbodiedConfig
-from m2flow.workflows.embodied.workflow import train
+from m2flow.autoplan.entry import train
+from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED
 
 REASON = metaworld_unavailable_reason()
 pytestmark = [pytest.mark.timeout(900),
@@ -69,7 +70,7 @@ def full_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("vla")
     start = _saved_policy(root / "bc.pt", seed=11)
     cfg = vla_config(root, **{"policy.init_from": str(root / "bc.pt")})
-    return cfg, train(cfg), start
+    return cfg, train(EMBODIED, cfg), start
 
 
 def test_a_tiny_vla_run_trains_through_the_workers(full_run):
@@ -88,7 +89,7 @@ def test_a_critic_warmup_moves_only_the_value_head_for_its_iterations(tmp_path):
     start = _saved_policy(tmp_path / "bc.pt", seed=11)
     cfg = vla_config(tmp_path, **{"policy.init_from": str(tmp_path / "bc.pt"), "algorithm.critic_warmup": 2,
                                   "algorithm.critic_warmup_lr": 1e-2})
-    result = train(cfg)
+    result = train(EMBODIED, cfg)
     assert [h["actor/critic_warmup"] for h in result.history] == [1.0, 1.0, 0.0, 0.0]
     warmed = _actor_weights(Path(cfg.run_dir), 2)
     assert {k for k in start if not torch.equal(warmed[k], start[k])} == {"value_head.weight", "value_head.bias"}
@@ -114,7 +115,7 @@ def test_resume_equals_the_uninterrupted_run(full_run, tmp_path):
     cfg, full, _ = full_run
     checkpoint = Path(cfg.run_dir) / "checkpoints" / "step_000002"
     resumed_cfg = vla_config(tmp_path, resume=str(checkpoint), **{"policy.init_from": cfg.policy.init_from})
-    resumed = train(resumed_cfg)
+    resumed = train(EMBODIED, resumed_cfg)
     assert len(resumed.history) == 2
     for a, b in zip(full.history[2:], resumed.history):
         for key in LEARNING:
@@ -142,7 +143,7 @@ def test_a_bad_init_from_file_fails_naming_it(tmp_path, content, words):
     else:
         bad.write_bytes(content)
     with pytest.raises((InputError, ConfigError)) as info:
-        train(vla_config(tmp_path, **{"policy.init_from": str(bad)}))
+        train(EMBODIED, vla_config(tmp_path, **{"policy.init_from": str(bad)}))
     assert str(bad) in str(info.value) and words in str(info.value), str(info.value)
 
 
@@ -153,7 +154,7 @@ def test_placement_auto_profiles_and_plans_the_vla(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="m2flow")
     cfg = vla_config(tmp_path, placement="auto", **{"cluster.cpu_devices_per_node": 1,
                                                    "auto.profile_iterations": 2, "checkpoint_every": 0})
-    result = train(cfg)
+    result = train(EMBODIED, cfg)
     assert len(result.history) == 4 and result.history[-1]["env/total_steps"] == 64
     profile = json.loads((tmp_path / "run" / "profile.json").read_text())
     assert set(profile["components"]) == {"env", "rollout", "actor"}
@@ -168,7 +169,7 @@ def test_the_vla_trains_with_the_actor_apart_at_staleness_one(cluster, tmp_path)
     # the rollout one iteration ahead of the weights.
     cfg = vla_config(tmp_path, placement="env,rollout: 0, actor: 1", **{
         "cluster.cpu_devices_per_node": 2, "algorithm.max_staleness": 1, "rollout.fuse_with_env": True})
-    result = train(cfg)
+    result = train(EMBODIED, cfg)
     assert len(result.history) == 4 and result.history[-1]["env/total_steps"] == 64
     assert result.plan.fused("rollout")
     assert max(h["async/staleness_max"] for h in result.history) == 1

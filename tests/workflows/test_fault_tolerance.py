@@ -48,12 +48,13 @@ def _kill_when(run_dir: str, rows: int, group_prefix: str, killed: list[int]) ->
 
 
 def test_embodied_survives_a_killed_actor(tmp_path):
-    from m2flow.workflows.embodied.workflow import train
+    from m2flow.autoplan.entry import train
+    from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED
 
     cfg = embodied_config(tmp_path, checkpoint_every=2, total_env_steps=8 * 512)
     killed: list[int] = []
     watcher = _kill_when(cfg.run_dir, 3, "actor", killed)
-    result = train(cfg, cluster=shared_cluster())
+    result = train(EMBODIED, cfg, cluster=shared_cluster())
     watcher.join(timeout=5)
     assert killed, "the actor was never killed"
     assert result.restarts == 1
@@ -63,12 +64,13 @@ def test_embodied_survives_a_killed_actor(tmp_path):
 
 
 def test_reasoning_survives_a_killed_actor(tmp_path):
-    from m2flow.workflows.reasoning.workflow import train
+    from m2flow.autoplan.entry import train
+    from m2flow.workflows.reasoning.workflow import WORKFLOW as REASONING
 
     cfg = reasoning_config(tmp_path, "actor,rollout,inference,reward: 0", steps=6, checkpoint_every=2)
     killed: list[int] = []
     watcher = _kill_when(cfg.run_dir, 3, "actor", killed)
-    result = train(cfg, shared_cluster())
+    result = train(REASONING, cfg, shared_cluster())
     watcher.join(timeout=5)
     assert killed and result.restarts == 1
     rows = _rows(cfg.run_dir)

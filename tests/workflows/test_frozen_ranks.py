@@ -67,18 +67,19 @@ def _final_weights(run_dir: str, step: int) -> dict[str, torch.Tensor]:
 
 
 def test_reasoning_frozen_in_each_wait_restarts_and_ends_as_if_left_alone(tmp_path, monkeypatch):
-    from m2flow.workflows.reasoning.workflow import train
+    from m2flow.autoplan.entry import train
+    from m2flow.workflows.reasoning.workflow import WORKFLOW as REASONING_WORKFLOW
 
     placement = "rollout,reward: 0, inference,actor: 1"
     faults = {"iteration_timeout_s": DEADLINE, "max_restarts": len(REASONING_POINTS) + SPARE}
     cfg = reasoning_setup.toy_config(tmp_path / "interrupted", placement, fault_tolerance=faults, **REASONING)
     with freezing(tmp_path, monkeypatch, REASONING_POINTS) as plan:
-        result = train(cfg, shared_cluster())
+        result = train(REASONING_WORKFLOW, cfg, shared_cluster())
         caught = plan.caught()
     _check_caught(caught, REASONING_POINTS, REASONING_WAITS)
     assert len(REASONING_POINTS) <= result.restarts <= len(REASONING_POINTS) + SPARE
     calm_cfg = reasoning_setup.toy_config(tmp_path / "calm", placement, **REASONING)
-    train(calm_cfg, shared_cluster())
+    train(REASONING_WORKFLOW, calm_cfg, shared_cluster())
     rows, calm = _rows(cfg.run_dir), _rows(calm_cfg.run_dir)
     assert [r["step"] for r in rows] == [r["step"] for r in calm] == [0, 1, 2, 3, 4]  # each step once
     for key in COMPARED:
@@ -101,18 +102,19 @@ EMBODIED_WAITS = ["during iteration 1", "during a weight sync", "during an evalu
 
 def test_embodied_frozen_in_each_wait_restarts_and_ends_as_if_left_alone(tmp_path, monkeypatch):
     from m2flow.workers.embodied.actor import ACTOR_FILE
-    from m2flow.workflows.embodied.workflow import train
+    from m2flow.autoplan.entry import train
+    from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED_WORKFLOW
     from tests.workflows.test_embodied import LEARNING, toy_config
 
     faults = {"fault_tolerance.iteration_timeout_s": DEADLINE, "fault_tolerance.max_restarts": len(EMBODIED_POINTS) + SPARE}
     cfg = toy_config(tmp_path / "interrupted", **EMBODIED, **faults)
     with freezing(tmp_path, monkeypatch, EMBODIED_POINTS) as plan:
-        result = train(cfg, cluster=shared_cluster())
+        result = train(EMBODIED_WORKFLOW, cfg, cluster=shared_cluster())
         caught = plan.caught()
     _check_caught(caught, EMBODIED_POINTS, EMBODIED_WAITS)
     assert len(EMBODIED_POINTS) <= result.restarts <= len(EMBODIED_POINTS) + SPARE
     calm_cfg = toy_config(tmp_path / "calm", **EMBODIED)
-    calm = train(calm_cfg, cluster=shared_cluster())
+    calm = train(EMBODIED_WORKFLOW, calm_cfg, cluster=shared_cluster())
     rows, calm_rows = _rows(cfg.run_dir), _rows(calm_cfg.run_dir)
     assert [r["step"] for r in rows] == [r["step"] for r in calm_rows] == [512 * i for i in range(7)]
     for key in (*LEARNING, "eval/return"):
@@ -136,17 +138,18 @@ AGENTIC_WAITS = ["during rollout: play_turn", "during a weight sync", "during th
 
 
 def test_agentic_frozen_in_each_wait_restarts_and_ends_as_if_left_alone(tmp_path, monkeypatch):
-    from m2flow.workflows.agentic.workflow import train
+    from m2flow.autoplan.entry import train
+    from m2flow.workflows.agentic.workflow import WORKFLOW as AGENTIC_WORKFLOW
     from tests.workflows.agentic.setup import comparable, tiny_config
 
     faults = {"fault_tolerance.iteration_timeout_s": DEADLINE, "fault_tolerance.max_restarts": len(AGENTIC_POINTS) + SPARE}
     cfg = tiny_config(tmp_path / "interrupted", tmp_path / "model", **AGENTIC, **faults)
     with freezing(tmp_path, monkeypatch, AGENTIC_POINTS) as plan:
-        result = train(cfg, cluster=shared_cluster())
+        result = train(AGENTIC_WORKFLOW, cfg, cluster=shared_cluster())
         caught = plan.caught()
     _check_caught(caught, AGENTIC_POINTS, AGENTIC_WAITS)
     assert len(AGENTIC_POINTS) <= result.restarts <= len(AGENTIC_POINTS) + SPARE
-    calm = train(tiny_config(tmp_path / "calm", tmp_path / "model", **AGENTIC), cluster=shared_cluster())
+    calm = train(AGENTIC_WORKFLOW, tiny_config(tmp_path / "calm", tmp_path / "model", **AGENTIC), cluster=shared_cluster())
     rows, calm_rows = _rows(cfg.run_dir), _rows(str(tmp_path / "calm" / "run"))
     assert [r["step"] for r in rows] == [r["step"] for r in calm_rows] == [0, 1, 2, 3, 4]  # each step once
     # Each episode's turns are seeded by its own id: the run ends where the calm one does (up to the order in

@@ -23,16 +23,17 @@ def test_an_env_that_raises_now_and_then_is_counted_and_one_that_raises_often_st
     import json
 
     from m2flow.runtime.errors import health_stop
-    from m2flow.workflows.embodied.workflow import train
+    from m2flow.autoplan.entry import train
+    from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED
     from tests.workflows.test_embodied import toy_config
 
     flaky = {"env.env_id": "M2flowToy/Flaky-v0", "placement": "local", "total_env_steps": 3 * 512}
-    train(toy_config(tmp_path / "rare", **flaky, **{"env.env_kwargs": {"step_every": 50}}))
+    train(EMBODIED, toy_config(tmp_path / "rare", **flaky, **{"env.env_kwargs": {"step_every": 50}}))
     rows = [json.loads(line) for line in (tmp_path / "rare" / "run" / "metrics.jsonl").read_text().splitlines()]
     # 8 envs x 64 steps an iteration: each env raises on its 50th, 100th and 150th step, one per iteration
     assert [r["env/errors_count"] for r in rows] == [8.0, 8.0, 8.0]
     try:
-        train(toy_config(tmp_path / "often", **flaky, **{"env.env_kwargs": {"step_every": 5}}))
+        train(EMBODIED, toy_config(tmp_path / "often", **flaky, **{"env.env_kwargs": {"step_every": 5}}))
     except Exception as error:  # noqa: BLE001 - the error is what is checked
         assert health_stop(error)
         assert "env M2flowToy/Flaky-v0: 96 exceptions in 512 env steps on env rank 0 in iteration 0" in str(error)
@@ -49,7 +50,8 @@ def test_the_count_of_skipped_updates_in_a_row_survives_a_resume(tmp_path, monke
 
     import m2flow.workers.actor as actor_module
     from m2flow.runtime.errors import health_stop
-    from m2flow.workflows.reasoning.workflow import train
+    from m2flow.autoplan.entry import train
+    from m2flow.workflows.reasoning.workflow import WORKFLOW as REASONING
     from m2flow.driver.checkpoints import TRAINER_STATE
     from tests.workflows.reasoning_setup import toy_config
 
@@ -62,12 +64,12 @@ def test_the_count_of_skipped_updates_in_a_row_survives_a_resume(tmp_path, monke
 
     monkeypatch.setattr(actor_module, "policy_objective", nan_objective)  # placement local: the actor is here
     cfg = {"actor": {"max_skipped_updates": 3, "micro_batch_size": 16}, "checkpoint_every": 2}
-    first = train(toy_config(tmp_path, "local", steps=2, **cfg))
+    first = train(REASONING, toy_config(tmp_path, "local", steps=2, **cfg))
     assert [h["actor/skipped_updates_count"] for h in first.history] == [1.0, 1.0]
     checkpoint = first.last_checkpoint
     assert json.loads((checkpoint / TRAINER_STATE).read_text())["flow"]["actor"] == {"skipped_in_row": 2}
     with pytest.raises(Exception) as caught:
-        train(toy_config(tmp_path, "local", steps=4, resume=str(checkpoint), **cfg))
+        train(REASONING, toy_config(tmp_path, "local", steps=4, resume=str(checkpoint), **cfg))
     assert health_stop(caught.value) and "3 optimizer steps in a row skipped" in str(caught.value)
 
 
@@ -79,7 +81,8 @@ def test_the_count_of_skipped_ppo_updates_in_a_row_survives_a_resume(tmp_path, m
 
     from m2flow.runtime.errors import health_stop
     from m2flow.workers.embodied.ppo import PPOUpdater
-    from m2flow.workflows.embodied.workflow import train
+    from m2flow.autoplan.entry import train
+    from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED
     from m2flow.driver.checkpoints import TRAINER_STATE
     from tests.workflows.test_embodied import toy_config
 
@@ -91,10 +94,10 @@ def test_the_count_of_skipped_ppo_updates_in_a_row_survives_a_resume(tmp_path, m
 
     monkeypatch.setattr(PPOUpdater, "update", poisoned)  # placement local: the actor is here
     cfg = {"placement": "local", "checkpoint_every": 2, "actor.max_skipped_updates": 3}
-    first = train(toy_config(tmp_path / "a", total_env_steps=2 * 512, **cfg))
+    first = train(EMBODIED, toy_config(tmp_path / "a", total_env_steps=2 * 512, **cfg))
     assert [h["actor/skipped_updates_count"] for h in first.history] == [1.0, 1.0]
     checkpoint = first.last_checkpoint
     assert json.loads((checkpoint / TRAINER_STATE).read_text())["flow"]["actor"] == {"skipped_in_row": 2}
     with pytest.raises(Exception) as caught:
-        train(toy_config(tmp_path / "b", total_env_steps=4 * 512, resume=str(checkpoint), **cfg))
+        train(EMBODIED, toy_config(tmp_path / "b", total_env_steps=4 * 512, resume=str(checkpoint), **cfg))
     assert health_stop(caught.value) and "3 PPO updates in a row skipped" in str(caught.value)

@@ -83,11 +83,12 @@ def test_configs_accept_the_local_placement(tmp_path) -> None:
 def test_local_runs_without_ray(tmp_path) -> None:
     import ray
 
-    from m2flow.workflows.reasoning.workflow import train
+    from m2flow.autoplan.entry import train
+    from m2flow.workflows.reasoning.workflow import WORKFLOW as REASONING
 
     was_up = ray.is_initialized()
     before = set(threading.enumerate())
-    result = train(toy_config(tmp_path, "local", steps=2))
+    result = train(REASONING, toy_config(tmp_path, "local", steps=2))
     assert result.mode == "collocated" and len(result.history) == 2
     assert ray.is_initialized() == was_up  # nothing started Ray
     assert _left_behind(before) == []  # channel hosts, connections and listeners all ended
@@ -99,10 +100,11 @@ def test_local_runs_without_ray(tmp_path) -> None:
 
 
 def _reasoning(root: Path, placement: str, cluster: Any, overrides: dict[str, Any]) -> tuple[list, dict]:
-    from m2flow.workflows.reasoning.workflow import train
+    from m2flow.autoplan.entry import train
+    from m2flow.workflows.reasoning.workflow import WORKFLOW as REASONING
 
     cfg = toy_config(root, placement, steps=3, checkpoint_every=3, **overrides)
-    result = train(cfg, cluster=cluster)
+    result = train(REASONING, cfg, cluster=cluster)
     return result.history, _checkpoint_weights(Path(cfg.run_dir))
 
 
@@ -124,10 +126,11 @@ def test_reasoning_local_equals_one_ray_rank_per_component(cluster, tmp_path, va
 
 
 def _embodied(root: Path, placement: str, cluster: Any) -> tuple[list, dict]:
-    from m2flow.workflows.embodied.workflow import train
+    from m2flow.autoplan.entry import train
+    from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED
 
     cfg = test_embodied.toy_config(root, placement=placement, total_env_steps=3 * 512, checkpoint_every=3)
-    result = train(cfg, cluster=cluster)
+    result = train(EMBODIED, cfg, cluster=cluster)
     assert result.plan.fused("rollout")  # env and rollout on one device: the policy runs in the env worker
     return result.history, _checkpoint_weights(Path(cfg.run_dir))
 

@@ -11,7 +11,8 @@ from m2flow.cli import main
 from m2flow.planner import Plan
 from m2flow.planner.plan import PLAN_FILE
 from m2flow.driver.run import Run
-from m2flow.workflows.reasoning.workflow import WORKFLOW, train
+from m2flow.autoplan.entry import train
+from m2flow.workflows.reasoning.workflow import WORKFLOW
 from m2flow.driver.checkpoints import CHECKPOINTS, TRAINER_STATE
 from m2flow.driver.restarts import gather
 from m2flow.runtime import Worker, WorkerError, WorkerGroup
@@ -114,7 +115,7 @@ def test_resume_continues_exactly_where_the_run_was(collocated, tmp_path):
     root, cfg, result, _ = collocated
     resumed_cfg = toy_config(root, COLLOCATED, steps=6, run_dir=str(tmp_path / "resumed"), checkpoint_every=3,
                              resume=str(root / "run" / CHECKPOINTS / "step_000003"))
-    resumed = train(resumed_cfg, shared_cluster())
+    resumed = train(WORKFLOW, resumed_cfg, shared_cluster())
     assert len(resumed.history) == 3
     for key in ("reward/mean", "rollout/response_length", "actor/pg_loss", "actor/grad_norm", "actor/approx_kl"):
         want = [h[key] for h in result.history[3:]]

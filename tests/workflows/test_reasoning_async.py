@@ -16,7 +16,6 @@ from m2flow.runtime.placement import NodeLayout
 from m2flow.driver.run import Run
 from m2flow.workflows.reasoning.workflow import WORKFLOW
 from m2flow.workflows.reasoning.config import ReasoningConfig
-from m2flow.workflows.reasoning.plan import plan_reasoning
 from m2flow.driver.checkpoints import CHECKPOINTS
 from tests.workflows.reasoning_setup import improved, toy_config
 
@@ -70,17 +69,17 @@ def test_impossible_staleness_settings_fail_naming_the_key(data, message):
 
 def test_the_plan_records_the_staleness_and_what_overlaps(tmp_path):
     layout = NodeLayout((8,))
-    sync = plan_reasoning(toy_config(tmp_path, "actor,rollout,inference,reward: 0"), layout)
+    sync = WORKFLOW.plan(toy_config(tmp_path, "actor,rollout,inference,reward: 0"), layout)
     assert sync.settings["max_staleness"] == 0 and sync.fused("rollout")
     assert not any("max_staleness" in n for n in sync.notes)
     # Collocated: the rollout cannot run ahead inside the actor's process, so it gets a group of its
     # own, and the plan says that its compute only takes turns with training.
-    turns = plan_reasoning(_config(tmp_path, 1, "actor,rollout,inference,reward: 0",
+    turns = WORKFLOW.plan(_config(tmp_path, 1, "actor,rollout,inference,reward: 0",
                                    rollout={"fuse_with_actor": True}), layout)
     assert turns.settings["max_staleness"] == 1 and not turns.fused("rollout") and "rollout" in turns.launched
     assert any("cannot do inside the actor's processes" in n for n in turns.notes)
     assert any("take turns under the device lock" in n for n in turns.notes)
-    apart = plan_reasoning(_config(tmp_path, 2, "rollout,reward: 0, inference: 1, actor: 2"), layout)
+    apart = WORKFLOW.plan(_config(tmp_path, 2, "rollout,reward: 0, inference: 1, actor: 2"), layout)
     assert apart.settings["max_staleness"] == 2
     assert any("k+1..k+2 generate" in n and "generation and training overlap" in n for n in apart.notes)
     assert "max_staleness=2" in apart.table()

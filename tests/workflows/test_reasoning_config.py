@@ -72,10 +72,10 @@ def test_impossible_settings_fail_naming_the_key(data, key, message):
 ])
 def test_the_rollout_fuses_into_the_actor_only_where_it_can_share_the_policy(placement, overrides, fused):
     from m2flow.runtime.placement import NodeLayout
-    from m2flow.workflows.reasoning.plan import plan_reasoning
+    from m2flow.workflows.reasoning.workflow import WORKFLOW
 
     cfg = from_dict(ReasoningConfig, {"placement": placement, **overrides})
-    plan = plan_reasoning(cfg, NodeLayout((2,)))
+    plan = WORKFLOW.plan(cfg, NodeLayout((2,)))
     assert plan.fused("rollout") == fused
     assert plan["rollout"].launched != fused and plan.launched.count("rollout") == (not fused)
 
@@ -90,10 +90,10 @@ def test_the_rollout_fuses_into_the_actor_only_where_it_can_share_the_policy(pla
 ])
 def test_the_plan_records_how_finely_data_streams(overrides, settings):
     from m2flow.runtime.placement import NodeLayout
-    from m2flow.workflows.reasoning.plan import plan_reasoning
+    from m2flow.workflows.reasoning.workflow import WORKFLOW
 
     cfg = from_dict(ReasoningConfig, {"data": {"prompts_per_step": 8}, **overrides})
-    plan = plan_reasoning(cfg, NodeLayout((2,)))
+    plan = WORKFLOW.plan(cfg, NodeLayout((2,)))
     assert {k: plan.settings.get(k) for k in settings} == settings
     assert ("actor_micro_batch" in plan.settings) != ("actor_micro_batch_tokens" in plan.settings)
 
@@ -109,9 +109,9 @@ def test_the_plan_records_how_finely_data_streams(overrides, settings):
 def test_continuous_generation_sends_groups_one_by_one_where_the_next_stage_can_take_them(placement, overrides,
                                                                                          emit):
     from m2flow.runtime.placement import NodeLayout
-    from m2flow.workflows.reasoning.plan import plan_reasoning
+    from m2flow.workflows.reasoning.workflow import WORKFLOW
 
     overrides = {**overrides, "rollout": {"backend": "lean", **overrides.get("rollout", {})}}
     cfg = from_dict(ReasoningConfig, {"placement": placement, **overrides})
-    plan = plan_reasoning(cfg, NodeLayout((2,)))
+    plan = WORKFLOW.plan(cfg, NodeLayout((2,)))
     assert plan.settings["generation"] == "continuous" and plan.settings["emit"] == emit

@@ -22,8 +22,9 @@ from m2flow.backends.training import sharded_checkpoint
 from m2flow.models.causal_lm import load_causal_lm
 from m2flow.workers.actor import SHARDS, whole_model_dir
 from m2flow.workers.embodied.actor import ACTOR_FILE
-from m2flow.workflows.embodied import workflow as embodied
-from m2flow.workflows.reasoning import workflow as reasoning
+from m2flow.autoplan.entry import train
+from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED_WORKFLOW
+from m2flow.workflows.reasoning.workflow import WORKFLOW as REASONING_WORKFLOW
 from m2flow.driver.checkpoints import CHECKPOINTS, CheckpointError, find_checkpoint
 from tests.workflows import reasoning_setup, test_embodied
 
@@ -66,10 +67,10 @@ def _reasoning_config(root: Path, case: str, **overrides):
                                   for c in sorted(REASONING)])
 def test_a_resumed_reasoning_run_equals_the_run_that_went_through(cluster, tmp_path, case):
     full_cfg = _reasoning_config(tmp_path / "full", case)
-    full = reasoning.train(full_cfg, cluster)
+    full = train(REASONING_WORKFLOW, full_cfg, cluster)
     checkpoint = Path(full_cfg.run_dir) / CHECKPOINTS / "step_000001"
     resumed_cfg = _reasoning_config(tmp_path / "full", case, run_dir=str(tmp_path / "resumed"), resume=str(checkpoint))
-    resumed = reasoning.train(resumed_cfg, cluster)
+    resumed = train(REASONING_WORKFLOW, resumed_cfg, cluster)
     mode = case.split("-")[0]
     assert full.mode == resumed.mode == mode and len(resumed.history) == STEPS - 1
     for key in LOGGED:
@@ -95,7 +96,7 @@ def _a_corrupted_shard_is_named_before_anything_loads(cfg, cluster, tmp_path):
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match=rf"{shard}: corrupted"):
-        reasoning.train(replace(cfg, resume=str(newest)), cluster)
+        train(REASONING_WORKFLOW, replace(cfg, resume=str(newest)), cluster)
     previous = find_checkpoint("auto", cfg.run_dir)
     assert previous == Path(cfg.run_dir) / CHECKPOINTS / f"step_{STEPS - 1:06d}"
     # What `m2flow eval` reads from a sharded checkpoint: a model directory with the shards put together.
@@ -119,10 +120,10 @@ def test_a_resumed_embodied_run_equals_the_run_that_went_through(cluster, tmp_pa
     placement = {**EMBODIED[case], "pipeline_stages": 2, "checkpoint_every": 3}
     mode = case.split("-")[0]
     full_cfg = test_embodied.toy_config(tmp_path / "full", **placement)
-    full = embodied.train(full_cfg, cluster=cluster)
+    full = train(EMBODIED_WORKFLOW, full_cfg, cluster=cluster)
     checkpoint = Path(full_cfg.run_dir) / CHECKPOINTS / "step_000003"
     resumed_cfg = test_embodied.toy_config(tmp_path / "resumed", resume=str(checkpoint), **placement)
-    resumed = embodied.train(resumed_cfg, cluster=cluster)
+    resumed = train(EMBODIED_WORKFLOW, resumed_cfg, cluster=cluster)
     assert (full.mode, full.plan.fused("rollout")) == (mode, False) and len(resumed.history) == 3
     for a, b in zip(full.history[3:], resumed.history):
         for key in test_embodied.LEARNING:

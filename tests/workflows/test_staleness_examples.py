@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from m2flow.runtime.cluster import expected_layout
-from m2flow.workflows.embodied.plan import plan_embodied
-from m2flow.workflows.reasoning.plan import plan_reasoning
+from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED
+from m2flow.workflows.reasoning.workflow import WORKFLOW as REASONING
 from m2flow.driver.registry import load_workflow_config
 
 EXAMPLES = {
@@ -20,7 +20,7 @@ EXAMPLES = {
 def test_the_staleness_example_gives_the_actor_devices_of_its_own(workflow):
     spec, cfg = load_workflow_config(EXAMPLES[workflow])
     assert spec.name == workflow and cfg.algorithm.max_staleness == 1
-    plan = (plan_reasoning if workflow == "reasoning" else plan_embodied)(cfg, expected_layout(cfg.cluster))
+    plan = (REASONING if workflow == "reasoning" else EMBODIED).plan(cfg, expected_layout(cfg.cluster))
     assert plan.settings["max_staleness"] == 1 and plan.mode == "hybrid"
     producer = "rollout" if workflow == "reasoning" else "env"
     devices = {name: {(r.node_rank, d) for r in plan[name].placement.ranks for d in r.local_devices}

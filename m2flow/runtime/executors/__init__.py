@@ -28,8 +28,9 @@ __all__ = ["Executor", "GroupSpec", "Handle", "WorkerGroup", "LocalExecutor", "L
 
 
 def make_executor(placement: str, config: ClusterConfig | None = None, cluster: Cluster | None = None) -> Executor:
-    """The executor a placement string asks for: ``"local"`` runs every component, one rank each, on
-    device 0 in this process (no Ray); any other placement runs on Ray (``cluster``, or one started)."""
+    """The executor a placement string (or a Plan's executor kind, ``local`` / ``ray``) asks for: ``"local"``
+    runs every component, one rank each, on device 0 in this process (no Ray); anything else runs on Ray
+    (``cluster``, or one started)."""
     if executor_kind(placement) == "local":
         from m2flow.runtime.executors.local import LocalExecutor
 

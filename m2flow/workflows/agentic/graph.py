@@ -1,5 +1,5 @@
 """The agentic workflow's graph: every component declared once, with its worker, config section, threads
-key, timing metric and fusion. The plan function, the flow's groups, the profiler's probes and the plan
+key, timing metric and fusion. The plan builder, the flow's groups, the profiler's probes and the plan
 search read it from here."""
 
 from __future__ import annotations

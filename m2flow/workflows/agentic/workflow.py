@@ -2,13 +2,14 @@
 
 A language model acting over several turns in text environments and with tools, trained with GRPO (or
 PPO with a critic) on its own tokens only. The graph (``graph.py``) declares the components; the
-default plan function of ``Workflow`` decides how a config runs (env fused into the rollout or not, who
+one plan builder decides how a config runs (env fused into the rollout or not, who
 shares devices), with this workflow's settings; the flow (``flow.py``) is the live system one iteration
 at a time; the driver runs the loop.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +43,7 @@ class AgenticWorkflow(Workflow):
     graph = GRAPH
     help = "Agentic RL: a language model acting over several turns in text environments and with tools"
 
-    def settings(self, cfg: AgenticConfig) -> dict[str, Any]:
+    def settings(self, cfg: AgenticConfig, plan: Plan, values: Mapping[str, Any]) -> dict[str, Any]:
         actor = cfg.actor
         micro = ({"actor_micro_batch_tokens": actor.micro_batch_tokens} if actor.micro_batch_tokens is not None
                  else {"actor_micro_batch": actor.micro_batch_size})  # the actor's micro-batches
@@ -98,11 +99,3 @@ class AgenticWorkflow(Workflow):
 
 
 WORKFLOW = register_workflow(AgenticWorkflow())
-
-
-def train(cfg: AgenticConfig, cluster: Any = None, watch: Any = None) -> Any:
-    """Run (or resume) an agentic config: ``placement: auto`` plans first; a lost env worker is restarted alone,
-    any other dead or hung worker restarts the flow from this run's newest checkpoint."""
-    from m2flow.autoplan.entry import train as train_workflow
-
-    return train_workflow(WORKFLOW, cfg, cluster, watch)

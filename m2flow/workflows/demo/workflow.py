@@ -4,7 +4,7 @@
 batch is produced while the current one is scaled and reduced. It exercises launching under a
 placement, rank-ordered gathers, async handles, the device lock (scaler and reducer collocated by
 default), per-worker log files, and (with ``trace=true``) the timeline trace and metrics that
-``m2flow report`` reads. Its plan is the default one a graph gives (``Workflow.plan``).
+``m2flow report`` reads. Its plan is the one its graph gives, with no constraints of its own (``Workflow.plan``).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from m2flow.config.schema import option
@@ -73,12 +74,16 @@ class EmbodiedConfig(RunConfig):
         if is_auto(self.placement):  # the planner checks each plan it considers
             return
         plan = self.placed()
-        env_ranks, rollout_ranks = plan["env"].world_size, plan["rollout"].world_size
+        self.check_ranks({c: plan[c].world_size for c in COMPONENTS})
+
+    def check_ranks(self, ranks: Mapping[str, int]) -> None:
+        """What a placement's ranks per component must give this config (the plan search checks each candidate)."""
+        env_ranks, rollout_ranks = ranks["env"], ranks["rollout"]
         if rollout_ranks > env_ranks:
             raise ValueError(
                 f"placement: rollout has {rollout_ranks} ranks but env only {env_ranks}; "
                 "each rollout rank serves at least one env rank")
-        actor_ranks = plan["actor"].world_size
+        actor_ranks = ranks["actor"]
         if self.algorithm.minibatch_size < actor_ranks:
             raise ValueError(
                 f"algorithm.minibatch_size ({self.algorithm.minibatch_size}) must be at least the "

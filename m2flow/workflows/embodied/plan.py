@@ -1,9 +1,9 @@
-"""The embodied workflow's plan function: how a config runs (its Plan), and what the planner needs to know.
+"""The embodied workflow's plan constraints: what its config adds to the one plan builder, and what the planner needs to know.
 
-Decisions made here and nowhere else: the devices of every rank, whether the policy runs inside
-the env processes (rollout fused into env), what each edge becomes, who takes turns on shared
-devices and offloads, the pipeline stages of every env rank, and how many iterations the env ranks
-may collect ahead of the actor (``max_staleness``).
+The one builder (``planner.build``) decides devices, the fusion of the rollout into the env
+processes, edges, turns and offloads (``Workflow.offload_settings``) from the graph; this workflow
+adds its settings: the pipeline stages of every env rank and how many iterations the env ranks may
+collect ahead of the actor (``max_staleness``), and what a placement must give the config (``check``).
 """
 
 from __future__ import annotations
@@ -11,13 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from m2flow.config.schema import get_key
+from collections.abc import Mapping
+
 from m2flow.driver.workflow import Tunable
-from m2flow.planner import ComponentPlan, EdgePlan, Plan
+from m2flow.planner import Plan
 from m2flow.planner.setup import Workload
-from m2flow.runtime.placement import NodeLayout, executor_kind, parse_placement
 from m2flow.workflows.embodied.config import EmbodiedConfig
-from m2flow.workflows.embodied.graph import COMPONENTS, GRAPH
 
 # An item is one env step of one env; every env rank steps envs_per_rank envs, in pipeline stages.
 WORKLOAD = Workload(
@@ -44,39 +43,16 @@ def stage_counts(cfg: EmbodiedConfig) -> tuple[int, ...]:
 # The plan settings the search varies, and the config key of each.
 TUNABLES = (Tunable("pipeline_stages", "pipeline_stages", stage_counts),)
 
-def plan_embodied(cfg: EmbodiedConfig, layout: NodeLayout) -> Plan:
-    """The plan of ``cfg`` on a cluster of ``layout``; a placement that cannot be met raises PlacementError."""
-    placed = parse_placement(cfg.placement, layout, COMPONENTS)
-    fused = cfg.rollout.fuse_with_env and placed["env"].same_devices(placed["rollout"])
-    notes = []
-    if cfg.rollout.fuse_with_env and not fused:
-        notes.append("the policy runs in rollout ranks of its own: they are not on the env's devices rank for rank")
-    holder = "env" if fused else "rollout"  # the process that holds the policy copy
-    shares = bool(placed[holder].devices & placed["actor"].devices)
-    ranks = {c: placed[c].world_size for c in COMPONENTS}
-    threads = {c: int(get_key(cfg, key)) for c, key in GRAPH.thread_keys().items()}
-    components = (
-        ComponentPlan("env", placed["env"], "env", shares_devices=fused and shares,
-                      offload=fused and shares and cfg.rollout.offload, threads=threads["env"]),
-        ComponentPlan("rollout", placed["rollout"], holder, shares_devices=not fused and shares,
-                      offload=not fused and shares and cfg.rollout.offload, threads=threads["rollout"]),
-        ComponentPlan("actor", placed["actor"], "actor", shares_devices=shares, offload=shares and cfg.actor.offload,
-                      threads=threads["actor"]),
-    )
-    if fused:
-        edges = (EdgePlan("observations", "env", "env", "in-process", ranks["env"]),
-                 EdgePlan("actions", "env", "env", "in-process", ranks["env"]))
-    else:
-        edges = (EdgePlan("observations", "env", "rollout", "p2p", ranks["rollout"]),
-                 EdgePlan("actions", "rollout", "env", "p2p", ranks["env"]))
-    edges += (EdgePlan("trajectories", "env", "actor", "p2p", ranks["actor"]),
-              EdgePlan("weights", "actor", holder, "p2p", ranks[holder]))
-    settings = {"pipeline_stages": cfg.pipeline_stages, "rollout_steps": cfg.rollout_steps,
-                "envs_per_rank": cfg.env.num_envs, "minibatch_size": cfg.algorithm.minibatch_size,
-                # iterations the env ranks may collect ahead of the actor (0: synchronous)
-                "max_staleness": cfg.algorithm.max_staleness}
-    plan = Plan("embodied", executor_kind(cfg.placement), cfg.placement, components, edges, settings, tuple(notes))
-    return plan.validate(GRAPH)
+def settings(cfg: EmbodiedConfig, plan: Plan, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The plan's settings: the pipeline stages of every env rank (the search's in place of the config's),
+    the batch shape, and how many iterations the env ranks may collect ahead of the actor."""
+    stages = values.get("pipeline_stages", cfg.pipeline_stages)
+    if not 1 <= stages <= cfg.env.num_envs:  # as the config checks its own
+        raise ValueError(f"pipeline_stages must be in [1, env.num_envs={cfg.env.num_envs}], got {stages}")
+    return {"pipeline_stages": stages, "rollout_steps": cfg.rollout_steps,
+            "envs_per_rank": cfg.env.num_envs, "minibatch_size": cfg.algorithm.minibatch_size,
+            # iterations the env ranks may collect ahead of the actor (0: synchronous)
+            "max_staleness": cfg.algorithm.max_staleness}
 
 
 # ----------------------------------------------------------------------------- profiling and placement: auto

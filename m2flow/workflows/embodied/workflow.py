@@ -1,12 +1,13 @@
 """The embodied RL workflow (``workflow: embodied``): its declaration, registered by name.
 
 PPO on vectorised simulators with env, rollout and actor workers. The graph (``graph.py``) declares
-the components, the plan function (``plan.py``) decides how a config runs, the flow (``flow.py``) is
+the components, ``plan.py`` holds the constraints its config adds to the one plan builder, the flow (``flow.py``) is
 the live system one iteration at a time; the driver runs the loop.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +15,6 @@ from m2flow.driver.registry import register_workflow
 from m2flow.driver.workflow import Launch, Workflow
 from m2flow.planner import Plan
 from m2flow.runtime.executors import Executor
-from m2flow.runtime.placement import NodeLayout
 from m2flow.workflows.embodied import plan as planning
 from m2flow.workflows.embodied.config import EmbodiedConfig
 from m2flow.workflows.embodied.graph import GRAPH
@@ -30,8 +30,11 @@ class EmbodiedWorkflow(Workflow):
     help = "Embodied RL: PPO on vectorised simulators with env, rollout and actor workers"
     tunables = planning.TUNABLES
 
-    def plan(self, cfg: EmbodiedConfig, layout: NodeLayout) -> Plan:
-        return planning.plan_embodied(cfg, layout)
+    def settings(self, cfg: EmbodiedConfig, plan: Plan, values: Mapping[str, Any]) -> dict[str, Any]:
+        return planning.settings(cfg, plan, values)
+
+    def check(self, cfg: EmbodiedConfig, plan: Plan) -> None:
+        cfg.check_ranks({c.name: c.world_size for c in plan.components})
 
     def workload(self) -> Any:
         return planning.WORKLOAD
@@ -66,11 +69,3 @@ class EmbodiedWorkflow(Workflow):
 
 
 WORKFLOW = register_workflow(EmbodiedWorkflow())
-
-
-def train(cfg: EmbodiedConfig, cluster: Any = None, watch: Any = None) -> Any:
-    """Run (or resume) an embodied config: ``placement: auto`` plans first; a dead or hung worker restarts the
-    flow from this run's newest checkpoint."""
-    from m2flow.autoplan.entry import train as train_workflow
-
-    return train_workflow(WORKFLOW, cfg, cluster, watch)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -162,9 +163,13 @@ class ReasoningConfig(RunConfig):
             plan = parse_placement(self.placement, layout, COMPONENTS)
         except PlacementError as e:
             raise ValueError(f"placement: {e}") from None
-        actor_ranks = plan["actor"].world_size
+        self.check_ranks({c: plan[c].world_size for c in COMPONENTS})
+
+    def check_ranks(self, ranks: Mapping[str, int]) -> None:
+        """What a placement's ranks per component must give this config (the plan search checks each candidate)."""
         from m2flow.backends.training.factory import strategy_class
 
+        actor_ranks = ranks["actor"]
         if strategy_class(self.actor.strategy).sharded and self.data.prompts_per_step < actor_ranks:
             raise ValueError(
                 f"data.prompts_per_step ({self.data.prompts_per_step}) must be at least the number of "

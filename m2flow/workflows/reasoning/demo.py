@@ -131,8 +131,10 @@ def run_demo(overrides: Sequence[str] = (), say: Say = lambda text: None) -> Dem
         choice = resolve(WORKFLOW, cfg)
         for line in choice.describe():
             say(line)
-        cfg = choice.cfg
-    with Run(WORKFLOW, cfg) as run:  # builds the model and runs the warm start first
+        plan = choice.plan  # the plan the search built runs as it is
+    else:
+        plan = None
+    with Run(WORKFLOW, cfg, plan=plan) as run:  # builds the model and runs the warm start first
         assert run.plan is not None
         print_plan(run.plan, say)
         result = run.train()

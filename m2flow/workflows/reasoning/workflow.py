@@ -1,12 +1,13 @@
 """The reasoning RL workflow (``workflow: reasoning``): its declaration, registered by name.
 
 GRPO, PPO, DAPO, REINFORCE++ and RLOO on a causal language model with verifiable rewards. The graph
-(``graph.py``) declares the components, the plan function (``plan.py``) decides how a config runs,
+(``graph.py``) declares the components, ``plan.py`` holds the constraints its config adds to the one plan builder,
 the flow (``flow.py``) is the live system one iteration at a time; the driver runs the loop.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +15,6 @@ from m2flow.driver.registry import register_workflow
 from m2flow.driver.workflow import Launch, Workflow
 from m2flow.planner import Plan
 from m2flow.runtime.executors import Executor
-from m2flow.runtime.placement import NodeLayout
 from m2flow.workflows.reasoning import plan as planning
 from m2flow.workflows.reasoning.config import ReasoningConfig
 from m2flow.workflows.reasoning.graph import GRAPH
@@ -30,8 +30,20 @@ class ReasoningWorkflow(Workflow):
     help = "Reasoning RL on a causal language model: GRPO, PPO, DAPO, REINFORCE++, RLOO"
     tunables = planning.TUNABLES
 
-    def plan(self, cfg: ReasoningConfig, layout: NodeLayout) -> Plan:
-        return planning.plan_reasoning(cfg, layout)
+    def inactive(self, cfg: ReasoningConfig) -> dict[str, str]:
+        return planning.inactive(cfg)
+
+    def fusion_refusal(self, cfg: ReasoningConfig, component: str, host: str) -> str:
+        return planning.fusion_refusal(cfg, component, host)
+
+    def settings(self, cfg: ReasoningConfig, plan: Plan, values: Mapping[str, Any]) -> dict[str, Any]:
+        return planning.settings(cfg, plan, values)
+
+    def notes(self, cfg: ReasoningConfig, plan: Plan) -> tuple[str, ...]:
+        return planning.notes(cfg, plan)
+
+    def check(self, cfg: ReasoningConfig, plan: Plan) -> None:
+        cfg.check_ranks({c.name: c.world_size for c in plan.components})
 
     def workload(self) -> Any:
         return planning.WORKLOAD
@@ -72,11 +84,3 @@ class ReasoningWorkflow(Workflow):
 
 
 WORKFLOW = register_workflow(ReasoningWorkflow())
-
-
-def train(cfg: ReasoningConfig, cluster: Any = None, watch: Any = None) -> Any:
-    """Run (or resume) a reasoning config: ``placement: auto`` plans first; a dead or hung worker restarts the
-    flow from this run's newest checkpoint."""
-    from m2flow.autoplan.entry import train as train_workflow
-
-    return train_workflow(WORKFLOW, cfg, cluster, watch)

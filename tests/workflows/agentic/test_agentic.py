@@ -11,7 +11,8 @@ from m2flow.cli import main
 from m2flow.driver.registry import load_workflow_config
 from m2flow.driver.restarts import gather
 from m2flow.driver.run import Run
-from m2flow.workflows.agentic.workflow import WORKFLOW, train
+from m2flow.autoplan.entry import train
+from m2flow.workflows.agentic.workflow import WORKFLOW
 from tests.workflows.agentic.setup import ENVS, comparable, tiny_config
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "examples" / "agentic").glob("*.yaml"))
@@ -52,9 +53,9 @@ def test_every_trajectory_reaches_the_actor_once_and_observations_carry_no_loss(
 
 
 def test_a_resumed_run_continues_exactly(tmp_path, model):
-    whole = train(tiny_config(tmp_path / "whole", model, steps=4, checkpoint_every=2))
+    whole = train(WORKFLOW, tiny_config(tmp_path / "whole", model, steps=4, checkpoint_every=2))
     middle = sorted((tmp_path / "whole" / "run" / "checkpoints").glob("step_*"))[0]
-    resumed = train(tiny_config(tmp_path / "resumed", model, steps=4, checkpoint_every=2, resume=str(middle)))
+    resumed = train(WORKFLOW, tiny_config(tmp_path / "resumed", model, steps=4, checkpoint_every=2, resume=str(middle)))
     assert len(resumed.history) == 2
     assert comparable(resumed.history) == comparable(whole.history[2:])
 
@@ -116,7 +117,7 @@ def test_plan_show_covers_the_agentic_graph(capsys):
 
 
 def test_ppo_with_a_critic_trains_policy_and_value_model(tmp_path, model):
-    history = train(tiny_config(tmp_path, model, steps=2, **{"algorithm.adv_estimator": "gae"})).history
+    history = train(WORKFLOW, tiny_config(tmp_path, model, steps=2, **{"algorithm.adv_estimator": "gae"})).history
     import math
 
     assert all(math.isfinite(h["critic/value_loss"]) and h["critic/grad_norm"] > 0 for h in history)
@@ -124,7 +125,7 @@ def test_ppo_with_a_critic_trains_policy_and_value_model(tmp_path, model):
 
 
 def test_a_malformed_tool_call_is_answered_with_an_error_and_counted(tmp_path, model):
-    history = train(tiny_config(tmp_path, model, steps=1, **{
+    history = train(WORKFLOW, tiny_config(tmp_path, model, steps=1, **{
         "rollout.backend": "test_malformed_caller", "rollout.max_turn_tokens": 24, "rollout.max_tokens": 96,
         "rollout.stop": ["</tool>"], "env.name": "calculator", "env.kwargs": {"digits": 2}})).history
     h = history[0]
@@ -151,9 +152,9 @@ def test_compiled_decoding_plays_the_episodes_eager_decoding_plays(tmp_path, mod
             compiled_steps.append(args[0].shape[0])
         return call(self, *args)
 
-    eager = train(tiny_config(tmp_path / "eager", model, steps=2))
+    eager = train(WORKFLOW, tiny_config(tmp_path / "eager", model, steps=2))
     monkeypatch.setattr(CompiledDecode, "__call__", counting)
-    compiled = train(tiny_config(tmp_path / "compiled", model, steps=2, **{"rollout.compile": True}))
+    compiled = train(WORKFLOW, tiny_config(tmp_path / "compiled", model, steps=2, **{"rollout.compile": True}))
     assert compiled_steps, "no decoding step ran compiled"
     for got, want in zip(comparable(compiled.history), comparable(eager.history), strict=True):
         assert got == pytest.approx(want, rel=1e-4, abs=1e-6)

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from m2flow.workflows.agentic.workflow import train
+from m2flow.autoplan.entry import train
+from m2flow.workflows.agentic.workflow import WORKFLOW as AGENTIC
 from tests.workflows.agentic.setup import tiny_config
 
 
@@ -19,7 +20,7 @@ def test_guess_the_number_reward_rises(tmp_path):
     cfg = tiny_config(tmp_path, steps=20, **{"episodes.groups_per_step": 16, "episodes.group_size": 4,
                                              "env.kwargs": {"high": 4, "max_turns": 4}, "actor.optim": {"lr": 0.01},
                                              "actor.micro_batch_size": 32})
-    rewards = [h["reward/mean"] for h in train(cfg).history]
+    rewards = [h["reward/mean"] for h in train(AGENTIC, cfg).history]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert last > first + 0.1, rewards
 
@@ -32,7 +33,7 @@ def test_placement_auto_profiles_searches_and_runs_the_agentic_workflow(tmp_path
 
     cfg = tiny_config(tmp_path, steps=2, placement="auto", cluster={"cpu_devices_per_node": 2},
                       auto={"profile_iterations": 2})
-    result = train(cfg, cluster=shared_cluster())
+    result = train(AGENTIC, cfg, cluster=shared_cluster())
     record = json.loads((tmp_path / "run" / "auto.json").read_text())
     assert record["runs_with"]["placement"] == result.plan.placement  # the plan it chose is the plan that ran
     profile = json.loads((tmp_path / "run" / "profile.json").read_text())
@@ -54,7 +55,7 @@ def test_calculator_rl_after_the_warm_start_raises_held_out_accuracy(tmp_path):
     _, cfg = load_workflow_config("examples/agentic/calculator_grpo.yaml", [
         "placement=local", f"run_dir={tmp_path}/run", f"model.path={tmp_path}/model", "steps=20", "eval_every=20",
         "metrics.sinks=[jsonl]", "model.warm_start.threads=1"])
-    result = train(cfg)
+    result = train(AGENTIC, cfg)
     (_, before), (_, after) = result.evaluations
     assert after["eval/return_mean"] > before["eval/return_mean"] + 0.1, result.evaluations
     assert after["eval/tool_calls"] > before["eval/tool_calls"]
@@ -72,7 +73,7 @@ def test_guess_the_number_rl_after_the_warm_start_raises_the_win_rate_and_cuts_t
     _, cfg = load_workflow_config("examples/agentic/guess_number_grpo.yaml", [
         "placement=local", f"run_dir={tmp_path}/run", f"model.path={tmp_path}/model", "steps=20", "eval_every=20",
         "metrics.sinks=[jsonl]", "model.warm_start.threads=1"])
-    result = train(cfg)
+    result = train(AGENTIC, cfg)
     (_, before), (_, after) = result.evaluations
     assert after["eval/success"] > before["eval/success"] + 0.08, result.evaluations
     assert after["eval/turns_mean"] < before["eval/turns_mean"] - 0.1, result.evaluations

@@ -7,7 +7,8 @@ import pytest
 
 from m2flow.driver.restarts import gather
 from m2flow.driver.run import Run
-from m2flow.workflows.agentic.workflow import WORKFLOW, train
+from m2flow.autoplan.entry import train
+from m2flow.workflows.agentic.workflow import WORKFLOW
 from tests.ray_session import shared_cluster
 from tests.workflows.agentic.envs import marker_pid
 from tests.workflows.agentic.setup import comparable, tiny_config
@@ -17,8 +18,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
 @pytest.mark.slow
 def test_ray_computes_what_the_local_executor_computes(tmp_path):
-    local = train(tiny_config(tmp_path / "local", tmp_path / "model", steps=2))
-    on_ray = train(tiny_config(tmp_path / "ray", tmp_path / "model", steps=2,
+    local = train(WORKFLOW, tiny_config(tmp_path / "local", tmp_path / "model", steps=2))
+    on_ray = train(WORKFLOW, tiny_config(tmp_path / "ray", tmp_path / "model", steps=2,
                                placement="env: 0-1, rollout: 0-1, actor: 0"), cluster=shared_cluster())
     assert on_ray.plan.executor == "ray" and [on_ray.plan[c].world_size for c in ("env", "rollout")] == [2, 2]
     # Two env workers and two rollout ranks instead of one each play the same episodes (each episode's turns
@@ -53,7 +54,7 @@ def test_an_env_worker_killed_mid_iteration_is_restarted_alone_and_nothing_is_lo
     # ends where an uninterrupted one does (up to the order in which the actor summed the groups).
     calm = tiny_config(tmp_path / "calm", tmp_path / "model", steps=3, placement="env: 0-1, rollout,actor: 0", **{
         "env.name": "test_dies_once", "env.kwargs": {"marker": "", "high": 8, "max_turns": 4}})
-    uninterrupted = train(calm, cluster=shared_cluster())
+    uninterrupted = train(WORKFLOW, calm, cluster=shared_cluster())
     assert _learning(result.history) == pytest.approx(_learning(uninterrupted.history), rel=1e-5)
 
 

@@ -8,7 +8,8 @@ import pytest
 
 from m2flow.config.errors import ConfigError
 from m2flow.workflows.agentic.warm_start import SETTINGS_FILE, WARM_START_DIR, demonstrations
-from m2flow.workflows.agentic.workflow import train
+from m2flow.autoplan.entry import train
+from m2flow.workflows.agentic.workflow import WORKFLOW as AGENTIC
 from tests.workflows.agentic.setup import tiny_config
 
 
@@ -36,7 +37,7 @@ def test_a_warm_start_for_an_environment_without_a_teacher_fails_naming_the_teac
 
 def test_a_guess_number_run_starts_from_its_warm_start(tmp_path):
     cfg = tiny_config(tmp_path, steps=1, **{"model.warm_start.steps": 5, "model.warm_start.batch_size": 4})
-    result = train(cfg)
+    result = train(AGENTIC, cfg)
     saved = tmp_path / "run" / WARM_START_DIR
     assert json.loads((saved / SETTINGS_FILE).read_text())["env"] == "guess_number"
     assert len(result.history) == 1
