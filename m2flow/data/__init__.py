@@ -6,8 +6,7 @@ Names are loaded on first use (``from m2flow.data import PromptDataset`` works a
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from m2flow.lazy import lazy_names
 
 _LAZY = {
     "ARITHMETIC_ALPHABET": "m2flow.data.arithmetic",
@@ -36,16 +35,7 @@ _LAZY = {
     "write_jsonl": "m2flow.data.records",
     "write_parquet": "m2flow.data.records",
 }
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)
+
 
 __all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'm2flow.data' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + list(_LAZY))

@@ -8,8 +8,7 @@ them does not pay for (or need) that import.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from m2flow.lazy import lazy_names
 
 _LAZY = {
     "CausalLMWithValueHead": "m2flow.models.causal_lm",
@@ -39,14 +38,4 @@ _LAZY = {
     "VLAPolicy": "m2flow.models.vla",
     "build_vla": "m2flow.models.vla",
 }
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'm2flow.models' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + list(_LAZY))
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

@@ -6,8 +6,7 @@ placement parser, the errors) does not start importing Ray and torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from m2flow.lazy import lazy_names
 
 _WHERE = {
     "Cluster": "cluster", "ClusterConfig": "cluster", "NodeInfo": "cluster",
@@ -18,17 +17,6 @@ _WHERE = {
     "PlacementPlan": "placement", "RankPlacement": "placement", "parse_placement": "placement",
     "Worker": "worker", "WorkerContext": "worker",
 }
+__getattr__, __dir__ = lazy_names(__name__, _WHERE)
 
 __all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'm2flow.runtime' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"m2flow.runtime.{_WHERE[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_WHERE))

@@ -4,21 +4,14 @@
 (``torch.distributed`` initialised by ``Worker.init_process_group``; one rank needs none).
 """
 
-import importlib
-from typing import Any
+from m2flow.lazy import lazy_names
 
 # Names resolve on first use: importing a submodule (``optim``, whose config section every training
 # config holds) must not import torch through this package, so configs load without it.
 _HOME = {"StrategyName": "base", "TrainingStrategy": "base", "register_strategy": "base",
          "DataParallelStrategy": "ddp", "create_strategy": "factory", "FSDP2Strategy": "fsdp",
          "OptimConfig": "optim", "build_optimizer": "optim", "build_scheduler": "optim", "lr_factor": "optim"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _HOME:
-        return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+__getattr__, __dir__ = lazy_names(__name__, _HOME)
 
 __all__ = [
     "DataParallelStrategy",

@@ -4,6 +4,7 @@
 ``recv_weights`` implement the bucketed weight-sync path on top of it.
 """
 
+from m2flow.lazy import lazy_names
 from m2flow.runtime.comm.communicator import PROCESS_UID, Communicator
 from m2flow.runtime.comm.errors import (
     CommError,
@@ -25,12 +26,6 @@ __all__ = [
     "MemoryRendezvous", "PeerClosedError", "PeerDiedError", "RayKVRendezvous", "Rendezvous", "Transport", "recv_weights", "send_weights",
 ]
 
-
-def __getattr__(name: str):
-    # The weight-sync path needs torch; it loads on first use, so that a process moving only bytes
-    # through this package (a channel host) never imports torch.
-    if name in ("recv_weights", "send_weights"):
-        from m2flow.runtime.comm import weights
-
-        return getattr(weights, name)
-    raise AttributeError(f"module 'm2flow.runtime.comm' has no attribute {name!r}")
+# The weight-sync path needs torch; it loads on first use, so that a process moving only bytes
+# through this package (a channel host) never imports torch.
+__getattr__, __dir__ = lazy_names(__name__, {"recv_weights": "weights", "send_weights": "weights"})

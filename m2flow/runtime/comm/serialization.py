@@ -188,7 +188,6 @@ def copy_into(dst: np.ndarray, src: Any) -> None:
     if _is_tensor(src):
         import torch
 
-
         if src.device.type == "cpu" and src.is_contiguous():
             # numpy's copy is a plain memcpy; torch's copy_ is measurably slower for bytes
             np.copyto(dst, src.reshape(-1).view(torch.uint8).numpy())

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from m2flow.lazy import lazy_names
 from m2flow.runtime.cluster import Cluster, ClusterConfig
 from m2flow.runtime.executors.base import Executor, GroupSpec, Handle, WorkerGroup
 from m2flow.runtime.placement import executor_kind
@@ -16,13 +16,7 @@ if TYPE_CHECKING:
 # The executors resolve on first use: what only declares or plans a workflow (``m2flow plan``) imports
 # this package for its types and must not pay for Ray.
 _HOME = {"LocalExecutor": "local", "LocalGroup": "local", "RayExecutor": "ray", "launch_groups": "ray"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _HOME:
-        return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+__getattr__, __dir__ = lazy_names(__name__, _HOME)
 
 __all__ = ["Executor", "GroupSpec", "Handle", "WorkerGroup", "LocalExecutor", "LocalGroup", "RayExecutor", "launch_groups", "make_executor"]
 
