@@ -140,7 +140,7 @@ def spec_of(workflow: str) -> Any:
 
 
 def profile(ctx: Any, path: Path, iterations: int, repeats: int) -> None:
-    from m2flow.autoplan.profiler import Profiler
+    from m2flow.autoplan.probes import Profiler
 
     with tempfile.TemporaryDirectory(prefix="s1-profile-") as work:
         Profiler(ctx, iterations=iterations, work_dir=Path(work), say=lambda s: print(s, file=sys.stderr),
@@ -150,7 +150,7 @@ def profile(ctx: Any, path: Path, iterations: int, repeats: int) -> None:
 def candidates(ctx: Any, cost: Any) -> tuple[list[dict[str, Any]], list[dict[str, str]], Any]:
     """Every plan of the space that fits, fastest predicted first; the rejected ones; the search result."""
     from m2flow.planner.search import search
-    from m2flow.autoplan.auto_choice import Choice
+    from m2flow.autoplan.selection import Choice
 
     result = search(ctx.space, cost, ctx.devices, top=10_000, build_plan=ctx.build)
     rows, seen = [], set()
@@ -175,7 +175,7 @@ def run_one(workflow: str, config_json: str, skip: int) -> dict[str, Any]:
     """Train the config in this process; the wall seconds of each iteration after the first ``skip``."""
     from m2flow.config import from_dict
     from m2flow.runtime.logs import setup_logging
-    from m2flow.autoplan.profiler import ITERATION_KEYS  # an iteration's wall seconds (reasoning, embodied)
+    from m2flow.autoplan.probes import ITERATION_KEYS  # an iteration's wall seconds (reasoning, embodied)
 
     setup_logging(console=False)
     spec = spec_of(workflow)
@@ -272,7 +272,7 @@ def main() -> int:
         raise SystemExit("--rounds, --iterations and --warmup must be >= 1 (the first iteration is never timed)")
     out = args.out or HERE / "results" / f"s1_{args.workflow}.json"
 
-    from m2flow.planner.profile import load_profile
+    from m2flow.planner.profile_file import load_profile
     from m2flow.autoplan.plan_context import PlanContext
 
     with tempfile.TemporaryDirectory(prefix="s1-") as work:

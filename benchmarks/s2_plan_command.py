@@ -98,8 +98,8 @@ def time_search(tree: Path, shape: str, profile: Path, scales: list[int]) -> dic
 
 def inner(shape: str, profile: str, scales: list[int]) -> None:
     """Load the context as the command does, then time ``search()`` (CPU and wall) at each device count."""
-    from m2flow.autoplan.plan_search import _context
-    from m2flow.planner.profile import load_profile
+    from m2flow.autoplan.search_command import _context
+    from m2flow.planner.profile_file import load_profile
     from m2flow.planner.search import search
 
     out = {}

@@ -5,7 +5,7 @@ The profile is ``auto.profile``, else ``RUN_DIR/profile.json`` (where ``m2flow p
 default). One that is missing, or refused by the profile checks (another machine, another torch
 or m2flow, another config), is made again by profiling here, saying why. The chosen plan, its
 predicted time and the runner-up are logged and saved in ``RUN_DIR/auto.json``
-(``auto_choice.py``); re-planning (``replan.py``) appends each decision there.
+(``selection.py``); re-planning (``replan.py``) appends each decision there.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from m2flow.config.errors import ConfigError
-from m2flow.autoplan import auto_choice
-from m2flow.autoplan.auto_choice import Choice, profile_path, write_record
+from m2flow.autoplan import selection
+from m2flow.autoplan.selection import Choice, profile_path, write_record
 from m2flow.autoplan.plan_context import PlanContext
 
 log = logging.getLogger(__name__)
@@ -25,8 +25,8 @@ log = logging.getLogger(__name__)
 
 def load_or_profile(ctx: PlanContext) -> tuple[Any, Path]:
     """The cost model of the config's profile, profiling first when there is none that may be used."""
-    from m2flow.planner.profile import ProfileError, load_profile
-    from m2flow.autoplan.profiler import Profiler, ProfileWriteError
+    from m2flow.planner.profile_file import ProfileError, load_profile
+    from m2flow.autoplan.probes import Profiler, ProfileWriteError
 
     cfg, name = ctx.cfg, ctx.spec.name
     path = profile_path(cfg)
@@ -52,7 +52,7 @@ def resolve(spec: Any, cfg: Any) -> Choice:
     """Profile (or load the profile of) ``cfg``, search, log the choice; returns it."""
     ctx = PlanContext(spec, cfg)
     cost, path = load_or_profile(ctx)
-    choice = auto_choice.choose(ctx, cost, path)
+    choice = selection.choose(ctx, cost, path)
     fits = ", ".join(f"{c} {cost.component(c).fit_error:.1%}" for c in ctx.space.running)
     log.info("auto: searched the plans of %d device(s) from %s (fit error %s)", ctx.devices, path, fits)
     for line in choice.describe():

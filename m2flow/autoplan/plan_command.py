@@ -1,7 +1,7 @@
 """``m2flow plan show|search|profile-template CONFIG [KEY=VALUE ...]``.
 
 ``show`` prints the workflow graph and the plan a config runs, without starting anything;
-``search`` and ``profile-template`` are in ``plan_search.py``.
+``search`` and ``profile-template`` are in ``search_command.py``.
 """
 
 from __future__ import annotations
@@ -18,18 +18,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     show.add_argument("config", type=Path, help="YAML file with a top-level 'workflow:' key")
     show.add_argument("--json", action="store_true", help="print the plan as JSON (as saved in run_dir/plan.json)")
     show.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. placement=local")
-    from m2flow.autoplan import plan_search
+    from m2flow.autoplan import search_command
 
-    plan_search.configure(sub)
+    search_command.configure(sub)
 
 
 def run(args: argparse.Namespace) -> int:
-    from m2flow.autoplan import plan_search
+    from m2flow.autoplan import search_command
 
     if args.plan_command == "search":
-        return plan_search.run_search(args)
+        return search_command.run_search(args)
     if args.plan_command == "profile-template":
-        return plan_search.run_template(args)
+        return search_command.run_template(args)
     return _show(args)
 
 
@@ -38,7 +38,7 @@ def _show(args: argparse.Namespace) -> int:
     from m2flow.driver.registry import load_workflow_config
 
     spec, cfg = load_workflow_config(args.config, args.overrides)
-    from m2flow.autoplan.plan_search import layout_of
+    from m2flow.autoplan.search_command import layout_of
 
     try:
         plan = spec.plan(cfg, layout_of(cfg))

@@ -1,7 +1,7 @@
 """A config object as the planner needs it: its layout, its search space, its profile hash, and the
 Plan of a candidate (the workflow's one builder on the ``PlanChoice``; no config key on the way).
 
-``m2flow profile``, ``placement: auto`` and ``m2flow plan search`` (``plan_search.py``) all start
+``m2flow profile``, ``placement: auto`` and ``m2flow plan search`` (``search_command.py``) all start
 from a loaded config (not a file), so candidates are configured from the config's own data.
 """
 
@@ -55,6 +55,6 @@ class PlanContext:
         return self.spec.plan(self.cfg, self.layout, choice)
 
     def config_hash(self) -> str:
-        from m2flow.autoplan.auto_config import profile_hash
+        from m2flow.autoplan.profile_hash import profile_hash
 
         return profile_hash(self.cfg, self.spec)

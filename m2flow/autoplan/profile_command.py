@@ -1,6 +1,6 @@
 """``m2flow profile CONFIG [KEY=VALUE ...] [--out FILE]``: measure a config's components, write its profile.
 
-The probes run the workflow's own workers (``profiler.py``); the result is the profile file that
+The probes run the workflow's own workers (``probes.py``); the result is the profile file that
 ``m2flow plan search --profile`` and ``placement: auto`` read. Progress goes to the console.
 """
 
@@ -50,7 +50,7 @@ def default_profile_path(cfg: object) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from m2flow.autoplan.plan_context import PlanContext
-    from m2flow.autoplan.profiler import Profiler, ProfileWriteError, fit_errors, check_writable
+    from m2flow.autoplan.probes import Profiler, ProfileWriteError, fit_errors, check_writable
     from m2flow.driver.registry import load_workflow_config
 
     args = _parse_rest(args)

@@ -40,7 +40,7 @@ class ReplanMonitor:
         self.window = auto.drift_window
         self.detector = self._detector(choice.best.result.component_time)
         self.switch: Any = None
-        """the ``auto.Choice`` to switch to, once decided"""
+        """the ``selection.Choice`` to switch to, once decided"""
         self.cost = choice.cost
         self.blocked = ""
         if not auto.replan:
@@ -72,7 +72,7 @@ class ReplanMonitor:
         return self._replan(it, done)
 
     def _replan(self, it: int, done: int) -> bool:
-        from m2flow.autoplan import auto_choice
+        from m2flow.autoplan import selection
 
         ctx = self.choice.ctx
         ratios = self.detector.ratios()
@@ -84,7 +84,7 @@ class ReplanMonitor:
         def keep(cand: Any) -> bool:
             return cand.plan is not None and resumable(self.plan, cand.plan)
 
-        new = auto_choice.choose(ctx, cost, self.choice.profile, keep)
+        new = selection.choose(ctx, cost, self.choice.profile, keep)
         remaining = self.total - done
         startup = sum(cost.component(c).startup_s for c in ctx.space.running)
         decision = worth_switching(current.iteration_time, new.seconds, remaining, startup + current.iteration_time)
@@ -97,7 +97,7 @@ class ReplanMonitor:
                   "best": ctx.spec.overrides(new.best.choice), "best_choice": new.best.choice.to_json(),
                   "gain_s": decision.gain_s, "switch_cost_s": decision.cost_s,
                   "switched": decision.switch and not same}
-        auto_choice.write_record(Path(self.cfg.run_dir), {}, record)
+        selection.write_record(Path(self.cfg.run_dir), {}, record)
         if decision.switch and not same:
             self.switch = new
             return True

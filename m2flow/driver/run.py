@@ -73,7 +73,7 @@ class TrainResult:
 def identity_of(workflow: Workflow, cfg: Any) -> RunIdentity:
     """A new run's identity: the config without the keys that only say how or how long it runs, and the seed."""
     from m2flow.driver.run_config import RUN_KEYS
-    from m2flow.planner.profile import config_hash
+    from m2flow.planner.profile_file import config_hash
 
     ignore = (*RUN_KEYS, "seed", *workflow.execution_keys())
     return RunIdentity.new(workflow.name, config_hash(to_dict(cfg), ignore=ignore), cfg.seed)

@@ -20,7 +20,7 @@ in reasoning RL, one environment step of one env in embodied RL).
   local executor) an edge between two rank threads hands the object over: ``local_latency`` per
   message, no bytes. The driver's call to a component's processes costs ``dispatch`` (once per
   component and iteration; nothing in the driver). All three are calibrated by the profiler from
-  probes that run the same batch fused and unfused (``workflows/profiler.py``).
+  probes that run the same batch fused and unfused (``autoplan/probes.py``).
 * Weight sync: a transfer of the source's ``weight_bytes``; offload / onload on shared devices:
   ``state_bytes / offload_bandwidth`` each way of every component the process moves (its own model,
   or the policy fused into env processes), paid when a device lock changes hands.

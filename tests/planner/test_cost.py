@@ -7,7 +7,7 @@ import json
 import pytest
 
 from m2flow.planner.cost import ComponentCost, CostModel, Link, fit_component
-from m2flow.planner.profile import ProfileError, config_hash, load_profile, new_profile
+from m2flow.planner.profile_file import ProfileError, config_hash, load_profile, new_profile
 
 MACHINE = {"hostname": "box", "cores": 2, "torch": "2.5.1", "m2flow": "0.1.0"}
 

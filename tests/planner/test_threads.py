@@ -96,7 +96,7 @@ def test_cpu_searches_try_fewer_devices_and_gpu_searches_all():
 
 
 def test_a_profile_the_older_profiler_wrote_is_stale_one_entered_by_hand_is_read():
-    from m2flow.planner.profile import ProfileError, check_profile, new_profile
+    from m2flow.planner.profile_file import ProfileError, check_profile, new_profile
 
     machine = {"hostname": "vm", "cores": 2, "torch": "t", "m2flow": "m"}
     current = new_profile("toy", "h", {}, machine=machine)

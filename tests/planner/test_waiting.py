@@ -7,7 +7,7 @@ import pytest
 
 from m2flow.planner import Component, Edge, Fusion, WorkflowGraph
 from m2flow.planner.cost import ComponentCost, CostModel, Link
-from m2flow.planner.profile import ProfileError, cost_model
+from m2flow.planner.profile_file import ProfileError, cost_model
 from m2flow.planner.search import SearchSpace, Searcher, search
 from m2flow.planner.setup import Workload, build_setup
 from m2flow.planner.simulate import Simulator

@@ -11,9 +11,9 @@ import yaml
 
 from m2flow.cli import main
 from m2flow.planner.drift import SwitchDecision
-from m2flow.planner.profile import load_profile
+from m2flow.planner.profile_file import load_profile
 from m2flow.autoplan import auto
-from m2flow.autoplan import auto_choice
+from m2flow.autoplan import selection
 from m2flow.autoplan import replan
 from m2flow.autoplan.plan_context import PlanContext
 from m2flow.autoplan.entry import train
@@ -136,7 +136,7 @@ def test_drift_replans_at_a_checkpoint_and_resumes_under_the_new_plan(tiny, tmp_
     # Force the decision (the gain of one tiny plan over another is noise) and exclude the running plan
     # from the re-search, so the switch itself is what is tested: stop at a checkpoint, resume elsewhere.
     monkeypatch.setattr(replan, "worth_switching", lambda *a: SwitchDecision(True, 1.0, 0.0))
-    real, first = auto_choice.choose, []
+    real, first = selection.choose, []
 
     def choose(ctx, cost, profile=None, keep=lambda c: True):
         if not first:  # the initial choice
@@ -145,7 +145,7 @@ def test_drift_replans_at_a_checkpoint_and_resumes_under_the_new_plan(tiny, tmp_
             return choice
         return real(ctx, cost, profile, lambda c: keep(c) and c.choice != first[0])
 
-    monkeypatch.setattr(auto_choice, "choose", choose)
+    monkeypatch.setattr(selection, "choose", choose)
     caplog.set_level(logging.INFO, logger="m2flow")
     run_dir = tmp_path / "run"
     result = train(REASONING, _cfg(config, f"run_dir={run_dir}", f"auto.profile={path}", "auto.max_replans=1"))
@@ -180,7 +180,7 @@ def test_auto_embodied_end_to_end(tmp_path, caplog) -> None:
 def test_profile_measures_two_ranks_under_ray(cluster, tmp_path) -> None:
     import os
 
-    from m2flow.autoplan.profiler import Profiler
+    from m2flow.autoplan.probes import Profiler
 
     if (os.cpu_count() or 1) < 2:
         pytest.skip("two ranks of one thread need two cores to be measured without contention")

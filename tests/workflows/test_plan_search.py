@@ -93,7 +93,7 @@ def test_each_ranked_plan_is_its_choice_as_the_workflow_builds_it(tmp_path, caps
     from m2flow.autoplan.plan_context import PlanContext
     from m2flow.config import with_overrides
     from m2flow.driver.registry import load_workflow_config
-    from m2flow.planner.profile import load_profile
+    from m2flow.planner.profile_file import load_profile
     from m2flow.planner.search import search
     from m2flow.runtime.placement import NodeLayout
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from m2flow.autoplan.plan_context import PlanContext
-from m2flow.autoplan.profiler import Profiler
+from m2flow.autoplan.probes import Profiler
 from m2flow.driver.registry import load_workflow_config
 
 DEMO = Path(__file__).resolve().parents[2] / "m2flow" / "workflows" / "reasoning/demo.yaml"
@@ -47,7 +47,7 @@ def test_a_two_thread_config_is_also_probed_on_one_thread_and_under_ray(tmp_path
 
 
 def test_the_cpu_share_is_the_median_over_the_probes_of_cpu_over_busy_seconds():
-    from m2flow.autoplan.profiler import Probe, cpu_share
+    from m2flow.autoplan.probes import Probe, cpu_share
 
     probes = [Probe("b0", {}, "local", 1, busy={"env": 1.0, "actor": 0.5}, cpu={"env": 0.1}),
               Probe("b1", {}, "local", 1, busy={"env": 2.0, "actor": 0.5}, cpu={"env": 0.4}),

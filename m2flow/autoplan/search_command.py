@@ -85,7 +85,7 @@ def _context(config: Path, overrides: list[str], devices: int | None) -> Any:
 
 
 def run_template(args: argparse.Namespace) -> int:
-    from m2flow.planner.profile import new_profile
+    from m2flow.planner.profile_file import new_profile
 
     ctx = _context(args.config, args.overrides, None)
     comps = {c: {"points": [], "mem_fixed": 0, "mem_per_item": 0, "state_bytes": 0, "weight_bytes": 0,
@@ -106,7 +106,7 @@ def _gib(nbytes: float) -> str:
 
 
 def run_search(args: argparse.Namespace) -> int:
-    from m2flow.planner.profile import ProfileError, load_profile
+    from m2flow.planner.profile_file import ProfileError, load_profile
     from m2flow.planner.search import rejection_summary, search
     from m2flow.planner.simulate import write_trace
 

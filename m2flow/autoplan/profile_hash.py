@@ -17,7 +17,7 @@ def profile_hash(cfg: Any, workflow: Any) -> str:
     """The hash a profile of ``cfg`` carries: the config without the workflow's execution keys (placement,
     cluster, fusion, threads and tunable keys: what the search varies or a plan decides), ``plan_file``
     and ``RUN_KEYS``."""
-    from m2flow.planner.profile import config_hash
+    from m2flow.planner.profile_file import config_hash
 
     ignore = ("placement", "cluster", "plan_file", *workflow.execution_keys(), *RUN_KEYS)
     return config_hash(asdict(cfg), ignore=tuple(dict.fromkeys(ignore)))

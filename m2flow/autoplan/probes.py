@@ -255,7 +255,7 @@ class Profiler:
     def run(self, out: Path) -> dict[str, Any]:
         """Run every probe, fit, and write the profile to ``out``; returns the profile."""
         from m2flow.planner.cost import fit_component
-        from m2flow.planner.profile import new_profile
+        from m2flow.planner.profile_file import new_profile
 
         check_writable(out)
         probes = self.probes()
@@ -349,7 +349,7 @@ class Profiler:
         """The link: bandwidth from the weight syncs, latencies calibrated on the message probes."""
         from m2flow.planner.calibrate import calibrate_link
         from m2flow.planner.cost import Link
-        from m2flow.planner.profile import cost_model
+        from m2flow.planner.profile_file import cost_model
 
         measured = []
         bandwidth = 1e9
@@ -387,7 +387,7 @@ class Profiler:
         """The oversubscription slowdown under which the simulator reproduces the oversubscribed probe
         (1 without one)."""
         from m2flow.planner.calibrate import calibrate_oversubscribed
-        from m2flow.planner.profile import cost_model
+        from m2flow.planner.profile_file import cost_model
 
         probe = self._by_kind(probes).get("oversubscribed")
         if probe is None or probe.iteration_s is None:
