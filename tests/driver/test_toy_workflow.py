@@ -19,7 +19,7 @@ import torch
 from m2flow.config import from_dict
 from m2flow.config.schema import option
 from m2flow.driver.registry import get_workflow, register_workflow
-from m2flow.driver.restarts import gather
+from m2flow.runtime.waiting import gather
 from m2flow.driver.run_config import RunConfig
 from m2flow.driver.workflow import Launch, Tunable, Workflow
 from m2flow.metrics import MetricsConfig

@@ -40,7 +40,7 @@ def _process_gone(pid: int, within: float) -> bool:
 
 
 def test_a_frozen_rank_is_caught_by_its_deadline_and_killed_without_waiting_on_it(tmp_path, monkeypatch):
-    from m2flow.driver.restarts import gather
+    from m2flow.runtime.waiting import gather
     from m2flow.runtime import Worker, WorkerGroup
     from m2flow.runtime.channel import Channel
     from m2flow.runtime.comm.errors import CommTimeout

@@ -109,7 +109,7 @@ def test_restarts_stop_at_the_limit_and_other_errors_are_not_retried(tmp_path):
 
 def test_a_hung_worker_is_caught_by_its_deadline(tmp_path):
     from m2flow.runtime import Worker, WorkerGroup
-    from m2flow.driver.restarts import gather
+    from m2flow.runtime.waiting import gather
 
     class Sleeper(Worker):
         def nap(self, seconds: float) -> float:

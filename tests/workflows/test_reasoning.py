@@ -14,7 +14,7 @@ from m2flow.driver.run import Run
 from m2flow.autoplan.entry import train
 from m2flow.workflows.reasoning.workflow import WORKFLOW
 from m2flow.driver.checkpoints import CHECKPOINTS, TRAINER_STATE
-from m2flow.driver.restarts import gather
+from m2flow.runtime.waiting import gather
 from m2flow.runtime import Worker, WorkerError, WorkerGroup
 from m2flow.runtime.trace import iter_spans, load_trace
 from tests.ray_session import shared_cluster

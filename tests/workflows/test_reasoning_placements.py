@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from m2flow.driver.restarts import gather
+from m2flow.runtime.waiting import gather
 from m2flow.driver.run import Run
 from m2flow.workflows.reasoning.workflow import WORKFLOW
 from m2flow.runtime.trace import iter_spans, load_trace

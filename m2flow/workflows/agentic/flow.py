@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from m2flow.driver.restarts import gather
+from m2flow.runtime.waiting import gather
 from m2flow.driver.workflow import Launch
 from m2flow.planner import Plan
 from m2flow.runtime.errors import worker_died

@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from m2flow.driver.restarts import gather
+from m2flow.runtime.waiting import gather
 from m2flow.envs.text.batch import EnvStep
 from m2flow.runtime.executors import WorkerGroup
 from m2flow.workers.agentic.turns import EpisodeSpec

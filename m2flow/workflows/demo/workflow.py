@@ -15,7 +15,7 @@ from typing import Any
 
 from m2flow.config.schema import option
 from m2flow.driver.registry import register_workflow
-from m2flow.driver.restarts import gather
+from m2flow.runtime.waiting import gather
 from m2flow.driver.run_config import RunConfig
 from m2flow.driver.workflow import Launch, Workflow
 from m2flow.metrics import MetricsConfig

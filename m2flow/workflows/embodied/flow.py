@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from m2flow.driver.checkpoints import CheckpointError
-from m2flow.driver.restarts import gather
+from m2flow.runtime.waiting import gather
 from m2flow.driver.workflow import Launch
 from m2flow.envs import EnvConfig
 from m2flow.planner import Plan

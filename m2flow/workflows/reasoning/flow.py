@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from m2flow.data import PromptDataLoader, PromptDataset, PromptItem
-from m2flow.driver.restarts import gather
+from m2flow.runtime.waiting import gather
 from m2flow.driver.workflow import Launch
 from m2flow.planner import Plan
 from m2flow.runtime.executors import Executor, Handle, WorkerGroup

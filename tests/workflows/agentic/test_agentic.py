@@ -9,7 +9,7 @@ import pytest
 
 from m2flow.cli import main
 from m2flow.driver.registry import load_workflow_config
-from m2flow.driver.restarts import gather
+from m2flow.runtime.waiting import gather
 from m2flow.driver.run import Run
 from m2flow.autoplan.entry import train
 from m2flow.workflows.agentic.workflow import WORKFLOW

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from m2flow.driver.restarts import gather
+from m2flow.runtime.waiting import gather
 from m2flow.driver.run import Run
 from m2flow.autoplan.entry import train
 from m2flow.workflows.agentic.workflow import WORKFLOW
