@@ -49,9 +49,9 @@ from m2flow.runtime.comm import send_weights
 from m2flow.runtime.comm.collectives import ExchangeSum
 from m2flow.runtime.errors import RunHealthError
 from m2flow.runtime.trace import trace_category
-from m2flow.workers.advantages import fill_advantages
 from m2flow.workers.common import ReasoningWorker, state_digest
 from m2flow.workers.config import ActorConfig, AlgorithmConfig, torch_dtype, uses_exchange
+from m2flow.workers.estimator_bridge import fill_advantages
 from m2flow.workers.messages import GroupSample, group_tokens, join_groups
 from m2flow.workers.objective import StepTotals, critic_objective, policy_objective
 from m2flow.workers.state_file import load_state, save_state

@@ -9,7 +9,7 @@ from m2flow.envs.text import TextEnvBatch
 from m2flow.models.causal_lm import entropy_from_logits, logprobs_from_logits
 from m2flow.models.response_forward import HFResponseForward, trim_span
 from m2flow.models.tiny import TinyModelConfig, build_tiny_model
-from m2flow.workers.advantages import fill_advantages
+from m2flow.workers.estimator_bridge import fill_advantages
 from m2flow.workers.agentic import EpisodeConfig, run_episodes, to_rollout_batch
 from m2flow.workers.config import AlgorithmConfig
 from m2flow.workers.objective import critic_objective, policy_objective

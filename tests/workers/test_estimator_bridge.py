@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from m2flow.data.batch import RolloutBatch
-from m2flow.workers.advantages import estimator_params, fill_advantages, reward_kl
+from m2flow.workers.estimator_bridge import estimator_params, fill_advantages, reward_kl
 from m2flow.workers.config import AlgorithmConfig
 
 
