@@ -1,8 +1,10 @@
 """The ``m2flow`` command: a small registry of subcommands, each parsing its own arguments.
 
-Subcommands plug in without editing this file: a module ``m2flow/<package>/commands.py`` (found
-on disk, imported when the parser is built) or a ``m2flow.commands`` entry point calls
-``m2flow.commands.register_command`` (the registry is a leaf module, so nothing imports this one).
+``demo``, ``train``, ``config`` and ``version`` are defined here; every other subcommand lives with the
+package it drives, in the module ``COMMAND_MODULES`` names (``m2flow/<package>/<command>_command.py``),
+which registers it with ``m2flow.commands.register_command`` when ``build_parser`` imports it. An
+installed package adds commands through a ``m2flow.commands`` entry point. The registry is a leaf
+module, so nothing imports this one.
 """
 
 from __future__ import annotations
@@ -109,12 +111,24 @@ register_command(
 )
 
 
+# ----------------------------------------------------------------------------- the other packages' commands
+
+COMMAND_MODULES = (
+    "m2flow.workflows.eval_command",  # m2flow eval CHECKPOINT
+    "m2flow.autoplan.plan_command",  # m2flow plan show|search|profile-template CONFIG
+    "m2flow.autoplan.profile_command",  # m2flow profile CONFIG
+    "m2flow.report.report_command",  # m2flow report RUN_DIR
+    "m2flow.data.data_command",  # m2flow data gsm8k --from FILE...
+)
+"""The modules that define the rest of the subcommands, each registering its own when imported."""
+
+
 # ----------------------------------------------------------------------------- entry point
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every registered subcommand."""
-    load_plugins()
+    load_plugins(COMMAND_MODULES)
     parser = argparse.ArgumentParser(
         prog="m2flow",
         description="Flexible and efficient RL training via macro-to-micro flow transformation.",

@@ -1,9 +1,9 @@
 """The command-line's registry, a leaf: subcommands register here, and ``cli.py`` builds the parser from it.
 
-Modules that add subcommands (``m2flow/<package>/commands.py``, found on disk, or a ``m2flow.commands``
-entry point) import only this module, never ``cli.py``: nothing under the command line imports it back.
-Such modules must stay light to import: heavy imports (torch, ray) go inside the ``run`` function, so
-``m2flow --help`` answers at once.
+Modules that add subcommands (those ``cli.COMMAND_MODULES`` names, or a ``m2flow.commands`` entry point of
+an installed package) import only this module, never ``cli.py``: nothing under the command line imports it
+back. Such modules must stay light to import: heavy imports (torch, ray) go inside the ``run`` function,
+so ``m2flow --help`` answers at once.
 """
 
 from __future__ import annotations
@@ -11,14 +11,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
-from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-PLUGIN_MODULE = "commands"
 ENTRY_POINT_GROUP = "m2flow.commands"
 
 
@@ -73,16 +71,12 @@ def registered_commands() -> list[str]:
     return sorted(COMMANDS)
 
 
-def load_plugins() -> None:
-    """Import every ``m2flow/<package>/commands.py`` and ``m2flow.commands`` entry point once."""
+def load_plugins(modules: Sequence[str] = ()) -> None:
+    """Import ``modules`` (each registers its own subcommands) and every ``m2flow.commands`` entry point, once."""
     global _PLUGINS_LOADED
     if _PLUGINS_LOADED:
         return
     _PLUGINS_LOADED = True
-    root = Path(__file__).resolve().parent
-    modules = sorted(
-        f"m2flow.{p.parent.name}.{PLUGIN_MODULE}" for p in root.glob(f"*/{PLUGIN_MODULE}.py")
-    )
     loaders: list[tuple[str, Callable[[], object]]] = [
         (m, lambda m=m: importlib.import_module(m)) for m in modules
     ]

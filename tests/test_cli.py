@@ -49,6 +49,29 @@ def test_help_lists_the_commands(capsys):
         assert name in out
 
 
+def test_every_module_that_registers_a_command_is_listed_in_the_cli():
+    """The command line is wired in one place: a module under m2flow/ that calls ``register_command``
+    is cli.py itself or one of ``COMMAND_MODULES`` (else its command would never be loaded)."""
+    import ast
+
+    from m2flow.cli import COMMAND_MODULES
+
+    registering = set()
+    for path in (REPO / "m2flow").rglob("*.py"):
+        calls = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)
+                 and getattr(n.func, "id", getattr(n.func, "attr", None)) == "register_command"]
+        if calls and path.name != "commands.py":
+            registering.add(".".join(path.relative_to(REPO).with_suffix("").parts))
+    assert registering == {"m2flow.cli", *COMMAND_MODULES}
+
+
+def test_help_lists_every_packaged_command(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name in ("eval", "plan", "profile", "report", "data"):
+        assert f"    {name} " in out, name
+
+
 def test_no_command_prints_help(capsys):
     assert main([]) == 2
     assert "usage: m2flow" in capsys.readouterr().out

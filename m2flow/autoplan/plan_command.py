@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from m2flow.commands import CommandError, say
+from m2flow.commands import CommandError, register_command, say
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -52,3 +52,6 @@ def _show(args: argparse.Namespace) -> int:
         say("")
     say(plan.table())
     return 0
+
+
+register_command("plan", "show the plan of a config, or rank plans from a profile (starts nothing)", configure, run)

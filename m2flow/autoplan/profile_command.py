@@ -11,7 +11,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from m2flow.commands import CommandError, say
+from m2flow.commands import CommandError, register_command, say
 
 
 def _options(parser: argparse.ArgumentParser) -> None:
@@ -82,3 +82,7 @@ def run(args: argparse.Namespace) -> int:
     say(f"wrote {out} (fit error per component: {errors})")
     say(f"next: m2flow plan search {args.config} --profile {out}, or train it with placement=auto")
     return 0
+
+
+register_command("profile", "measure each component of a config through its workers and write a profile",
+                 configure, run)
