@@ -6,7 +6,7 @@ Part 2 runs each chosen workload alternately untraced and traced, A B B A A B ..
 and compares the median iteration time (warm-up iterations left out); the ratio is taken pair by pair
 and its median reported. The workloads:
 
-- ``demo``: the runtime demo (three worker groups in a pipeline);
+- ``runtime_demo``: the runtime demo (three worker groups in a pipeline);
 - ``embodied``: the embodied PPO loop on CartPole-v1 under the hybrid pipelined plan of
   ``examples/embodied/cartpole_pipelined.yaml`` (env and rollout on their own devices, two stages),
   whose every env step and inference is a span;
@@ -19,7 +19,7 @@ upper bound that noise cannot blur: the events the traced run recorded per step 
 cost of one event, as a fraction of the step time (as if every event sat on the critical path, which
 most do not).
 
-    python benchmarks/trace_overhead.py                      # demo, embodied and reasoning, 4 pairs each
+    python benchmarks/trace_overhead.py                      # runtime_demo, embodied and reasoning, 4 pairs each
     python benchmarks/trace_overhead.py --workloads embodied,reasoning --pairs 3
     python benchmarks/trace_overhead.py --spans-only
 
@@ -90,16 +90,16 @@ def _events_per_step(run_dir: str, steps: int) -> float:
     return sum(e["ph"] in ("X", "C") for e in events) / steps
 
 
-def demo_step_time(trace: bool, steps: int, warmup: int, batch_size: int = 4096) -> tuple[float, float]:
-    """Median seconds per step of the demo after the warm-up, and trace events per step (0 untraced)."""
+def runtime_demo_step_time(trace: bool, steps: int, warmup: int, batch_size: int = 4096) -> tuple[float, float]:
+    """Median seconds per step of the runtime demo after the warm-up, and trace events per step (0 untraced)."""
     from m2flow.metrics import MetricsConfig
     from m2flow.report.load import read_metrics
-    from m2flow.workflows.demo.workflow import DemoConfig, run_demo_config
+    from m2flow.workflows.runtime_demo.workflow import RuntimeDemoConfig, run_runtime_demo_config
 
     with tempfile.TemporaryDirectory() as d:
-        cfg = DemoConfig(steps=steps, batch_size=batch_size, run_dir=d, trace=trace,
-                         metrics=MetricsConfig(sinks=["jsonl"]))
-        run_demo_config(cfg)
+        cfg = RuntimeDemoConfig(steps=steps, batch_size=batch_size, run_dir=d, trace=trace,
+                                metrics=MetricsConfig(sinks=["jsonl"]))
+        run_runtime_demo_config(cfg)
         rows = read_metrics(Path(d) / "metrics.jsonl")
         events = _events_per_step(d, steps) if trace else 0.0
     return statistics.median(r["time/step"] for r in rows[warmup:]), events
@@ -188,7 +188,7 @@ def workload_overhead(workloads: list[str], pairs: int, steps: dict[str, int], w
                 raise
             print(f"Ray did not start (attempt {attempt + 1}); retrying", file=sys.stderr)
     runs: dict[str, Callable[[bool], tuple[float, float]]] = {
-        "demo": lambda t: demo_step_time(t, steps["demo"], warmup),
+        "runtime_demo": lambda t: runtime_demo_step_time(t, steps["runtime_demo"], warmup),
         "embodied": lambda t: embodied_step_time(t, steps["embodied"], warmup, cluster),
         "reasoning": lambda t: reasoning_step_time(t, steps["reasoning"], warmup, cluster,
                                                    workdir / "arithmetic-tiny"),
@@ -205,8 +205,8 @@ def workload_overhead(workloads: list[str], pairs: int, steps: dict[str, int], w
     return out
 
 
-WORKLOADS = ("demo", "embodied", "reasoning")
-DEFAULT_STEPS = {"demo": 40, "embodied": 8, "reasoning": 8}
+WORKLOADS = ("runtime_demo", "embodied", "reasoning")
+DEFAULT_STEPS = {"runtime_demo": 40, "embodied": 8, "reasoning": 8}
 
 
 def main(argv: list[str] | None = None) -> int:

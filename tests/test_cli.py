@@ -136,19 +136,19 @@ def test_config_docs_prints_every_field(fake_workflow, capsys):
     assert "actor.mode: 'collocated' | 'disaggregated' | 'hybrid' = collocated\n" in out
 
 
-def test_config_docs_demo_documents_the_runtime_demo(capsys):
+def test_config_docs_documents_the_runtime_demo(capsys):
     from m2flow.config.schema import undocumented
-    from m2flow.workflows.demo.workflow import DemoConfig
+    from m2flow.workflows.runtime_demo.workflow import RuntimeDemoConfig
 
-    assert main(["config", "docs", "demo"]) == 0
+    assert main(["config", "docs", "runtime_demo"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("# workflow demo: m2flow.workflows.demo.workflow.DemoConfig\n")
+    assert out.startswith("# workflow runtime_demo: m2flow.workflows.runtime_demo.workflow.RuntimeDemoConfig\n")
     assert "placement: str = 'producer: 0-1, scaler,reducer: 2-3'\n" in out
     assert "steps: int = 20\n    batches each producer rank emits\n" in out
     assert "batch_size: int = 4096\n" in out and "cluster.address: str | None = null\n" in out
-    # Not the settings of `m2flow demo` (the arithmetic GRPO demo), which share the name.
+    # Not the settings of `m2flow demo` (the arithmetic GRPO demo).
     assert "grpo_steps" not in out
-    assert undocumented(DemoConfig) == []
+    assert undocumented(RuntimeDemoConfig) == []
 
 
 def test_config_docs_without_a_name_lists_workflows(fake_workflow, capsys):

@@ -32,7 +32,7 @@ class MetricsConfig:
     unknown_prefix: UnknownPrefixPolicy = option(
         "warn", "a metric name without a known prefix: 'warn' once per name, or 'error'")
     key_metrics: list[str] = option([], "metrics shown on the progress line (empty: the first few)")
-    extra_prefixes: list[str] = option([], "metric groups a workflow logs besides the known ones (demo/)")
+    extra_prefixes: list[str] = option([], "metric groups a workflow logs besides the known ones (runtime_demo/)")
     wandb_project: str = option("m2flow", "W&B project (used when 'wandb' is in sinks)")
     wandb_mode: str = option("online", "W&B mode: online, offline or disabled")
 

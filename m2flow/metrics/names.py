@@ -3,7 +3,7 @@
 Policy on an unknown prefix: **warn once per name** by default, raise with ``unknown_prefix="error"``.
 A metric under an unexpected group still logs correctly, so a typo should not stop a long run at
 step 900; strict mode exists for tests and CI, where a new name should be a deliberate choice.
-``extra_prefixes`` admits a component's own group (the runtime demo logs ``demo/``).
+``extra_prefixes`` admits a component's own group (the runtime demo logs ``runtime_demo/``).
 """
 
 from __future__ import annotations

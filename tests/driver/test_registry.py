@@ -52,7 +52,7 @@ def test_duplicate_and_bad_declarations_raise(tiny):
 def test_the_shipped_workflows_are_found_on_disk():
     from m2flow.driver.registry import available_workflows
 
-    assert {"demo", "embodied", "reasoning"} <= set(available_workflows())
+    assert {"runtime_demo", "embodied", "reasoning"} <= set(available_workflows())
 
 
 def test_unknown_workflow_lists_the_registered_ones(tiny):

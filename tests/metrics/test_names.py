@@ -44,8 +44,8 @@ def test_unknown_prefix_warns_once_per_name(caplog):
 
 
 def test_unknown_prefix_raises_in_error_mode_and_extra_prefixes_admit_a_group():
-    checker = NameChecker("error", extra_prefixes=("demo/",))
-    checker.check("demo/mean")
+    checker = NameChecker("error", extra_prefixes=("runtime_demo/",))
+    checker.check("runtime_demo/mean")
     checker.check("reward/mean")
     with pytest.raises(MetricNameError, match="'losses/approx_kl'.*actor/"):
         checker.check("losses/approx_kl")

@@ -78,10 +78,10 @@ def test_report_of_metrics_alone_and_of_nothing(tmp_path, capsys):
 
 
 def test_traced_demo_run_gives_a_valid_trace_and_a_consistent_report(cluster, tmp_path, capsys):
-    from m2flow.workflows.demo.workflow import DemoConfig, run_demo_config
+    from m2flow.workflows.runtime_demo.workflow import RuntimeDemoConfig, run_runtime_demo_config
 
-    run_dir = tmp_path / "demo"
-    assert run_demo_config(DemoConfig(steps=4, batch_size=256, run_dir=str(run_dir))) == 0
+    run_dir = tmp_path / "runtime_demo"
+    assert run_runtime_demo_config(RuntimeDemoConfig(steps=4, batch_size=256, run_dir=str(run_dir))) == 0
     trace = load_trace(run_dir)
     # Group names carry the run's id (``producer-1a2b3c4d``); the checks below read them without it.
     procs = {re.sub(r"-[0-9a-f]{8}\[", "[", p["name"]): p["pid"] for p in trace["otherData"]["m2flow"]["processes"]}

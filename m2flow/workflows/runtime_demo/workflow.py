@@ -1,4 +1,4 @@
-"""The runtime demo (``workflow: demo``): three worker groups pass tensors along a pipeline.
+"""The runtime demo (``workflow: runtime_demo``): three worker groups pass tensors along a pipeline.
 
 ``producer`` ranks make batches, ``scaler`` ranks double them, ``reducer`` ranks accumulate; the next
 batch is produced while the current one is scaled and reduced. It exercises launching under a
@@ -23,12 +23,12 @@ from m2flow.planner import Component, Edge, Plan, WorkflowGraph
 from m2flow.runtime.executors import Executor, Handle
 
 GRAPH = WorkflowGraph(
-    name="demo",
+    name="runtime_demo",
     components=(
-        Component("producer", "makes batches of uniform numbers", worker="m2flow.workflows.demo.workers:Producer"),
-        Component("scaler", "doubles each batch", holds_model=True, worker="m2flow.workflows.demo.workers:Scaler"),
+        Component("producer", "makes batches of uniform numbers", worker="m2flow.workflows.runtime_demo.workers:Producer"),
+        Component("scaler", "doubles each batch", holds_model=True, worker="m2flow.workflows.runtime_demo.workers:Scaler"),
         Component("reducer", "accumulates the running mean", holds_model=True,
-                  worker="m2flow.workflows.demo.workers:Reducer"),
+                  worker="m2flow.workflows.runtime_demo.workers:Reducer"),
     ),
     edges=(Edge("batches", "producer", "scaler", "tensor", kind="p2p"),
            Edge("scaled", "scaler", "reducer", "tensor", kind="p2p")),
@@ -36,16 +36,16 @@ GRAPH = WorkflowGraph(
 
 
 @dataclass
-class DemoConfig(RunConfig):
+class RuntimeDemoConfig(RunConfig):
     """The runtime demo: producer, scaler and reducer groups."""
 
     placement: str = option("producer: 0-1, scaler,reducer: 2-3",
                             "component placement (producer, scaler, reducer); 'local': all in this process")
-    run_dir: str = option("runs/demo", "where logs, trace and metrics are written")
+    run_dir: str = option("runs/runtime_demo", "where logs, trace and metrics are written")
     trace: bool = option(True, "record a timeline trace (run_dir/trace.json)")
     metrics: MetricsConfig = option(
-        MetricsConfig(sinks=["console", "jsonl"], key_metrics=["demo/mean", "perf/numbers_per_s"],
-                      extra_prefixes=["demo"]), "where per-step metrics go (run_dir/metrics.jsonl, ...)")
+        MetricsConfig(sinks=["console", "jsonl"], key_metrics=["runtime_demo/mean", "perf/numbers_per_s"],
+                      extra_prefixes=["runtime_demo"]), "where per-step metrics go (run_dir/metrics.jsonl, ...)")
     steps: int = option(20, "batches each producer rank emits")
     batch_size: int = option(4096, "numbers per batch")
 
@@ -56,13 +56,13 @@ class DemoConfig(RunConfig):
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
 
 
-class DemoFlow:
-    """The demo's groups; iteration ``it`` scales and reduces batch ``it`` while batch ``it + 1`` is made."""
+class RuntimeDemoFlow:
+    """The runtime demo's groups; iteration ``it`` scales and reduces batch ``it`` while batch ``it + 1`` is made."""
 
     max_staleness = 0
     description = "runtime demo"
 
-    def __init__(self, cfg: DemoConfig, groups: dict[str, Any], timeout: float | None) -> None:
+    def __init__(self, cfg: RuntimeDemoConfig, groups: dict[str, Any], timeout: float | None) -> None:
         self.cfg, self.timeout = cfg, timeout
         self.producer, self.scaler, self.reducer = groups["producer"], groups["scaler"], groups["reducer"]
         self.iterations = self.progress_total = cfg.steps
@@ -83,7 +83,7 @@ class DemoFlow:
         means = gather([self.reducer.execute_each("add", [(scaled[i::m],) for i in range(m)])], self.timeout)[0]
         self.mean = sum(means) / len(means)
         self._done = it + 1
-        return {"demo/mean": self.mean}
+        return {"runtime_demo/mean": self.mean}
 
     def rates(self, metrics: dict[str, float], seconds: float) -> dict[str, float]:
         numbers = self.cfg.batch_size * self.producer.world_size
@@ -111,38 +111,38 @@ class DemoFlow:
             group.shutdown()  # flushes each rank's trace shard first
 
 
-class DemoWorkflow(Workflow):
-    name = "demo"
-    schema = DemoConfig
+class RuntimeDemoWorkflow(Workflow):
+    name = "runtime_demo"
+    schema = RuntimeDemoConfig
     graph = GRAPH
     help = "the runtime demo: three worker groups pass tensors along a pipeline"
 
-    def launch(self, cfg: DemoConfig, plan: Plan, executor: Executor, run: Launch) -> DemoFlow:
-        from m2flow.workflows.demo.workers import ProducerSettings
+    def launch(self, cfg: RuntimeDemoConfig, plan: Plan, executor: Executor, run: Launch) -> RuntimeDemoFlow:
+        from m2flow.workflows.runtime_demo.workers import ProducerSettings
 
         settings = {"producer": ProducerSettings(cfg.batch_size), "scaler": None, "reducer": None}
         _, groups = self.launch_groups(plan, executor, run, settings)
-        return DemoFlow(cfg, groups, cfg.fault_tolerance.iteration_timeout_s)
+        return RuntimeDemoFlow(cfg, groups, cfg.fault_tolerance.iteration_timeout_s)
 
-    def iterations(self, cfg: DemoConfig, plan: Plan) -> int:
+    def iterations(self, cfg: RuntimeDemoConfig, plan: Plan) -> int:
         return cfg.steps
 
-    def profile_length(self, cfg: DemoConfig, iterations: int) -> dict[str, Any]:
+    def profile_length(self, cfg: RuntimeDemoConfig, iterations: int) -> dict[str, Any]:
         return {"steps": iterations}
 
 
-WORKFLOW = register_workflow(DemoWorkflow())
+WORKFLOW = register_workflow(RuntimeDemoWorkflow())
 
 
-def run_demo_config(cfg: DemoConfig) -> int:
-    """Run the demo for a validated config; the process exit status."""
+def run_runtime_demo_config(cfg: RuntimeDemoConfig) -> int:
+    """Run the runtime demo for a validated config; the process exit status."""
     from m2flow.autoplan.entry import run
 
     return run(WORKFLOW, cfg)
 
 
-def run_demo(overrides: list[str]) -> int:
-    """Run the demo with ``key=value`` overrides of its defaults."""
+def run_runtime_demo(overrides: list[str]) -> int:
+    """Run the runtime demo with ``key=value`` overrides of its defaults."""
     from m2flow.config.loader import load_config
 
-    return run_demo_config(load_config(DemoConfig, None, overrides))
+    return run_runtime_demo_config(load_config(RuntimeDemoConfig, None, overrides))

@@ -1,4 +1,4 @@
-"""The runtime demo (`m2flow train examples/demo.yaml`) runs end to end on the shared cluster and writes one log per worker."""
+"""The runtime demo (`m2flow train examples/runtime_demo.yaml`) runs end to end on the shared cluster and writes one log per worker."""
 
 import re
 from pathlib import Path
@@ -6,14 +6,14 @@ from pathlib import Path
 import pytest
 
 from m2flow.config.errors import ConfigError
-from m2flow.workflows.demo.workflow import DemoConfig, run_demo, run_demo_config
+from m2flow.workflows.runtime_demo.workflow import RuntimeDemoConfig, run_runtime_demo, run_runtime_demo_config
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "demo.yaml"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "runtime_demo.yaml"
 
 
 def test_demo_runs_and_logs_per_worker(cluster, tmp_path, capsys):
-    cfg = DemoConfig(steps=3, batch_size=256, run_dir=str(tmp_path / "run"))
-    assert run_demo_config(cfg) == 0
+    cfg = RuntimeDemoConfig(steps=3, batch_size=256, run_dir=str(tmp_path / "run"))
+    assert run_runtime_demo_config(cfg) == 0
     # One log per worker, named by its group (the component and the run's id) and rank.
     logs = sorted(p.name for p in (tmp_path / "run" / "logs").iterdir())
     assert [re.sub(r"-[0-9a-f]{8}\.", ".", name) for name in logs] == \
@@ -25,7 +25,7 @@ def test_demo_runs_and_logs_per_worker(cluster, tmp_path, capsys):
 
 def test_demo_rejects_bad_placement_before_starting():
     with pytest.raises(ConfigError, match="steps"):
-        run_demo(["steps=0"])
+        run_runtime_demo(["steps=0"])
 
 
 def test_impossible_placement_fails_naming_the_key(capsys):
