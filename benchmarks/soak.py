@@ -153,10 +153,10 @@ def growth(samples: list[dict[str, Any]], labels: dict[int, str], warmup: int, w
 
 def config(workflow: str, root: Path, iterations: int, placement: str) -> Any:
     if workflow == "embodied":
-        from tests.workflows.test_embodied import toy_config
+        from tests.workflows.embodied.test_embodied import toy_config
 
         return toy_config(root, placement=placement, pipeline_stages=2, total_env_steps=iterations * 512, trace=True)
-    from tests.workflows.reasoning_setup import toy_config
+    from tests.workflows.reasoning.setup import toy_config
 
     return toy_config(root, placement, steps=iterations, trace=True, eval_every=0)
 

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from m2flow.driver.checkpoints import CHECKPOINTS
 from tests.ray_session import shared_cluster
-from tests.workflows import reasoning_setup
+from tests.workflows.reasoning import setup as reasoning_setup
 from tests.workflows.frozen import Caught, freezing
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(2400)]  # five launches each, on a busy machine
@@ -104,7 +104,7 @@ def test_embodied_frozen_in_each_wait_restarts_and_ends_as_if_left_alone(tmp_pat
     from m2flow.workers.embodied.actor import ACTOR_FILE
     from m2flow.autoplan.entry import train
     from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED_WORKFLOW
-    from tests.workflows.test_embodied import LEARNING, toy_config
+    from tests.workflows.embodied.test_embodied import LEARNING, toy_config
 
     faults = {"fault_tolerance.iteration_timeout_s": DEADLINE, "fault_tolerance.max_restarts": len(EMBODIED_POINTS) + SPARE}
     cfg = toy_config(tmp_path / "interrupted", **EMBODIED, **faults)

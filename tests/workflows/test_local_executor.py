@@ -16,8 +16,8 @@ import torch
 
 from m2flow.workflows.embodied.config import EmbodiedConfig
 from m2flow.workflows.reasoning.config import ReasoningConfig
-from tests.workflows import test_embodied
-from tests.workflows.reasoning_setup import toy_config
+from tests.workflows.embodied import test_embodied
+from tests.workflows.reasoning.setup import toy_config
 
 pytestmark = pytest.mark.timeout(900)
 

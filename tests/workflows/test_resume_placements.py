@@ -26,7 +26,8 @@ from m2flow.autoplan.entry import train
 from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED_WORKFLOW
 from m2flow.workflows.reasoning.workflow import WORKFLOW as REASONING_WORKFLOW
 from m2flow.driver.checkpoints import CHECKPOINTS, CheckpointError, find_checkpoint
-from tests.workflows import reasoning_setup, test_embodied
+from tests.workflows.embodied import test_embodied
+from tests.workflows.reasoning import setup as reasoning_setup
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -19,7 +19,7 @@ from m2flow.autoplan.plan_context import PlanContext
 from m2flow.autoplan.entry import train
 from m2flow.workflows.reasoning.workflow import WORKFLOW as REASONING
 from m2flow.driver.registry import get_workflow, load_workflow_config
-from tests.workflows import test_embodied
+from tests.workflows.embodied import test_embodied
 
 TINY = {
     "workflow": "reasoning",

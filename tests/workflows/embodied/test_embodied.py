@@ -22,7 +22,7 @@ from m2flow.workflows.embodied.config import EmbodiedConfig
 # minutes, more than the suite's default per-test limit.
 pytestmark = pytest.mark.timeout(900)
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "embodied"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "embodied"
 TOY = "tests.workers.embodied.toy_envs"
 LEARNING = ("actor/pg_loss", "critic/value_loss", "actor/approx_kl", "actor/clip_frac",
             "env/episode_return", "env/episodes", "env/total_steps", "critic/explained_variance")

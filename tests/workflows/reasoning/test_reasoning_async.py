@@ -17,11 +17,11 @@ from m2flow.driver.run import Run
 from m2flow.workflows.reasoning.workflow import WORKFLOW
 from m2flow.workflows.reasoning.config import ReasoningConfig
 from m2flow.driver.checkpoints import CHECKPOINTS
-from tests.workflows.reasoning_setup import improved, toy_config
+from tests.workflows.reasoning.setup import improved, toy_config
 
 pytestmark = pytest.mark.timeout(900)
 
-DEMO = str(Path(__file__).resolve().parents[2] / "m2flow" / "workflows" / "reasoning/demo.yaml")
+DEMO = str(Path(__file__).resolve().parents[3] / "m2flow" / "workflows" / "reasoning/demo.yaml")
 # What a run learns and how it scores; time, rates and the staleness counts themselves are left out.
 LEARNING = ("reward/mean", "rollout/response_length", "rollout/tokens_count", "actor/pg_loss", "actor/grad_norm",
             "actor/approx_kl", "actor/clip_frac", "actor/ratio_mean")

@@ -9,7 +9,7 @@ from m2flow.driver.run import Run
 from m2flow.workflows.reasoning.workflow import WORKFLOW
 from m2flow.runtime.trace import iter_spans, load_trace
 from tests.ray_session import shared_cluster
-from tests.workflows.reasoning_setup import improved, toy_config
+from tests.workflows.reasoning.setup import improved, toy_config
 
 PLACEMENTS = {
     # Every component on its own devices; two actor ranks shard the policy with FSDP2.

@@ -20,7 +20,7 @@ from m2flow.workflows.reasoning.workflow import WORKFLOW
 from m2flow.workflows.reasoning.config import ReasoningConfig
 from tests.ray_session import shared_cluster
 
-GSM8K = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "gsm8k"
+GSM8K = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "gsm8k"
 
 
 @pytest.mark.skipif(not (GSM8K / "train.jsonl").is_file(), reason="GSM8K is not available")

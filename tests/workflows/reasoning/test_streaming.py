@@ -7,7 +7,7 @@ from m2flow.runtime.trace import iter_spans, load_trace
 from m2flow.driver.run import Run
 from m2flow.workflows.reasoning.workflow import WORKFLOW
 from tests.ray_session import shared_cluster
-from tests.workflows.reasoning_setup import toy_config
+from tests.workflows.reasoning.setup import toy_config
 
 
 def test_generation_overlaps_training_in_the_trace_and_every_group_is_trained_once(tmp_path):

@@ -11,7 +11,7 @@ from m2flow.driver.registry import load_workflow_config
 from m2flow.workflows.reasoning.evaluation import EvalConfig
 from m2flow.workflows.reasoning.config import ReasoningConfig
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples" / "reasoning").glob("*.yaml"))
+EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "examples" / "reasoning").glob("*.yaml"))
 
 
 def test_every_field_has_a_doc():

@@ -18,7 +18,7 @@ from m2flow.runtime.waiting import gather
 from m2flow.runtime import Worker, WorkerError, WorkerGroup
 from m2flow.runtime.trace import iter_spans, load_trace
 from tests.ray_session import shared_cluster
-from tests.workflows.reasoning_setup import improved, toy_config
+from tests.workflows.reasoning.setup import improved, toy_config
 
 COLLOCATED = "actor,rollout,inference,reward: 0"
 
