@@ -12,11 +12,13 @@
 - ``packed.py``     PackedLayout: image, instruction ids and proprio in one uint8 observation
 """
 
-from m2flow.envs.config import EnvConfig
-from m2flow.envs.factory import available_env_backends, make_env, register_env_backend
-from m2flow.envs.normalize import ObsNormalizer, RewardScaler, RunningMeanStd
-from m2flow.envs.types import StepResult
-from m2flow.envs.vector import EnvGroup, VecEnv
+from m2flow.lazy import lazy_names
+
+# Names resolve on first use: a config's EnvConfig (and the text envs' names) load without gymnasium or numpy.
+_HOME = {"EnvConfig": "config", "available_env_backends": "factory", "make_env": "factory",
+         "register_env_backend": "factory", "ObsNormalizer": "normalize", "RewardScaler": "normalize",
+         "RunningMeanStd": "normalize", "StepResult": "types", "EnvGroup": "vector", "VecEnv": "vector"}
+__getattr__, __dir__ = lazy_names(__name__, _HOME)
 
 __all__ = [
     "EnvConfig",

@@ -34,7 +34,7 @@ _LAZY = {
     "ActionBins": "m2flow.models.action_tokens",
     "BCConfig": "m2flow.models.bc",
     "behaviour_clone": "m2flow.models.bc",
-    "VLAConfig": "m2flow.models.vla",
+    "VLAConfig": "m2flow.models.policy_config",
     "VLAPolicy": "m2flow.models.vla",
     "build_vla": "m2flow.models.vla",
 }

@@ -17,70 +17,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
 
 import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
 
-from m2flow.config import option
 from m2flow.models.cnn import CNNEncoder
+from m2flow.models.policy_config import ACTIVATION_CLASSES, ENCODERS, PolicyConfig
 from m2flow.models.policy_types import ActOutput, EvalOutput, Policy
-from m2flow.models.vla import VLAConfig
 
 __all__ = ["ActOutput", "ActorCritic", "EvalOutput", "Policy", "PolicyConfig", "build_actor_critic", "build_policy"]
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
-ACTIVATIONS: dict[str, type[nn.Module]] = {
-    "tanh": nn.Tanh,
-    "relu": nn.ReLU,
-    "elu": nn.ELU,
-    "gelu": nn.GELU,
-    "silu": nn.SiLU,
-}
-
-
-@dataclass
-class PolicyConfig:
-    """Which embodied policy to build and its shape: an actor-critic (MLP / CNN) or the small VLA."""
-
-    kind: Literal["actor_critic", "vla"] = option(
-        "actor_critic", "'actor_critic': MLP or CNN trunks with a Gaussian / categorical head; 'vla': the small "
-        "vision-language-action policy (packed image + instruction + proprio observations, action tokens)")
-    vla: VLAConfig = option(VLAConfig(), "sizes of the VLA (kind: vla); height / width / proprio_dim must match the env")
-    init_from: str | None = option(
-        None, "start from the weights in this file: a behaviour-cloning file or a run's actor.pt (loaded without "
-        "running code; the weights must fit the policy)")
-    hidden_sizes: list[int] = option([64, 64], "units of each hidden layer of the actor and critic MLPs")
-    activation: str = option("tanh", "hidden activation: 'tanh', 'relu', 'elu', 'gelu' or 'silu'")
-    encoder: str = option("auto", "observation encoder: 'auto' (cnn for images, else mlp), 'mlp' or 'cnn'")
-    shared_critic: bool = option(False, "value head on the actor's trunk (True) or its own network (False)")
-    log_std_init: float = option(0.0, "initial log standard deviation of Gaussian actions")
-    ortho_init: bool = option(True, "orthogonal weight init with gains sqrt(2) / 0.01 / 1, as SB3 and CleanRL")
-    cnn_channels: list[int] = option([32, 64, 64], "output channels of each convolution")
-    cnn_kernels: list[int] = option([8, 4, 3], "kernel size of each convolution")
-    cnn_strides: list[int] = option([4, 2, 1], "stride of each convolution")
-    cnn_features: int = option(512, "width of the CNN's output feature layer")
-
-    def validate(self) -> None:
-        """Raise ValueError naming the field for impossible values."""
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation: unknown {self.activation!r}; valid: {sorted(ACTIVATIONS)}")
-        if self.encoder != "auto" and self.encoder not in _ENCODERS:
-            raise ValueError(f"encoder: unknown {self.encoder!r}; valid: {['auto', *sorted(_ENCODERS)]}")
-        if any(h < 1 for h in self.hidden_sizes):
-            raise ValueError(f"hidden_sizes: every layer needs >= 1 unit, got {self.hidden_sizes}")
-        if not len(self.cnn_channels) == len(self.cnn_kernels) == len(self.cnn_strides):
-            raise ValueError("cnn_channels: cnn_channels, cnn_kernels and cnn_strides must have equal lengths")
-        if self.kind not in ("actor_critic", "vla"):
-            raise ValueError(f"kind: unknown {self.kind!r}; valid: ['actor_critic', 'vla']")
-        if self.kind == "vla":
-            self.vla.validate()
-        if self.init_from is not None and not self.init_from.strip():
-            raise ValueError("init_from: empty; give a file or leave it unset")
+ACTIVATIONS: dict[str, type[nn.Module]] = {name: getattr(nn, cls) for name, cls in ACTIVATION_CLASSES.items()}
 
 
 # ---------------------------------------------------------------------------------------- encoders
@@ -88,19 +39,10 @@ class PolicyConfig:
 Encoder = Callable[[gym.spaces.Box, PolicyConfig], nn.Module]
 """Builds a module (B, *obs_shape) -> (B, out_dim) with an ``out_dim`` attribute."""
 
-_ENCODERS: dict[str, Encoder] = {}
-
 
 def register_encoder(name: str) -> Callable[[Encoder], Encoder]:
     """Decorator registering an observation encoder; a duplicate name raises."""
-
-    def wrap(fn: Encoder) -> Encoder:
-        if name in _ENCODERS:
-            raise ValueError(f"encoder {name!r} is already registered")
-        _ENCODERS[name] = fn
-        return fn
-
-    return wrap
+    return ENCODERS.register(name)
 
 
 class MLPEncoder(nn.Module):
@@ -304,7 +246,7 @@ def build_actor_critic(
     """An actor-critic for single-env spaces ``obs_space`` / ``action_space``."""
     config = config if config is not None else PolicyConfig()
     config.validate()
-    make_trunk = _ENCODERS[pick_encoder(obs_space, config)]
+    make_trunk = ENCODERS[pick_encoder(obs_space, config)]
     actor_trunk = make_trunk(obs_space, config)
     critic_trunk = None if config.shared_critic else make_trunk(obs_space, config)
     policy = ActorCritic(actor_trunk, _action_head(action_space, actor_trunk.out_dim, config), critic_trunk)

@@ -22,61 +22,20 @@ actions, the bin centres of its tokens (:mod:`m2flow.models.action_tokens`); tok
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import gymnasium as gym
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from m2flow.config import option
 from m2flow.envs.instructions import PAD_ID, WordTokenizer
 from m2flow.envs.packed import PackedLayout
 from m2flow.models.action_tokens import ActionBins
+from m2flow.models.policy_config import VLAConfig
 from m2flow.models.policy_types import ActOutput, EvalOutput
-
-
-@dataclass
-class VLAConfig:
-    """Shape of the small VLA policy and of the observations it reads."""
-
-    height: int = option(64, "image height in pixels")
-    width: int = option(64, "image width in pixels")
-    text_len: int = option(16, "instruction tokens per observation (padded)")
-    proprio_dim: int = option(4, "proprioception floats per observation (0: none)")
-    vocab_size: int = option(0, "instruction vocabulary size; 0: the word vocabulary of the instruction table")
-    dim: int = option(128, "transformer width")
-    depth: int = option(4, "transformer layers")
-    heads: int = option(4, "attention heads")
-    mlp_ratio: int = option(4, "MLP hidden width / dim")
-    stem_channels: list[int] = option([32, 64, 128], "channels of the stride-2 convolutions before the grid")
-    grid: int = option(4, "image tokens per side (the stem's output grid)")
-    num_bins: int = option(256, "bins per action dimension")
-    action_low: float = option(-1.0, "lower bound of every action dimension")
-    action_high: float = option(1.0, "upper bound of every action dimension")
-    logprob: Literal["token", "action"] = option(
-        "token", "what act / evaluate return: 'token': one log-prob per action token (B, A), so PPO clips a ratio "
-        "per token; 'action': their sum (B,), one ratio per action")
-
-    def validate(self) -> None:
-        """Raise ValueError naming the field for impossible values."""
-        if self.dim % self.heads:
-            raise ValueError(f"dim: {self.dim} is not divisible by heads={self.heads}")
-        smallest = min(self.height, self.width) // 2 ** len(self.stem_channels)
-        if not 1 <= self.grid <= smallest:
-            raise ValueError(f"grid: must be in [1, {smallest}] for {self.height}x{self.width} images, got {self.grid}")
-        if self.text_len < 1:
-            raise ValueError(f"text_len: must be >= 1, got {self.text_len}")
-        if self.logprob not in ("token", "action"):
-            raise ValueError(f"logprob: must be 'token' or 'action', got {self.logprob!r}")
-        if self.vocab_size < 0 or self.vocab_size > 256:
-            raise ValueError(f"vocab_size: must be in [0, 256] (ids are stored as bytes), got {self.vocab_size}")
-
-    def layout(self) -> PackedLayout:
-        """The packed observation layout this policy reads."""
-        return PackedLayout(self.height, self.width, 3, self.text_len, self.proprio_dim)
 
 
 class TokenOutput(NamedTuple):

@@ -7,6 +7,7 @@ number of CPU "device slots", so the same placement strings work identically eve
 from __future__ import annotations
 
 import atexit
+import glob
 import logging
 import os
 import sys
@@ -78,14 +79,23 @@ def expected_layout(config: ClusterConfig) -> NodeLayout | None:
     if config.address:
         return None
     gpus = 0
-    try:
-        import torch
+    if _gpu_driver_present():  # else torch would count none: configs validate without importing it
+        try:
+            import torch
 
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except ImportError:
-        pass
+            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        except ImportError:
+            pass
     groups = {k: tuple(v) for k, v in config.node_groups.items()}
     return NodeLayout((gpus or config.cpu_devices_per_node,), groups)
+
+
+def _gpu_driver_present() -> bool:
+    """Whether torch could see a GPU here: a CUDA (``/dev/nvidia<N>``, WSL's ``/dev/dxg``) or ROCm
+    (``/dev/kfd``) device node, and ``CUDA_VISIBLE_DEVICES`` not set empty (which hides every device)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        return False
+    return bool(glob.glob("/dev/nvidia[0-9]*")) or any(os.path.exists(p) for p in ("/dev/dxg", "/dev/kfd"))
 
 
 _STARTUP_ATTEMPTS = 3

@@ -91,10 +91,11 @@ class RolloutConfig:
             raise ValueError(f"prompts_per_chunk must be >= 1 or None, got {self.prompts_per_chunk}")
         if self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
-        # What a backend accepts is the backend's to say (imported here: this module stays light to import).
-        from m2flow.backends.generation import check_compile, generation_backend_class
+        # What a backend accepts is the backend's to say: its declared traits, read without importing it.
+        from m2flow.backends.generation.factory import check_compile
+        from m2flow.backends.generation.registry import GENERATION_BACKENDS, generation_backend_traits
 
-        backend = generation_backend_class(self.backend)  # an unknown name raises, listing the valid ones
+        backend = generation_backend_traits(self.backend)  # an unknown name raises, listing the valid ones
         if self.batching not in ("auto", "continuous", "chunked"):
             raise ValueError(f"batching must be 'auto', 'continuous' or 'chunked', got {self.batching!r}")
         if self.max_running < self.sampling.n:
@@ -102,18 +103,12 @@ class RolloutConfig:
                              "a group's responses start together")
         if self.batching == "continuous":
             if not backend.continuous:
-                streaming = sorted(n for n in _backend_names() if generation_backend_class(n).continuous)
+                streaming = sorted(n for n in GENERATION_BACKENDS if generation_backend_traits(n).continuous)
                 raise ValueError(f"batching 'continuous' needs a backend with continuous batching "
                                  f"({', '.join(streaming)}), not {self.backend!r}")
             if self.prompts_per_chunk is not None:
                 raise ValueError("prompts_per_chunk applies to batching 'chunked', not 'continuous'")
         check_compile(self.backend, self.compile)
-
-
-def _backend_names() -> list[str]:
-    from m2flow.backends.generation.base import GENERATION_BACKENDS
-
-    return sorted(GENERATION_BACKENDS)
 
 
 _CONFIGURED: Any = object()
@@ -124,10 +119,10 @@ def batching_mode(cfg: RolloutConfig, prompts_per_chunk: int | None = _CONFIGURE
     ``prompts_per_chunk`` (a plan's choice) in place of the config's when given."""
     if cfg.batching != "auto":
         return cfg.batching  # type: ignore[return-value]
-    from m2flow.backends.generation import generation_backend_class
+    from m2flow.backends.generation.registry import generation_backend_traits
 
     chunk = cfg.prompts_per_chunk if prompts_per_chunk is _CONFIGURED else prompts_per_chunk
-    streams = generation_backend_class(cfg.backend).continuous and chunk is None
+    streams = generation_backend_traits(cfg.backend).continuous and chunk is None
     return "continuous" if streams else "chunked"
 
 

@@ -43,7 +43,7 @@ def test_unknown_name_lists_valid_names_sorted():
     assert "(none registered)" in str(pytest.raises(KeyError, Registry("empty").get, "x").value)
 
 
-def test_package_registries_are_filled_on_import():
+def test_package_registries_list_their_built_ins():
     assert algorithms.ADV_ESTIMATORS.names() == [
         "dr_grpo", "gae", "grpo", "reinforce_pp", "reinforce_pp_baseline", "rloo",
     ]
@@ -52,3 +52,25 @@ def test_package_registries_are_filled_on_import():
     assert algorithms.LOSS_AGGREGATIONS.names() == [
         "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-mean",
     ]
+
+
+def test_a_declared_name_is_known_at_once_and_loaded_from_its_home_on_use():
+    reg: Registry[object] = Registry("widget", {"fn": "m2flow.algorithms.masked", "gone": "m2flow.algorithms.groups"})
+    assert reg.names() == ["fn", "gone"] and "fn" in reg and len(reg) == 2  # nothing imported to say so
+    with pytest.raises(ValueError, match=r"widget 'fn' is already registered \(declared in m2flow.algorithms.masked\)"):
+        reg.add("fn", len)  # another module may not take a declared name
+    with pytest.raises(ImportError, match="did not register the widget 'gone'"):
+        reg.get("gone")  # its home imports, yet registers nothing
+
+
+def test_every_declared_built_in_is_registered_by_its_home():
+    from m2flow.backends.generation.registry import GENERATION_BACKENDS
+    from m2flow.backends.training.registry import STRATEGIES
+    from m2flow.envs.text.base import TEXT_ENVS
+    from m2flow.models.policy_config import ENCODERS
+
+    # get() imports a declared name's home, which must register it (add() refuses it from any other module).
+    for reg in (algorithms.ADV_ESTIMATORS, algorithms.POLICY_LOSSES, algorithms.KL_ESTIMATORS,
+                algorithms.LOSS_AGGREGATIONS, GENERATION_BACKENDS, STRATEGIES, TEXT_ENVS, ENCODERS):
+        for name in reg.names():
+            assert callable(reg.get(name)), (reg.kind, name)

@@ -11,6 +11,7 @@ from m2flow.cli import main
 
 REASONING = "examples/reasoning/arithmetic_grpo.yaml"
 EMBODIED = "examples/embodied/cartpole_pipelined.yaml"
+AGENTIC = "examples/agentic/calculator_grpo.yaml"
 
 
 def _points(a: float, c: float) -> list[list[float]]:
@@ -131,3 +132,34 @@ def test_planning_a_config_imports_neither_ray_nor_the_workflows_flow():
     root = __import__("pathlib").Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_the_plan_search_command_imports_neither_torch_nor_transformers(tmp_path, capsys):
+    """`m2flow plan search` validates a config (backend, strategy, policy, estimator and env names) and
+    searches without torch's and transformers' seconds of import, for every workflow shape."""
+    import subprocess
+    import sys
+
+    shapes = {REASONING: {"rollout": (0.05, 0.02), "reward": (0.001, 0.0005), "actor": (0.05, 0.015)},
+              EMBODIED: {"env": (0.001, 0.2), "rollout": (0.002, 0.001), "actor": (0.05, 0.001)},
+              AGENTIC: {"env": (0.01, 0.001), "rollout": (0.05, 0.02), "actor": (0.05, 0.015)}}
+    commands = []
+    for i, (config, costs) in enumerate(shapes.items()):
+        (tmp_path / str(i)).mkdir()
+        profile = _profile(tmp_path / str(i), capsys, config, costs)
+        commands.append(["plan", "search", config, "--profile", str(profile), "--devices", "4", "--top", "1"])
+    # Each command in turn in one fresh process, the heavy modules loaded so far listed after each.
+    code = ("import json, sys\n"
+            "from m2flow.cli import main\n"
+            "loaded = {}\n"
+            f"for argv in {commands!r}:\n"
+            "    assert main(argv) == 0, argv\n"
+            "    loaded[argv[2]] = sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules)\n"
+            "print(json.dumps(loaded))\n")
+    root = __import__("pathlib").Path(__file__).resolve().parents[2]
+    # CUDA_VISIBLE_DEVICES empty: on a machine with GPUs, counting them (the config's device layout) is torch's.
+    env = {**__import__("os").environ, "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert loaded == {config: [] for config in shapes}, loaded

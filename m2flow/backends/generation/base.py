@@ -1,18 +1,20 @@
-"""The generation-backend interface: sampling parameters, build options, the `GenerationBackend` protocol
-and the registry the backends add themselves to (`factory.py` chooses among them by config name)."""
+"""The generation-backend interface: sampling parameters, build options and the `GenerationBackend` protocol
+(the registry the backends add themselves to is `registry.py`; `factory.py` chooses among them by config name)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
+from m2flow.backends.generation.registry import GENERATION_BACKENDS, register_generation_backend
 from m2flow.data.batch import Response, ResponseGroup
 
 __all__ = [
+    "GENERATION_BACKENDS",
     "ContinuousBatching",
     "GenerationBackend",
     "GenerationOptions",
@@ -150,21 +152,3 @@ class ContinuousBatching(Protocol):
         context): only the tokens after it run. `keep` (optional): filled with each row's cache as it
         ends, by row index p * n + j."""
         ...
-
-
-GENERATION_BACKENDS: dict[str, type] = {}
-"""Config name -> backend class, filled by `register_generation_backend`."""
-
-_B = TypeVar("_B", bound=type)
-
-
-def register_generation_backend(name: str) -> Callable[[_B], _B]:
-    """Class decorator registering a backend (a class with `from_pretrained(path, **kw)`); duplicates raise."""
-
-    def deco(cls: _B) -> _B:
-        if name in GENERATION_BACKENDS:
-            raise ValueError(f"generation backend {name!r} is already registered")
-        GENERATION_BACKENDS[name] = cls
-        return cls
-
-    return deco

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -89,9 +89,7 @@ def _chunk_seed(seed: int, chunk: int) -> int:
 class HFGenerationBackend:
     """A `GenerationBackend` over a Hugging Face causal LM held in this process."""
 
-    in_process: ClassVar[bool] = True
-    compiles: ClassVar[bool] = False
-    continuous: ClassVar[bool] = False
+    # in_process, compiles, continuous: declared in registry.py (read before this module is imported)
 
     def __init__(
         self,

@@ -24,7 +24,7 @@ in-place update of `model`'s parameters, which the next `generate` notices.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -41,8 +41,7 @@ from m2flow.models.functional_lm import FunctionalLM, KVPrefix, check_supported
 class LeanGenerationBackend(HFGenerationBackend):
     """A `GenerationBackend` over a Qwen2/Llama HF model, decoding with `FunctionalLM` (ValueError for others)."""
 
-    compiles: ClassVar[bool] = True
-    continuous: ClassVar[bool] = True
+    # compiles, continuous (and in_process): declared in registry.py (read before this module is imported)
 
     drop_finished: bool = True
     """Take rows that ended (end-of-sequence token or stop string) out of the decoding batch. It copies the

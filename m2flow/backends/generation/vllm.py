@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
@@ -35,9 +35,8 @@ def vllm_available() -> bool:
 class VLLMGenerationBackend:
     """A `GenerationBackend` over `vllm.LLM` (one engine in this process)."""
 
-    in_process: ClassVar[bool] = False  # the engine holds its own copy of the weights
-    compiles: ClassVar[bool] = False
-    continuous: ClassVar[bool] = False  # LLM.generate returns a call's requests together (see the user guide)
+    # in_process (no: the engine holds its own copy of the weights), compiles, continuous (no: LLM.generate
+    # returns a call's requests together, see the user guide): declared in registry.py
 
     def __init__(self, llm: Any) -> None:
         self.llm = llm

@@ -8,12 +8,14 @@ sequences) turns the sum into the mean, so the result does not depend on how dat
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 from torch import nn
+
+from m2flow.backends.training.registry import STRATEGIES, register_strategy  # noqa: F401  (re-exported)
 
 StrategyName = Literal["ddp", "fsdp"]
 
@@ -67,22 +69,6 @@ class TrainingStrategy(Protocol):
     def onload(self, optimizer: torch.optim.Optimizer | None) -> None:
         """Bring what ``offload`` moved back onto the device."""
         ...
-
-
-STRATEGIES: dict[str, Callable[..., TrainingStrategy]] = {}
-"""Strategy name -> class, filled by `register_strategy`; `factory.create_strategy` chooses among them."""
-
-
-def register_strategy(name: str) -> Callable[[Callable[..., TrainingStrategy]], Callable[..., TrainingStrategy]]:
-    """Class decorator adding a strategy under ``name``; a taken name raises."""
-
-    def deco(cls: Callable[..., TrainingStrategy]) -> Callable[..., TrainingStrategy]:
-        if name in STRATEGIES:
-            raise ValueError(f"training strategy {name!r} is already registered")
-        STRATEGIES[name] = cls
-        return cls
-
-    return deco
 
 
 def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device | str) -> None:

@@ -27,8 +27,7 @@ _BUCKET_BYTES = 32 << 20
 class DataParallelStrategy:
     """Every rank holds the full model; gradients are summed over ranks in flat buckets."""
 
-    lockstep = False
-    sharded = False
+    # lockstep, sharded: declared in registry.py (read before this module is imported)
 
     def __init__(self, module: nn.Module, device: torch.device, bucket_bytes: int = _BUCKET_BYTES) -> None:
         self.module = module

@@ -1,6 +1,7 @@
 """Choosing a training strategy by its config name (``actor.strategy``): the only place that does.
 
-Importing this module registers the built-in strategies.
+A built-in strategy's module is imported when it is first asked for; what a strategy is (``sharded``,
+``lockstep``) is read from ``registry.strategy_traits`` without importing it.
 """
 
 from __future__ import annotations
@@ -10,15 +11,15 @@ from typing import Any
 import torch
 from torch import nn
 
-# The built-in strategies register themselves on import.
-from m2flow.backends.training import ddp, fsdp  # noqa: F401
-from m2flow.backends.training.base import STRATEGIES, TrainingStrategy
+from m2flow.backends.training.base import TrainingStrategy
+from m2flow.backends.training.registry import STRATEGIES
 
 __all__ = ["create_strategy", "strategy_class"]
 
 
 def strategy_class(name: str) -> type:
-    """The strategy registered as ``name`` (what it is: ``sharded``, ``lockstep``), without building one."""
+    """The strategy class registered as ``name`` (its module imported first for a built-in one), without
+    building one."""
     if name not in STRATEGIES:
         raise ValueError(f"unknown training strategy {name!r}; valid: {sorted(STRATEGIES)}")
     return STRATEGIES[name]

@@ -35,8 +35,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 class FSDP2Strategy:
     """Parameters, gradients and optimizer state sharded over the ranks of the group."""
 
-    lockstep = True
-    sharded = True
+    # lockstep, sharded: declared in registry.py (read before this module is imported)
 
     def __init__(self, module: nn.Module, device: torch.device, cpu_offload: bool = False) -> None:
         from torch.distributed.device_mesh import init_device_mesh

@@ -9,10 +9,13 @@
 - ``adapters.py``    GEM environments and reasoning-gym tasks (optional extras, imported lazily)
 """
 
-from m2flow.envs.text.base import TEXT_ENVS, TextEnv, register_text_env
-from m2flow.envs.text.batch import EnvStep, TextEnvBatch, TextEnvStats
-from m2flow.envs.text.registry import make_text_env, text_env_names
-from m2flow.envs.text.tool_env import ToolEnv
+from m2flow.lazy import lazy_names
+
+# Names resolve on first use: a config checks an environment's name without importing the environments.
+_HOME = {"TEXT_ENVS": "base", "TextEnv": "base", "register_text_env": "base", "EnvStep": "batch",
+         "TextEnvBatch": "batch", "TextEnvStats": "batch", "make_text_env": "registry", "text_env_names": "registry",
+         "ToolEnv": "tool_env"}
+__getattr__, __dir__ = lazy_names(__name__, _HOME)
 
 __all__ = [
     "TEXT_ENVS",

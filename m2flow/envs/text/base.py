@@ -26,8 +26,11 @@ class TextEnv(Protocol):
         ...
 
 
-TEXT_ENVS: Registry[Callable[..., TextEnv]] = Registry("text environment")
-"""Name -> factory of an environment (keyword arguments are the environment's own settings)."""
+TEXT_ENVS: Registry[Callable[..., TextEnv]] = Registry("text environment", {
+    "calculator": "m2flow.envs.text.calculator", "guess_number": "m2flow.envs.text.guess",
+    "gem": "m2flow.envs.text.adapters", "reasoning_gym": "m2flow.envs.text.adapters"})
+"""Name -> factory of an environment (keyword arguments are the environment's own settings); the built-in
+ones are declared with the module that registers them, imported when one is first made."""
 
 
 def register_text_env(name: str) -> Callable[[Callable[..., TextEnv]], Callable[..., TextEnv]]:

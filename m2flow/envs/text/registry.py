@@ -1,11 +1,10 @@
-"""Building text environments by name: the registered ones, the built-ins included (they register on import)."""
+"""Building text environments by name: the registered ones, the built-ins included (declared in ``base.py``,
+their modules imported when one is first made)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-# The built-in environments register themselves on import.
-from m2flow.envs.text import adapters, calculator, guess  # noqa: F401
 from m2flow.envs.text.base import TEXT_ENVS, TextEnv
 
 

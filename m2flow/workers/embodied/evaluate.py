@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from m2flow.envs import EnvConfig, VecEnv
-from m2flow.models.policies import PolicyConfig
+from m2flow.models.policy_config import PolicyConfig
 from m2flow.workers.embodied.env_state import load_env_state
 from m2flow.workers.embodied.inference import PolicyEngine
 from m2flow.workers.state_file import load_state

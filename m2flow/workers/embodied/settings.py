@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from m2flow.envs import EnvConfig
-from m2flow.models.policies import PolicyConfig
+from m2flow.models.policy_config import PolicyConfig
 from m2flow.workers.embodied.config import ActorConfig, PPOConfig
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from m2flow.config.schema import option
 from m2flow.driver.run_config import RunConfig, is_auto
 from m2flow.envs import EnvConfig
 from m2flow.metrics import MetricsConfig
-from m2flow.models.policies import PolicyConfig
+from m2flow.models.policy_config import PolicyConfig
 from m2flow.runtime.cluster import expected_layout
 from m2flow.workflows.embodied.graph import COMPONENTS
 from m2flow.runtime.placement import SYNTAX_LAYOUT_DEVICES, NodeLayout, PlacementError, PlacementPlan, parse_placement

@@ -167,10 +167,10 @@ class ReasoningConfig(RunConfig):
 
     def check_ranks(self, ranks: Mapping[str, int]) -> None:
         """What a placement's ranks per component must give this config (the plan search checks each candidate)."""
-        from m2flow.backends.training.factory import strategy_class
+        from m2flow.backends.training.registry import strategy_traits
 
         actor_ranks = ranks["actor"]
-        if strategy_class(self.actor.strategy).sharded and self.data.prompts_per_step < actor_ranks:
+        if strategy_traits(self.actor.strategy).sharded and self.data.prompts_per_step < actor_ranks:
             raise ValueError(
                 f"data.prompts_per_step ({self.data.prompts_per_step}) must be at least the number of "
                 f"actor ranks ({actor_ranks}) with a sharded actor.strategy (fsdp)")

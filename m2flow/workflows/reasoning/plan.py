@@ -57,10 +57,10 @@ def fusion_refusal(cfg: ReasoningConfig, component: str, host: str) -> str:
     """Why the rollout cannot generate inside the actor's processes under ``cfg`` ("" when it can)."""
     if (component, host) != ("rollout", "actor"):
         return ""
-    from m2flow.backends.generation import generation_backend_class
-    from m2flow.backends.training.factory import strategy_class
+    from m2flow.backends.generation.registry import generation_backend_traits
+    from m2flow.backends.training.registry import strategy_traits
 
-    if (strategy_class(cfg.actor.strategy).sharded or not generation_backend_class(cfg.rollout.backend).in_process
+    if (strategy_traits(cfg.actor.strategy).sharded or not generation_backend_traits(cfg.rollout.backend).in_process
             or cfg.rollout.dtype != cfg.actor.dtype):
         return ("rollout runs as its own group: fusing into the actor needs a replicated actor.strategy (ddp), an "
                 "in-process backend and the actor's dtype")
