@@ -16,7 +16,7 @@ from m2flow.workers.config import plan_micro_batches
 from m2flow.workers.generation import RolloutSettings
 from m2flow.workers.inference import InferenceSettings
 from m2flow.workers.reward import RewardSettings
-from m2flow.workers.streams import GroupStream
+from m2flow.runtime.streams import GroupStream
 from m2flow.workflows.reasoning.config import ReasoningConfig
 
 
