@@ -126,8 +126,11 @@ class RankGroups:
         return self.groups[rank]
 
     def shutdown(self) -> None:
-        for g in self.groups:
-            g.shutdown()
+        for rank, g in enumerate(self.groups):
+            try:
+                g.shutdown()
+            except Exception:  # noqa: BLE001 - a teardown: the other ranks still stop
+                log.warning("%s rank %d: shutdown failed", self.component, rank, exc_info=True)
 
 
 Group = Union[WorkerGroup, HostedGroup, RankGroups]
@@ -196,6 +199,28 @@ def has_stream(graph: WorkflowGraph, plan: Plan, edge: EdgePlan) -> bool:
                 and plan[receiver].fused)
 
 
+def _one_rank(plan: Plan, component: str, rank: int) -> ComponentPlacement:
+    """Rank ``rank`` of ``component`` as a group of one rank."""
+    return ComponentPlacement(component, (replace(plan[component].placement.ranks[rank], rank=0),))
+
+
+def _requests(graph: WorkflowGraph, plan: Plan, run_id: str,
+              given: Mapping[str, Any]) -> dict[str, tuple[str, ComponentPlacement, GroupSpec]]:
+    """key -> (group name, placement, spec) of every group to start: a launched component's under its name, rank
+    r of a ``rank_groups`` one under ``component/r``. Those come last, as they always have: a local executor
+    builds groups in this order, and a constructor may draw from torch's global generator."""
+    out = {c: (f"{c}-{run_id}", plan[c].placement, group_spec(graph, c, plan, given[c],
+                                                               hosted_settings(graph, c, plan, given)))
+           for c in plan.launched if not graph.component(c).rank_groups}
+    for c in plan.launched:
+        if graph.component(c).rank_groups:
+            if plan.guests(c):
+                raise ValueError(f"{graph.name}: {c} runs one group per rank and cannot host {list(plan.guests(c))}")
+            out.update({f"{c}/{r}": (rank_name(c, r, run_id), _one_rank(plan, c, r), group_spec(graph, c, plan, given[c]))
+                        for r in range(plan[c].world_size)})
+    return out
+
+
 def launch_plan(graph: WorkflowGraph, plan: Plan, executor: Executor, run_id: str, log_dir: Path,
                 trace_dir: Path | None, settings: Settings) -> Launched:
     """Start ``plan``: its streams, then every launched group through ``executor`` (all or none; on a failure
@@ -212,43 +237,32 @@ def launch_plan(graph: WorkflowGraph, plan: Plan, executor: Executor, run_id: st
         missing = sorted({c.name for c in plan.components if c.active} - set(given))
         if missing:
             raise ValueError(f"{graph.name}: no settings for component(s) {missing}")
-        by_rank = [c for c in plan.launched if graph.component(c).rank_groups]
-        specs, placements, group_names = {}, {}, {}
-        for c in plan.launched:
-            if c not in by_rank:
-                specs[c] = group_spec(graph, c, plan, given[c], hosted_settings(graph, c, plan, given))
-                placements[c], group_names[c] = plan[c].placement, names[c]
-
-        def one_rank(c: str, r: int) -> ComponentPlacement:
-            return ComponentPlacement(c, (replace(plan[c].placement.ranks[r], rank=0),))
-
-        # The groups of one rank each start after the others, as a local executor builds groups in this order
-        # and a constructor may draw from torch's global generator.
-        for c in by_rank:
-            if plan.guests(c):
-                raise ValueError(f"{graph.name}: {c} runs one group per rank and cannot host {list(plan.guests(c))}")
-            for r in range(plan[c].world_size):
-                key = f"{c}/{r}"
-                specs[key], placements[key], group_names[key] = group_spec(graph, c, plan, given[c]), one_rank(c, r), \
-                    rank_name(c, r, run_id)
-        started = executor.launch(group_names, placements, specs, log_dir, trace_dir)
+        requests = _requests(graph, plan, run_id, given)
+        started = executor.launch({k: r[0] for k, r in requests.items()}, {k: r[1] for k, r in requests.items()},
+                                  {k: r[2] for k, r in requests.items()}, log_dir, trace_dir)
     except BaseException:
         for stream in streams.values():
-            stream.destroy()
+            try:
+                stream.destroy()
+            except Exception:  # noqa: BLE001 - the launch's own error is the one to see
+                log.debug("stream %s: releasing its host failed", stream.name, exc_info=True)
         raise
 
     def relaunch(c: str, r: int, restarts: int) -> WorkerGroup:
         key = f"{c}/{r}"
-        return executor.launch({key: rank_name(c, r, run_id, restarts)}, {key: one_rank(c, r)},
+        return executor.launch({key: rank_name(c, r, run_id, restarts)}, {key: _one_rank(plan, c, r)},
                                {key: group_spec(graph, c, plan, given[c])}, log_dir, trace_dir)[key]
 
-    groups: dict[str, Group] = {c: started[c] for c in plan.launched if c not in by_rank}
-    for c in by_rank:
-        groups[c] = RankGroups(c, [started[f"{c}/{r}"] for r in range(plan[c].world_size)],
-                               lambda r, n, c=c: relaunch(c, r, n))
-    for c in plan.components:
-        if c.active and c.fused:
-            groups[c.name] = HostedGroup(groups[c.host], c.name)  # type: ignore[arg-type]
+    groups: dict[str, Group] = {}
+    for c in plan.launched:
+        if not graph.component(c).rank_groups:
+            groups[c] = started[c]
+        else:
+            groups[c] = RankGroups(c, [started[f"{c}/{r}"] for r in range(plan[c].world_size)],
+                                   lambda r, n, c=c: relaunch(c, r, n))
+    for fused in plan.components:
+        if fused.active and fused.fused:
+            groups[fused.name] = HostedGroup(groups[fused.host], fused.name)  # type: ignore[arg-type]
     launched = Launched(plan, names, streams, groups)
     log.info("%s", launched.describe())
     return launched

@@ -21,7 +21,6 @@ is reproducible and every sample is at most s iterations old.
 from __future__ import annotations
 
 import importlib
-import logging
 import math
 import time
 from collections import deque
@@ -39,8 +38,6 @@ from m2flow.workers.embodied.messages import InteractStats
 from m2flow.workflows.embodied.config import EmbodiedConfig
 from m2flow.workflows.embodied.graph import COMPONENTS
 from m2flow.workflows.embodied.settings import worker_settings
-
-log = logging.getLogger(__name__)
 
 
 def _gather(handles: dict[str, Handle], timeout: float | None, what: str = "") -> dict[str, list[Any]]:

@@ -15,7 +15,6 @@ every group is at most s versions old (the actor drops and counts any older one)
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -33,8 +32,6 @@ from m2flow.workflows.reasoning.config import ReasoningConfig
 from m2flow.workflows.reasoning.evaluation import score_responses
 from m2flow.workflows.reasoning.graph import GRAPH
 from m2flow.workflows.reasoning.settings import worker_settings
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
