@@ -55,7 +55,7 @@ class Flow(Protocol):
     progress_total: int
     """the metric step the run ends at (iterations, or env steps)"""
     description: str = ""
-    """what runs, in a few words (the progress line)"""
+    """what runs, in a few words (the progress line, after the workflow's name; empty: the name alone)"""
     launched: Launched | None = None
     """the groups and streams the plan started (``Workflow.launch_plan``), stopped by the default ``shutdown``"""
     done: int = 0
