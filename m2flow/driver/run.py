@@ -164,7 +164,8 @@ class Run:
                              startup_s=time.perf_counter() - self.started)
         cadence = Cadence(flow.iterations, cfg.eval_every, cfg.checkpoint_every)
         with MetricsLogger(self.run_dir, cfg.metrics, total_steps=flow.progress_total,
-                           description=f"{self.workflow.name} ({flow.description})", run_config=to_dict(cfg)) as logger:
+                           description=f"{self.workflow.name} ({flow.description})" if flow.description
+                           else self.workflow.name, run_config=to_dict(cfg)) as logger:
             t0 = time.perf_counter()
             outcome = train_loop(flow, cadence, self.start, logger, self.save, stop=self.scaffold.stop, watch=watch,
                                  constants={"faults/restarts": float(self.restarts)})

@@ -7,18 +7,19 @@ Plan and the config key that sets it), the constraints its config adds when the 
 (``planner.build``) makes a ``Plan`` of it, and what the planner needs to profile and search it.
 ``Workflow.overrides`` writes a ``PlanChoice`` out as config keys for the user to read; nothing plans
 from them.
-``Flow`` is the live side of one run: the groups a ``launch`` started from a Plan, driven by the one
-loop in ``driver/loop.py``.
+``Flow`` is the live side of one run: what to call, in what order, on the groups and streams that
+``Workflow.launch_plan`` started from the Plan alone (``driver/launch.py``), driven by the one loop in
+``driver/loop.py``.
 
 Adding a workflow is one package (or one module): a config dataclass extending ``RunConfig``, a
-``WorkflowGraph``, a ``Workflow`` subclass with ``launch`` (and the plan constraints its config adds:
+``WorkflowGraph``, a ``Workflow`` subclass with ``launch`` (its workers' settings to ``launch_plan``, a ``Flow``
+over what that started; and the plan constraints its config adds:
 ``settings``, ``inactive``, ``fusion_refusal``, ``check``, ``notes``), a ``Flow``, and
 ``register_workflow(...)``; nothing in the driver, the planner or the CLI changes.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +29,8 @@ from m2flow.config.schema import get_key
 from m2flow.planner import Plan, WorkflowGraph
 from m2flow.planner.choice import PlanChoice
 from m2flow.planner.build import PlanRules, build_plan
-from m2flow.runtime.executors import Executor, GroupSpec, WorkerGroup
-from m2flow.runtime.hosting import HostedGroup
+from m2flow.driver.launch import Launched, Settings, launch_plan
+from m2flow.runtime.executors import Executor
 from m2flow.runtime.placement import NodeLayout
 
 
@@ -40,16 +41,25 @@ class Flow(Protocol):
     producers run ahead (``max_staleness``), then finished (``finish``): its data consumed and the
     policy trained on it. Every call that waits on workers waits at most the run's
     ``fault_tolerance.iteration_timeout_s``.
+
+    A flow that subclasses it gets defaults for the members most flows share: no work ahead of the
+    iteration being finished, ``done`` iterations as the progress, the iteration's wall time as its rate,
+    no evaluation, nothing saved, and ``launched.shutdown()`` (the groups and streams ``launch_plan`` started)
+    at the end; it writes ``start``, ``finish`` and what differs.
     """
 
     iterations: int
     """iterations of the whole run"""
-    max_staleness: int
+    max_staleness: int = 0
     """how many iterations producers may run ahead of the actor (0: synchronous)"""
     progress_total: int
     """the metric step the run ends at (iterations, or env steps)"""
-    description: str
-    """what runs, in a few words (the progress line)"""
+    description: str = ""
+    """what runs, in a few words (the progress line, after the workflow's name; empty: the name alone)"""
+    launched: Launched | None = None
+    """the groups and streams the plan started (``Workflow.launch_plan``), stopped by the default ``shutdown``"""
+    done: int = 0
+    """iterations trained so far (the default ``progress``)"""
 
     def start(self, it: int, horizon: int) -> None:
         """Queue the work of iterations ``it .. horizon`` not started yet (weights synced before it)."""
@@ -61,31 +71,32 @@ class Flow(Protocol):
 
     def rates(self, metrics: dict[str, float], seconds: float) -> dict[str, float]:
         """Throughput and time metrics of an iteration that took ``seconds``."""
-        ...
+        return {"time/step": seconds}
 
     def in_flight(self, it: int) -> bool:
         """Whether work of an iteration past ``it`` has started."""
-        ...
+        return False
 
     def progress(self) -> int:
         """The metric step after the iterations finished so far (the x axis of every curve)."""
-        ...
+        return self.done
 
     def evaluate(self) -> dict[str, float]:
         """Held-out metrics of the current policy (``eval/...``)."""
-        ...
+        return {}
 
     def save(self, path: Path) -> dict[str, Any]:
         """Every worker's state into ``path`` (nothing is in flight); the driver-side state, as JSON values."""
-        ...
+        return {}
 
     def summary(self, history: list[dict[str, float]]) -> str:
         """The run's outcome in one line."""
-        ...
+        return f"{len(history)} iteration(s)"
 
     def shutdown(self) -> None:
         """Stop every group and release what the flow holds."""
-        ...
+        if self.launched is not None:
+            self.launched.shutdown()
 
 
 @dataclass(frozen=True)
@@ -116,14 +127,6 @@ class Tunable:
     """the dotted config key that sets it (``rollout.prompts_per_chunk``)"""
     values: Callable[[Any], tuple[Any, ...]]
     """``values(cfg)``: the values worth trying for a config"""
-
-
-def import_worker(path: str) -> type:
-    """The worker class named ``module:Class``."""
-    module, _, name = path.partition(":")
-    if not module or not name:
-        raise ValueError(f"a worker is named 'module:Class', got {path!r}")
-    return getattr(importlib.import_module(module), name)
 
 
 class Workflow:
@@ -250,48 +253,19 @@ class Workflow:
         """Start the plan's groups and return the live flow, restored from ``run.checkpoint`` when given."""
         raise NotImplementedError
 
-    def group_spec(self, component: str, plan: Plan, settings: Any = None,
-                   hosted: Mapping[str, Any] | None = None) -> GroupSpec:
-        """The ``GroupSpec`` of a launched component: its declared worker class, built with ``settings=`` (its
-        settings object, keyword-only) and, when other components run in its processes, ``hosted=`` (their
-        settings by name); the plan's threads."""
-        kwargs: dict[str, Any] = {} if settings is None else {"settings": settings}
-        if hosted:
-            kwargs["hosted"] = dict(hosted)
-        return GroupSpec(import_worker(self.graph.component(component).worker), (), kwargs, plan[component].threads)
-
-    def hosted_settings(self, host: str, plan: Plan, settings: Mapping[str, Any]) -> dict[str, Any]:
-        """The settings of the components the plan fuses into ``host`` (from the graph's ``Fusion``s), by name."""
-        missing = [g for g in plan.guests(host) if g not in settings]
-        if missing:
-            raise ValueError(f"{self.name}: no settings for {missing}, which run inside {host!r}")
-        return {g: settings[g] for g in plan.guests(host)}
-
-    def launch_groups(self, plan: Plan, executor: Executor, run: Launch,
-                      settings: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, WorkerGroup | HostedGroup]]:
-        """Start the plan's launched components, each built with its settings and those of the components
-        fused into it (``settings``: one object per active component; None for a worker that takes none).
-
-        Returns (group names, groups): a group per active component, a fused one's being a ``HostedGroup``
-        over its host's group, so a flow calls a component the same way wherever it runs."""
-        active = [c.name for c in plan.components if c.active]
-        missing = set(active) - set(settings)
-        if missing:
-            raise ValueError(f"{self.name}: no settings for component(s) {sorted(missing)}")
-        names = {c: f"{c}-{run.run_id}" for c in self.graph.component_names}
-        specs = {c: self.group_spec(c, plan, settings[c], self.hosted_settings(c, plan, settings))
-                 for c in plan.launched}
-        groups: dict[str, WorkerGroup | HostedGroup] = dict(executor.launch(names, plan.placements(), specs, run.run_dir / "logs",
-                                                      run.trace_dir))
-        for c in active:
-            if c not in groups:
-                groups[c] = HostedGroup(groups[plan[c].host], c)
-        return names, groups
+    def launch_plan(self, plan: Plan, executor: Executor, run: Launch, settings: Settings) -> Launched:
+        """Start ``plan`` (``driver/launch.py``): its streams, a group per launched component built with its
+        settings and those of the components fused into it, a view per fused one. ``settings``: one object per
+        active component (None for a worker that takes none), or a function of the ``Wiring`` (group names,
+        streams) that gives them."""
+        return launch_plan(self.graph, plan, executor, run.run_id, run.run_dir / "logs", run.trace_dir, settings)
 
     # -- planner hooks -------------------------------------------------------------------------------
     def iterations(self, cfg: Any, plan: Plan) -> int:
-        """Iterations of the whole run of ``cfg`` under ``plan``."""
-        raise NotImplementedError
+        """Iterations of the whole run of ``cfg`` under ``plan`` (default: the config's ``steps``)."""
+        if not hasattr(cfg, "steps"):
+            raise NotImplementedError(f"{self.name}: its config has no 'steps'; the workflow says its iterations")
+        return int(cfg.steps)
 
     def profile_probes(self, cfg: Any) -> list[dict[str, Any]]:
         """The config overrides of each batch size to profile (one short run each)."""

@@ -38,6 +38,9 @@ class Component:
     cpu_timing: str = ""
     """the iteration metric that holds the part of those busy seconds its threads wanted a core (computing or
     runnable), per rank; "" when it computes all its busy time (``ComponentCost.cpu_share`` 1)"""
+    rank_groups: bool = False
+    """each rank is a group of one rank of its own, so one that dies or hangs is launched again alone while
+    the others keep their processes (the agentic env workers)"""
 
     @property
     def threads_setting(self) -> str:

@@ -56,7 +56,7 @@ from m2flow.workers.messages import GroupSample, group_tokens, join_groups
 from m2flow.workers.objective import StepTotals, critic_objective, policy_objective
 from m2flow.workers.state_file import load_state, save_state
 from m2flow.workers.stats import WEIGHT_KEY
-from m2flow.workers.streams import GroupStream
+from m2flow.runtime.streams import GroupStream
 from m2flow.workers.trainable import TrainedModel
 
 ACTOR_DIR = "actor"

@@ -40,7 +40,7 @@ from m2flow.workers.config import RolloutConfig
 from m2flow.workers.messages import GroupSample, PromptTask
 from m2flow.workers.reward import GroupScorer
 from m2flow.workers.stats import WEIGHT_KEY
-from m2flow.workers.streams import GroupStream
+from m2flow.runtime.streams import GroupStream
 
 
 @dataclass(frozen=True)

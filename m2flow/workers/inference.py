@@ -23,7 +23,7 @@ from m2flow.workers.common import ReasoningWorker, state_digest
 from m2flow.workers.config import AlgorithmConfig, InferenceConfig, torch_dtype
 from m2flow.workers.messages import GroupSample, group_tokens, join_groups, scatter_rows
 from m2flow.workers.stats import WEIGHT_KEY
-from m2flow.workers.streams import GroupStream
+from m2flow.runtime.streams import GroupStream
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from m2flow.runtime.worker import Worker
 from m2flow.workers.config import RewardConfig
 from m2flow.workers.messages import GroupSample
 from m2flow.workers.stats import WEIGHT_KEY
-from m2flow.workers.streams import GroupStream
+from m2flow.runtime.streams import GroupStream
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from m2flow.driver.launch import group_spec, hosted_settings
 from m2flow.driver.workflow import Launch, Workflow
 from m2flow.planner import Component, Edge, Fusion, WorkflowGraph
 from m2flow.runtime.executors import LocalExecutor
@@ -86,12 +87,12 @@ def test_the_plan_names_each_hosts_guests_through_chains_of_fusions() -> None:
 def test_group_specs_carry_settings_and_the_hosted_components_settings() -> None:
     wf, plan = Three(), _plan(fuse_cb=True)
     settings = {c: PartSettings(c) for c in "abc"}
-    hosted = wf.hosted_settings("b", plan, settings)
-    assert hosted == {"c": settings["c"]} and wf.hosted_settings("a", plan, settings) == {}
-    spec = wf.group_spec("b", plan, settings["b"], hosted)
+    hosted = hosted_settings(GRAPH, "b", plan, settings)
+    assert hosted == {"c": settings["c"]} and hosted_settings(GRAPH, "a", plan, settings) == {}
+    spec = group_spec(GRAPH, "b", plan, settings["b"], hosted)
     assert spec.cls is Worker3 and spec.args == () and spec.kwargs == {"settings": settings["b"], "hosted": hosted}
     with pytest.raises(ValueError, match=r"no settings for \['c'\]"):
-        wf.hosted_settings("b", plan, {"a": settings["a"], "b": settings["b"]})
+        hosted_settings(GRAPH, "b", plan, {"a": settings["a"], "b": settings["b"]})
 
 
 def test_launched_groups_host_their_fused_components_and_calls_reach_them(tmp_path: Path) -> None:
@@ -99,12 +100,12 @@ def test_launched_groups_host_their_fused_components_and_calls_reach_them(tmp_pa
     ex = LocalExecutor()
     try:
         run = Launch(tmp_path, None, None, None, None, 0, run_id="t")
-        names, groups = wf.launch_groups(plan, ex, run, {c: PartSettings(c) for c in "abc"})
+        groups = wf.launch_plan(plan, ex, run, {c: PartSettings(c) for c in "abc"}).groups
         assert set(groups) == {"a", "b", "c"} and isinstance(groups["c"], HostedGroup)
         assert groups["a"].hosts().wait(10) == [["b", "c"], ["b", "c"]]
         assert groups["c"].where().wait(10) == ["c in Worker3[0]", "c in Worker3[1]"]
         assert groups["a"].where(ranks=[1]).wait(10) == ["a alone [1]"]
         with pytest.raises(ValueError, match=r"no settings for component\(s\) \['b'\]"):
-            wf.launch_groups(plan, ex, run, {"a": PartSettings("a"), "c": PartSettings("c")})
+            wf.launch_plan(plan, ex, run, {"a": PartSettings("a"), "c": PartSettings("c")})
     finally:
         ex.shutdown()

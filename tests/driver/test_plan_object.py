@@ -1,9 +1,12 @@
-"""A Plan changed in memory is what runs: a fusion, a placement and a pipeline depth edited on the Plan
-object, with the config left as it was, reach the executor's groups and the workers as they are."""
+"""A Plan changed in memory is what runs: a fusion, a placement, threads and a pipeline depth edited on the Plan
+object, with the config left as it was, reach the executor's groups and the workers as they are: the executor
+is asked for exactly the Plan's launched groups, on the Plan's devices, with the Plan's threads and fusions."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -43,6 +46,53 @@ def _place(plan: Plan, placement: str, layout: NodeLayout) -> Plan:
 
 def _stages(plan: Plan, stages: int) -> Plan:
     return replace(plan, settings={**plan.settings, "pipeline_stages": stages})
+
+
+def _threads(plan: Plan, component: str, threads: int) -> Plan:
+    return replace(plan, components=tuple(replace(c, threads=threads) if c.name == component else c
+                                          for c in plan.components))
+
+
+class _Recording:
+    """The run's own executor, with every launch it is asked for recorded: (group names, placements, specs)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.launches = inner, []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def launch(self, names, placements, specs, log_dir, trace_dir=None):
+        self.launches.append((dict(names), {c: placements[c] for c in specs}, dict(specs)))
+        return self.inner.launch(names, placements, specs, log_dir, trace_dir)
+
+
+def test_the_executor_starts_exactly_the_groups_the_edited_plan_object_names(tmp_path, monkeypatch):
+    import m2flow.driver.scaffold as scaffold
+
+    made: list[_Recording] = []
+    real = scaffold.make_executor
+    monkeypatch.setattr(scaffold, "make_executor", lambda *a: made.append(_Recording(real(*a))) or made[-1])
+    cfg = toy_config(tmp_path, placement="local", pipeline_stages=1, total_env_steps=512,
+                     rollout={"fuse_with_env": False}, cluster={"cpu_devices_per_node": 2})
+    before = copy.deepcopy(cfg)
+    layout = NodeLayout((2,))
+    asked = EMBODIED.plan(cfg, layout)
+    assert asked.launched == ("env", "rollout", "actor") and asked["actor"].threads == 1
+    # In memory only: the policy into the env processes, the actor alone on device 1 with two threads, two stages.
+    plan = _threads(_stages(_fuse(_place(asked, "env,rollout: 0, actor: 1", layout), "rollout", "env"), 2), "actor", 2)
+    plan = replace(plan, executor="local")  # still the local executor, now on two device slots
+    with Run(EMBODIED, cfg, plan=plan) as run:
+        (names, placements, specs), = made[0].launches  # one launch, of every group at once
+        assert set(specs) == set(plan.launched) == {"env", "actor"}  # no rollout group: the plan fused it
+        assert placements == {c: plan[c].placement for c in plan.launched} and names["actor"] == run.flow.names["actor"]
+        assert {c: s.threads for c, s in specs.items()} == {"env": 1, "actor": 2}
+        assert set(specs["env"].kwargs["hosted"]) == {"rollout"} and "hosted" not in specs["actor"].kwargs
+        assert specs["env"].kwargs["settings"].env.num_groups == 2  # the plan's stages, in the env ranks' settings
+        assert run.flow.actor.contexts[0].devices == (1,) and run.flow.env.contexts[0].devices == (0,)
+        result = run.train()
+    assert len(result.history) == 1 and result.plan is plan
+    assert cfg == before  # no config key was touched on the way
 
 
 def test_a_fusion_and_a_pipeline_depth_set_on_the_plan_object_run_as_set(tmp_path):

@@ -1,14 +1,14 @@
-"""A third workflow written in this one module, with no edit anywhere in the package: two components
-(a source of noisy samples, a learner that fits their mean), one edge, one fusion (the source inside the
-learner's processes), one plan setting the search may vary (the micro-batch: samples per learner call,
-a ``Tunable`` with its config key). Registered here, it runs on the local executor and on Ray, and
-``placement: auto`` profiles, searches and plans it like the shipped workflows.
-"""
+"""A workflow in this one module, no edit in the package: a source of noisy samples and a learner of their
+mean, one edge, one fusion (the source in the learner's processes), one ``Tunable`` plan setting (the
+micro-batch). It declares a graph, workers and a short flow; ``launch_plan`` starts what the Plan says. It runs
+on the local executor and on Ray, and ``placement: auto`` profiles, searches and plans it like any workflow."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import os
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,171 +18,17 @@ import torch
 
 from m2flow.config import from_dict
 from m2flow.config.schema import option
+from m2flow.driver.launch import Launched
 from m2flow.driver.registry import get_workflow, register_workflow
 from m2flow.runtime.waiting import gather
 from m2flow.driver.run_config import RunConfig
-from m2flow.driver.workflow import Launch, Tunable, Workflow
+from m2flow.driver.workflow import Flow, Launch, Tunable, Workflow
 from m2flow.metrics import MetricsConfig
 from m2flow.planner import Component, Edge, Fusion, Plan, PlanError, WorkflowGraph
 from m2flow.planner.choice import PlanChoice
 from m2flow.planner.setup import Workload
 from m2flow.runtime.executors import Executor
 from m2flow.runtime.worker import Worker
-
-HERE = "tests.driver.test_toy_workflow"
-
-
-# ----------------------------------------------------------------------------- the workers
-
-
-def rank_samples(seed: int, iteration: int, rank: int, batch: int, target: float) -> torch.Tensor:
-    """One source rank's noisy samples of ``target`` for one iteration."""
-    return torch.randn(batch, generator=torch.Generator().manual_seed(seed * 100_003 + iteration * 101 + rank)) + target
-
-
-def rank_chunk(seed: int, iteration: int, rank: int, batch: int, target: float, chunk: int, size: int) -> torch.Tensor:
-    """Micro-batch ``chunk`` of one source rank's samples (``size`` of its ``batch`` each)."""
-    return rank_samples(seed, iteration, rank, batch, target)[chunk * size:(chunk + 1) * size]
-
-
-def make_samples(seed: int, iteration: int, ranks: int, batch: int, target: float, chunk: int,
-                 size: int) -> torch.Tensor:
-    """Micro-batch ``chunk`` of every source rank's samples for one iteration, in rank order."""
-    return torch.cat([rank_chunk(seed, iteration, r, batch, target, chunk, size) for r in range(ranks)])
-
-
-@dataclass(frozen=True)
-class SourceSettings:
-    """The source: ``batch`` samples of ``target`` per iteration, shared by its ``ranks``, in micro-batches
-    of ``micro_batch`` (all ranks') per call; batch and micro-batch are the plan's."""
-
-    batch: int
-    micro_batch: int
-    target: float
-    seed: int
-    ranks: int
-
-    def hosted_in(self, host: Worker) -> FusedSource:
-        """Inside the learner's processes: each learner rank makes every source rank's samples."""
-        return FusedSource(self)
-
-
-class FusedSource:
-    """The source hosted in a learner rank: every source rank's samples of an iteration, made here."""
-
-    def __init__(self, settings: SourceSettings) -> None:
-        self.settings = settings
-
-    def make_all(self, iteration: int, chunk: int) -> torch.Tensor:
-        s = self.settings
-        return make_samples(s.seed, iteration, s.ranks, s.batch // s.ranks, s.target, chunk, s.micro_batch // s.ranks)
-
-
-class Source(Worker):
-    """Makes ``batch`` noisy samples per iteration, one micro-batch of ``micro_batch`` (all ranks') per call."""
-
-    def __init__(self, *, settings: SourceSettings) -> None:
-        self.batch, self.micro_batch = settings.batch, settings.micro_batch
-        self.target, self.seed = settings.target, settings.seed
-
-    def make(self, iteration: int, chunk: int) -> torch.Tensor:
-        n = self.world_size
-        return rank_chunk(self.seed, iteration, self.rank, self.batch // n, self.target, chunk, self.micro_batch // n)
-
-
-@dataclass(frozen=True)
-class LearnerSettings:
-    """The learner: its step size, the plan's batch and micro-batches per iteration, and the fault tests' knobs."""
-
-    lr: float
-    batch: int
-    chunks: int
-    delay_s: float = 0.0
-    hang_once_in: str = ""
-    marker: str = ""
-    sample_cost_s: float = 0.0
-
-
-class Learner(Worker):
-    """Fits one number to the samples by gradient steps; with the source hosted it makes the samples itself.
-
-    Each call takes one micro-batch of the iteration's ``batch`` samples and adds its gradient; the call
-    with the last one (``chunks`` per iteration) takes the step and returns the iteration's metrics.
-
-    ``sample_cost_s`` stands for compute that data parallelism divides: each rank spends its share of it per
-    sample (every rank still computes the same update, so ranks stay equal). For the fault tests:
-    ``delay_s`` slows every step, and ``hang_once_in`` ("evaluate" or "save") makes
-    the first such call hang (until its process is killed) when the file ``marker`` exists, removing it."""
-
-    def __init__(self, *, settings: LearnerSettings, hosted: dict[str, Any] | None = None) -> None:
-        self.value = torch.zeros((), requires_grad=True)
-        self.opt = torch.optim.SGD([self.value], lr=settings.lr)
-        self.batch, self.chunks = settings.batch, settings.chunks
-        self._loss, self._busy = 0.0, 0.0
-        self.host_components(hosted)
-        self.delay_s, self.hang_once_in, self.marker = settings.delay_s, settings.hang_once_in, settings.marker
-        self.sample_cost_s = settings.sample_cost_s
-
-    def _maybe_hang(self, phase: str) -> None:
-        import os
-        import time
-
-        if self.hang_once_in == phase and self.marker and os.path.exists(self.marker):
-            os.unlink(self.marker)
-            time.sleep(3600)
-
-    def learn(self, iteration: int, chunk: int, samples: list[torch.Tensor] | None) -> dict[str, float]:
-        import time
-
-        start = time.perf_counter()
-        time.sleep(self.delay_s)
-        if samples is None:  # the source runs in this process: every source rank's samples, made here
-            data = self.hosted("source").make_all(iteration, chunk)
-        else:
-            data = torch.cat(samples)
-        with self.device_turn():
-            time.sleep(self.sample_cost_s * len(data) / self.world_size)
-            loss = ((self.value - data) ** 2).sum() / self.batch  # this micro-batch's part of the mean
-            loss.backward()
-            self._loss += float(loss.detach())
-            last = chunk == self.chunks - 1
-            if last:
-                self.opt.step()
-                self.opt.zero_grad()
-        self._busy += time.perf_counter() - start
-        if not last:
-            return {}
-        out = {"toy/loss": self._loss, "toy/micro_batches": float(self.chunks), "time/learner_busy_s": self._busy}
-        self._loss, self._busy = 0.0, 0.0
-        return out
-
-    def get(self) -> float:
-        self._maybe_hang("evaluate")
-        return float(self.value.detach())
-
-    def snapshot(self) -> float:
-        self._maybe_hang("save")
-        return float(self.value.detach())
-
-    def set(self, value: float) -> None:
-        with torch.no_grad():
-            self.value.fill_(value)
-
-
-# ----------------------------------------------------------------------------- the declaration
-
-GRAPH = WorkflowGraph(
-    name="toy_mean",
-    components=(
-        Component("source", "noisy samples of the target", worker=f"{HERE}:Source", section="source",
-                  timing="time/source_busy_s"),
-        Component("learner", "fits the mean of the samples", holds_model=True, trains=True, worker=f"{HERE}:Learner",
-                  section="learner", timing="time/learner_busy_s"),
-    ),
-    edges=(Edge("samples", "source", "learner", "tensor", kind="p2p"),),
-    fusions=(Fusion("source", "learner", "on the learner's devices rank for rank", key="source.fuse_with_learner"),),
-)
-
 
 @dataclass
 class SourceConfig:
@@ -219,78 +65,131 @@ class ToyConfig(RunConfig):
     steps: int = option(8, "iterations")
 
 
-class ToyFlow:
-    """The live toy: iteration ``it`` makes samples (unless fused) and takes one learner step on them, the
-    samples going from source to learner in the plan's micro-batches."""
+@dataclass(frozen=True)
+class ToySettings:
+    """Both workers' settings: the plan's ``batch`` samples of ``target`` per iteration, shared by the source's
+    ``ranks``, made and learned ``micro_batch`` (all ranks') per call; the learner's config section. Fused, they
+    are the source's part in the learner process."""
 
-    max_staleness = 0
-    description = "toy"
+    batch: int
+    micro_batch: int
+    target: float
+    seed: int
+    ranks: int
+    learner: LearnerConfig
 
-    def __init__(self, cfg: ToyConfig, plan: Plan, groups: dict[str, Any], run: Launch) -> None:
-        self.cfg, self.timeout = cfg, cfg.fault_tolerance.iteration_timeout_s
-        self.fused = plan.fused("source")
-        self.chunks = plan.settings["batch"] // plan.settings["micro_batch"]
-        self.source, self.learner = groups.get("source"), groups["learner"]
+    def make(self, iteration: int, chunk: int, ranks: Sequence[int]) -> torch.Tensor:
+        """Micro-batch ``chunk`` of the samples of source ``ranks``, in rank order."""
+        per, size = self.batch // self.ranks, self.micro_batch // self.ranks
+        gens = [torch.Generator().manual_seed(self.seed * 100_003 + iteration * 101 + r) for r in ranks]
+        return torch.cat([(torch.randn(per, generator=g) + self.target)[chunk * size:(chunk + 1) * size] for g in gens])
+
+    def hosted_in(self, host: Worker) -> ToySettings:
+        return self  # a learner rank makes every source rank's samples itself
+
+
+class Source(Worker):
+    def __init__(self, *, settings: ToySettings) -> None:
+        self.settings = settings
+
+    def make(self, iteration: int, chunk: int) -> torch.Tensor:
+        return self.settings.make(iteration, chunk, [self.rank])
+
+
+class Learner(Worker):
+    """Fits one number: each call adds a micro-batch's gradient, the iteration's last takes the step. For the
+    fault tests, ``delay_s`` slows every step and ``hang_once_in`` ("evaluate" or "save") makes the first such
+    call hang (until its process is killed) when the file ``marker`` exists, removing it."""
+
+    def __init__(self, *, settings: ToySettings, hosted: dict[str, Any] | None = None) -> None:
+        self.cfg, self.batch, self.chunks = settings.learner, settings.batch, settings.batch // settings.micro_batch
+        self.value = torch.zeros((), requires_grad=True)
+        self.opt = torch.optim.SGD([self.value], lr=self.cfg.lr)
+        self._loss, self._busy = 0.0, 0.0
+        self.host_components(hosted)
+
+    def value_in(self, phase: str) -> float:
+        if self.cfg.hang_once_in == phase and self.cfg.marker and os.path.exists(self.cfg.marker):
+            os.unlink(self.cfg.marker)
+            time.sleep(3600)
+        return float(self.value.detach())
+
+    def learn(self, iteration: int, chunk: int, samples: list[torch.Tensor] | None) -> dict[str, float]:
+        start = time.perf_counter()
+        time.sleep(self.cfg.delay_s)
+        fused = self.hosted("source") if samples is None else None  # fused, this rank makes every source rank's
+        data = torch.cat(samples) if fused is None else fused.make(iteration, chunk, range(fused.ranks))
+        with self.device_turn():
+            time.sleep(self.cfg.sample_cost_s * len(data) / self.world_size)  # work data parallelism divides
+            loss = ((self.value - data) ** 2).sum() / self.batch  # this micro-batch's part of the mean
+            loss.backward()
+            self._loss += float(loss.detach())
+            if chunk == self.chunks - 1:
+                self.opt.step()
+                self.opt.zero_grad()
+        self._busy += time.perf_counter() - start
+        if chunk < self.chunks - 1:
+            return {}
+        out = {"toy/loss": self._loss, "toy/micro_batches": float(self.chunks), "time/learner_busy_s": self._busy}
+        self._loss, self._busy = 0.0, 0.0
+        return out
+
+    def set(self, value: float) -> None:
+        with torch.no_grad():
+            self.value.fill_(value)
+
+
+GRAPH = WorkflowGraph(
+    name="toy_mean",
+    components=(
+        Component("source", "noisy samples of the target", worker=f"{__name__}:Source", section="source",
+                  timing="time/source_busy_s"),
+        Component("learner", "fits the mean of the samples", holds_model=True, trains=True, worker=f"{__name__}:Learner",
+                  section="learner", timing="time/learner_busy_s"),
+    ),
+    edges=(Edge("samples", "source", "learner", "tensor", kind="p2p"),),
+    fusions=(Fusion("source", "learner", "on the learner's devices rank for rank", key="source.fuse_with_learner"),),
+)
+
+
+class ToyFlow(Flow):
+    """Iteration ``it``: the source makes samples (unless fused), the learner steps on them by micro-batches."""
+
+    def __init__(self, cfg: ToyConfig, plan: Plan, launched: Launched, run: Launch) -> None:
+        self.cfg, self.timeout, self.launched = cfg, cfg.fault_tolerance.iteration_timeout_s, launched
+        self.source = None if plan.fused("source") else launched["source"]
+        self.learner, self.chunks = launched["learner"], plan.settings["batch"] // plan.settings["micro_batch"]
         self.iterations = self.progress_total = cfg.steps
-        self._made: dict[int, Any] = {}
-        self._done = run.start
+        self.done, self._made = run.start, {}
         if run.state is not None:
             gather([self.learner.set(run.state["value"])], self.timeout)
 
     def start(self, it: int, horizon: int) -> None:
-        if not self.fused and it not in self._made:
+        if self.source is not None and it not in self._made:
             self._made[it] = [self.source.make(it, k) for k in range(self.chunks)]
 
     def finish(self, it: int) -> dict[str, float]:
-        import time
-
         made_s, out = 0.0, {}
-        made = self._made.pop(it, [None] * self.chunks)
-        for k, handle in enumerate(made):
+        for k, handle in enumerate(self._made.pop(it, [None] * self.chunks)):
             t0 = time.perf_counter()
             samples = None if handle is None else gather([handle], self.timeout)[0]
             made_s += time.perf_counter() - t0
             out = gather([self.learner.learn(it, k, samples)], self.timeout)[0][0]
-        self._done = it + 1
+        self.done = it + 1
         return {**out, "time/source_busy_s": made_s}
 
-    def rates(self, metrics: dict[str, float], seconds: float) -> dict[str, float]:
-        return {"time/step": seconds}
-
-    def in_flight(self, it: int) -> bool:
-        return False
-
-    def progress(self) -> int:
-        return self._done
-
     def evaluate(self) -> dict[str, float]:
-        value = gather([self.learner.get(ranks=[0])], self.timeout, "an evaluation")[0][0]
+        value = gather([self.learner.value_in("evaluate", ranks=[0])], self.timeout, "an evaluation")[0][0]
         return {"eval/error": abs(value - self.cfg.target)}
 
     def save(self, path: Path) -> dict[str, Any]:
-        return {"value": gather([self.learner.snapshot(ranks=[0])], self.timeout, "a checkpoint")[0][0]}
-
-    def summary(self, history: list[dict[str, float]]) -> str:
-        return f"toy: {len(history)} iteration(s)"
-
-    def shutdown(self) -> None:
-        for group in (self.source, self.learner):
-            if group is not None:
-                group.shutdown()
-
-
-def micro_batches(cfg: ToyConfig) -> tuple[int, ...]:
-    """Micro-batch sizes worth trying: the whole batch, its half and its quarter."""
-    batch = cfg.source.batch
-    return tuple(sorted({batch // k for k in (1, 2, 4) if batch % k == 0}))
+        return {"value": gather([self.learner.value_in("save", ranks=[0])], self.timeout, "a checkpoint")[0][0]}
 
 
 class ToyWorkflow(Workflow):
-    name = "toy_mean"
-    schema = ToyConfig
-    graph = GRAPH
-    help = "fit the mean of noisy samples"
-    tunables = (Tunable("micro_batch", "learner.micro_batch", micro_batches),)
+    name, schema, graph, help = "toy_mean", ToyConfig, GRAPH, "fit the mean of noisy samples"
+    tunables = (Tunable("micro_batch", "learner.micro_batch",  # the whole batch, its half, its quarter
+                        lambda cfg: tuple(sorted({cfg.source.batch // k for k in (1, 2, 4) if cfg.source.batch % k == 0}))),)
 
     def settings(self, cfg: ToyConfig, plan: Plan, values: Mapping[str, Any]) -> dict[str, Any]:
         batch = cfg.source.batch
@@ -305,17 +204,9 @@ class ToyWorkflow(Workflow):
                         inputs={"learner": ("samples",)}, categories={"source": "make", "learner": "train"})
 
     def launch(self, cfg: ToyConfig, plan: Plan, executor: Executor, run: Launch) -> ToyFlow:
-        # Batch and micro-batch are the plan's, never read back from the config.
-        batch, micro = plan.settings["batch"], plan.settings["micro_batch"]
-        learner = cfg.learner
-        settings = {"source": SourceSettings(batch, micro, cfg.target, cfg.seed, plan["source"].world_size),
-                    "learner": LearnerSettings(learner.lr, batch, batch // micro, learner.delay_s,
-                                               learner.hang_once_in, learner.marker, learner.sample_cost_s)}
-        _, groups = self.launch_groups(plan, executor, run, settings)
-        return ToyFlow(cfg, plan, groups, run)
-
-    def iterations(self, cfg: ToyConfig, plan: Plan) -> int:
-        return cfg.steps
+        batch, micro = plan.settings["batch"], plan.settings["micro_batch"]  # the plan's, never the config's
+        both = ToySettings(batch, micro, cfg.target, cfg.seed, plan["source"].world_size, cfg.learner)
+        return ToyFlow(cfg, plan, self.launch_plan(plan, executor, run, {"source": both, "learner": both}), run)
 
     def profile_length(self, cfg: ToyConfig, iterations: int) -> dict[str, Any]:
         return {"steps": iterations, "eval_every": 0}
@@ -327,12 +218,9 @@ class ToyWorkflow(Workflow):
 WORKFLOW = register_workflow(ToyWorkflow())
 
 
-# ----------------------------------------------------------------------------- the tests
-
 
 def _config(tmp_path: Path, **overrides: Any) -> ToyConfig:
-    data = {"run_dir": str(tmp_path / "run"), "steps": 8, "eval_every": 4, **overrides}
-    return from_dict(ToyConfig, data)
+    return from_dict(ToyConfig, {"run_dir": str(tmp_path / "run"), "steps": 8, "eval_every": 4, **overrides})
 
 
 def _train(cfg: ToyConfig, cluster: Any = None):

@@ -32,8 +32,6 @@ class EnvSettings:
     concurrent: bool = False
     imports: tuple[str, ...] = ()
     """modules imported before the environment is built (where a custom environment registers itself)"""
-    index: int = 0
-    """which env worker of the flow this is (each is a group of one rank, restarted alone)"""
 
     def hosted_in(self, host: Any) -> TextEnvs:
         """The environments inside a rollout rank (``env`` fused into ``rollout``)."""
@@ -93,8 +91,6 @@ class EnvWorker(TextEnvs, Worker):
 
     def __init__(self, *, settings: EnvSettings) -> None:
         TextEnvs.__init__(self, settings.batch())
-        self.index = settings.index
-        """Which env worker of the flow this is (each is a group of one rank, restarted alone)."""
 
 
 class EnvsInProcess:

@@ -32,7 +32,7 @@ from m2flow.workers.agentic.turn_loop import play_turns
 from m2flow.workers.agentic.turns import EpisodeSpec, TurnEngine
 from m2flow.workers.common import ReasoningWorker, derive_seed, state_digest
 from m2flow.workers.messages import GroupSample
-from m2flow.workers.streams import GroupStream
+from m2flow.runtime.streams import GroupStream
 
 
 EMITTED_LOG = 1 << 16

@@ -21,7 +21,8 @@ Fault isolation: every env worker is a group of one rank of its own. One that di
 within ``env.worker_timeout_s`` is shut down and launched again alone through the executor (the other
 groups keep their processes), and only its episodes that had not ended are played again from their
 reset, under their own trajectory ids: nothing is lost, nothing is sent twice. The runtime restarts
-whole flows only; this one-group restart lives here, in the flow, on the executor's ``launch``.
+whole flows only; the graph marks the env ``rank_groups``, so ``launch_plan`` starts a group per env rank
+and relaunches one alone (``RankGroups.restart``) when this flow, which decides when, asks.
 """
 
 from __future__ import annotations
@@ -29,22 +30,18 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from m2flow.runtime.waiting import gather
-from m2flow.driver.workflow import Launch
+from m2flow.driver.workflow import Flow, Launch
 from m2flow.planner import Plan
 from m2flow.runtime.errors import worker_died
-from m2flow.runtime.executors import Executor, GroupSpec, Handle, WorkerGroup
-from m2flow.runtime.placement import ComponentPlacement
-from m2flow.runtime.hosting import HostedGroup
-from m2flow.workers.agentic.env_worker import EnvSettings
+from m2flow.runtime.executors import Executor, Handle
 from m2flow.workers.agentic.turn_loop import play_turns
 from m2flow.workers.agentic.turns import EpisodeSpec
 from m2flow.workers.stats import WEIGHT_KEY
-from m2flow.workers.streams import GroupStream
 from m2flow.workflows.agentic.config import AgenticConfig
 from m2flow.workflows.agentic.settings import env_settings, worker_settings
 from m2flow.workflows.agentic.sides import EnvWorkers, RolloutRanks
@@ -86,91 +83,51 @@ def merge_rollout_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-class AgenticFlow:
+class AgenticFlow(Flow):
     """The launched system of one run attempt (the driver's ``Flow``)."""
 
     def __init__(self, workflow: Any, cfg: AgenticConfig, plan: Plan, executor: Executor, run: Launch) -> None:
         state = run.state or {}
-        self.cfg, self.plan, self.executor, self.run = cfg, plan, executor, run
+        self.cfg, self.plan, self.description = cfg, plan, plan.mode
         self.timeout = cfg.fault_tolerance.iteration_timeout_s
         self.iterations = self.progress_total = cfg.steps
         self.max_staleness = int(plan.settings.get("max_staleness", 0))
-        self.description = plan.mode
         self.env_fused = plan.fused("env")
         self.rollout_ranks, self.actor_ranks = plan["rollout"].world_size, plan["actor"].world_size
         self.env_ranks = self.rollout_ranks if self.env_fused else plan["env"].world_size
-        self.stream = GroupStream.create(f"trajectories-{run.run_id}", self.actor_ranks, self.max_staleness + 1)
-        settings = worker_settings(cfg, plan, str(run.prepared.model_path), self.stream, self.env_ranks,
-                                   resume_dir=str(run.checkpoint) if run.checkpoint else None,
-                                   counters=state.get("actor"), start_step=run.start)
-        # Fused, the rollout hosts the environments (``hosted_settings`` from the plan); else every env worker
-        # is a group of one rank of its own, so it can be restarted alone.
-        specs: dict[str, GroupSpec] = {c: workflow.group_spec(c, plan, settings[c],
-                                                              workflow.hosted_settings(c, plan, settings))
-                                       for c in ("rollout", "actor")}
-        self.names = {c: f"{c}-{run.run_id}" for c in ("rollout", "actor")}
-        placements: dict[str, Any] = {c: plan[c].placement for c in ("rollout", "actor")}
-        self._env_settings: EnvSettings = settings["env"]
-        self._workflow = workflow
-        if not self.env_fused:
-            for e in range(self.env_ranks):
-                key = f"env/{e}"
-                specs[key] = self._env_spec(e)
-                self.names[key] = f"env{e}-{run.run_id}"
-                placements[key] = self._env_placement(e)
-        groups = executor.launch(self.names, placements, specs, run.run_dir / "logs", run.trace_dir)
-        self.rollout: WorkerGroup = groups["rollout"]
-        self.actor: WorkerGroup = groups["actor"]
-        self.envs: list[WorkerGroup] = [groups[f"env/{e}"] for e in range(self.env_ranks)] if not self.env_fused \
-            else []
-        self._hosted_envs = HostedGroup(self.rollout, "env") if self.env_fused else None
-        self.env_restarts = 0
+        # Fused, the rollout hosts the environments; else every env worker is a group of one rank of its own
+        # (the graph's ``rank_groups``), so it can be restarted alone.
+        self.launched = workflow.launch_plan(plan, executor, run, lambda wiring: worker_settings(
+            cfg, plan, str(run.prepared.model_path), wiring.streams["trajectories"], self.env_ranks,
+            resume_dir=str(run.checkpoint) if run.checkpoint else None, counters=state.get("actor"),
+            start_step=run.start))
+        self.names, self.stream = self.launched.names, self.launched.streams["trajectories"]
+        self.rollout, self.actor = self.launched["rollout"], self.launched["actor"]
+        self.envs = self.launched["env"]  # env workers, or the rollout ranks' environments (called by rank alike)
         self._loop = ThreadPoolExecutor(1, thread_name_prefix="agentic-turns")
         self._played: dict[int, Future] = {}
         self._training: dict[int, Handle] = {}
-        self._next = run.start  # the first iteration whose episodes are not queued yet
-        self._done = run.start  # iterations trained
+        self._next = self.done = run.start  # the first iteration whose episodes are not queued yet; trained
         self._synced: int | None = None
-        log.info("launched %s: env x%d%s, rollout x%d, actor x%d", plan.mode, self.env_ranks,
-                 " (in the rollout processes)" if self.env_fused else "", self.rollout_ranks, self.actor_ranks)
 
     # -- env workers -----------------------------------------------------------------------------
-    def _env_placement(self, e: int) -> ComponentPlacement:
-        """Env worker ``e`` as a group of one rank (so it can be restarted alone)."""
-        rank = self.plan["env"].placement.ranks[e]
-        return ComponentPlacement("env", (replace(rank, rank=0),))
-
-    def _env_spec(self, e: int) -> GroupSpec:
-        """The group spec of env worker ``e``."""
-        return self._workflow.group_spec("env", self.plan, replace(self._env_settings, index=e))
-
-    def _env_call(self, e: int, method: str, *args: Any) -> Handle:
-        if self._hosted_envs is not None:  # the envs of env rank e live in rollout rank e
-            return self._hosted_envs.execute(method, *args, ranks=[e])
-        return self.envs[e].execute(method, *args)
-
     def _restart_env(self, e: int, error: BaseException) -> None:
         """Shut env worker ``e`` down and launch it again, alone; too many restarts re-raise ``error``."""
         if self.env_fused or self.env_restarts >= self.cfg.env.max_worker_restarts:
             raise error
-        self.env_restarts += 1
         log.warning("env worker %d lost (%s); restarting it alone (%d so far)", e, str(error).splitlines()[0],
-                    self.env_restarts)
-        try:
-            self.envs[e].shutdown()
-        except Exception:  # noqa: BLE001 - it is gone already
-            log.debug("env worker %d: shutdown failed", e, exc_info=True)
-        key = f"env/{e}"
-        name = f"env{e}-{self.run.run_id}-r{self.env_restarts}"
-        groups = self.executor.launch({key: name}, {key: self._env_placement(e)},
-                                      {key: self._env_spec(e)},
-                                      self.run.run_dir / "logs", self.run.trace_dir)
-        self.envs[e] = groups[key]
+                    self.env_restarts + 1)
+        self.envs.restart(e)
+
+    @property
+    def env_restarts(self) -> int:
+        """Env workers launched again so far (none when the rollout hosts the environments)."""
+        return 0 if self.env_fused else self.envs.restarts
 
     def _env_round(self, calls: dict[int, tuple[str, tuple]]) -> tuple[dict[int, Any], list[int]]:
         """Call each env worker (``e -> (method, args)``) and wait for all: the results of those that answered,
         and the env workers that died or hung (restarted already)."""
-        handles = {e: self._env_call(e, method, *args) for e, (method, args) in calls.items()}
+        handles = {e: self.envs.execute(method, *args, ranks=[e]) for e, (method, args) in calls.items()}
         limit = self.cfg.env.worker_timeout_s
         results, lost = {}, []
         for e, h in handles.items():
@@ -185,7 +142,7 @@ class AgenticFlow:
 
     def env_pids(self) -> list[int]:
         """The process id of every env worker (tests check that a restart touches one only)."""
-        return [g.pids()[0] for g in self.envs]
+        return self.envs.pids()
 
     # -- one iteration's episodes ---------------------------------------------------------------
     def _play(self, step: int, version: int | None) -> dict[str, float]:
@@ -252,7 +209,7 @@ class AgenticFlow:
         self._sending = None
         metrics.update({k: v for k, v in actor[0].items() if k != WEIGHT_KEY})
         metrics["faults/env_restarts"] = float(self.env_restarts)
-        self._done = it + 1
+        self.done = it + 1
         return metrics
 
     _sending: Handle | None = None
@@ -269,16 +226,13 @@ class AgenticFlow:
     def in_flight(self, it: int) -> bool:
         return self._next > it + 1
 
-    def progress(self) -> int:
-        return self._done
-
     def evaluate(self) -> dict[str, float]:
         """Greedy held-out episodes of the current policy on rollout rank 0 (``eval/...``)."""
-        if self._synced != self._done:
+        if self._synced != self.done:
             send = self.actor.send_weights([(self.names["rollout"], list(range(self.rollout_ranks)))])
-            gather([send, self.rollout.receive_weights(self.names["actor"], 0, self._done)], self.timeout,
+            gather([send, self.rollout.receive_weights(self.names["actor"], 0, self.done)], self.timeout,
                    "the weight sync before an evaluation")
-            self._synced = self._done
+            self._synced = self.done
         start = time.perf_counter()
         kwargs = {**self.cfg.env.kwargs, **self.cfg.env.eval_kwargs}
         seeds = list(range(EVAL_SEED, EVAL_SEED + self.cfg.eval_episodes))
@@ -290,8 +244,8 @@ class AgenticFlow:
 
     def save(self, path: Path) -> dict[str, Any]:
         """The actor's weights, optimizer and RNG; nothing may be in flight (the loop drains first)."""
-        if self._next > self._done:
-            raise RuntimeError(f"checkpoint after iteration {self._done}: iteration {self._next - 1} has started")
+        if self._next > self.done:
+            raise RuntimeError(f"checkpoint after iteration {self.done}: iteration {self._next - 1} has started")
         counters = gather([self.actor.save_checkpoint(str(path))], self.timeout, "a checkpoint")[0][0]
         return {"actor": counters}
 
@@ -306,16 +260,7 @@ class AgenticFlow:
         return "; ".join(parts)
 
     def shutdown(self) -> None:
-        """Close the stream (ending any wait on it), stop the loop and every group, then release the stream."""
-        # At once, not after every connected rank confirmed its puts: a frozen rank never would.
-        self.stream.abort()
+        """Close the stream (ending any wait on it), stop the loop, then every group and the stream."""
+        self.launched.abort()  # at once, not after every connected rank confirmed its puts: a frozen rank never would
         self._loop.shutdown(wait=True, cancel_futures=True)
-        for group in [self.rollout, self.actor, *self.envs]:
-            try:
-                group.shutdown()
-            except Exception:  # noqa: BLE001 - a group already gone
-                log.debug("shutdown of %s failed", getattr(group, "name", group), exc_info=True)
-        try:
-            self.stream.destroy()
-        except Exception:  # noqa: BLE001
-            log.debug("stream %s: releasing its host failed", self.stream.name, exc_info=True)
+        self.launched.shutdown()

@@ -11,7 +11,7 @@ GRAPH = WorkflowGraph(
     components=(
         Component("env", "holds many text environments (and their tools) per rank; resets and steps them",
                   worker="m2flow.workers.agentic.env_worker:EnvWorker", section="env", timing="time/env_busy_s",
-                  cpu_timing="time/env_cpu_s"),
+                  cpu_timing="time/env_cpu_s", rank_groups=True),
         Component("rollout", "model turns of every running episode; finished groups streamed to the actor",
                   holds_model=True, worker="m2flow.workers.agentic.rollout_worker:AgenticRolloutWorker",
                   section="rollout", timing="time/generate_busy_s"),

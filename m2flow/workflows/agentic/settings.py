@@ -16,7 +16,7 @@ from m2flow.workers.agentic.episode import EpisodeConfig
 from m2flow.workers.agentic.rollout_worker import AgenticRolloutSettings
 from m2flow.workers.actor import ActorSettings
 from m2flow.workers.config import plan_micro_batches
-from m2flow.workers.streams import GroupStream
+from m2flow.runtime.streams import GroupStream
 from m2flow.workflows.agentic.config import AgenticConfig
 
 

@@ -69,9 +69,6 @@ class AgenticWorkflow(Workflow):
 
         return AgenticFlow(self, cfg, plan, executor, run)
 
-    def iterations(self, cfg: AgenticConfig, plan: Plan) -> int:
-        return cfg.steps
-
     def profile_probes(self, cfg: AgenticConfig) -> list[dict[str, Any]]:
         """Batch sizes to profile: a quarter, half and all of ``groups_per_step``."""
         g = cfg.episodes.groups_per_step

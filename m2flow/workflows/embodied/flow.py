@@ -21,7 +21,6 @@ is reproducible and every sample is at most s iterations old.
 from __future__ import annotations
 
 import importlib
-import logging
 import math
 import time
 from collections import deque
@@ -31,7 +30,7 @@ from typing import Any
 
 from m2flow.driver.checkpoints import CheckpointError
 from m2flow.runtime.waiting import gather
-from m2flow.driver.workflow import Launch
+from m2flow.driver.workflow import Flow, Launch
 from m2flow.envs import EnvConfig
 from m2flow.planner import Plan
 from m2flow.runtime.executors import Executor, Handle
@@ -39,8 +38,6 @@ from m2flow.workers.embodied.messages import InteractStats
 from m2flow.workflows.embodied.config import EmbodiedConfig
 from m2flow.workflows.embodied.graph import COMPONENTS
 from m2flow.workflows.embodied.settings import worker_settings
-
-log = logging.getLogger(__name__)
 
 
 def _gather(handles: dict[str, Handle], timeout: float | None, what: str = "") -> dict[str, list[Any]]:
@@ -71,12 +68,11 @@ def edge_bytes(cfg: EmbodiedConfig) -> dict[str, float]:
     return {"observations": obs, "actions": act + 8.0, "trajectories": obs + act + 16.0}
 
 
-class EmbodiedFlow:
+class EmbodiedFlow(Flow):
     """The launched system of one run attempt (the driver's ``Flow``)."""
 
     def __init__(self, workflow: Any, cfg: EmbodiedConfig, plan: Plan, executor: Executor, run: Launch) -> None:
-        self.cfg = cfg
-        self.plan = plan
+        self.cfg, self.plan = cfg, plan
         self.timeout = cfg.fault_tolerance.iteration_timeout_s
         self.mode = plan.mode
         self.fused = plan.fused("rollout")
@@ -88,8 +84,6 @@ class EmbodiedFlow:
         self._sync_s = 0.0
         ranks = {c: plan[c].world_size for c in COMPONENTS}
         self.env_ranks = ranks["env"]
-        names = {c: f"{c}-{run.run_id}" for c in COMPONENTS}
-        policy_holder = plan["rollout"].host
         for module in cfg.env_worker.imports:  # custom env ids, for the probe env built here
             importlib.import_module(module)
         spaces = _spaces(replace(cfg.env, num_groups=plan.settings["pipeline_stages"], seed=cfg.seed))
@@ -100,21 +94,20 @@ class EmbodiedFlow:
         self.iterations = cfg.iterations(self.env_ranks)
         self.batch = cfg.batch_size(self.env_ranks)
         self.progress_total = self.iterations * self.batch
-        settings = worker_settings(cfg, plan, names, spaces)
-        self.env = self.rollout = self.actor = None
-        self.names, groups = workflow.launch_groups(plan, executor, run, settings)
-        self.env, self.actor = groups["env"], groups["actor"]
-        self.rollout = None if self.fused else groups["rollout"]  # fused: the env ranks run the policy
+        self.launched = workflow.launch_plan(plan, executor, run,
+                                             lambda wiring: worker_settings(cfg, plan, dict(wiring.names), spaces))
+        self.names = self.launched.names
+        self.env, self.actor = self.launched["env"], self.launched["actor"]
+        self.rollout = None if self.fused else self.launched["rollout"]  # fused: the env ranks run the policy
         self.policy_holder = self.env if self.fused else self.rollout
-        self.weight_targets = [(names[policy_holder], list(range(ranks[policy_holder])))]
+        holder = plan["rollout"].host
+        self.weight_targets = [(self.names[holder], list(range(ranks[holder])))]
         self.env_steps = 0
         self._steps = 0  # env steps of the iteration last finished
         self.episodes: list[tuple[int, float]] = []
         self.recent: deque[float] = deque(maxlen=cfg.return_window)
         self._deltas: list | None = None
         self.description = f"{cfg.env.env_id}, {self.mode}{', fused' if self.fused else ''}"
-        log.info("launched %s%s: %s", self.mode, " (env+rollout fused)" if self.fused else "",
-                 ", ".join(f"{c} x{ranks[c]}" for c in COMPONENTS))
         if run.checkpoint is not None and run.state is not None:
             self.load(run.checkpoint, run.state)
 
@@ -256,11 +249,6 @@ class EmbodiedFlow:
         shown = ", ".join(f"{k}={last[k]:.4g}" for k in ("env/episode_return_recent", "time/env_steps_per_s",
                                                          "eval/return") if k in last)
         return f"embodied ({self.mode}): {len(history)} iteration(s); {shown or 'no iterations run'}"
-
-    def shutdown(self) -> None:
-        for group in (self.actor, self.rollout, self.env):
-            if group is not None:
-                group.shutdown()
 
 
 def evaluate_checkpoint(path: str | Path, episodes: int = 10, overrides: Any = (),

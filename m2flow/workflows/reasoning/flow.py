@@ -15,7 +15,6 @@ every group is at most s versions old (the actor drops and counts any older one)
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -24,18 +23,15 @@ from typing import Any
 
 from m2flow.data import PromptDataLoader, PromptDataset, PromptItem
 from m2flow.runtime.waiting import gather
-from m2flow.driver.workflow import Launch
+from m2flow.driver.workflow import Flow, Launch
 from m2flow.planner import Plan
-from m2flow.runtime.executors import Executor, Handle, WorkerGroup
+from m2flow.runtime.executors import Executor, Handle
 from m2flow.workers.messages import PromptTask
 from m2flow.workers.stats import WEIGHT_KEY, merge_rank_metrics
-from m2flow.workers.streams import GroupStream
 from m2flow.workflows.reasoning.config import ReasoningConfig
 from m2flow.workflows.reasoning.evaluation import score_responses
 from m2flow.workflows.reasoning.graph import GRAPH
 from m2flow.workflows.reasoning.settings import worker_settings
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -56,13 +52,13 @@ class _Started:
     syncing: list[Handle]
 
 
-class ReasoningFlow:
+class ReasoningFlow(Flow):
     """The launched system of one run attempt (the driver's ``Flow``)."""
 
     def __init__(self, workflow: Any, cfg: ReasoningConfig, plan: Plan, executor: Executor, run: Launch) -> None:
         prepared: Prepared = run.prepared
         state = run.state or {}
-        self.cfg, self.plan = cfg, plan
+        self.cfg, self.plan, self.description = cfg, plan, plan.mode
         self.timeout = cfg.fault_tolerance.iteration_timeout_s
         self.test_set = prepared.test
         self.loader = PromptDataLoader(prepared.train, cfg.data.prompts_per_step, seed=cfg.seed,
@@ -72,46 +68,24 @@ class ReasoningFlow:
         self.iterations = self.progress_total = cfg.steps
         self.max_staleness = int(plan.settings.get("max_staleness", 0))
         self._started: dict[int, _Started] = {}
-        self._next = run.start  # the first iteration whose generation is not queued yet
-        self._done = run.start  # iterations trained
+        self._next = self.done = run.start  # the first iteration whose generation is not queued yet; trained
         self._synced: int | None = None  # the weights version the rollout holds, when known
-        # Up to s + 1 iterations are in flight at once: the streams downstream of generation, which
-        # several ranks feed, keep each iteration in a lane of its own (the prompts have one producer).
-        # One stream per data edge the plan uses; a fused reward scores inside the rollout, so the
-        # rollout emits scored groups and "responses" needs none. (A stream whose producer and
-        # consumer share a process keeps its items there: ``GroupStream.keep_local``.)
-        streams = {e.name: GroupStream.create(f"{e.name}-{run.run_id}", e.consumers,
-                                              1 if e.name == "prompts" else self.max_staleness + 1)
-                   for e in plan.edges
-                   if GRAPH.edge(e.name).kind == "stream" and e.transport != "unused"
-                   and not (e.name == "responses" and e.transport == "in-process")}
-        self.streams = list(streams.values())
-        self.prompts = streams["prompts"]
+        # The plan's streams (``launch_plan``): a fused reward scores inside the rollout, which then emits
+        # scored groups, so "responses" has none; with staleness each iteration in flight has a lane.
+        self.launched = workflow.launch_plan(plan, executor, run, lambda wiring: worker_settings(
+            cfg, plan, str(prepared.model_path), wiring.streams, counters=state.get("actor"), start_step=run.start,
+            resume_dir=str(run.checkpoint) if run.checkpoint else None))
+        self.names, self.prompts = self.launched.names, self.launched.streams["prompts"]
+        self.actor, self.rollout = self.launched["actor"], self.launched["rollout"]  # rollout: maybe in the actor
+        self.reward = self.launched["reward"] if plan["reward"].launched else None
+        self.inference = self.launched.get("inference")
         self.rollout_fused = plan.fused("rollout")
-        settings = worker_settings(cfg, plan, str(prepared.model_path), streams,
-                                   resume_dir=str(run.checkpoint) if run.checkpoint else None,
-                                   counters=state.get("actor"), start_step=run.start)
-        # A component fused into a host runs inside the host's processes: the host's group gets the fused
-        # component's settings, and its calls reach it through the host (``launch_groups``).
-        self.names, groups = workflow.launch_groups(plan, executor, run, settings)
-        self.actor: WorkerGroup = groups["actor"]
-        self.rollout: WorkerGroup = groups["rollout"]  # the actor's processes when fused into it
-        self.reward: WorkerGroup | None = groups["reward"] if plan["reward"].launched else None
-        self.inference: WorkerGroup | None = groups.get("inference")
-        self._groups = {c: groups[c] for c in plan.launched}
         ranks = {c: plan[c].world_size for c in GRAPH.component_names}
         self.weight_targets = [] if self.rollout_fused else [(self.names["rollout"], list(range(ranks["rollout"])))]
         self.syncs_inference = self.inference is not None and gather(
             [self.inference.wants_weights(ranks=[0])], self.timeout)[0][0]
         if self.syncs_inference:
             self.weight_targets.append((self.names["inference"], list(range(ranks["inference"]))))
-        notes = (["rollout generating in the actor processes"] if self.rollout_fused else []) + \
-            (["reward scored in the rollout processes"] if plan.fused("reward") else [])
-        self.description = plan.mode
-        self.launched = (f"launched {plan.mode}: {', '.join(f'{c} x{ranks[c]}' for c in self._groups)}"
-                         + (f" ({'; '.join(notes)})" if notes else ""))
-        """What runs where, in one line: the placement mode, each worker group and its ranks, the fusions."""
-        log.info("%s", self.launched)
 
     # -- the named steps of an iteration ----------------------------------------------------------
     def sync_weights(self, version: int) -> list[Handle]:
@@ -157,7 +131,7 @@ class ReasoningFlow:
         for component, per_rank in results.items():
             merged = per_rank[0] if component == "actor" else merge_rank_metrics(per_rank)
             metrics.update({k: v for k, v in merged.items() if k != WEIGHT_KEY})
-        self._done = it + 1
+        self.done = it + 1
         return metrics
 
     def rates(self, metrics: dict[str, float], seconds: float) -> dict[str, float]:
@@ -172,14 +146,10 @@ class ReasoningFlow:
         """Whether the generation of an iteration past ``it`` has started."""
         return self._next > it + 1
 
-    def progress(self) -> int:
-        """Iterations trained: metrics are logged at step = iteration + 1."""
-        return self._done
-
     def evaluate(self) -> dict[str, float]:
         """Greedy held-out accuracy of the actor's current weights, generated by the rollout (empty without a
         held-out set)."""
-        syncing = self.sync_weights(self._done) if self._synced != self._done else []
+        syncing = self.sync_weights(self.done) if self._synced != self.done else []
         gather(syncing, self.timeout, "the weight sync before an evaluation")  # the weights are in place first
         if self.test_set is None:
             return {}
@@ -209,8 +179,8 @@ class ReasoningFlow:
     def save(self, path: Path) -> dict[str, Any]:
         """Actor weights + optimizer + RNG (by the actor); the data position and the actor's counters (returned).
         Nothing may be in flight (the loop drains first): a checkpoint holds no generated-but-untrained group."""
-        if self._next > self._done:
-            raise RuntimeError(f"checkpoint after iteration {self._done}: the generation of iteration "
+        if self._next > self.done:
+            raise RuntimeError(f"checkpoint after iteration {self.done}: the generation of iteration "
                                f"{self._next - 1} has started (the loop drains before a checkpoint)")
         counters = gather([self.actor.save_checkpoint(str(path))], self.timeout, "a checkpoint")[0][0]
         return {"loader": self.loader.state_dict(), "actor": counters}
@@ -223,18 +193,3 @@ class ReasoningFlow:
             if seen:
                 parts.append(f"{key} {seen[0]:.3f} -> {seen[-1]:.3f}")
         return "; ".join(parts)
-
-    def shutdown(self) -> None:
-        """Close the streams (ending any wait on them), stop every group, then release the streams' hosts,
-        so a process that runs many flows keeps no threads or actors of the finished ones."""
-        for stream in self.streams:
-            # At once, not after every connected rank confirmed its puts: a frozen rank never would, and
-            # this teardown follows its WorkerHungError (nothing takes the items after it anyway).
-            stream.abort()
-        for group in self._groups.values():
-            group.shutdown()
-        for stream in self.streams:
-            try:
-                stream.destroy()
-            except Exception:  # noqa: BLE001 - nothing is left to save; a host already gone is fine
-                log.debug("stream %s: releasing its host failed", stream.name, exc_info=True)

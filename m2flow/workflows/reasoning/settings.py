@@ -3,7 +3,7 @@
 What the plan decides is read from the plan here and nowhere else: the generation mode, chunking and
 ``max_running`` (``generation``, ``prompts_per_chunk``, ``max_running``), when groups leave a continuous
 turn (``emit``), the consumers' micro-batch sizes, who shares devices and offloads. The workers read their
-settings; a fused component's settings go to the process that hosts it (``Workflow.launch_groups``).
+settings; a fused component's settings go to the process that hosts it (``Workflow.launch_plan``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from m2flow.workers.config import plan_micro_batches
 from m2flow.workers.generation import RolloutSettings
 from m2flow.workers.inference import InferenceSettings
 from m2flow.workers.reward import RewardSettings
-from m2flow.workers.streams import GroupStream
+from m2flow.runtime.streams import GroupStream
 from m2flow.workflows.reasoning.config import ReasoningConfig
 
 

@@ -67,9 +67,6 @@ class ReasoningWorkflow(Workflow):
 
         return ReasoningFlow(self, cfg, plan, executor, run)
 
-    def iterations(self, cfg: ReasoningConfig, plan: Plan) -> int:
-        return cfg.steps
-
     def profile_probes(self, cfg: ReasoningConfig) -> list[dict[str, Any]]:
         return planning.profile_probes(cfg)
 

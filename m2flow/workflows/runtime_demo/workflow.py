@@ -17,7 +17,8 @@ from m2flow.config.schema import option
 from m2flow.driver.registry import register_workflow
 from m2flow.runtime.waiting import gather
 from m2flow.driver.run_config import RunConfig
-from m2flow.driver.workflow import Launch, Workflow
+from m2flow.driver.launch import Launched
+from m2flow.driver.workflow import Flow, Launch, Workflow
 from m2flow.metrics import MetricsConfig
 from m2flow.planner import Component, Edge, Plan, WorkflowGraph
 from m2flow.runtime.executors import Executor, Handle
@@ -56,18 +57,17 @@ class RuntimeDemoConfig(RunConfig):
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
 
 
-class RuntimeDemoFlow:
-    """The runtime demo's groups; iteration ``it`` scales and reduces batch ``it`` while batch ``it + 1`` is made."""
+class RuntimeDemoFlow(Flow):
+    """The runtime demo's groups; iteration ``it`` scales and reduces batch ``it`` while batch ``it + 1`` is made. A batch
+    made ahead is made again on resume (the producers are seeded per rank), so nothing counts as in flight."""
 
-    max_staleness = 0
     description = "runtime demo"
 
-    def __init__(self, cfg: RuntimeDemoConfig, groups: dict[str, Any], timeout: float | None) -> None:
-        self.cfg, self.timeout = cfg, timeout
-        self.producer, self.scaler, self.reducer = groups["producer"], groups["scaler"], groups["reducer"]
+    def __init__(self, cfg: RuntimeDemoConfig, launched: Launched) -> None:
+        self.cfg, self.timeout, self.launched = cfg, cfg.fault_tolerance.iteration_timeout_s, launched
+        self.producer, self.scaler, self.reducer = launched["producer"], launched["scaler"], launched["reducer"]
         self.iterations = self.progress_total = cfg.steps
         self._made: dict[int, Handle] = {}
-        self._done = 0
         self.mean = 0.0
 
     def start(self, it: int, horizon: int) -> None:
@@ -82,21 +82,12 @@ class RuntimeDemoFlow:
         scaled = gather([self.scaler.execute_each("scale", [(batches[i::n],) for i in range(n)])], self.timeout)[0]
         means = gather([self.reducer.execute_each("add", [(scaled[i::m],) for i in range(m)])], self.timeout)[0]
         self.mean = sum(means) / len(means)
-        self._done = it + 1
+        self.done = it + 1
         return {"runtime_demo/mean": self.mean}
 
     def rates(self, metrics: dict[str, float], seconds: float) -> dict[str, float]:
         numbers = self.cfg.batch_size * self.producer.world_size
         return {"time/step": seconds, "perf/numbers_per_s": numbers / seconds}
-
-    def in_flight(self, it: int) -> bool:
-        return False  # a batch made ahead is made again on resume: the producers are seeded per rank
-
-    def progress(self) -> int:
-        return self._done
-
-    def evaluate(self) -> dict[str, float]:
-        return {}
 
     def save(self, path: Path) -> dict[str, Any]:
         return {"mean": self.mean}
@@ -105,10 +96,6 @@ class RuntimeDemoFlow:
         numbers = len(history) * self.cfg.batch_size * self.producer.world_size
         return (f"moved {numbers} numbers through 3 worker groups; mean of doubled uniforms = {self.mean:.4f} "
                 "(expected ~1.0)")
-
-    def shutdown(self) -> None:
-        for group in (self.producer, self.scaler, self.reducer):
-            group.shutdown()  # flushes each rank's trace shard first
 
 
 class RuntimeDemoWorkflow(Workflow):
@@ -121,11 +108,7 @@ class RuntimeDemoWorkflow(Workflow):
         from m2flow.workflows.runtime_demo.workers import ProducerSettings
 
         settings = {"producer": ProducerSettings(cfg.batch_size), "scaler": None, "reducer": None}
-        _, groups = self.launch_groups(plan, executor, run, settings)
-        return RuntimeDemoFlow(cfg, groups, cfg.fault_tolerance.iteration_timeout_s)
-
-    def iterations(self, cfg: RuntimeDemoConfig, plan: Plan) -> int:
-        return cfg.steps
+        return RuntimeDemoFlow(cfg, self.launch_plan(plan, executor, run, settings))
 
     def profile_length(self, cfg: RuntimeDemoConfig, iterations: int) -> dict[str, Any]:
         return {"steps": iterations}

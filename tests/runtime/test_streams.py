@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from m2flow.workers.streams import GroupStream
+from m2flow.runtime.streams import GroupStream
 
 
 @dataclass
