@@ -390,12 +390,21 @@ def _warn_unconfined() -> None:
         logger.warning("reward checks run unconfined: no sandbox on this machine (%s)", why_unavailable())
 
 
+def _default_workers() -> int:
+    """Workers of the default pool: two, or one where this process has a single thread's share of the cores
+    (``OMP_NUM_THREADS``, which a worker rank sets to its share): a second host there would only compete
+    for the same core, and each host costs seconds of CPU to start (it imports sympy and math-verify)."""
+    share = os.environ.get("OMP_NUM_THREADS", "")
+    cores = int(share) if share.isdigit() and int(share) > 0 else (os.cpu_count() or 1)
+    return max(1, min(2, cores))
+
+
 def default_pool() -> SandboxPool:
     """The process-wide pool used when ``score_batch`` gets none (created on first use)."""
     global _default_pool
     with _default_lock:
         if _default_pool is None or _default_pool._closed:
-            _default_pool = SandboxPool(num_workers=max(1, min(2, os.cpu_count() or 1)))
+            _default_pool = SandboxPool(num_workers=_default_workers())
             atexit.register(_default_pool.close)
         return _default_pool
 

@@ -122,3 +122,15 @@ def test_bad_arguments():
     pool.close()
     with pytest.raises(RuntimeError, match="closed"):
         pool.map(checks.equal_check, [("a", "a")])
+
+
+@pytest.mark.parametrize(("share", "workers"), [("1", 1), ("2", 2), ("8", 2)])
+def test_the_default_pool_takes_the_process_share_of_the_cores(monkeypatch, share: str, workers: int):
+    """A rank given one thread gets one sandbox host (a second would compete for its core), else two."""
+    from m2flow.rewards.sandbox import _default_workers
+
+    monkeypatch.setenv("OMP_NUM_THREADS", share)
+    assert _default_workers() == workers
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr("os.cpu_count", lambda: 1)
+    assert _default_workers() == 1
