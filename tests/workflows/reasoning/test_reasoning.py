@@ -1,4 +1,11 @@
-"""Collocated GRPO end to end: the reward improves, every group is trained once, resume is exact."""
+"""Collocated GRPO end to end: the reward improves, every group is trained once, resume is exact.
+
+The collocated runs here use the ``local`` placement: the same plan (every component on device 0, the rollout
+generating in the actor, the reward scored there) in this process. That it computes what Ray's processes
+compute is ``tests/workflows/test_local_executor.py``'s claim; the Ray-only behaviours (a fused rollout on two
+devices, failing stages, the processes' device lock) keep their Ray runs below and in
+``test_reasoning_async.py``.
+"""
 
 from __future__ import annotations
 
@@ -17,17 +24,16 @@ from m2flow.driver.checkpoints import CHECKPOINTS, TRAINER_STATE
 from m2flow.runtime.waiting import gather
 from m2flow.runtime import Worker, WorkerError, WorkerGroup
 from m2flow.runtime.trace import iter_spans, load_trace
-from tests.ray_session import shared_cluster
 from tests.workflows.reasoning.setup import improved, toy_config
 
-COLLOCATED = "actor,rollout,inference,reward: 0"
+COLLOCATED = "local"
 
 
 @pytest.fixture(scope="module")
 def collocated(tmp_path_factory):
     root = tmp_path_factory.mktemp("collocated")
     cfg = toy_config(root, COLLOCATED, steps=6, checkpoint_every=3, eval_every=3)
-    with Run(WORKFLOW, cfg, shared_cluster()) as run:
+    with Run(WORKFLOW, cfg) as run:
         result = run.train()
         received = run.flow.actor.received_groups().wait()
         assert run.flow.reward is None  # reward on rollout's device: scored in the rollout process
@@ -65,6 +71,8 @@ def test_a_rollout_fused_into_the_actor_generates_what_a_separate_rollout_would(
     # Rollout and actor on the same devices rank for rank: by default each actor process generates
     # from the policy it trains, with no weight sync; with fuse_with_actor off, rollout workers get the
     # weights by sync. The same seeds must then draw the same responses and make the same updates.
+    from tests.ray_session import shared_cluster
+
     runs = {}
     for fuse in (True, False):
         cfg = toy_config(tmp_path / f"fuse{fuse}", f"actor,rollout,inference,reward: {devices}", steps=3,
@@ -92,6 +100,8 @@ def test_without_log_probs_to_compute_scored_groups_go_straight_to_the_actor(tmp
     cfg = toy_config(tmp_path, "rollout,reward,inference: 0, actor: 1", steps=2,
                      algorithm={"old_logprobs": "actor"}, rollout={"prompts_per_chunk": 4},
                      reward={"fuse_with_rollout": fuse_reward})
+    from tests.ray_session import shared_cluster
+
     with Run(WORKFLOW, cfg, shared_cluster()) as run:
         result = run.train()
         assert run.flow.inference is None and (run.flow.reward is None) == fuse_reward
@@ -115,7 +125,7 @@ def test_resume_continues_exactly_where_the_run_was(collocated, tmp_path):
     root, cfg, result, _ = collocated
     resumed_cfg = toy_config(root, COLLOCATED, steps=6, run_dir=str(tmp_path / "resumed"), checkpoint_every=3,
                              resume=str(root / "run" / CHECKPOINTS / "step_000003"))
-    resumed = train(WORKFLOW, resumed_cfg, shared_cluster())
+    resumed = train(WORKFLOW, resumed_cfg)
     assert len(resumed.history) == 3
     for key in ("reward/mean", "rollout/response_length", "actor/pg_loss", "actor/grad_norm", "actor/approx_kl"):
         want = [h[key] for h in result.history[3:]]
@@ -154,6 +164,8 @@ class Stage(Worker):
 
 
 def test_the_first_failing_stage_ends_the_iteration_while_others_still_wait():
+    from tests.ray_session import shared_cluster
+
     waiting = WorkerGroup(Stage, shared_cluster(), "stage-waiting", num_ranks=1)
     failing = WorkerGroup(Stage, shared_cluster(), "stage-failing", num_ranks=1)
     try:
