@@ -19,7 +19,7 @@ from m2flow.autoplan.plan_context import PlanContext
 from m2flow.autoplan.entry import train
 from m2flow.workflows.reasoning.workflow import WORKFLOW as REASONING
 from m2flow.driver.registry import get_workflow, load_workflow_config
-from tests.workflows.embodied import test_embodied
+from tests.workflows.embodied import setup as embodied_setup
 
 TINY = {
     "workflow": "reasoning",
@@ -164,7 +164,7 @@ def test_auto_embodied_end_to_end(tmp_path, caplog) -> None:
     from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED
 
     caplog.set_level(logging.INFO, logger="m2flow")
-    cfg = test_embodied.toy_config(tmp_path, placement="auto", **{
+    cfg = embodied_setup.toy_config(tmp_path, placement="auto", **{
         "cluster.cpu_devices_per_node": 1, "auto.profile_iterations": 2, "total_env_steps": 3 * 512,
         "rollout_steps": 64})
     result = train(EMBODIED, cfg)
@@ -185,7 +185,7 @@ def test_profile_measures_two_ranks_under_ray(cluster, tmp_path) -> None:
     if (os.cpu_count() or 1) < 2:
         pytest.skip("two ranks of one thread need two cores to be measured without contention")
 
-    cfg = test_embodied.toy_config(tmp_path, placement="auto", **{"cluster.cpu_devices_per_node": 2,
+    cfg = embodied_setup.toy_config(tmp_path, placement="auto", **{"cluster.cpu_devices_per_node": 2,
                                                                   "rollout_steps": 64})
     ctx = PlanContext(get_workflow("embodied"), cfg)
     lines: list[str] = []

@@ -15,7 +15,7 @@ from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED
 from m2flow.workflows.reasoning.config import ReasoningConfig
 from m2flow.workflows.reasoning.workflow import WORKFLOW as REASONING
 from tests.workflows.reasoning.setup import toy_config as reasoning_config
-from tests.workflows.embodied.test_embodied import toy_config as embodied_config
+from tests.workflows.embodied.setup import toy_config as embodied_config
 
 
 def _edit(plan_json: Path, out: Path, **settings) -> Path:

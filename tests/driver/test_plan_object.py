@@ -14,7 +14,7 @@ from m2flow.driver.run import Run
 from m2flow.planner import Plan
 from m2flow.runtime.placement import NodeLayout, parse_placement
 from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED
-from tests.workflows.embodied.test_embodied import toy_config
+from tests.workflows.embodied.setup import toy_config
 
 
 def _fuse(plan: Plan, component: str, host: str) -> Plan:

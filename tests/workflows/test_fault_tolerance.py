@@ -18,7 +18,7 @@ from m2flow.driver.run_config import FaultToleranceConfig
 from m2flow.driver.restarts import run_with_restarts
 from tests.ray_session import shared_cluster
 from tests.workflows.reasoning.setup import toy_config as reasoning_config
-from tests.workflows.embodied.test_embodied import toy_config as embodied_config
+from tests.workflows.embodied.setup import toy_config as embodied_config
 
 pytestmark = pytest.mark.timeout(900)
 

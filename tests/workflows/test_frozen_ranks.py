@@ -104,7 +104,7 @@ def test_embodied_frozen_in_each_wait_restarts_and_ends_as_if_left_alone(tmp_pat
     from m2flow.workers.embodied.actor import ACTOR_FILE
     from m2flow.autoplan.entry import train
     from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED_WORKFLOW
-    from tests.workflows.embodied.test_embodied import LEARNING, toy_config
+    from tests.workflows.embodied.setup import LEARNING, toy_config
 
     faults = {"fault_tolerance.iteration_timeout_s": DEADLINE, "fault_tolerance.max_restarts": len(EMBODIED_POINTS) + SPARE}
     cfg = toy_config(tmp_path / "interrupted", **EMBODIED, **faults)

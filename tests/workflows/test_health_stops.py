@@ -25,7 +25,7 @@ def test_an_env_that_raises_now_and_then_is_counted_and_one_that_raises_often_st
     from m2flow.runtime.errors import health_stop
     from m2flow.autoplan.entry import train
     from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED
-    from tests.workflows.embodied.test_embodied import toy_config
+    from tests.workflows.embodied.setup import toy_config
 
     flaky = {"env.env_id": "M2flowToy/Flaky-v0", "placement": "local", "total_env_steps": 3 * 512}
     train(EMBODIED, toy_config(tmp_path / "rare", **flaky, **{"env.env_kwargs": {"step_every": 50}}))
@@ -84,7 +84,7 @@ def test_the_count_of_skipped_ppo_updates_in_a_row_survives_a_resume(tmp_path, m
     from m2flow.autoplan.entry import train
     from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED
     from m2flow.driver.checkpoints import TRAINER_STATE
-    from tests.workflows.embodied.test_embodied import toy_config
+    from tests.workflows.embodied.setup import toy_config
 
     original = PPOUpdater.update
 

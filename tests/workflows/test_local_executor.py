@@ -16,7 +16,7 @@ import torch
 
 from m2flow.workflows.embodied.config import EmbodiedConfig
 from m2flow.workflows.reasoning.config import ReasoningConfig
-from tests.workflows.embodied import test_embodied
+from tests.workflows.embodied import setup as embodied_setup
 from tests.workflows.reasoning.setup import toy_config
 
 pytestmark = pytest.mark.timeout(900)
@@ -72,7 +72,7 @@ def test_configs_accept_the_local_placement(tmp_path) -> None:
     cfg = toy_config(tmp_path, "local")
     cfg.validate()
     assert isinstance(cfg, ReasoningConfig) and cfg.placement == "local"
-    emb = test_embodied.toy_config(tmp_path, placement="local")
+    emb = embodied_setup.toy_config(tmp_path, placement="local")
     emb.validate()
     plan = emb.placed()
     assert isinstance(emb, EmbodiedConfig) and plan.mode == "collocated"
@@ -129,7 +129,7 @@ def _embodied(root: Path, placement: str, cluster: Any) -> tuple[list, dict]:
     from m2flow.autoplan.entry import train
     from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED
 
-    cfg = test_embodied.toy_config(root, placement=placement, total_env_steps=3 * 512, checkpoint_every=3)
+    cfg = embodied_setup.toy_config(root, placement=placement, total_env_steps=3 * 512, checkpoint_every=3)
     result = train(EMBODIED, cfg, cluster=cluster)
     assert result.plan.fused("rollout")  # env and rollout on one device: the policy runs in the env worker
     return result.history, _checkpoint_weights(Path(cfg.run_dir))

@@ -26,7 +26,7 @@ from m2flow.autoplan.entry import train
 from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED_WORKFLOW
 from m2flow.workflows.reasoning.workflow import WORKFLOW as REASONING_WORKFLOW
 from m2flow.driver.checkpoints import CHECKPOINTS, CheckpointError, find_checkpoint
-from tests.workflows.embodied import test_embodied
+from tests.workflows.embodied import setup as embodied_setup
 from tests.workflows.reasoning import setup as reasoning_setup
 
 pytestmark = pytest.mark.timeout(900)
@@ -120,14 +120,14 @@ EMBODIED = {
 def test_a_resumed_embodied_run_equals_the_run_that_went_through(cluster, tmp_path, case):
     placement = {**EMBODIED[case], "pipeline_stages": 2, "checkpoint_every": 3}
     mode = case.split("-")[0]
-    full_cfg = test_embodied.toy_config(tmp_path / "full", **placement)
+    full_cfg = embodied_setup.toy_config(tmp_path / "full", **placement)
     full = train(EMBODIED_WORKFLOW, full_cfg, cluster=cluster)
     checkpoint = Path(full_cfg.run_dir) / CHECKPOINTS / "step_000003"
-    resumed_cfg = test_embodied.toy_config(tmp_path / "resumed", resume=str(checkpoint), **placement)
+    resumed_cfg = embodied_setup.toy_config(tmp_path / "resumed", resume=str(checkpoint), **placement)
     resumed = train(EMBODIED_WORKFLOW, resumed_cfg, cluster=cluster)
     assert (full.mode, full.plan.fused("rollout")) == (mode, False) and len(resumed.history) == 3
     for a, b in zip(full.history[3:], resumed.history):
-        for key in test_embodied.LEARNING:
+        for key in embodied_setup.LEARNING:
             assert a.get(key) == b.get(key), key
     assert resumed.episodes == full.episodes
     final = [torch.load(Path(c.run_dir) / CHECKPOINTS / "step_000006" / ACTOR_FILE, weights_only=False)["policy"]

@@ -10,7 +10,7 @@ import torch
 
 from m2flow.autoplan.entry import train
 from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED
-from tests.workflows.embodied.test_embodied import LEARNING, toy_config
+from tests.workflows.embodied.setup import LEARNING, toy_config
 
 pytestmark = pytest.mark.timeout(900)
 
