@@ -66,7 +66,7 @@ SHARDS = "shards"  # a sharded strategy's per-rank checkpoint files (torch.distr
 RECEIVED_LOG = 1 << 16  # groups kept in the log of taken groups (a long run would grow it without end)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ActorSettings:
     """The actor: the policy (and critic) it trains, on what, in the plan's micro-batches, from where it resumes."""
 

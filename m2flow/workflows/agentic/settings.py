@@ -23,9 +23,10 @@ from m2flow.workflows.agentic.config import AgenticConfig
 def env_settings(cfg: AgenticConfig, env_ranks: int, kwargs: dict[str, Any] | None = None) -> EnvSettings:
     """What each env worker holds: enough environments for its share of an iteration's episodes."""
     per_step = cfg.episodes.groups_per_step * cfg.episodes.group_size
-    return EnvSettings(cfg.env.name, dict(cfg.env.kwargs if kwargs is None else kwargs),
-                       math.ceil(per_step / env_ranks), cfg.env.step_timeout_s, cfg.env.max_error_rate,
-                       cfg.env.concurrent, tuple(cfg.env.imports))
+    return EnvSettings(name=cfg.env.name, kwargs=dict(cfg.env.kwargs if kwargs is None else kwargs),
+                       num_envs=math.ceil(per_step / env_ranks), step_timeout_s=cfg.env.step_timeout_s,
+                       max_error_rate=cfg.env.max_error_rate, concurrent=cfg.env.concurrent,
+                       imports=tuple(cfg.env.imports))
 
 
 def episode_config(cfg: AgenticConfig) -> EpisodeConfig:
@@ -45,11 +46,11 @@ def worker_settings(cfg: AgenticConfig, plan: Plan, model_path: str, trajectorie
     actor = cfg.actor
     return {
         "env": env_settings(cfg, env_ranks),
-        "rollout": AgenticRolloutSettings(model_path, r.backend, r.dtype, episode_config(cfg), trajectories,
-                                          seed=cfg.seed, compile=r.compile, shares_devices=plan["rollout"].shares_devices,
+        "rollout": AgenticRolloutSettings(model_path=model_path, backend=r.backend, dtype=r.dtype,
+                                          episode=episode_config(cfg), trajectories=trajectories, seed=cfg.seed, compile=r.compile, shares_devices=plan["rollout"].shares_devices,
                                           offload=plan["rollout"].offload),
-        "actor": ActorSettings(model_path, actor, cfg.algorithm, r.temperature, cfg.episodes.group_size,
-                               trajectories, total_steps=cfg.steps, seed=cfg.seed,
+        "actor": ActorSettings(model_path=model_path, actor=actor, algo=cfg.algorithm, temperature=r.temperature,
+                               group_size=cfg.episodes.group_size, ready=trajectories, total_steps=cfg.steps, seed=cfg.seed,
                                **plan_micro_batches(plan.settings, "actor", actor),
                                shares_devices=plan["actor"].shares_devices, offload=plan["actor"].offload,
                                resume_dir=resume_dir, counters=dict(counters or {}), start_step=start_step),

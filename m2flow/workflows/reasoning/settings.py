@@ -33,20 +33,22 @@ def worker_settings(cfg: ReasoningConfig, plan: Plan, model_path: str, streams: 
     continuous = s["generation"] == "continuous"
     return {
         "rollout": RolloutSettings(
-            model_path, cfg.rollout, streams["prompts"], responses, seed=cfg.seed, batching=s["generation"],
-            max_running=s["max_running"] if continuous else cfg.rollout.max_running,
+            model_path=model_path, backend=cfg.rollout.backend, dtype=cfg.rollout.dtype, compile=cfg.rollout.compile,
+            sampling=sampling, prompts=streams["prompts"], responses=responses, seed=cfg.seed,
+            batching=s["generation"], max_running=s["max_running"] if continuous else cfg.rollout.max_running,
             prompts_per_chunk=None if continuous else s["prompts_per_chunk"],
             emit_each_group=s.get("emit", "each group") == "each group",
             shares_devices=plan["rollout"].shares_devices, offload=plan["rollout"].offload),
-        "reward": RewardSettings(cfg.reward, sampling.max_new_tokens, cfg.algorithm.dynamic_sampling,
-                                 responses=responses, scored=scored),
+        "reward": RewardSettings(reward=cfg.reward, max_new_tokens=sampling.max_new_tokens,
+                                 dynamic_sampling=cfg.algorithm.dynamic_sampling, responses=responses, scored=scored),
         "inference": InferenceSettings(
-            model_path, cfg.inference, cfg.algorithm, sampling.temperature, sampling.n, scored, ready,
-            **plan_micro_batches(s, "inference", cfg.inference), shares_devices=plan["inference"].shares_devices,
-            offload=plan["inference"].offload),
+            model_path=model_path, inference=cfg.inference, algo=cfg.algorithm, temperature=sampling.temperature,
+            group_size=sampling.n, scored=scored, ready=ready, **plan_micro_batches(s, "inference", cfg.inference),
+            shares_devices=plan["inference"].shares_devices, offload=plan["inference"].offload),
         "actor": ActorSettings(
-            model_path, cfg.actor, cfg.algorithm, sampling.temperature, sampling.n, ready, total_steps=cfg.steps,
-            seed=cfg.seed, **plan_micro_batches(s, "actor", cfg.actor), shares_devices=plan["actor"].shares_devices,
+            model_path=model_path, actor=cfg.actor, algo=cfg.algorithm, temperature=sampling.temperature,
+            group_size=sampling.n, ready=ready, total_steps=cfg.steps, seed=cfg.seed,
+            **plan_micro_batches(s, "actor", cfg.actor), shares_devices=plan["actor"].shares_devices,
             offload=plan["actor"].offload, resume_dir=resume_dir, counters=dict(counters or {}),
             start_step=start_step),
     }
