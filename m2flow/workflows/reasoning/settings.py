@@ -1,23 +1,66 @@
-"""Every reasoning worker's settings, built in one place from the config, the Plan and the run.
+"""Every reasoning worker's settings, and the flow's run settings, built in one place from the config, the
+Plan and the run.
 
 What the plan decides is read from the plan here and nowhere else: the generation mode, chunking and
 ``max_running`` (``generation``, ``prompts_per_chunk``, ``max_running``), when groups leave a continuous
 turn (``emit``), the consumers' micro-batch sizes, who shares devices and offloads. The workers read their
-settings; a fused component's settings go to the process that hosts it (``Workflow.launch_plan``).
+settings; a fused component's settings go to the process that hosts it (``Workflow.launch_plan``). What the
+flow reads that no plan decides (seed, steps, timeouts, evaluation) is ``ReasoningRun``, read once at launch.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 from m2flow.planner import Plan
 from m2flow.workers.actor import ActorSettings
 from m2flow.workers.config import plan_micro_batches
 from m2flow.workers.generation import RolloutSettings
 from m2flow.workers.inference import InferenceSettings
+from m2flow.workers.config import RewardConfig
 from m2flow.workers.reward import RewardSettings
 from m2flow.runtime.streams import GroupStream
 from m2flow.workflows.reasoning.config import ReasoningConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReasoningRun:
+    """What the reasoning flow reads of the config: nothing the plan decides."""
+
+    seed: int
+    """seed of the data order"""
+    steps: int
+    """training iterations"""
+    shuffle: bool
+    """shuffle the prompts every epoch"""
+    iteration_timeout_s: float | None
+    """longest wait for an iteration's calls (None: no limit)"""
+    eval_size: int | None
+    """held-out prompts evaluated (None: all)"""
+    eval_max_new_tokens: int
+    """most tokens of a held-out response (the rollout's sampling limit)"""
+    eval_stop: tuple[str, ...]
+    """strings that end a held-out response (the rollout's)"""
+    eval_reward: RewardConfig
+    """how held-out responses are scored (the training reward, with ``eval_reward`` in place of its fn)"""
+
+
+def run_settings(cfg: ReasoningConfig) -> ReasoningRun:
+    """The reasoning flow's run settings, from the config."""
+    sampling = cfg.rollout.sampling
+    return ReasoningRun(
+        seed=cfg.seed, steps=cfg.steps, shuffle=cfg.data.shuffle,
+        iteration_timeout_s=cfg.fault_tolerance.iteration_timeout_s, eval_size=cfg.eval_size,
+        eval_max_new_tokens=sampling.max_new_tokens, eval_stop=tuple(sampling.stop),
+        eval_reward=cfg.reward if cfg.eval_reward is None else replace(cfg.reward, fn=cfg.eval_reward))
+
+
+class WorkerSettings(Protocol):
+    """``worker_settings`` with the config and the plan bound (what a flow calls once its streams exist)."""
+
+    def __call__(self, model_path: str, streams: dict[str, GroupStream], *, resume_dir: str | None = None,
+                 counters: dict[str, int] | None = None, start_step: int = 0) -> dict[str, Any]: ...
 
 
 def worker_settings(cfg: ReasoningConfig, plan: Plan, model_path: str, streams: dict[str, GroupStream], *,
