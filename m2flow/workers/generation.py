@@ -150,7 +150,8 @@ class Generation:
         self.emit_each_group = settings.emit_each_group
         self.batching = settings.batching
         if self.batching == "continuous" and not getattr(backend, "continuous", False):
-            raise ValueError(f"batching 'continuous' needs a backend with continuous batching, not {settings.backend!r}")
+            raise ValueError(f"batching 'continuous' needs a backend with continuous batching, "
+                             f"not {settings.backend!r}")
 
     @trace_category("generate")
     def generate(self, step: int, num_slots: int) -> dict[str, float]:

@@ -95,16 +95,18 @@ def inference_settings(ckpt: str, cfg: Any, algo: Any, temperature: float, group
     from m2flow.workers.inference import InferenceSettings
 
     return InferenceSettings(model_path=ckpt, inference=cfg, algo=algo, temperature=temperature,
-                             group_size=group_size, scored=scored, ready=ready, micro_batch_size=cfg.micro_batch_size, micro_batch_tokens=cfg.micro_batch_tokens, **kwargs)
+                             group_size=group_size, scored=scored, ready=ready, micro_batch_size=cfg.micro_batch_size,
+                             micro_batch_tokens=cfg.micro_batch_tokens, **kwargs)
 
 
 def actor_settings(ckpt: str, cfg: Any, algo: Any, temperature: float, group_size: int, ready: Any,
                    **kwargs: Any) -> Any:
-    """An actor rank's settings with the micro-batches of its config section."""
+    """An actor rank's settings with the micro-batches of its config section and the staleness bound of
+    ``algo`` (what the plan decides from them when nothing else changes them)."""
     from m2flow.workers.actor import ActorSettings
 
     return ActorSettings(model_path=ckpt, actor=cfg, algo=algo, temperature=temperature, group_size=group_size,
-                         ready=ready, micro_batch_size=cfg.micro_batch_size,
+                         ready=ready, max_staleness=algo.max_staleness, micro_batch_size=cfg.micro_batch_size,
                          micro_batch_tokens=cfg.micro_batch_tokens, **kwargs)
 
 

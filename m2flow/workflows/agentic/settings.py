@@ -50,11 +50,14 @@ def worker_settings(cfg: AgenticConfig, plan: Plan, model_path: str, trajectorie
     return {
         "env": env_settings(cfg, env_ranks),
         "rollout": AgenticRolloutSettings(model_path=model_path, backend=r.backend, dtype=r.dtype,
-                                          episode=episode_config(cfg), trajectories=trajectories, seed=cfg.seed, compile=r.compile, shares_devices=plan["rollout"].shares_devices,
+                                          episode=episode_config(cfg), trajectories=trajectories, seed=cfg.seed,
+                                          compile=r.compile, shares_devices=plan["rollout"].shares_devices,
                                           offload=plan["rollout"].offload),
         "actor": ActorSettings(model_path=model_path, actor=actor, algo=cfg.algorithm, temperature=r.temperature,
-                               group_size=cfg.episodes.group_size, ready=trajectories, total_steps=cfg.steps, seed=cfg.seed,
+                               group_size=cfg.episodes.group_size, ready=trajectories, total_steps=cfg.steps,
+                               seed=cfg.seed,
                                **plan_micro_batches(plan.settings, "actor", actor),
+                               max_staleness=int(plan.settings.get("max_staleness", 0)),
                                shares_devices=plan["actor"].shares_devices, offload=plan["actor"].offload,
                                resume_dir=resume_dir, counters=dict(counters or {}), start_step=start_step),
     }

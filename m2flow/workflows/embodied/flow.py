@@ -67,7 +67,7 @@ class EmbodiedFlow(Flow):
         for module in settings.imports:  # custom env ids, for the probe env built here
             importlib.import_module(module)
         spaces = env_spaces(replace(settings.env, num_groups=plan.settings["pipeline_stages"], seed=settings.seed))
-        if settings.policy.init_from is not None:  # a file that does not fit fails here, naming it, before any worker starts
+        if settings.policy.init_from is not None:  # a file that does not fit fails here, before any worker starts
             from m2flow.models.policies import build_policy
 
             build_policy(*spaces, settings.policy)

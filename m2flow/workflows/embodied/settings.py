@@ -37,7 +37,8 @@ def worker_settings(cfg: EmbodiedConfig, plan: Plan, names: dict[str, str], spac
             imports=tuple(cfg.env_worker.imports), max_error_rate=cfg.env_worker.max_error_rate,
             reset_groups=cfg.algorithm.group_size if cfg.algorithm.advantage == "grpo" else 0),
         "rollout": EmbodiedRolloutSettings(
-            obs_space=obs_space, action_space=act_space, policy=cfg.policy, seed=cfg.seed, env_group=names["env"], env_ranks=ranks["env"],
+            obs_space=obs_space, action_space=act_space, policy=cfg.policy, seed=cfg.seed, env_group=names["env"],
+            env_ranks=ranks["env"],
             stages=stages, rollout_steps=cfg.rollout_steps, shares_devices=plan["rollout"].shares_devices,
             offload=plan["rollout"].offload),
         "actor": EmbodiedActorSettings(

@@ -91,7 +91,7 @@ def worker_settings(cfg: ReasoningConfig, plan: Plan, model_path: str, streams: 
         "actor": ActorSettings(
             model_path=model_path, actor=cfg.actor, algo=cfg.algorithm, temperature=sampling.temperature,
             group_size=sampling.n, ready=ready, total_steps=cfg.steps, seed=cfg.seed,
-            **plan_micro_batches(s, "actor", cfg.actor), shares_devices=plan["actor"].shares_devices,
-            offload=plan["actor"].offload, resume_dir=resume_dir, counters=dict(counters or {}),
-            start_step=start_step),
+            **plan_micro_batches(s, "actor", cfg.actor), max_staleness=int(s.get("max_staleness", 0)),
+            shares_devices=plan["actor"].shares_devices, offload=plan["actor"].offload, resume_dir=resume_dir,
+            counters=dict(counters or {}), start_step=start_step),
     }
