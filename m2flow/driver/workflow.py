@@ -250,7 +250,8 @@ class Workflow:
         return None
 
     def launch(self, cfg: Any, plan: Plan, executor: Executor, run: Launch) -> Flow:
-        """Start the plan's groups and return the live flow, restored from ``run.checkpoint`` when given."""
+        """Start the plan's groups and return the live flow, restored from ``run.checkpoint`` when given. The edge
+        where a run's config is read: the flow gets the Plan and what it needs of ``cfg``, never ``cfg`` itself."""
         raise NotImplementedError
 
     def launch_plan(self, plan: Plan, executor: Executor, run: Launch, settings: Settings) -> Launched:

@@ -18,10 +18,10 @@ count (see ``objective.py``), so both ways, and any micro-batching, give the sam
 rank waits on a host barrier without holding its devices: a rank holding the device lock while
 waiting for a peer whose data still needs that device would deadlock a collocated placement.
 
-Bounded staleness (``algorithm.max_staleness`` s > 0): every group carries the policy version that
-generated it; a group more than s versions older than this actor (the iterations it has trained) is
-marked dropped and counted (``async/dropped_samples``), never trained on, and the others are trained
-with the decoupled PPO objective against their behaviour log-probs
+Bounded staleness (the plan's ``max_staleness`` s > 0, ``ActorSettings.max_staleness``): every group
+carries the policy version that generated it; a group more than s versions older than this actor (the
+iterations it has trained) is marked dropped and counted (``async/dropped_samples``), never trained on,
+and the others are trained with the decoupled PPO objective against their behaviour log-probs
 (``objective.policy_objective(version=...)``).
 """
 
@@ -66,7 +66,7 @@ SHARDS = "shards"  # a sharded strategy's per-rank checkpoint files (torch.distr
 RECEIVED_LOG = 1 << 16  # groups kept in the log of taken groups (a long run would grow it without end)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ActorSettings:
     """The actor: the policy (and critic) it trains, on what, in the plan's micro-batches, from where it resumes."""
 
@@ -80,6 +80,8 @@ class ActorSettings:
     seed: int = 0
     micro_batch_size: int = 16
     micro_batch_tokens: int | None = None
+    max_staleness: int = 0
+    """the plan's bound on how many versions old a trained group may be (0: synchronous)"""
     shares_devices: bool = False
     offload: bool = False
     resume_dir: str | None = None  # the checkpoint directory it resumes from
@@ -98,7 +100,7 @@ class ActorWorker(ReasoningWorker):
         s = settings
         cfg, algo, model_path, seed, resume_dir = s.actor, s.algo, s.model_path, s.seed, s.resume_dir
         self.cfg, self.algo = cfg, algo
-        self.max_staleness = algo.max_staleness
+        self.max_staleness = s.max_staleness
         self.policy_version = s.start_step  # iterations trained: the version a fused rollout generates with
         self.inp: GroupStream = s.ready
         self.shares_devices, self.offloads = s.shares_devices, s.offload

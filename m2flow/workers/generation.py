@@ -36,20 +36,26 @@ from m2flow.models.weight_files import check_max_new_tokens
 from m2flow.runtime.trace import trace_category
 from m2flow.runtime.worker import Worker
 from m2flow.workers.common import ReasoningWorker, derive_seed, state_digest
-from m2flow.workers.config import RolloutConfig
+from m2flow.workers.config import DType, SamplingConfig
 from m2flow.workers.messages import GroupSample, PromptTask
 from m2flow.workers.reward import GroupScorer
 from m2flow.workers.stats import WEIGHT_KEY
 from m2flow.runtime.streams import GroupStream
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RolloutSettings:
-    """The rollout: what it generates from, how (the plan's generation mode and chunking), from and to where."""
+    """The rollout: what it generates from and with, how (the plan's generation mode and chunking), from and
+    to where. Only what a rollout rank reads: the config's batching keys are the plan's to resolve."""
 
     model_path: str
-    rollout: RolloutConfig
-    """backend, dtype, compile and sampling (its batching keys are the plan's, below)"""
+    backend: str
+    """the generation backend's registered name"""
+    dtype: DType = "float32"
+    """weight dtype of the generation model (an actor hosting the rollout keeps its own)"""
+    compile: bool = False
+    """lean backend: decoding steps ``torch.compile``d"""
+    sampling: SamplingConfig
     prompts: GroupStream
     responses: GroupStream
     """where its groups go (scored when the reward is hosted with it)"""
@@ -70,9 +76,8 @@ class RolloutSettings:
         return generation_in(host, self)
 
 
-def sampling_params(cfg: RolloutConfig) -> SamplingParams:
-    """The backend's sampling parameters for a rollout config."""
-    s = cfg.sampling
+def sampling_params(s: SamplingConfig) -> SamplingParams:
+    """The backend's sampling parameters for a sampling config."""
     return SamplingParams(n=s.n, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                           max_new_tokens=s.max_new_tokens, stop=tuple(s.stop))
 
@@ -116,9 +121,9 @@ def generation_in(host: Any, settings: RolloutSettings) -> Generation:
     from m2flow.backends.generation import GenerationOptions, generation_backend_over
 
     module, tokenizer = host.lent_model()
-    cfg = settings.rollout
-    options = GenerationOptions(device=host.torch_device, dtype=cfg.dtype, seed=settings.seed, compile=cfg.compile)
-    backend = generation_backend_over(cfg.backend, module, tokenizer, options)
+    options = GenerationOptions(device=host.torch_device, dtype=settings.dtype, seed=settings.seed,
+                                compile=settings.compile)
+    backend = generation_backend_over(settings.backend, module, tokenizer, options)
     module.train()  # backends put their model in eval mode; generation does so per call instead
     return Generation(host, backend, settings, scorer=host.hosted("reward"), shared_model=module)
 
@@ -131,8 +136,7 @@ class Generation:
         """Generate with ``backend`` the prompts taken from ``settings.prompts`` into ``settings.responses``;
         with ``scorer`` (the reward hosted in the same process) groups leave scored. ``shared_model``: a model
         shared with training, put in eval mode while generating (None: the backend's own)."""
-        cfg: RolloutConfig = settings.rollout
-        check_max_new_tokens("rollout.sampling.max_new_tokens", cfg.sampling.max_new_tokens, backend.module)
+        check_max_new_tokens("rollout.sampling.max_new_tokens", settings.sampling.max_new_tokens, backend.module)
         self.host = host
         self.backend = backend
         self.settings = settings
@@ -140,13 +144,14 @@ class Generation:
         self.responses = settings.responses
         self.scorer = scorer
         self.rollout_seed = settings.seed
-        self.params = sampling_params(cfg)
+        self.params = sampling_params(settings.sampling)
         self.pad_id = int(backend.pad_id)
         self.generation_model = shared_model
         self.emit_each_group = settings.emit_each_group
         self.batching = settings.batching
         if self.batching == "continuous" and not getattr(backend, "continuous", False):
-            raise ValueError(f"batching 'continuous' needs a backend with continuous batching, not {cfg.backend!r}")
+            raise ValueError(f"batching 'continuous' needs a backend with continuous batching, "
+                             f"not {settings.backend!r}")
 
     @trace_category("generate")
     def generate(self, step: int, num_slots: int) -> dict[str, float]:
@@ -251,5 +256,5 @@ class Generation:
         """Digest of the weights generated from (see ``state_digest``)."""
         module = self.backend.module
         if module is None:
-            raise NotImplementedError(f"backend {self.settings.rollout.backend!r} does not expose its weights")
+            raise NotImplementedError(f"backend {self.settings.backend!r} does not expose its weights")
         return state_digest(module.state_dict())

@@ -26,7 +26,7 @@ from m2flow.workers.stats import WEIGHT_KEY
 from m2flow.runtime.streams import GroupStream
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class InferenceSettings:
     """Inference: the log-probs it adds, in the plan's micro-batches, between two streams."""
 

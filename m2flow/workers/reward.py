@@ -34,7 +34,7 @@ from m2flow.workers.stats import WEIGHT_KEY
 from m2flow.runtime.streams import GroupStream
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RewardSettings:
     """The reward: how responses are scored, and the streams a reward rank of its own takes and puts."""
 

@@ -24,14 +24,13 @@ class RolloutWorker(ReasoningWorker):
     """Generates response groups for the prompts routed to this rank."""
 
     def __init__(self, *, settings: RolloutSettings, hosted: Mapping[str, Any] | None = None) -> None:
-        self.cfg = settings.rollout
         self.seed = settings.seed
         self.shares_devices, self.offloads = settings.shares_devices, settings.offload
         self.policy_version = 0
         """The version of the weights generated from (iterations trained); stamped on every group."""
-        options = GenerationOptions(device=self.torch_device, dtype=self.cfg.dtype, seed=self.seed,
-                                    compile=self.cfg.compile)
-        self.backend = create_generation_backend(self.cfg.backend, settings.model_path, options)
+        options = GenerationOptions(device=self.torch_device, dtype=settings.dtype, seed=self.seed,
+                                    compile=settings.compile)
+        self.backend = create_generation_backend(settings.backend, settings.model_path, options)
         self.host_components(hosted)  # the reward, when the plan fuses it here
         self.generation = Generation(self, self.backend, settings, scorer=self.hosted("reward"))
         self._offloaded = False

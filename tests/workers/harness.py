@@ -84,8 +84,9 @@ def rollout_settings(ckpt: str, cfg: Any, prompts: Any, responses: Any, **kwargs
     from m2flow.workers.config import batching_mode
     from m2flow.workers.generation import RolloutSettings
 
-    return RolloutSettings(ckpt, cfg, prompts, responses, batching=batching_mode(cfg), max_running=cfg.max_running,
-                           prompts_per_chunk=cfg.prompts_per_chunk, **kwargs)
+    return RolloutSettings(model_path=ckpt, backend=cfg.backend, dtype=cfg.dtype, compile=cfg.compile,
+                           sampling=cfg.sampling, prompts=prompts, responses=responses, batching=batching_mode(cfg),
+                           max_running=cfg.max_running, prompts_per_chunk=cfg.prompts_per_chunk, **kwargs)
 
 
 def inference_settings(ckpt: str, cfg: Any, algo: Any, temperature: float, group_size: int, scored: Any,
@@ -93,16 +94,19 @@ def inference_settings(ckpt: str, cfg: Any, algo: Any, temperature: float, group
     """An inference rank's settings with the micro-batches of its config section."""
     from m2flow.workers.inference import InferenceSettings
 
-    return InferenceSettings(ckpt, cfg, algo, temperature, group_size, scored, ready,
-                             micro_batch_size=cfg.micro_batch_size, micro_batch_tokens=cfg.micro_batch_tokens, **kwargs)
+    return InferenceSettings(model_path=ckpt, inference=cfg, algo=algo, temperature=temperature,
+                             group_size=group_size, scored=scored, ready=ready, micro_batch_size=cfg.micro_batch_size,
+                             micro_batch_tokens=cfg.micro_batch_tokens, **kwargs)
 
 
 def actor_settings(ckpt: str, cfg: Any, algo: Any, temperature: float, group_size: int, ready: Any,
                    **kwargs: Any) -> Any:
-    """An actor rank's settings with the micro-batches of its config section."""
+    """An actor rank's settings with the micro-batches of its config section and the staleness bound of
+    ``algo`` (what the plan decides from them when nothing else changes them)."""
     from m2flow.workers.actor import ActorSettings
 
-    return ActorSettings(ckpt, cfg, algo, temperature, group_size, ready, micro_batch_size=cfg.micro_batch_size,
+    return ActorSettings(model_path=ckpt, actor=cfg, algo=algo, temperature=temperature, group_size=group_size,
+                         ready=ready, max_staleness=algo.max_staleness, micro_batch_size=cfg.micro_batch_size,
                          micro_batch_tokens=cfg.micro_batch_tokens, **kwargs)
 
 
@@ -138,7 +142,8 @@ class Pipeline:
             ckpt, RolloutConfig(sampling=sampling), prompts_s, responses, seed=seed))
         reward = reward or RewardConfig(fn="tests.workflows.toy_reward:target_fraction")
         self.reward = local_worker(RewardWorker, group="reward", settings=RewardSettings(
-            reward, max_new_tokens, algo.dynamic_sampling, responses=responses, scored=scored))
+            reward=reward, max_new_tokens=max_new_tokens, dynamic_sampling=algo.dynamic_sampling, responses=responses,
+            scored=scored))
         inference = inference or InferenceConfig(micro_batch_size=micro_batch_size)
         self.inference = local_worker(InferenceWorker, group="inference", settings=inference_settings(
             ckpt, inference, algo, 1.0, n, scored, ready))

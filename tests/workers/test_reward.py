@@ -29,7 +29,8 @@ def _worker(cfg: RewardConfig, groups: list[GroupSample], **kwargs) -> tuple[Rew
     inp, out = MemoryStream(), MemoryStream()
     for g in groups:
         inp.put(g)
-    return local_worker(RewardWorker, settings=RewardSettings(cfg, 8, responses=inp, scored=out, **kwargs)), out
+    return local_worker(RewardWorker, settings=RewardSettings(reward=cfg, max_new_tokens=8, responses=inp, scored=out,
+                                                                   **kwargs)), out
 
 
 def test_math_rewards_each_response_and_passes_every_group_on():

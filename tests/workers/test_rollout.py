@@ -71,7 +71,7 @@ def test_a_fused_scorer_sends_the_groups_on_scored_with_the_reward_metrics(tiny_
     prompts, out = MemoryStream(), MemoryStream()
     cfg = RolloutConfig(sampling=SamplingConfig(n=3, max_new_tokens=5), prompts_per_chunk=3)
     # The toy reward scores the fraction of '7' characters in a response.
-    reward = RewardSettings(RewardConfig(fn="tests.workflows.toy_reward:target_fraction"), max_new_tokens=5)
+    reward = RewardSettings(reward=RewardConfig(fn="tests.workflows.toy_reward:target_fraction"), max_new_tokens=5)
     worker = local_worker(RolloutWorker, settings=rollout_settings(tiny_ckpt, cfg, prompts, out, seed=0),
                           hosted={"reward": reward})
     for step in (0, 1):

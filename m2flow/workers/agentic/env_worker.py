@@ -20,7 +20,7 @@ from m2flow.envs.text.batch import EnvStep, TextEnvBatch, TextEnvStats
 from m2flow.runtime.worker import Worker
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EnvSettings:
     """What an env worker builds: the environment by name and its settings, how many, and their limits."""
 

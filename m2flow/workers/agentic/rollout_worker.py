@@ -38,7 +38,7 @@ from m2flow.runtime.streams import GroupStream
 EMITTED_LOG = 1 << 16
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AgenticRolloutSettings:
     """An agentic rollout rank: the model and backend it plays with, how episodes are played, where groups go."""
 

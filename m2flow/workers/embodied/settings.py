@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from m2flow.workers.embodied.inference import PolicyEngine
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EmbodiedEnvSettings:
     """An env rank: its envs in the plan's pipeline stages, and where observations and trajectories go."""
 
@@ -46,7 +46,7 @@ class EmbodiedEnvSettings:
     (0: episodes run on across iterations)"""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EmbodiedRolloutSettings:
     """A rollout rank (or the policy hosted in an env rank): the policy copy that acts for its env ranks."""
 
@@ -70,7 +70,7 @@ class EmbodiedRolloutSettings:
                             device=host.torch_device)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EmbodiedActorSettings:
     """An actor rank: the policy it trains, PPO, the trajectories it takes, the plan's turns and staleness."""
 

@@ -42,8 +42,7 @@ from m2flow.runtime.executors import Executor, Handle
 from m2flow.workers.agentic.turn_loop import play_turns
 from m2flow.workers.agentic.turns import EpisodeSpec
 from m2flow.workers.stats import WEIGHT_KEY
-from m2flow.workflows.agentic.config import AgenticConfig
-from m2flow.workflows.agentic.settings import env_settings, worker_settings
+from m2flow.workflows.agentic.settings import AgenticRun, WorkerSettings
 from m2flow.workflows.agentic.sides import EnvWorkers, RolloutRanks
 
 log = logging.getLogger(__name__)
@@ -59,12 +58,12 @@ class Prepared:
     model_path: Path
 
 
-def episode_specs(cfg: AgenticConfig, step: int, env_ranks: int) -> list[EpisodeSpec]:
+def episode_specs(groups_per_step: int, group_size: int, seed_offset: int, step: int,
+                  env_ranks: int) -> list[EpisodeSpec]:
     """The episodes of iteration ``step``: group ``slot``'s ``group_size`` episodes share a seed; ids run on
     across iterations; episode i of the iteration plays on env worker i mod ``env_ranks``."""
-    e = cfg.episodes
-    per_step = e.groups_per_step * e.group_size
-    return [EpisodeSpec(step * per_step + i, i // e.group_size, e.seed_offset + step * e.groups_per_step + i // e.group_size,
+    per_step = groups_per_step * group_size
+    return [EpisodeSpec(step * per_step + i, i // group_size, seed_offset + step * groups_per_step + i // group_size,
                         i % env_ranks)
             for i in range(per_step)]
 
@@ -86,19 +85,24 @@ def merge_rollout_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
 class AgenticFlow(Flow):
     """The launched system of one run attempt (the driver's ``Flow``)."""
 
-    def __init__(self, workflow: Any, cfg: AgenticConfig, plan: Plan, executor: Executor, run: Launch) -> None:
+    def __init__(self, workflow: Any, plan: Plan, executor: Executor, run: Launch, *, settings: AgenticRun,
+                 workers: WorkerSettings) -> None:
+        """``settings``: what the flow reads of the config; ``workers``: the workers' settings from the
+        plan's stream (``worker_settings`` with the config and the plan bound)."""
         state = run.state or {}
-        self.cfg, self.plan, self.description = cfg, plan, plan.mode
-        self.timeout = cfg.fault_tolerance.iteration_timeout_s
-        self.iterations = self.progress_total = cfg.steps
+        self.settings, self.plan, self.description = settings, plan, plan.mode
+        self.timeout = settings.iteration_timeout_s
+        self.iterations = self.progress_total = settings.steps
+        # the batch shape is the plan's: groups (seeds) per iteration, episodes per group
+        self.groups_per_step, self.group_size = plan.settings["groups_per_step"], plan.settings["group_size"]
         self.max_staleness = int(plan.settings.get("max_staleness", 0))
         self.env_fused = plan.fused("env")
         self.rollout_ranks, self.actor_ranks = plan["rollout"].world_size, plan["actor"].world_size
         self.env_ranks = self.rollout_ranks if self.env_fused else plan["env"].world_size
         # Fused, the rollout hosts the environments; else every env worker is a group of one rank of its own
         # (the graph's ``rank_groups``), so it can be restarted alone.
-        self.launched = workflow.launch_plan(plan, executor, run, lambda wiring: worker_settings(
-            cfg, plan, str(run.prepared.model_path), wiring.streams["trajectories"], self.env_ranks,
+        self.launched = workflow.launch_plan(plan, executor, run, lambda wiring: workers(
+            str(run.prepared.model_path), wiring.streams["trajectories"], self.env_ranks,
             resume_dir=str(run.checkpoint) if run.checkpoint else None, counters=state.get("actor"),
             start_step=run.start))
         self.names, self.stream = self.launched.names, self.launched.streams["trajectories"]
@@ -113,7 +117,7 @@ class AgenticFlow(Flow):
     # -- env workers -----------------------------------------------------------------------------
     def _restart_env(self, e: int, error: BaseException) -> None:
         """Shut env worker ``e`` down and launch it again, alone; too many restarts re-raise ``error``."""
-        if self.env_fused or self.env_restarts >= self.cfg.env.max_worker_restarts:
+        if self.env_fused or self.env_restarts >= self.settings.max_env_restarts:
             raise error
         log.warning("env worker %d lost (%s); restarting it alone (%d so far)", e, str(error).splitlines()[0],
                     self.env_restarts + 1)
@@ -128,7 +132,7 @@ class AgenticFlow(Flow):
         """Call each env worker (``e -> (method, args)``) and wait for all: the results of those that answered,
         and the env workers that died or hung (restarted already)."""
         handles = {e: self.envs.execute(method, *args, ranks=[e]) for e, (method, args) in calls.items()}
-        limit = self.cfg.env.worker_timeout_s
+        limit = self.settings.env_timeout_s
         results, lost = {}, []
         for e, h in handles.items():
             try:
@@ -148,7 +152,8 @@ class AgenticFlow(Flow):
     def _play(self, step: int, version: int | None) -> dict[str, float]:
         """Every episode of iteration ``step`` until it ends (on the loop thread); the rollout and env metrics."""
         t_start = time.perf_counter()
-        specs = episode_specs(self.cfg, step, self.env_ranks)
+        specs = episode_specs(self.groups_per_step, self.group_size, self.settings.seed_offset, step,
+                              self.env_ranks)
         where = f"in iteration {step}"
         # The weights this iteration plays with, when it is the first behind a new version (the actor sends
         # them; see ``start``).
@@ -193,7 +198,7 @@ class AgenticFlow(Flow):
                 version = None
             self._next = horizon + 1
         if it not in self._training:
-            self._training[it] = self.actor.train(it, self.cfg.episodes.groups_per_step)
+            self._training[it] = self.actor.train(it, self.groups_per_step)
 
     def finish(self, it: int) -> dict[str, float]:
         """Wait for iteration ``it``'s episodes and the actor's update on them; one dict of metrics."""
@@ -234,10 +239,9 @@ class AgenticFlow(Flow):
                    "the weight sync before an evaluation")
             self._synced = self.done
         start = time.perf_counter()
-        kwargs = {**self.cfg.env.kwargs, **self.cfg.env.eval_kwargs}
-        seeds = list(range(EVAL_SEED, EVAL_SEED + self.cfg.eval_episodes))
-        settings = env_settings(self.cfg, 1, kwargs)
-        out = gather([self.rollout.evaluate(settings, seeds, self.cfg.rollout.eval_temperature, ranks=[0])], self.timeout,
+        run = self.settings
+        seeds = list(range(EVAL_SEED, EVAL_SEED + run.eval_episodes))
+        out = gather([self.rollout.evaluate(run.eval_env, seeds, run.eval_temperature, ranks=[0])], self.timeout,
                      "the held-out evaluation")[0][0]
         out["time/eval"] = time.perf_counter() - start
         return out

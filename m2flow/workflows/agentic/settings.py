@@ -1,14 +1,17 @@
-"""Every agentic worker's settings, built in one place from the config, the Plan and the run.
+"""Every agentic worker's settings, and the flow's run settings, built in one place from the config, the
+Plan and the run.
 
 The plan decides whether the environments run in env workers of their own or inside the rollout's
 processes (``env`` fused into ``rollout``: then the rollout hosts them with the env settings), who shares
-devices and offloads; the workers read their settings, never the config.
+devices and offloads; the workers read their settings, never the config. What the flow reads that no plan
+decides (steps, timeouts, env restarts, evaluation) is ``AgenticRun``, read once at launch.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from m2flow.planner import Plan
 from m2flow.workers.agentic.env_worker import EnvSettings
@@ -23,9 +26,10 @@ from m2flow.workflows.agentic.config import AgenticConfig
 def env_settings(cfg: AgenticConfig, env_ranks: int, kwargs: dict[str, Any] | None = None) -> EnvSettings:
     """What each env worker holds: enough environments for its share of an iteration's episodes."""
     per_step = cfg.episodes.groups_per_step * cfg.episodes.group_size
-    return EnvSettings(cfg.env.name, dict(cfg.env.kwargs if kwargs is None else kwargs),
-                       math.ceil(per_step / env_ranks), cfg.env.step_timeout_s, cfg.env.max_error_rate,
-                       cfg.env.concurrent, tuple(cfg.env.imports))
+    return EnvSettings(name=cfg.env.name, kwargs=dict(cfg.env.kwargs if kwargs is None else kwargs),
+                       num_envs=math.ceil(per_step / env_ranks), step_timeout_s=cfg.env.step_timeout_s,
+                       max_error_rate=cfg.env.max_error_rate, concurrent=cfg.env.concurrent,
+                       imports=tuple(cfg.env.imports))
 
 
 def episode_config(cfg: AgenticConfig) -> EpisodeConfig:
@@ -45,12 +49,54 @@ def worker_settings(cfg: AgenticConfig, plan: Plan, model_path: str, trajectorie
     actor = cfg.actor
     return {
         "env": env_settings(cfg, env_ranks),
-        "rollout": AgenticRolloutSettings(model_path, r.backend, r.dtype, episode_config(cfg), trajectories,
-                                          seed=cfg.seed, compile=r.compile, shares_devices=plan["rollout"].shares_devices,
+        "rollout": AgenticRolloutSettings(model_path=model_path, backend=r.backend, dtype=r.dtype,
+                                          episode=episode_config(cfg), trajectories=trajectories, seed=cfg.seed,
+                                          compile=r.compile, shares_devices=plan["rollout"].shares_devices,
                                           offload=plan["rollout"].offload),
-        "actor": ActorSettings(model_path, actor, cfg.algorithm, r.temperature, cfg.episodes.group_size,
-                               trajectories, total_steps=cfg.steps, seed=cfg.seed,
+        "actor": ActorSettings(model_path=model_path, actor=actor, algo=cfg.algorithm, temperature=r.temperature,
+                               group_size=cfg.episodes.group_size, ready=trajectories, total_steps=cfg.steps,
+                               seed=cfg.seed,
                                **plan_micro_batches(plan.settings, "actor", actor),
+                               max_staleness=int(plan.settings.get("max_staleness", 0)),
                                shares_devices=plan["actor"].shares_devices, offload=plan["actor"].offload,
                                resume_dir=resume_dir, counters=dict(counters or {}), start_step=start_step),
     }
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgenticRun:
+    """What the agentic flow reads of the config: nothing the plan decides."""
+
+    steps: int
+    """training iterations"""
+    iteration_timeout_s: float | None
+    """longest wait for an iteration's calls (None: no limit)"""
+    seed_offset: int
+    """training seeds are seed_offset + a running count"""
+    env_timeout_s: float | None
+    """longest wait for one env worker's call before it counts as lost (None: no limit)"""
+    max_env_restarts: int
+    """env workers launched again before a lost one fails the run"""
+    eval_episodes: int
+    """held-out episodes per evaluation"""
+    eval_temperature: float
+    """sampling temperature of the held-out evaluation"""
+    eval_env: EnvSettings
+    """the held-out environments (one worker's worth, with the evaluation's env settings)"""
+
+
+def run_settings(cfg: AgenticConfig) -> AgenticRun:
+    """The agentic flow's run settings, from the config."""
+    return AgenticRun(
+        steps=cfg.steps, iteration_timeout_s=cfg.fault_tolerance.iteration_timeout_s,
+        seed_offset=cfg.episodes.seed_offset, env_timeout_s=cfg.env.worker_timeout_s,
+        max_env_restarts=cfg.env.max_worker_restarts, eval_episodes=cfg.eval_episodes,
+        eval_temperature=cfg.rollout.eval_temperature,
+        eval_env=env_settings(cfg, 1, {**cfg.env.kwargs, **cfg.env.eval_kwargs}))
+
+
+class WorkerSettings(Protocol):
+    """``worker_settings`` with the config and the plan bound (what a flow calls once its streams exist)."""
+
+    def __call__(self, model_path: str, trajectories: GroupStream, env_ranks: int, *, resume_dir: str | None = None,
+                 counters: dict[str, int] | None = None, start_step: int = 0) -> dict[str, Any]: ...

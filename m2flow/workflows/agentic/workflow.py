@@ -65,9 +65,13 @@ class AgenticWorkflow(Workflow):
         return Prepared(path)
 
     def launch(self, cfg: AgenticConfig, plan: Plan, executor: Executor, run: Launch) -> AgenticFlow:
-        from m2flow.workflows.agentic.flow import AgenticFlow
+        from functools import partial
 
-        return AgenticFlow(self, cfg, plan, executor, run)
+        from m2flow.workflows.agentic.flow import AgenticFlow
+        from m2flow.workflows.agentic.settings import run_settings, worker_settings
+
+        return AgenticFlow(self, plan, executor, run, settings=run_settings(cfg),
+                           workers=partial(worker_settings, cfg, plan))
 
     def profile_probes(self, cfg: AgenticConfig) -> list[dict[str, Any]]:
         """Batch sizes to profile: a quarter, half and all of ``groups_per_step``."""

@@ -31,13 +31,13 @@ from typing import Any
 from m2flow.driver.checkpoints import CheckpointError
 from m2flow.runtime.waiting import gather
 from m2flow.driver.workflow import Flow, Launch
-from m2flow.envs import EnvConfig
 from m2flow.planner import Plan
 from m2flow.runtime.executors import Executor, Handle
 from m2flow.workers.embodied.messages import InteractStats
 from m2flow.workflows.embodied.config import EmbodiedConfig
 from m2flow.workflows.embodied.graph import COMPONENTS
-from m2flow.workflows.embodied.settings import worker_settings
+from m2flow.workflows.embodied.plan import env_spaces
+from m2flow.workflows.embodied.settings import EmbodiedRun, WorkerSettings
 
 
 def _gather(handles: dict[str, Handle], timeout: float | None, what: str = "") -> dict[str, list[Any]]:
@@ -45,35 +45,15 @@ def _gather(handles: dict[str, Handle], timeout: float | None, what: str = "") -
     return dict(zip(handles, gather(list(handles.values()), timeout, what)))
 
 
-def _spaces(env: EnvConfig) -> tuple[Any, Any]:
-    """The single-env observation and action spaces, from one env built here and closed again."""
-    from m2flow.envs import make_env
-
-    probe = make_env(env)
-    try:
-        return probe.observation_space, probe.action_space
-    finally:
-        probe.close()
-
-
-def edge_bytes(cfg: EmbodiedConfig) -> dict[str, float]:
-    """Bytes per env step on each data edge, from one env's spaces (float32 everywhere): an observation;
-    an action with its value and log-prob; a trajectory step (observation, action, reward, done, value,
-    log-prob)."""
-    import numpy as np
-
-    obs_space, act_space = _spaces(cfg.env)
-    obs = 4.0 * int(np.prod(obs_space.shape or (1,)))
-    act = 4.0 * int(np.prod(act_space.shape or (1,)))
-    return {"observations": obs, "actions": act + 8.0, "trajectories": obs + act + 16.0}
-
-
 class EmbodiedFlow(Flow):
     """The launched system of one run attempt (the driver's ``Flow``)."""
 
-    def __init__(self, workflow: Any, cfg: EmbodiedConfig, plan: Plan, executor: Executor, run: Launch) -> None:
-        self.cfg, self.plan = cfg, plan
-        self.timeout = cfg.fault_tolerance.iteration_timeout_s
+    def __init__(self, workflow: Any, plan: Plan, executor: Executor, run: Launch, *, settings: EmbodiedRun,
+                 workers: WorkerSettings) -> None:
+        """``settings``: what the flow reads of the config; ``workers``: the workers' settings from the
+        groups' names and one env's spaces (``worker_settings`` with the config and the plan bound)."""
+        self.settings, self.plan = settings, plan
+        self.timeout = settings.iteration_timeout_s
         self.mode = plan.mode
         self.fused = plan.fused("rollout")
         self.max_staleness: int = plan.settings["max_staleness"]
@@ -84,18 +64,17 @@ class EmbodiedFlow(Flow):
         self._sync_s = 0.0
         ranks = {c: plan[c].world_size for c in COMPONENTS}
         self.env_ranks = ranks["env"]
-        for module in cfg.env_worker.imports:  # custom env ids, for the probe env built here
+        for module in settings.imports:  # custom env ids, for the probe env built here
             importlib.import_module(module)
-        spaces = _spaces(replace(cfg.env, num_groups=plan.settings["pipeline_stages"], seed=cfg.seed))
-        if cfg.policy.init_from is not None:  # a file that does not fit fails here, naming it, before any worker starts
+        spaces = env_spaces(replace(settings.env, num_groups=plan.settings["pipeline_stages"], seed=settings.seed))
+        if settings.policy.init_from is not None:  # a file that does not fit fails here, before any worker starts
             from m2flow.models.policies import build_policy
 
-            build_policy(*spaces, cfg.policy)
-        self.iterations = cfg.iterations(self.env_ranks)
-        self.batch = cfg.batch_size(self.env_ranks)
+            build_policy(*spaces, settings.policy)
+        self.iterations = settings.iterations
+        self.batch = settings.batch_size
         self.progress_total = self.iterations * self.batch
-        self.launched = workflow.launch_plan(plan, executor, run,
-                                             lambda wiring: worker_settings(cfg, plan, dict(wiring.names), spaces))
+        self.launched = workflow.launch_plan(plan, executor, run, lambda wiring: workers(dict(wiring.names), spaces))
         self.names = self.launched.names
         self.env, self.actor = self.launched["env"], self.launched["actor"]
         self.rollout = None if self.fused else self.launched["rollout"]  # fused: the env ranks run the policy
@@ -105,9 +84,9 @@ class EmbodiedFlow(Flow):
         self.env_steps = 0
         self._steps = 0  # env steps of the iteration last finished
         self.episodes: list[tuple[int, float]] = []
-        self.recent: deque[float] = deque(maxlen=cfg.return_window)
+        self.recent: deque[float] = deque(maxlen=settings.return_window)
         self._deltas: list | None = None
-        self.description = f"{cfg.env.env_id}, {self.mode}{', fused' if self.fused else ''}"
+        self.description = f"{settings.env.env_id}, {self.mode}{', fused' if self.fused else ''}"
         if run.checkpoint is not None and run.state is not None:
             self.load(run.checkpoint, run.state)
 
@@ -162,7 +141,7 @@ class EmbodiedFlow(Flow):
         handles = {**self._pending.pop(it), "actor": self.actor.train(it)}
         outcome = _gather({k: h for k, h in handles.items() if h is not None}, self.timeout, f"iteration {it}")
         stats: list[InteractStats] = outcome["env"]
-        if self.cfg.env_worker.sync_normalization and self.env_ranks > 1:
+        if self.settings.sync_normalization and self.env_ranks > 1:
             self._deltas = [s.norm_delta for s in stats]
         self._steps = sum(s.steps for s in stats)
         self.env_steps += self._steps
@@ -209,8 +188,8 @@ class EmbodiedFlow(Flow):
 
         weights, norm = gather([self.actor.state_dict(ranks=[0]), self.env.normalizer_state(ranks=[0])],
                                self.timeout, "an evaluation")
-        return evaluate_policy(self.cfg.env, self.cfg.policy, weights[0], norm[0], self.cfg.eval_episodes,
-                               seed=self.cfg.seed)
+        run = self.settings
+        return evaluate_policy(run.env, run.policy, weights[0], norm[0], run.eval_episodes, seed=run.seed)
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save(self, path: Path) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any
 from collections.abc import Mapping
 
 from m2flow.driver.workflow import Tunable
+from m2flow.envs import EnvConfig
 from m2flow.planner import Plan
 from m2flow.planner.setup import Workload
 from m2flow.workflows.embodied.config import EmbodiedConfig
@@ -88,3 +89,26 @@ def model_bytes(checkpoint: Path | None) -> tuple[float, float]:
     path = checkpoint / ACTOR_FILE
     weights = sum(t.numel() * t.element_size() for t in load_state(path)["policy"].values())
     return float(weights), float(path.stat().st_size)
+
+
+def env_spaces(env: EnvConfig) -> tuple[Any, Any]:
+    """The single-env observation and action spaces, from one env built here and closed again."""
+    from m2flow.envs import make_env
+
+    probe = make_env(env)
+    try:
+        return probe.observation_space, probe.action_space
+    finally:
+        probe.close()
+
+
+def edge_bytes(cfg: EmbodiedConfig) -> dict[str, float]:
+    """Bytes per env step on each data edge, from one env's spaces (float32 everywhere): an observation;
+    an action with its value and log-prob; a trajectory step (observation, action, reward, done, value,
+    log-prob)."""
+    import numpy as np
+
+    obs_space, act_space = env_spaces(cfg.env)
+    obs = 4.0 * int(np.prod(obs_space.shape or (1,)))
+    act = 4.0 * int(np.prod(act_space.shape or (1,)))
+    return {"observations": obs, "actions": act + 8.0, "trajectories": obs + act + 16.0}

@@ -43,9 +43,13 @@ class EmbodiedWorkflow(Workflow):
         return {"rollout": cfg.rollout.offload, "actor": cfg.actor.offload}
 
     def launch(self, cfg: EmbodiedConfig, plan: Plan, executor: Executor, run: Launch) -> EmbodiedFlow:
-        from m2flow.workflows.embodied.flow import EmbodiedFlow
+        from functools import partial
 
-        return EmbodiedFlow(self, cfg, plan, executor, run)
+        from m2flow.workflows.embodied.flow import EmbodiedFlow
+        from m2flow.workflows.embodied.settings import run_settings, worker_settings
+
+        return EmbodiedFlow(self, plan, executor, run, settings=run_settings(cfg, plan),
+                            workers=partial(worker_settings, cfg, plan))
 
     def iterations(self, cfg: EmbodiedConfig, plan: Plan) -> int:
         return cfg.iterations(plan["env"].world_size)
@@ -57,9 +61,7 @@ class EmbodiedWorkflow(Workflow):
         return planning.profile_length(cfg, iterations)
 
     def edge_bytes(self, cfg: EmbodiedConfig) -> dict[str, float]:
-        from m2flow.workflows.embodied.flow import edge_bytes
-
-        return edge_bytes(cfg)
+        return planning.edge_bytes(cfg)
 
     def model_bytes(self, checkpoint: Path | None) -> tuple[float, float]:
         return planning.model_bytes(checkpoint)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +28,9 @@ from m2flow.planner import Plan
 from m2flow.runtime.executors import Executor, Handle
 from m2flow.workers.messages import PromptTask
 from m2flow.workers.stats import WEIGHT_KEY, merge_rank_metrics
-from m2flow.workflows.reasoning.config import ReasoningConfig
 from m2flow.workflows.reasoning.evaluation import score_responses
 from m2flow.workflows.reasoning.graph import GRAPH
-from m2flow.workflows.reasoning.settings import worker_settings
+from m2flow.workflows.reasoning.settings import ReasoningRun, WorkerSettings
 
 
 @dataclass(frozen=True)
@@ -55,25 +54,28 @@ class _Started:
 class ReasoningFlow(Flow):
     """The launched system of one run attempt (the driver's ``Flow``)."""
 
-    def __init__(self, workflow: Any, cfg: ReasoningConfig, plan: Plan, executor: Executor, run: Launch) -> None:
+    def __init__(self, workflow: Any, plan: Plan, executor: Executor, run: Launch, *, settings: ReasoningRun,
+                 workers: WorkerSettings) -> None:
+        """``settings``: what the flow reads of the config; ``workers``: the workers' settings from the
+        plan's streams (``worker_settings`` with the config and the plan bound)."""
         prepared: Prepared = run.prepared
         state = run.state or {}
-        self.cfg, self.plan, self.description = cfg, plan, plan.mode
-        self.timeout = cfg.fault_tolerance.iteration_timeout_s
+        self.settings, self.plan, self.description = settings, plan, plan.mode
+        self.timeout = settings.iteration_timeout_s
         self.test_set = prepared.test
-        self.loader = PromptDataLoader(prepared.train, cfg.data.prompts_per_step, seed=cfg.seed,
-                                       shuffle=cfg.data.shuffle)
+        self.loader = PromptDataLoader(prepared.train, plan.settings["prompts_per_step"], seed=settings.seed,
+                                       shuffle=settings.shuffle)
         if "loader" in state:
             self.loader.load_state_dict(state["loader"])
-        self.iterations = self.progress_total = cfg.steps
+        self.iterations = self.progress_total = settings.steps
         self.max_staleness = int(plan.settings.get("max_staleness", 0))
         self._started: dict[int, _Started] = {}
         self._next = self.done = run.start  # the first iteration whose generation is not queued yet; trained
         self._synced: int | None = None  # the weights version the rollout holds, when known
         # The plan's streams (``launch_plan``): a fused reward scores inside the rollout, which then emits
         # scored groups, so "responses" has none; with staleness each iteration in flight has a lane.
-        self.launched = workflow.launch_plan(plan, executor, run, lambda wiring: worker_settings(
-            cfg, plan, str(prepared.model_path), wiring.streams, counters=state.get("actor"), start_step=run.start,
+        self.launched = workflow.launch_plan(plan, executor, run, lambda wiring: workers(
+            str(prepared.model_path), wiring.streams, counters=state.get("actor"), start_step=run.start,
             resume_dir=str(run.checkpoint) if run.checkpoint else None))
         self.names, self.prompts = self.launched.names, self.launched.streams["prompts"]
         self.actor, self.rollout = self.launched["actor"], self.launched["rollout"]  # rollout: maybe in the actor
@@ -156,12 +158,13 @@ class ReasoningFlow(Flow):
         start = time.perf_counter()
         from m2flow.workers.reward import build_reward_fn
 
-        items = list(self.test_set)[: self.cfg.eval_size] if self.cfg.eval_size else list(self.test_set)
+        run = self.settings
+        items = list(self.test_set)[: run.eval_size] if run.eval_size else list(self.test_set)
         world = self.rollout.world_size
         shares = [items[r::world] for r in range(world)]
-        s = self.cfg.rollout.sampling
         handle = self.rollout.execute_each(
-            "evaluate", [([it.prompt_ids for it in part], s.max_new_tokens, list(s.stop)) for part in shares])
+            "evaluate", [([it.prompt_ids for it in part], run.eval_max_new_tokens, list(run.eval_stop))
+                         for part in shares])
         out = gather([handle], self.timeout, "the held-out evaluation")[0]
         texts, lengths, answers = [], [], []
         for part, results in zip(shares, out):
@@ -170,8 +173,7 @@ class ReasoningFlow(Flow):
                 lengths.append(length)
                 answers.append(it.answer)
         if not hasattr(self, "_reward_fn"):
-            scoring = self.cfg.reward if self.cfg.eval_reward is None else replace(self.cfg.reward, fn=self.cfg.eval_reward)
-            self._reward_fn = build_reward_fn(scoring)
+            self._reward_fn = build_reward_fn(run.eval_reward)
         metrics = score_responses(texts, lengths, answers, self._reward_fn)
         metrics["time/eval"] = time.perf_counter() - start
         return metrics

@@ -63,9 +63,13 @@ class ReasoningWorkflow(Workflow):
         return Prepared(model_path, train_set, test_set)
 
     def launch(self, cfg: ReasoningConfig, plan: Plan, executor: Executor, run: Launch) -> ReasoningFlow:
-        from m2flow.workflows.reasoning.flow import ReasoningFlow
+        from functools import partial
 
-        return ReasoningFlow(self, cfg, plan, executor, run)
+        from m2flow.workflows.reasoning.flow import ReasoningFlow
+        from m2flow.workflows.reasoning.settings import run_settings, worker_settings
+
+        return ReasoningFlow(self, plan, executor, run, settings=run_settings(cfg),
+                             workers=partial(worker_settings, cfg, plan))
 
     def profile_probes(self, cfg: ReasoningConfig) -> list[dict[str, Any]]:
         return planning.profile_probes(cfg)

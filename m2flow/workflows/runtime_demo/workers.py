@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from m2flow.runtime.worker import Worker
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ProducerSettings:
     """What a producer rank makes."""
 

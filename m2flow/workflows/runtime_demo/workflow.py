@@ -107,7 +107,7 @@ class RuntimeDemoWorkflow(Workflow):
     def launch(self, cfg: RuntimeDemoConfig, plan: Plan, executor: Executor, run: Launch) -> RuntimeDemoFlow:
         from m2flow.workflows.runtime_demo.workers import ProducerSettings
 
-        settings = {"producer": ProducerSettings(cfg.batch_size), "scaler": None, "reducer": None}
+        settings = {"producer": ProducerSettings(batch_size=cfg.batch_size), "scaler": None, "reducer": None}
         return RuntimeDemoFlow(cfg, self.launch_plan(plan, executor, run, settings))
 
     def profile_length(self, cfg: RuntimeDemoConfig, iterations: int) -> dict[str, Any]:

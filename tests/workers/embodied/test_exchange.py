@@ -53,10 +53,12 @@ def _launch(cluster, stages: int, fused: bool, env_ranks: int, num_envs: int):
     probe = make_env(env_cfg)
     spaces = probe.observation_space, probe.action_space
     probe.close()
-    rollout_settings = EmbodiedRolloutSettings(*spaces, policy, 0, env_group=names["env"], env_ranks=env_ranks,
-                                       stages=stages, rollout_steps=T)
-    env_settings = EmbodiedEnvSettings(env_cfg, T, actor_group=names["actor"], actor_ranks=1, imports=(TOY,),
-                               rollout_group=None if fused else names["rollout"], rollout_ranks=1)
+    rollout_settings = EmbodiedRolloutSettings(obs_space=spaces[0], action_space=spaces[1], policy=policy, seed=0,
+                                               env_group=names["env"], env_ranks=env_ranks, stages=stages,
+                                               rollout_steps=T)
+    env_settings = EmbodiedEnvSettings(env=env_cfg, rollout_steps=T, actor_group=names["actor"], actor_ranks=1,
+                                       imports=(TOY,), rollout_group=None if fused else names["rollout"],
+                                       rollout_ranks=1)
     kwargs = {"settings": env_settings, "hosted": {"rollout": rollout_settings} if fused else None}
     env = WorkerGroup(EnvWorker, cluster, names["env"], num_ranks=env_ranks, kwargs=kwargs)
     groups = [env]

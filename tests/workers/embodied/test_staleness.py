@@ -47,9 +47,9 @@ def _traj(env_rank: int, iteration: int, version: int, seed: int) -> Trajectory:
 
 
 def _actor(max_staleness: int, env_ranks: int) -> ActorWorker:
-    settings = EmbodiedActorSettings(OBS, ACT, PolicyConfig(hidden_sizes=[8]), PPOConfig(epochs=2, minibatch_size=16),
-                             ActorConfig(), env_group="env", env_ranks=env_ranks, total_iterations=10,
-                             max_staleness=max_staleness)
+    settings = EmbodiedActorSettings(obs_space=OBS, action_space=ACT, policy=PolicyConfig(hidden_sizes=[8]),
+                                     ppo=PPOConfig(epochs=2, minibatch_size=16), actor=ActorConfig(), env_group="env",
+                                     env_ranks=env_ranks, total_iterations=10, max_staleness=max_staleness)
     actor = local_worker(ActorWorker, settings=settings)
     actor._m2flow_comm = FakeComm()
     return actor
