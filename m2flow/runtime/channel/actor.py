@@ -8,7 +8,6 @@ creator releases, so a process that runs many flows keeps no host process of fin
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
@@ -22,8 +21,6 @@ from m2flow.runtime.channel.connection import ChannelAddress
 from m2flow.runtime.channel.host import ChannelHost
 from m2flow.runtime.auth import adopt, secret_hex
 from m2flow.runtime.trace import ProcessInfo, Tracer, get_tracer
-
-log = logging.getLogger(__name__)
 
 # A host actor may be killed without running exit handlers: it writes its depth tracks this often.
 TRACE_FLUSH_S = 1.0
@@ -76,6 +73,7 @@ class _HostActor:
             return len(self._hosts)
 
     def pid(self) -> int:
+        """This host process's id (which process hosts which channels)."""
         return os.getpid()
 
     def flush_trace(self) -> int:
