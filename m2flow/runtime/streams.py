@@ -229,7 +229,8 @@ class GroupStream:
 
     def destroy(self) -> None:
         """Release the stream for good: this process's connection, then the channel's host (its
-        listener and serving threads, or its Ray actor). Call it once every user is done."""
+        listener and serving threads; the shared host actor too once it hosts no other channel of this
+        process). Call it once every user is done."""
         self._forget_local()
         self.channel.disconnect()
         self.channel.destroy()

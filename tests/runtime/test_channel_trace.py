@@ -70,3 +70,32 @@ def test_host_actor_traces_into_the_run_dir_of_its_creator(tmp_path):
     # The host has no spans: its depth sits on the counters row and it gets no row of its own.
     procs = [p["name"] for p in trace["otherData"]["m2flow"]["processes"]]
     assert procs == ["driver @node0"]
+
+
+def test_channels_sharing_a_host_actor_each_get_their_own_depth_track(tmp_path):
+    shared_cluster()
+    tracer = Tracer(prepare_trace_dir(tmp_path), ProcessInfo())
+    previous = set_tracer(tracer)
+    names = [f"depth-{next(_names)}" for _ in range(2)]
+    chs = [Channel.create(name) for name in names]
+    try:
+        assert chs[0].address.actor_name == chs[1].address.actor_name  # one host process for both
+        for n, ch in enumerate(chs):
+            for i in range(n + 1):
+                ch.put(i)
+        assert chs[1].get() == 0
+        for ch in chs:
+            ch.close()
+    finally:
+        set_tracer(previous)
+        tracer.close()
+        for ch in chs:
+            ch.disconnect()
+            ch.destroy()
+    trace = load_trace(merge_traces(tmp_path))
+    shards = sorted(p.name for p in (tmp_path / "trace").glob("*.jsonl"))
+    assert [any(s.startswith(f"channel_{name}.0.") for s in shards) for name in names] == [True, True], shards
+    pid = _counters_pid(trace)
+    assert _depths(trace, f"channel/{names[0]}") == [(pid, "depth", 1)]
+    # 1, 2 after the puts, 1 after the get (then 0 once the get pushed the next item ahead).
+    assert _depths(trace, f"channel/{names[1]}")[:3] == [(pid, "depth", v) for v in (1, 2, 1)]

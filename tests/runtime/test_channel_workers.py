@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -91,3 +93,45 @@ def test_consumer_of_a_dead_producer_gets_an_error_naming_it(groups):
     finally:
         prod.shutdown()
         ch.destroy()
+
+
+def _gone(pid: int, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_the_channels_of_one_process_share_a_host_process_that_ends_with_the_last():
+    import ray
+
+    shared_cluster()
+    a, b = Channel.create("shared-a"), Channel.create("shared-b", maxsize=2)
+    try:
+        assert a.address.actor_name == b.address.actor_name and a.address.host_key != b.address.host_key
+        pid = ray.get(ray.get_actor(a.address.actor_name).pid.remote())
+        a.put("a0")
+        b.put("b0")
+        assert (a.get(), b.get()) == ("a0", "b0")
+        a.disconnect()
+        a.destroy()  # one channel released: the other's host serves on in the same process
+        b.put("b1")
+        assert b.get() == "b1" and not _gone(pid, within=0.5)
+    finally:
+        b.disconnect()
+        b.destroy()
+    assert _gone(pid, within=30.0)  # the last channel took the process with it
+    c = Channel.create("shared-c")  # a fresh process for the next channels
+    try:
+        assert c.address.actor_name != a.address.actor_name
+        c.put(1)
+        assert c.get() == 1
+    finally:
+        c.disconnect()
+        c.destroy()

@@ -315,7 +315,7 @@ def destroy_host(address: ChannelAddress) -> None:
     if address.actor_name is not None:
         from m2flow.runtime.channel.actor import stop_host_actor
 
-        stop_host_actor(address.actor_name)
+        stop_host_actor(address.actor_name, address.host_key)
         return
     host = _LOCAL_HOSTS.pop(address.name, None)
     if host is not None:

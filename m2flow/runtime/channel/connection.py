@@ -39,7 +39,8 @@ class ChannelClosed(Exception):
 
 @dataclass(frozen=True)
 class ChannelAddress:
-    """Where a channel's host listens, and its capacity."""
+    """Where a channel's host listens, and its capacity; a host in a Ray actor also gives the
+    actor's name and the channel's key in it (one actor hosts the channels of one creator)."""
 
     name: str
     node_id: str
@@ -47,6 +48,7 @@ class ChannelAddress:
     tcp_address: tuple
     maxsize: int
     actor_name: str | None = None
+    host_key: str | None = None
 
 
 @dataclass

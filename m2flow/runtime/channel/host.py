@@ -27,7 +27,7 @@ from m2flow.runtime.channel.state import Client, CreditWaiter, Item, Waiter
 from m2flow.runtime.comm.payload import Desc, discard, inline_copy
 from m2flow.runtime.comm.shm import SegmentCache
 from m2flow.runtime.comm.wire import BufferPool, Connection, ConnectionLost, Listener, close_fds
-from m2flow.runtime.trace import get_tracer
+from m2flow.runtime.trace import Tracer, get_tracer
 
 log = logging.getLogger(__name__)
 _ids = itertools.count()
@@ -36,7 +36,9 @@ _ids = itertools.count()
 class ChannelHost:
     """Queues, waiters and credits of one channel, served on a Unix socket and a TCP port."""
 
-    def __init__(self, name: str, maxsize: int = 0, host_ip: str = "127.0.0.1") -> None:
+    def __init__(self, name: str, maxsize: int = 0, host_ip: str = "127.0.0.1", tracer: Tracer | None = None) -> None:
+        """``tracer`` takes this channel's depth track; by default the tracer of whichever thread
+        records (a host actor gives each of the channels it hosts a shard of its own)."""
         if maxsize < 0:
             raise ValueError(f"maxsize must be >= 0 (0: unbounded), got {maxsize}")
         self.name = name
@@ -54,7 +56,8 @@ class ChannelHost:
         self._cache = SegmentCache()
         self._metrics = ChannelMetrics(name)
         self._push = Pusher(self)
-        self._trace = DepthTrace(counter=f"channel/{name}")  # depth track in a traced run
+        self._tracer = tracer
+        self._trace = DepthTrace(counter=f"channel/{name}", tracer=tracer)  # depth track in a traced run
         self._listener = Listener(
             host_ip, self._on_accept, name=f"ch-{uuid.uuid4().hex[:12]}-{next(_ids)}", pool=BufferPool()
         )
@@ -296,7 +299,7 @@ class ChannelHost:
             actions = self._progress()
         # The depth track reaches the trace shard before the closer's close() returns: a run
         # closes its channels, then merges the trace.
-        get_tracer().flush()
+        (self._tracer or get_tracer()).flush()
         for client in clients:
             self._send(client, ("closed",))
         for closer, req in closers:

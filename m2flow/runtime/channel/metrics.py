@@ -6,7 +6,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from m2flow.runtime.trace import get_tracer
+from m2flow.runtime.trace import Tracer, get_tracer
 
 
 @dataclass
@@ -59,19 +59,22 @@ class ChannelMetrics:
 class DepthTrace:
     """Depth samples at most every ``min_gap_s``, keeping the latest value of each gap.
 
-    With ``counter`` set, every recorded depth also goes to the process's tracer as that counter
-    track (series ``depth``) when it traces: the timeline gets each change, not the thinned samples.
+    With ``counter`` set, every recorded depth also goes to ``tracer`` (by default the calling
+    thread's, see ``get_tracer``) as that counter track (series ``depth``) when it traces: the
+    timeline gets each change, not the thinned samples.
     """
 
-    def __init__(self, min_gap_s: float = 0.005, maxlen: int = 20_000, counter: str | None = None) -> None:
+    def __init__(self, min_gap_s: float = 0.005, maxlen: int = 20_000, counter: str | None = None,
+                 tracer: Tracer | None = None) -> None:
         self.t0 = time.monotonic()
         self.min_gap_s = min_gap_s
         self.counter = counter
+        self.tracer = tracer
         self.samples: deque[tuple[float, int]] = deque(maxlen=maxlen)
 
     def record(self, depth: int) -> None:
         if self.counter is not None:
-            tracer = get_tracer()
+            tracer = self.tracer or get_tracer()
             if tracer.enabled:
                 tracer.counter(self.counter, depth, series="depth")
         now = time.monotonic() - self.t0
