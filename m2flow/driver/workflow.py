@@ -15,7 +15,8 @@ Adding a workflow is one package (or one module): a config dataclass extending `
 ``WorkflowGraph``, a ``Workflow`` subclass with ``launch`` (its workers' settings to ``launch_plan``, a ``Flow``
 over what that started; and the plan constraints its config adds:
 ``settings``, ``inactive``, ``fusion_refusal``, ``check``, ``notes``), a ``Flow``, and
-``register_workflow(...)``; nothing in the driver, the planner or the CLI changes.
+``register_workflow(...)``; nothing in the driver, the planner or the CLI changes. A workflow whose
+checkpoints ``m2flow eval`` can evaluate also writes ``evaluate_checkpoint`` (options: ``EvalOptions``).
 """
 
 from __future__ import annotations
@@ -115,6 +116,26 @@ class Launch:
     """the first iteration this attempt runs"""
     run_id: str = ""
     """a short id unique to this attempt, for names of groups and channels"""
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """What ``m2flow eval`` asks of a saved checkpoint, besides its path."""
+
+    episodes: int | None = None
+    """episodes to evaluate (None: the workflow's default); for workflows that play episodes"""
+    overrides: tuple[str, ...] = ()
+    """``KEY=VALUE`` overrides: of the run's saved config, or of the reasoning eval config"""
+    config: Path | None = None
+    """a training config whose settings are the defaults (reasoning only; a run's checkpoint carries its own)"""
+
+
+@dataclass(frozen=True)
+class CheckpointEval:
+    """A checkpoint's evaluation: its metrics (the ``eval/...`` keys the run logs) and one line to print."""
+
+    metrics: dict[str, float]
+    summary: str
 
 
 @dataclass(frozen=True)
@@ -287,3 +308,15 @@ class Workflow:
     def resumable(self, old: Plan, new: Plan) -> bool:
         """Whether a checkpoint written under ``old`` can be resumed under ``new``."""
         return True
+
+    # -- evaluation of a saved checkpoint ------------------------------------------------------------
+    takes_eval_config: ClassVar[bool] = False
+    """whether ``evaluate_checkpoint`` reads ``EvalOptions.config`` (a run's checkpoint carries its own config)"""
+
+    def evaluate_checkpoint(self, checkpoint: Path, options: EvalOptions) -> CheckpointEval:
+        """Evaluate the policy saved in ``checkpoint`` in this process (``m2flow eval``): the metrics the run's
+        own held-out evaluation logs, and a summary line. What the command refuses raises ``CommandError``,
+        bad input a ``UserInputError`` (each one ``error:`` line)."""
+        from m2flow.commands import CommandError
+
+        raise CommandError(f"workflow {self.name!r} cannot evaluate a checkpoint ({checkpoint})")

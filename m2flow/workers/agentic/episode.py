@@ -28,12 +28,12 @@ import numpy as np
 
 from m2flow.backends.generation.base import GenerationBackend
 from m2flow.envs.text.batch import EnvStep, TextEnvBatch
-from m2flow.workers.agentic.env_worker import EnvsInProcess, TextEnvs
+from m2flow.workers.agentic.env_worker import EnvSettings, EnvsInProcess, TextEnvs
 from m2flow.workers.agentic.trajectory import Trajectory
 from m2flow.workers.agentic.turn_loop import play_turns
 from m2flow.workers.agentic.turns import EpisodeConfig, EpisodeSpec, EpisodeStats, TurnEngine
 
-__all__ = ["EpisodeConfig", "EpisodeStats", "run_episodes", "turn_seed"]
+__all__ = ["EpisodeConfig", "EpisodeStats", "held_out_metrics", "run_episodes", "turn_seed"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,3 +78,20 @@ def run_episodes(backend: GenerationBackend, tokenizer: Any, envs: TextEnvBatch,
     stats = engine.close()
     stats.env += envs.pop_stats()
     return [engine.trajectory(s.traj_id) for s in specs], stats
+
+
+def held_out_metrics(backend: GenerationBackend, tokenizer: Any, env: EnvSettings, seeds: Sequence[int],
+                     cfg: EpisodeConfig) -> dict[str, float]:
+    """One episode per seed on fresh environments of ``env`` (episode i in group i): mean return, success rate,
+    turns and tool calls per episode (``eval/...``). The held-out evaluation of a run (on its rollout rank 0)
+    and of a saved checkpoint (``m2flow eval``) alike; every environment failure is tolerated (counted in the
+    episode's end)."""
+    from dataclasses import replace
+
+    envs = replace(env, num_envs=len(seeds)).batch(max_error_rate=1.0)
+    trajs, stats = run_episodes(backend, tokenizer, envs, list(seeds), list(range(len(seeds))), cfg)
+    n = max(1, len(trajs))
+    return {"eval/return_mean": sum(t.reward for t in trajs) / n,
+            "eval/success": sum(t.finish_reason == "terminated" and t.reward > 0 for t in trajs) / n,
+            "eval/turns_mean": stats.turns / n,
+            "eval/tool_calls": float(sum(stats.tool_outcomes.values())) / n}

@@ -26,7 +26,7 @@ from m2flow.envs.text.batch import EnvStep
 from m2flow.models.tokenizer import load_tokenizer
 from m2flow.runtime.trace import trace_category
 from m2flow.workers.agentic.env_worker import EnvSettings, EnvsInProcess
-from m2flow.workers.agentic.episode import EpisodeConfig, run_episodes
+from m2flow.workers.agentic.episode import EpisodeConfig, held_out_metrics
 from m2flow.workers.agentic.trajectory import Trajectory, to_rollout_batch
 from m2flow.workers.agentic.turn_loop import play_turns
 from m2flow.workers.agentic.turns import EpisodeSpec, TurnEngine
@@ -189,15 +189,9 @@ class AgenticRolloutWorker(ReasoningWorker):
         """Episodes on held-out environments (greedy at temperature 0): mean return, success rate, turns."""
         from dataclasses import replace
 
-        envs = replace(env, num_envs=len(seeds)).batch(max_error_rate=1.0)
         cfg = replace(self.cfg.episode, temperature=temperature, seed=self.seed)
         with self.device_turn():
-            trajs, stats = run_episodes(self.backend, self.tokenizer, envs, list(seeds), list(range(len(seeds))), cfg)
-        n = max(1, len(trajs))
-        return {"eval/return_mean": sum(t.reward for t in trajs) / n,
-                "eval/success": sum(t.finish_reason == "terminated" and t.reward > 0 for t in trajs) / n,
-                "eval/turns_mean": stats.turns / n,
-                "eval/tool_calls": float(sum(stats.tool_outcomes.values())) / n}
+            return held_out_metrics(self.backend, self.tokenizer, env, seeds, cfg)
 
     # -- weights -----------------------------------------------------------------------------
     def offload(self) -> None:

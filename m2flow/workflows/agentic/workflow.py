@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from m2flow.driver.registry import register_workflow
-from m2flow.driver.workflow import Launch, Workflow
+from m2flow.driver.workflow import CheckpointEval, EvalOptions, Launch, Workflow
 from m2flow.planner import Plan
 from m2flow.planner.setup import Workload
 from m2flow.runtime.executors import Executor
@@ -97,6 +97,15 @@ class AgenticWorkflow(Workflow):
 
         weights = sum(f.stat().st_size for f in (checkpoint / ACTOR_DIR).glob("*.safetensors"))
         return float(weights), float(sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file()))
+
+    def evaluate_checkpoint(self, checkpoint: Path, options: EvalOptions) -> CheckpointEval:
+        """The run's held-out evaluation of the saved policy, in this process (``evaluation.py``)."""
+        from m2flow.workflows.agentic import evaluation
+
+        cfg = evaluation.saved_config(checkpoint, options.overrides)
+        episodes = cfg.eval_episodes if options.episodes is None else options.episodes
+        results = evaluation.evaluate_saved(checkpoint, cfg, episodes)
+        return CheckpointEval(results, evaluation.summary(checkpoint, cfg.env.name, episodes, results))
 
 
 WORKFLOW = register_workflow(AgenticWorkflow())

@@ -228,24 +228,3 @@ class EmbodiedFlow(Flow):
         shown = ", ".join(f"{k}={last[k]:.4g}" for k in ("env/episode_return_recent", "time/env_steps_per_s",
                                                          "eval/return") if k in last)
         return f"embodied ({self.mode}): {len(history)} iteration(s); {shown or 'no iterations run'}"
-
-
-def evaluate_checkpoint(path: str | Path, episodes: int = 10, overrides: Any = (),
-                        deterministic: bool = True) -> dict[str, float]:
-    """Deterministic episodes of a saved checkpoint's policy, in this process (no workers).
-
-    The run's config is read from the checkpoint; ``overrides`` (``key=value``) change it, e.g.
-    ``env.num_envs=1`` or ``env.env_kwargs.render_mode=human``.
-    """
-    from m2flow.config.loader import load_config
-    from m2flow.driver.checkpoints import verify_checkpoint
-    from m2flow.driver.run import CONFIG_FILE
-    from m2flow.workers.embodied.evaluate import evaluate_policy, load_checkpoint_parts
-
-    path = Path(path)
-    if verify_checkpoint(path).get("workflow") != "embodied":
-        raise CheckpointError(f"{path} is not an embodied checkpoint")
-    cfg = load_config(EmbodiedConfig, path / CONFIG_FILE, overrides)
-    weights, norm = load_checkpoint_parts(path)
-    return evaluate_policy(cfg.env, cfg.policy, weights, norm, episodes, seed=cfg.seed,
-                           deterministic=deterministic)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from m2flow.driver.registry import register_workflow
-from m2flow.driver.workflow import Launch, Workflow
+from m2flow.driver.workflow import CheckpointEval, EvalOptions, Launch, Workflow
 from m2flow.planner import Plan
 from m2flow.runtime.executors import Executor
 from m2flow.workflows.embodied import plan as planning
@@ -68,6 +68,17 @@ class EmbodiedWorkflow(Workflow):
 
     def resumable(self, old: Plan, new: Plan) -> bool:
         return planning.resumable(old, new)
+
+    def evaluate_checkpoint(self, checkpoint: Path, options: EvalOptions) -> CheckpointEval:
+        """Mean raw return of whole episodes with deterministic actions (``evaluation.py``)."""
+        from m2flow.commands import CommandError
+        from m2flow.workflows.embodied import evaluation
+
+        episodes = evaluation.DEFAULT_EPISODES if options.episodes is None else options.episodes
+        results = evaluation.evaluate_checkpoint(checkpoint, episodes=episodes, overrides=options.overrides)
+        if not results.get("eval/episodes"):
+            raise CommandError(f"no episode of {checkpoint} finished")
+        return CheckpointEval(results, evaluation.summary(checkpoint, results))
 
 
 WORKFLOW = register_workflow(EmbodiedWorkflow())

@@ -1,7 +1,7 @@
 """Held-out evaluation: greedy responses scored by the run's reward (accuracy, mean length).
 
 Used during training (the rollout workers generate, the driver scores) and by ``m2flow eval`` on a
-saved checkpoint (everything in this process).
+saved checkpoint or model directory (everything in this process; ``evaluate_saved``).
 """
 
 from __future__ import annotations
@@ -9,12 +9,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from m2flow.config.errors import ConfigError
 from m2flow.config.schema import option
 from m2flow.workflows.reasoning.config import DataConfig
 from m2flow.workers.config import RewardConfig
+
+if TYPE_CHECKING:
+    from m2flow.driver.workflow import CheckpointEval, EvalOptions
 
 log = logging.getLogger(__name__)
 
@@ -76,3 +80,44 @@ def evaluate_checkpoint(path: str, cfg: EvalConfig) -> dict[str, float]:
             lengths.append(len(group.responses[0].token_ids))
         log.info("evaluated %d/%d prompts", len(texts), len(items))
     return score_responses(texts, lengths, [it.answer for it in items], build_reward_fn(cfg.reward))
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _defaults_from_training(path: Path) -> dict[str, Any]:
+    """The eval config's defaults from a reasoning training config: its data, reward and sampling lengths."""
+    from m2flow.config import to_dict
+    from m2flow.driver.registry import load_workflow_config
+
+    _, cfg = load_workflow_config(path)
+    if not hasattr(cfg, "data") or not hasattr(cfg, "rollout"):
+        raise ValueError(f"{path} is not a reasoning training config")
+    sampling = cfg.rollout.sampling
+    return {"data": to_dict(cfg.data), "reward": to_dict(cfg.reward),
+            "max_new_tokens": sampling.max_new_tokens, "stop": list(sampling.stop)}
+
+
+def evaluate_saved(checkpoint: Path, options: EvalOptions) -> CheckpointEval:
+    """``m2flow eval`` on a model directory or a reasoning checkpoint: the eval config is ``options.config``'s
+    data, reward and lengths (if given) under ``options.overrides``."""
+    from m2flow.commands import CommandError
+    from m2flow.config import from_dict
+    from m2flow.config.loader import compose
+    from m2flow.driver.workflow import CheckpointEval
+    from m2flow.workflows.saved_model import loadable_model, model_dir
+
+    base = _defaults_from_training(options.config) if options.config is not None else {}
+    cfg = from_dict(EvalConfig, _merge(base, compose(None, list(options.overrides), EvalConfig)))
+    path = model_dir(checkpoint)
+    if not (path / "config.json").is_file():
+        raise CommandError(f"{checkpoint} holds no model (no config.json)")
+    with loadable_model(path) as whole:
+        results = evaluate_checkpoint(str(whole), cfg)
+    return CheckpointEval(results, f"{path}: accuracy {results['eval/accuracy']:.4f}, mean length "
+                                   f"{results['eval/response_length']:.2f} tokens over "
+                                   f"{int(results['eval/prompts_count'])} prompts ({cfg.data.kind}, {cfg.split})")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from m2flow.driver.registry import register_workflow
-from m2flow.driver.workflow import Launch, Workflow
+from m2flow.driver.workflow import CheckpointEval, EvalOptions, Launch, Workflow
 from m2flow.planner import Plan
 from m2flow.runtime.executors import Executor
 from m2flow.workflows.reasoning import plan as planning
@@ -82,6 +82,14 @@ class ReasoningWorkflow(Workflow):
 
     def model_bytes(self, checkpoint: Path | None) -> tuple[float, float]:
         return planning.model_bytes(checkpoint)
+
+    takes_eval_config = True
+
+    def evaluate_checkpoint(self, checkpoint: Path, options: EvalOptions) -> CheckpointEval:
+        """Greedy accuracy and mean response length on a dataset (``evaluation.py``)."""
+        from m2flow.workflows.reasoning.evaluation import evaluate_saved
+
+        return evaluate_saved(checkpoint, options)
 
 
 WORKFLOW = register_workflow(ReasoningWorkflow())

@@ -121,7 +121,7 @@ def test_resume_in_place_after_a_crash_logs_no_step_twice(runs, cluster, tmp_pat
 
 @pytest.mark.learning
 def test_a_checkpoint_is_evaluated_on_its_own(runs):
-    from m2flow.workflows.embodied.flow import evaluate_checkpoint
+    from m2flow.workflows.embodied.evaluation import evaluate_checkpoint
 
     _, full = runs["collocated"]
     metrics = evaluate_checkpoint(full.last_checkpoint, episodes=4, overrides=["env.num_envs=2"])
