@@ -315,8 +315,8 @@ class Workflow:
 
     def evaluate_checkpoint(self, checkpoint: Path, options: EvalOptions) -> CheckpointEval:
         """Evaluate the policy saved in ``checkpoint`` in this process (``m2flow eval``): the metrics the run's
-        own held-out evaluation logs, and a summary line. What the command refuses raises ``CommandError``,
-        bad input a ``UserInputError`` (each one ``error:`` line)."""
-        from m2flow.commands import CommandError
+        own held-out evaluation logs, and a summary line. Bad input raises a ``UserInputError`` (one ``error:``
+        line from the command); a workflow that does not override this cannot evaluate a checkpoint."""
+        from m2flow.errors import UserInputError
 
-        raise CommandError(f"workflow {self.name!r} cannot evaluate a checkpoint ({checkpoint})")
+        raise UserInputError(f"workflow {self.name!r} cannot evaluate a checkpoint ({checkpoint})")

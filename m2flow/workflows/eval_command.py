@@ -59,7 +59,7 @@ def checkpoint_workflow(checkpoint: Path) -> str:
 def _run(args: argparse.Namespace) -> int:
     from m2flow.config.errors import ConfigError
     from m2flow.driver.registry import get_workflow
-    from m2flow.driver.workflow import EvalOptions
+    from m2flow.driver.workflow import EvalOptions, Workflow
 
     if not args.checkpoint.is_dir():
         raise CommandError(f"{args.checkpoint} is not a directory (a checkpoint or a model directory)")
@@ -68,6 +68,8 @@ def _run(args: argparse.Namespace) -> int:
         workflow = get_workflow(name)
     except ConfigError as e:
         raise CommandError(f"{args.checkpoint} was written by a workflow not found here: {e.reason}") from None
+    if type(workflow).evaluate_checkpoint is Workflow.evaluate_checkpoint:
+        raise CommandError(f"workflow {name!r} cannot evaluate a checkpoint ({args.checkpoint})")
     if args.config is not None and not workflow.takes_eval_config:
         raise CommandError(f"--config is for reasoning checkpoints; this {name} checkpoint carries its own config "
                            "(change it with KEY=VALUE overrides)")
