@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +13,7 @@ from m2flow.runtime.channel import Channel, ChannelClosed
 from m2flow.runtime.comm import PeerDiedError
 from m2flow.runtime.worker import Worker
 from tests.ray_session import shared_cluster
+from tests.processes import process_gone
 
 
 class Producer(Worker):
@@ -95,19 +95,6 @@ def test_consumer_of_a_dead_producer_gets_an_error_naming_it(groups):
         ch.destroy()
 
 
-def _gone(pid: int, within: float) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            return True
-        if state in ("Z", "X"):
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def test_the_channels_of_one_process_share_a_host_process_that_ends_with_the_last():
     import ray
 
@@ -122,11 +109,11 @@ def test_the_channels_of_one_process_share_a_host_process_that_ends_with_the_las
         a.disconnect()
         a.destroy()  # one channel released: the other's host serves on in the same process
         b.put("b1")
-        assert b.get() == "b1" and not _gone(pid, within=0.5)
+        assert b.get() == "b1" and not process_gone(pid, within=0.5)
     finally:
         b.disconnect()
         b.destroy()
-    assert _gone(pid, within=30.0)  # the last channel took the process with it
+    assert process_gone(pid, within=30.0)  # the last channel took the process with it
     c = Channel.create("shared-c")  # a fresh process for the next channels
     try:
         assert c.address.actor_name != a.address.actor_name

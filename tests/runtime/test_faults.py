@@ -13,6 +13,7 @@ import pytest
 from m2flow.runtime.faults import ENV, parse, read_marker
 from tests.ray_session import shared_cluster
 from tests.workflows.frozen import freezing
+from tests.processes import process_gone
 
 pytestmark = pytest.mark.ray
 
@@ -24,19 +25,6 @@ def test_points_parse_and_bad_ones_are_named():
     for bad in ("rollout.generate", "/tmp/m:generate", "/tmp/m:rollout.generate@x"):
         with pytest.raises(ValueError, match=ENV):
             parse(bad)
-
-
-def _process_gone(pid: int, within: float) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            return True
-        if state in ("Z", "X"):
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_a_frozen_rank_is_caught_by_its_deadline_and_killed_without_waiting_on_it(tmp_path, monkeypatch):
@@ -77,4 +65,4 @@ def test_a_frozen_rank_is_caught_by_its_deadline_and_killed_without_waiting_on_i
             group.shutdown()
             assert time.monotonic() - start < 2.0  # no call to the frozen rank: it is killed
             channel.destroy()
-        assert _process_gone(frozen.pid, within=30.0)  # Ray kills a stopped process too (after its grace period)
+        assert process_gone(frozen.pid, within=30.0)  # Ray kills a stopped process too (after its grace period)
