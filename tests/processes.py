@@ -18,3 +18,11 @@ def process_gone(pid: int, within: float) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def rank_pid(group_prefix: str, rank: int = 0, namespace: str = "m2flow") -> int:
+    """The process id of rank ``rank`` of the running group named ``group_prefix-<run>``."""
+    from m2flow.runtime import WorkerGroup, host_pool
+
+    name = next(g for g in host_pool.groups(namespace) if g.startswith(group_prefix + "-"))
+    return WorkerGroup.attach(name, namespace=namespace).pids()[rank]

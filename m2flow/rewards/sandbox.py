@@ -39,6 +39,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Literal
 
 from m2flow.rewards.confine import Isolation, resolve, why_unavailable
+from m2flow.runtime import lasting
 from m2flow.rewards.sandbox_host import HostWorker, import_module
 
 __all__ = ["SandboxPool", "SandboxResult", "VerifyStats", "default_pool", "import_module", "score_batch"]
@@ -223,6 +224,10 @@ class SandboxPool:
     def num_workers(self) -> int:
         return len(self._workers)
 
+    def pids(self) -> list[int]:
+        """The process ids of the pool's workers (none once closed)."""
+        return [] if self._closed else [w.process.pid for w in self._workers]
+
     def _new_worker(self) -> _Worker | HostWorker:
         if self.backend is None:
             return _Worker(self._ctx, self.memory_limit_mb, self._imports)
@@ -406,6 +411,8 @@ def default_pool() -> SandboxPool:
         if _default_pool is None or _default_pool._closed:
             _default_pool = SandboxPool(num_workers=_default_workers())
             atexit.register(_default_pool.close)
+            # The pool serves any rank this process hosts, one after another: a reused process keeps it.
+            lasting.add(_default_pool.pids)
         return _default_pool
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from m2flow.runtime.auth import run_secret
 from m2flow.runtime.device_lock import remove_lock_dir
-from m2flow.runtime import ray_watchdog
+from m2flow.runtime import host_pool, ray_watchdog
 from m2flow.runtime.placement import SYNTAX_LAYOUT_DEVICES, NodeLayout, PlacementError, PlacementPlan, parse_placement
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,11 @@ class ClusterConfig:
         metadata={"doc": "record every worker call in Ray's task table (Ray's dashboard, `ray list tasks`); off: "
                          "Ray's control store would keep a record of each call for the whole run"},
     )
+    idle_hosts: int = field(
+        default=8,
+        metadata={"doc": "rank processes kept per node after their group shuts down cleanly, for a later group of the "
+                         "same driver to reuse instead of starting (and importing torch in) a new process; 0: never"},
+    )
     node_groups: dict[str, list[int]] = field(
         default_factory=dict,
         metadata={"doc": "named sets of node ranks, used as 'component: 0-3@group' in placements"},
@@ -62,6 +67,8 @@ class ClusterConfig:
     def validate(self) -> None:
         if self.cpu_devices_per_node < 1:
             raise ValueError(f"cpu_devices_per_node must be >= 1, got {self.cpu_devices_per_node}")
+        if self.idle_hosts < 0:
+            raise ValueError(f"idle_hosts must be >= 0, got {self.idle_hosts}")
         if self.num_cpus is not None and self.num_cpus < 1:
             raise ValueError(f"num_cpus must be >= 1 or None, got {self.num_cpus}")
         for name, nodes in self.node_groups.items():
@@ -280,6 +287,7 @@ class Cluster:
 
         if self._started_ray and ray.is_initialized():
             ray_watchdog.stop_watchdog(self._watchdog)
+            host_pool.clear()
             ray.shutdown()
             self._started_ray = False
         remove_lock_dir(self.cluster_id)

@@ -1,16 +1,14 @@
 """``WorkerGroup``: launch N ranks of a worker class under a placement and call them together.
 
-Each rank lives in its own Ray actor (``_RankHost``) that builds the user's worker inside it. The host
+Each rank lives in its own Ray actor (``RankHost``, ``rank_host.py``) that builds the user's worker inside it. The host
 turns a raised exception into a ``WorkerError`` with the rank's identity and traceback, so callers never
 see an opaque Ray error; a dead process surfaces as ``WorkerDiedError`` from the handle.
 """
 
 from __future__ import annotations
 
-import gc
 import logging
-import os
-import socket
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,121 +16,29 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from m2flow.runtime import host_pool
 from m2flow.runtime.cluster import Cluster
-from m2flow.runtime.auth import adopt, secret_hex
-from m2flow.runtime.faults import armed, freeze_if_armed
-from m2flow.runtime.handle import CallFailure, GroupHandle
-from m2flow.runtime.logs import setup_logging
-from m2flow.runtime.rank_core import build_worker, failure, run_method
+from m2flow.runtime.auth import secret_hex
+from m2flow.runtime.faults import armed
+from m2flow.runtime.handle import GroupHandle
+from m2flow.runtime.rank_host import RankHost
 from m2flow.runtime.placement import (
     ComponentPlacement,
     PlacementError,
     RankPlacement,
     parse_placement,
 )
-from m2flow.runtime.trace import ProcessInfo, configure_tracer, get_tracer
-from m2flow.runtime.worker import Worker, WorkerContext, apply_thread_limits
+from m2flow.runtime.worker import Worker, WorkerContext
 
 log = logging.getLogger(__name__)
 
 
-class _RankHost:
-    """The Ray actor behind one rank: owns the worker object and reports failures with context."""
-
-    def __init__(self, ctx: WorkerContext, secret: str | None = None) -> None:
-        self.ctx = ctx
-        self.worker: Worker | None = None
-        adopt(secret)  # before any listener starts: peers must prove they hold the run's secret
-        # Set in-process rather than through a Ray runtime_env, which costs a slower worker start;
-        # nothing has touched CUDA or built torch's thread pool yet at this point.
-        os.environ.update(WorkerGroup._process_env(ctx))
-        apply_thread_limits(ctx.num_threads)
-        log_file = Path(ctx.log_dir) / f"{ctx.group_name}.{ctx.rank}.log" if ctx.log_dir else None
-        setup_logging(log_file=log_file, console=ctx.rank == 0,
-                      prefix=f"[{ctx.group_name}:{ctx.rank}] ")
-        if ctx.trace_dir:
-            configure_tracer(ctx.trace_dir, ProcessInfo(
-                ctx.group_name, ctx.rank, ctx.node_rank, ctx.devices, ctx.device_type))
-        _keep_process_title(f"ray::{ctx.group_name}[{ctx.rank}]")
-
-    def _failure(self, exc: BaseException) -> CallFailure:
-        return failure(self.ctx, exc)
-
-    def free_port(self) -> int:
-        """A free port on this rank's own address, where rank 0 will serve torch's store."""
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((self.ctx.node_ip, 0))
-            return s.getsockname()[1]
-
-    def construct(self, master_addr: str, master_port: int, cls: type[Worker],
-                  args: tuple, kwargs: dict) -> Any:
-        self.ctx = self.ctx.with_master(master_addr, master_port)
-        os.environ.update(self.ctx.dist_env())
-        try:
-            self.worker = build_worker(cls, self.ctx, args, kwargs)
-        except BaseException as e:  # noqa: BLE001 - every failure goes back to the caller
-            return self._failure(e)
-        # The objects made so far (imported modules, the model, the tokenizer: nearly all the process will
-        # hold) leave the garbage collector's sight. A full collection would otherwise walk them all when it
-        # comes due: 0.2 s in one training step of a tiny model (a 50 ms step), at the same step of every run.
-        gc.freeze()
-        if self.ctx.pin_cpus:
-            pin_to_devices(self.ctx.devices)
-        return None
-
-    def call(self, method: str, args: tuple, kwargs: dict) -> Any:
-        # The fault-injection point of recovery tests (off unless the launching process armed it).
-        freeze_if_armed(self.ctx.freeze_at, self.ctx.group_name, self.ctx.rank, method)
-        try:
-            return run_method(self.worker, method, args, kwargs)
-        except BaseException as e:  # noqa: BLE001
-            return self._failure(e)
-
-    def flush_trace(self) -> int:
-        return get_tracer().flush()
-
-    def context(self) -> WorkerContext:
-        return self.ctx
-
-    def pid(self) -> int:
-        return os.getpid()
-
-
-def pin_to_devices(devices: Sequence[int]) -> None:
-    """Pin this process to the cores of CPU device slots ``devices`` (slot d: the d-th of the cores it may use,
-    modulo their number)."""
-    allowed = sorted(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {allowed[d % len(allowed)] for d in devices})
-
-
-_RemoteHost = ray.remote(_RankHost)
-
-
-def _keep_process_title(idle: str) -> None:
-    """Title this process ``idle`` between calls, where Ray would put back ``ray::_RankHost``.
-
-    Ray titles a worker process after each task it runs and, once the task returns, after the actor's
-    class; it does both through ``ray._private.worker._changeproctitle(title, next_title)``, looked up
-    at each task. Wrapping it keeps the task's own title during a call (``ray::group[rank].method``)
-    and names the rank afterwards. Takes effect from the end of the next call (the host's first call,
-    ``construct``, follows at once). Should Ray drop that function, titles are Ray's again: nothing
-    else depends on them.
-    """
-    from ray._private import worker as ray_worker
-
-    change = getattr(ray_worker, "_changeproctitle", None)
-    if change is None or getattr(change, "m2flow_idle", None) is not None:
-        return
-
-    def changeproctitle(title: str, next_title: str) -> Any:
-        return change(title, idle)
-
-    changeproctitle.m2flow_idle = idle  # type: ignore[attr-defined]
-    ray_worker._changeproctitle = changeproctitle
+_RemoteHost = ray.remote(RankHost)
 
 
 def _actor_name(group: str, rank: int) -> str:
-    return f"{group}:{rank}"
+    """A new rank process's Ray name: unique, since a reused process keeps it while serving other groups."""
+    return f"{group}:{rank}:{uuid.uuid4().hex[:8]}"
 
 
 def _task_name(group: str, rank: int, method: str) -> str:
@@ -168,25 +74,19 @@ class WorkerGroup:
         self.placement = self._resolve_placement(cluster, name, num_ranks, placement)
         self._traced = trace_dir is not None
         contexts = self._contexts(cluster, num_threads, log_dir, trace_dir)
-        self._hosts = []
-        for ctx in contexts:
-            node = cluster.nodes[ctx.node_rank]
-            options: dict[str, Any] = {
-                "name": _actor_name(name, ctx.rank),
-                "namespace": cluster.config.namespace,
-                # Placement is ours: actors reserve no Ray CPUs so collocated ranks can share cores.
-                "num_cpus": 0,
-                "max_concurrency": max_concurrency,
-                "scheduling_strategy": NodeAffinitySchedulingStrategy(node.node_id, soft=False),
-            }
-            if detached:
-                options["lifetime"] = "detached"
-            self._hosts.append(_RemoteHost.options(**options).remote(ctx, secret_hex()))
+        self._detached = detached
+        self._keep = 0 if detached else cluster.config.idle_hosts
+        self._pool_keys = [(cluster.nodes[c.node_rank].node_id, cluster.config.namespace, max_concurrency)
+                           for c in contexts]
+        self._namespace = cluster.config.namespace
+        self._serving = uuid.uuid4().hex  # what this group's calls carry (``RankHost.serving``)
+        self._hosts, self._names = self._start_hosts(contexts, max_concurrency)
+        host_pool.register(self._namespace, name, self._names)
         master_port = ray.get(self._hosts[0].free_port.remote())
         master_addr = cluster.nodes[contexts[0].node_rank].ip
         refs = [
             h.construct.options(name=_task_name(name, r, "__init__")).remote(
-                master_addr, master_port, worker_cls, tuple(args), dict(kwargs or {}))
+                self._serving, master_addr, master_port, worker_cls, tuple(args), dict(kwargs or {}))
             for r, h in enumerate(self._hosts)
         ]
         try:
@@ -246,12 +146,43 @@ class WorkerGroup:
             )
         return out
 
-    @staticmethod
-    def _process_env(ctx: WorkerContext) -> dict[str, str]:
-        env = {"OMP_NUM_THREADS": str(ctx.num_threads), "MKL_NUM_THREADS": str(ctx.num_threads)}
-        if ctx.device_type == "cuda":
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in ctx.devices)
-        return env
+    def _start_hosts(self, contexts: list[WorkerContext], max_concurrency: int) -> tuple[list[Any], list[str]]:
+        """One host per rank: a released one of the same node and shape where the pool has it, else a new
+        process. A pooled host that fails its reset (it died while waiting) is replaced by a new one.
+        Returns the hosts and their Ray names."""
+        secret = secret_hex()
+        hosts: list[tuple[Any, str] | None] = []
+        resets: dict[int, Any] = {}
+        for ctx, key in zip(contexts, self._pool_keys):
+            pooled = host_pool.take(*key) if self._keep else None
+            if pooled is not None:
+                resets[len(hosts)] = pooled[0].reset.remote(ctx, secret, self._serving)
+            hosts.append(pooled)
+        for i, ref in resets.items():
+            try:
+                ray.get(ref, timeout=60)
+            except Exception:  # noqa: BLE001 - gone while pooled: start a new one
+                log.debug("a pooled rank process could not be reused", exc_info=True)
+                hosts[i] = None
+        for i, ctx in enumerate(contexts):
+            if hosts[i] is None:
+                name = _actor_name(self.name, ctx.rank)
+                hosts[i] = (self._new_host(ctx, name, max_concurrency, secret), name)
+        return [h for h, _ in hosts], [n for _, n in hosts]
+
+    def _new_host(self, ctx: WorkerContext, name: str, max_concurrency: int, secret: str) -> Any:
+        node = self.cluster.nodes[ctx.node_rank]
+        options: dict[str, Any] = {
+            "name": name,
+            "namespace": self.cluster.config.namespace,
+            # Placement is ours: actors reserve no Ray CPUs so collocated ranks can share cores.
+            "num_cpus": 0,
+            "max_concurrency": max_concurrency,
+            "scheduling_strategy": NodeAffinitySchedulingStrategy(node.node_id, soft=False),
+        }
+        if self._detached:
+            options["lifetime"] = "detached"
+        return _RemoteHost.options(**options).remote(ctx, secret, self._serving)
 
     # -- attach ------------------------------------------------------------------------------
     @classmethod
@@ -259,18 +190,22 @@ class WorkerGroup:
                ) -> WorkerGroup:
         """Re-attach to a running named group (from another worker, or another driver if detached)."""
         ns = namespace or (cluster.config.namespace if cluster else "m2flow")
-        try:
-            first = ray.get_actor(_actor_name(name, 0), namespace=ns)
-        except ValueError:
-            raise LookupError(f"no worker group named {name!r} in namespace {ns!r}") from None
-        ctx0: WorkerContext = ray.get(first.context.remote())
+        names = host_pool.lookup(ns, name) if ray.is_initialized() else None
+        if not names:
+            raise LookupError(f"no worker group named {name!r} in namespace {ns!r}")
         self = cls.__new__(cls)
         self.name = name
         self.cluster = cluster
-        self._hosts = [first] + [
-            ray.get_actor(_actor_name(name, r), namespace=ns) for r in range(1, ctx0.world_size)
-        ]
+        try:
+            self._hosts = [ray.get_actor(n, namespace=ns) for n in names]
+            self._names = list(names)
+        except ValueError:
+            raise LookupError(f"worker group {name!r} in namespace {ns!r} has lost a rank process") from None
+        self._namespace = ns
+        self._keep = 0  # attached: the group's launcher owns its processes
+        self._pool_keys = []
         self._contexts_by_rank = ray.get([h.context.remote() for h in self._hosts])
+        self._serving = ray.get(self._hosts[0].serving_token.remote())
         self.placement = None
         self._traced = bool(self._contexts_by_rank[0].trace_dir)
         return self
@@ -306,7 +241,7 @@ class WorkerGroup:
                 **kwargs: Any) -> GroupHandle:
         """Call ``method(*args, **kwargs)`` on all ranks (or ``ranks``); returns a handle at once."""
         chosen = self._check_ranks(ranks)
-        refs = [self._call(r, method).remote(method, args, kwargs) for r in chosen]
+        refs = [self._call(r, method).remote(self._serving, method, args, kwargs) for r in chosen]
         return GroupHandle(refs, chosen, self._describe, method)
 
     def execute_each(self, method: str, per_rank_args: Sequence[Sequence[Any]],
@@ -317,7 +252,7 @@ class WorkerGroup:
             raise ValueError(
                 f"{len(per_rank_args)} argument tuples for {len(chosen)} rank(s) of {self.name!r}"
             )
-        refs = [self._call(r, method).remote(method, tuple(a), {})
+        refs = [self._call(r, method).remote(self._serving, method, tuple(a), {})
                 for r, a in zip(chosen, per_rank_args)]
         return GroupHandle(refs, chosen, self._describe, method)
 
@@ -355,15 +290,18 @@ class WorkerGroup:
             log.warning("could not flush the trace of every rank of %s: %s", self.name, e)
 
     def shutdown(self) -> None:
-        """Kill every rank of the group (after flushing their trace events, when traced)."""
+        """Stop every rank of the group (after flushing their trace events, when traced). Each process is
+        taken apart and kept for a later group when it shows itself clean (``host_pool.py``), else killed;
+        detached groups and attached views kill theirs."""
+        hosts = getattr(self, "_hosts", [])
+        if not hosts:
+            return
         # A short wait: a rank stuck in a call must not hold up the shutdown for long.
         self.flush_trace(timeout=5.0)
-        for h in getattr(self, "_hosts", []):
-            try:
-                ray.kill(h, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
         self._hosts = []
+        host_pool.unregister(self._namespace, self.name)
+        host_pool.release_later(list(zip(hosts, self._names)), self._pool_keys or [("", "", 0)] * len(hosts),
+                                self._keep)
 
     def __repr__(self) -> str:
         return f"WorkerGroup({self.name!r}, world_size={self.world_size})"

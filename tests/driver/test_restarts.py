@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import ray
 
 from m2flow.driver.checkpoints import read_state
 from tests.driver.test_toy_workflow import _config, _train
+from tests.processes import rank_pid
 from tests.ray_session import shared_cluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
@@ -39,9 +39,7 @@ def _kill_learner_after(run_dir: Path, rows: int, killed: list[int], after_old_r
             if time.monotonic() > deadline:
                 return
             time.sleep(0.02)
-        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
-        name = next(n for n in names if n.startswith("learner-") and n.endswith(":0"))
-        pid = ray.get(ray.get_actor(name, namespace="m2flow").pid.remote())
+        pid = rank_pid("learner")
         os.kill(pid, signal.SIGKILL)
         killed.append(pid)
 

@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-import ray
 
 from m2flow.runtime.errors import WorkerError, WorkerHungError, worker_died
 from m2flow.driver.run_config import FaultToleranceConfig
 from m2flow.driver.restarts import run_with_restarts
+from tests.processes import rank_pid
 from tests.ray_session import shared_cluster
 from tests.workflows.reasoning.setup import toy_config as reasoning_config
 from tests.workflows.embodied.setup import toy_config as embodied_config
@@ -36,9 +36,7 @@ def _kill_when(run_dir: str, rows: int, group_prefix: str, killed: list[int]) ->
             if time.monotonic() > deadline:
                 return
             time.sleep(0.05)
-        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
-        name = next(n for n in names if n.startswith(group_prefix + "-") and n.endswith(":0"))
-        pid = ray.get(ray.get_actor(name, namespace="m2flow").pid.remote())
+        pid = rank_pid(group_prefix)
         os.kill(pid, signal.SIGKILL)
         killed.append(pid)
 

@@ -65,11 +65,12 @@ class _Box:
 
 
 def _identity() -> str:
-    name = None
+    # A rank process names the rank it serves (``rank_host.RANK_ENV``); another Ray actor its Ray name.
+    name = os.environ.get("M2FLOW_RANK")
     try:
         import ray
 
-        if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
+        if not name and ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
             name = ray.get_runtime_context().get_actor_name()
     except Exception:
         pass
