@@ -55,9 +55,10 @@ class ClusterConfig:
                          "Ray's control store would keep a record of each call for the whole run"},
     )
     idle_hosts: int = field(
-        default=8,
-        metadata={"doc": "rank processes kept per node after their group shuts down cleanly, for a later group of the "
-                         "same driver to reuse instead of starting (and importing torch in) a new process; 0: never"},
+        default=4,
+        metadata={"doc": "rank processes kept per node (and per concurrency) after their group shuts down cleanly, "
+                         "for a later group of the same driver to reuse instead of starting (and importing torch "
+                         "in) a new process; 0: never"},
     )
     node_groups: dict[str, list[int]] = field(
         default_factory=dict,
