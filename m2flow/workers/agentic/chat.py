@@ -40,7 +40,8 @@ class ChatRenderer:
             raise ValueError("the chat template does not write an assistant message's content as it is")
         self.close = self._closed[at + len(_TURN):]
         """What the template writes after a model turn's text (its end-of-turn marker, a newline)."""
-        self._special = {int(i): str(t) for i, t in zip(tokenizer.all_special_ids, tokenizer.all_special_tokens)}
+        self._special = {int(tokenizer.convert_tokens_to_ids(t)): str(t) for t in tokenizer.all_special_tokens}
+        """Special token id -> its text: the end-of-turn token a model may write itself."""
 
     def _render(self, messages: list[dict[str, Any]], generation_prompt: bool,
                 tools: Sequence[dict[str, Any]] | None = None) -> str:

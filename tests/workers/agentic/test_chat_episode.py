@@ -104,9 +104,10 @@ def test_a_task_answer_is_a_user_message():
     (traj,), stats = run_episodes(backend, TOK, envs, [0], [0], CFG)
     # No tools: no system turn; the environment's answer is the user's next message.
     assert TOK.decode(traj.prompt_ids) == "<bos>user\nguess 1-8:<eos>\n<bos>assistant\n"
-    first = TOK.decode(traj.response_ids)
-    assert first.startswith("4<eos>\n<bos>user\n") and ("higher" in first or "lower" in first or traj.reward > 0)
-    assert stats.tool_outcomes == {}
+    observation = "\n<bos>user\nhigher<eos>\n<bos>assistant\n"  # the secret of seed 0 is above 4
+    assert TOK.decode(traj.response_ids) == "4<eos>" + observation + "4<eos>"
+    assert traj.action_mask == [1, 1] + [0] * len(_ids(observation)) + [1, 1]
+    assert traj.finish_reason == "truncated" and stats.tool_outcomes == {}
 
 
 def test_a_chat_format_needs_a_chat_template():
