@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import string
+from dataclasses import replace
 
 import pytest
 
@@ -17,6 +18,7 @@ from m2flow.models.tokenizer import train_char_tokenizer
 from m2flow.rewards.tools.calculator import Calculator
 from m2flow.rewards.tools.schema import function_schema
 from m2flow.workers.agentic import EpisodeConfig, run_episodes
+from m2flow.workers.agentic.chat import ChatRenderer
 from tests.workers.agentic.scripted import ALPHABET, ScriptedBackend, char_tokenizer
 
 TOOLS = [function_schema(Calculator())]
@@ -50,7 +52,7 @@ def _render(messages, generation_prompt=False) -> str:
 
 @pytest.mark.parametrize("stop", [None, ()], ids=["turn-ends-at-the-call", "turn-ends-at-eos"])
 def test_a_call_is_run_its_result_is_a_tool_message_and_only_the_model_tokens_are_trained(stop):
-    cfg = CFG if stop is None else EpisodeConfig(**{**CFG.__dict__, "stop": stop})
+    cfg = CFG if stop is None else replace(CFG, stop=stop)
     backend = ScriptedBackend(TOK, _solver)
     (traj,), stats = run_episodes(backend, TOK, _calculator(), [7], [0], cfg)
     a, b = draw_problem(7)
@@ -115,3 +117,45 @@ def test_a_chat_format_needs_a_chat_template():
         run_episodes(ScriptedBackend(char_tokenizer(), _solver), char_tokenizer(), _calculator(), [0], [0], CFG)
     with pytest.raises(ValueError, match="unknown tool format 'json'"):
         EpisodeConfig(tool_format="json")
+
+
+# A template shaped like the im_start/im_end family: its own turn markers (not bos/eos), a default system message
+# when none is given, and tool results inside a user turn.
+IM_TEMPLATE = (
+    "{% if messages[0].role != 'system' %}<|im_start|>system\nBe helpful.<|im_end|>\n{% endif %}"
+    "{% for m in messages %}"
+    "{% if m.role == 'tool' %}<|im_start|>user\n<tool_response>{{ m.content }}</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_another_templates_turn_markers_and_default_system_message_are_rendered_turn_by_turn():
+    tok = train_char_tokenizer([string.printable], chat_template=IM_TEMPLATE)
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    chat = ChatRenderer(tok)
+    assert chat.close == "<|im_end|>\n"
+    prompt = chat.prompt("6*7=", None)
+    assert prompt == "<|im_start|>system\nBe helpful.<|im_end|>\n<|im_start|>user\n6*7=<|im_end|>\n<|im_start|>assistant\n"
+    turn = tok("<tool_call>x</tool_call>", add_special_tokens=False)["input_ids"]
+    # The model wrote its end-of-turn token: it is not written again; it did not: the closing writes it.
+    ended = chat.observation("42", "tool", turn + [end])
+    assert ended == "\n<|im_start|>user\n<tool_response>42</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert chat.observation("42", "tool", turn) == "<|im_end|>" + ended
+    whole = tok.apply_chat_template([{"role": "user", "content": "6*7="},
+                                     {"role": "assistant", "content": "<tool_call>x</tool_call>"},
+                                     {"role": "tool", "content": "42"}], add_generation_prompt=True, tokenize=False)
+    assert tok.decode(tok(prompt, add_special_tokens=False)["input_ids"] + turn + [end]) + ended == whole
+
+
+def test_a_template_that_cannot_be_rendered_turn_by_turn_is_refused():
+    drops = "{% for m in messages %}{% if m.role == 'user' %}{{ m.content }}{% endif %}{% endfor %}"
+    with pytest.raises(ValueError, match="does not write an assistant message's content"):
+        ChatRenderer(train_char_tokenizer([string.printable], chat_template=drops))
+    # Earlier messages rendered differently once a tool message follows (here: the last assistant turn only).
+    changes = ("{% for m in messages %}{% if m.role == 'assistant' and loop.last %}[{{ m.content }}]"
+               "{% else %}{{ m.content }}{% endif %}{% endfor %}")
+    chat = ChatRenderer(train_char_tokenizer([string.printable], chat_template=changes))
+    with pytest.raises(ValueError, match="renders the earlier messages differently"):
+        chat.observation("42", "tool", [])
