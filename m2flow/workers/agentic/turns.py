@@ -6,7 +6,9 @@ model turn for every running episode (one ``generate`` call) and gives the actio
 environments, ``observe`` records what the environments answered. Whoever holds the environments
 (``envs/text/batch.py`` in an env worker, or the same process) steps them in between. ``rerun`` puts
 episodes back to their start, for an environment that was lost mid-episode: the trajectory keeps its id,
-so a re-run episode is delivered once, as if it had run without a fault.
+so a re-run episode is delivered once, as if it had run without a fault. With a chat tool format
+(``EpisodeConfig.tool_format``, e.g. ``hermes``) the prompt and each observation are the text the tokenizer's
+chat template writes around them (``chat.py``); the model's turns are appended as generated either way.
 
 The rounds themselves are ``turn_loop.play_turns``, the one loop for ``run_episodes`` (``episode.py``), the
 rollout worker with the environments in its process and the flow over env workers; episodes may be at
