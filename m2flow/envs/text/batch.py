@@ -131,11 +131,18 @@ class TextEnvBatch:
 
     @classmethod
     def from_registry(cls, env: str, num_envs: int, env_kwargs: Mapping[str, Any] | None = None,
-                      **kwargs: Any) -> TextEnvBatch:
-        """A batch of the registered environment ``env`` built with ``env_kwargs``."""
+                      tool_format: str = "tag", **kwargs: Any) -> TextEnvBatch:
+        """A batch of the registered environment ``env`` built with ``env_kwargs``, its tools (a ``ToolEnv``'s)
+        reading calls in ``tool_format``."""
+        from m2flow.envs.text.tool_env import use_call_format
+
         settings = dict(env_kwargs or {})
-        make_text_env(env, **settings)  # fail here, on a bad name or setting, not later in a worker
-        return cls(lambda: make_text_env(env, **settings), num_envs, name=env, **kwargs)
+
+        def make() -> TextEnv:
+            return use_call_format(make_text_env(env, **settings), tool_format)
+
+        make()  # fail here, on a bad name or setting, not later in a worker
+        return cls(make, num_envs, name=env, **kwargs)
 
     def __len__(self) -> int:
         return len(self.envs)

@@ -1,6 +1,8 @@
 """Tools a language model calls from its text, each under a time limit, and the call format.
 
 - ``calls.py``       the ``<tool>NAME: ARGUMENT</tool>`` format: strict parsing, result/error observations
+- ``formats.py``     call formats by name: ``tag`` (``calls.py``) and ``hermes`` (chat templates' ``<tool_call>``)
+- ``schema.py``      a tool as a function schema; a call's arguments checked against it
 - ``base.py``        the ``Tool`` protocol and ``ToolTimeout``
 - ``calculator.py``  exact arithmetic from a parsed expression tree (no ``eval``)
 - ``python.py``      a Python snippet in a sandbox process: no network, bounded memory and time

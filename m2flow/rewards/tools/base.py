@@ -1,4 +1,8 @@
-"""What a tool is: a name, a one-line description for prompts, and a call from argument text to output text."""
+"""What a tool is: a name, a one-line description for prompts, and a call from argument text to output text.
+
+A tool may also declare ``parameters``, the JSON schema of its arguments, for the function-schema form
+chat templates read (``schema.py``); without one it takes a single string, ``argument``.
+"""
 
 from __future__ import annotations
 

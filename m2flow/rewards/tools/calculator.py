@@ -83,6 +83,8 @@ class Calculator:
 
     name = "calculator"
     description = "exact arithmetic: numbers, + - * / // % ** and parentheses"
+    parameters = {"type": "object", "required": ["expression"], "properties": {
+        "expression": {"type": "string", "description": "an arithmetic expression, e.g. 123*456"}}}
     isolated = False
 
     def __call__(self, argument: str) -> str:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 CALL_OPEN = "<tool>"
 CALL_CLOSE = "</tool>"
@@ -45,6 +45,9 @@ class ParsedCall:
     name: str = ""
     argument: str = ""
     error: str = ""
+    arguments: dict[str, Any] | None = None
+    """A schema-form call's arguments object (``formats.py``), checked against the tool's schema by the box;
+    None for a tag call, whose ``argument`` is the text itself."""
 
 
 def format_call(name: str, argument: str) -> str:

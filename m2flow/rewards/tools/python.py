@@ -52,6 +52,8 @@ class PythonTool:
 
     name = "python"
     description = "run a Python snippet (no network); its printed output is the result"
+    parameters = {"type": "object", "required": ["code"], "properties": {
+        "code": {"type": "string", "description": "Python source; print what you want to see"}}}
     isolated = True  # runs in a process of its own: the time limit is the pool's, which kills
 
     def __init__(self, timeout_s: float = 5.0, memory_limit_mb: int = 512, max_output_chars: int = 1000,

@@ -4,7 +4,9 @@
 list the valid ones). ``ToolBox.respond(text)`` turns one model turn into the observation the model
 sees next: the tool's output as ``<result>...</result>``, or ``<error>...</error>`` for a malformed call,
 an unknown tool, a tool that raised or one that missed its time limit; each kind is counted in
-``ToolStats``. Nothing the model writes makes it raise.
+``ToolStats``. Nothing the model writes makes it raise. The box reads calls in one format
+(``formats.py``: ``tag`` by default, ``hermes`` for chat templates' function calls, whose arguments it
+checks against the tool's schema: a call that does not fit is ``malformed``).
 
 In-process tools run on the box's one long-lived deadline thread, except when the box is called from a
 thread that is itself under a deadline (an environment's step in a ``TextEnvBatch``): there the call runs
@@ -26,8 +28,9 @@ from m2flow.algorithms.registry import Registry
 from m2flow.rewards.deadline import CallResult, DeadlineRunner, call_with_deadline, under_deadline
 from m2flow.rewards.tools.base import Tool, ToolTimeout
 from m2flow.rewards.tools.calculator import Calculator
-from m2flow.rewards.tools.calls import format_error, format_result, parse_call
+from m2flow.rewards.tools.formats import CALL_FORMATS, CallFormat
 from m2flow.rewards.tools.python import PythonTool
+from m2flow.rewards.tools.schema import ArgumentError, argument_from, function_schema
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +89,7 @@ class ToolBox:
     """
 
     def __init__(self, tools: Sequence[Tool], timeout_s: float = 5.0,
-                 latency_s: tuple[float, float] | None = None) -> None:
+                 latency_s: tuple[float, float] | None = None, call_format: str = "tag") -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         if latency_s is not None:
@@ -102,18 +105,29 @@ class ToolBox:
                 raise ValueError(f"tool {tool.name!r} is in the box twice")
             self.tools[tool.name] = tool
         self.timeout_s = timeout_s
+        self.format: CallFormat = CALL_FORMATS.get(call_format)
+        """How calls are read and replies written (``use_format`` changes it)."""
         self.stats = ToolStats()
         self._runner = DeadlineRunner(timeout_s, name="tool calls")
         """One long-lived thread for the in-process tools' calls (started at the first call), not one per call."""
 
     @classmethod
     def from_names(cls, names: Sequence[str], timeout_s: float = 5.0, latency_s: tuple[float, float] | None = None,
-                   **settings: dict[str, Any]) -> ToolBox:
+                   call_format: str = "tag", **settings: dict[str, Any]) -> ToolBox:
         """A box of registered tools by name; ``settings[name]`` are keyword arguments of that tool's factory."""
         unknown = set(settings) - set(names)
         if unknown:
             raise ValueError(f"settings for tools not in the box: {sorted(unknown)}")
-        return cls([TOOLS.get(n)(**settings.get(n, {})) for n in names], timeout_s=timeout_s, latency_s=latency_s)
+        return cls([TOOLS.get(n)(**settings.get(n, {})) for n in names], timeout_s=timeout_s, latency_s=latency_s,
+                   call_format=call_format)
+
+    def use_format(self, call_format: str) -> None:
+        """Read calls and write replies in the registered format ``call_format`` from now on."""
+        self.format = CALL_FORMATS.get(call_format)
+
+    def schemas(self) -> list[dict[str, Any]]:
+        """The tools as function schemas, for a chat template's ``tools=`` (``schema.function_schema``)."""
+        return [function_schema(t) for t in self.tools.values()]
 
     def seed(self, seed: int | None) -> None:
         """Seed the latency draws (None: from the operating system's entropy)."""
@@ -133,17 +147,25 @@ class ToolBox:
     def respond(self, text: str) -> ToolReply:
         """The reply to one model turn (``outcome`` ``none`` when it holds no call: an answer, not a call)."""
         self.stats.turns += 1
-        parsed = parse_call(text)
+        fmt = self.format
+        parsed = fmt.parse(text)
         if parsed.status == "none":
             return ToolReply("none")
         if parsed.status == "malformed":
             self.stats.malformed += 1
-            return ToolReply("malformed", format_error(f"malformed call: {parsed.error}"))
+            return ToolReply("malformed", fmt.error(f"malformed call: {parsed.error}"))
         tool = self.tools.get(parsed.name)
         if tool is None:
             self.stats.unknown += 1
             valid = ", ".join(sorted(self.tools)) or "none"
-            return ToolReply("unknown", format_error(f"unknown tool {parsed.name!r}; tools: {valid}"), parsed.name)
+            return ToolReply("unknown", fmt.error(f"unknown tool {parsed.name!r}; tools: {valid}"), parsed.name)
+        argument = parsed.argument
+        if parsed.arguments is not None:
+            try:
+                argument = argument_from(tool, parsed.arguments)
+            except ArgumentError as e:
+                self.stats.malformed += 1
+                return ToolReply("malformed", fmt.error(f"malformed call: {e}"), tool.name)
         self.stats.calls += 1
         start = time.perf_counter()
         wait = self.latency()
@@ -151,27 +173,27 @@ class ToolBox:
             time.sleep(wait)
         began = time.perf_counter()  # the time limit is the tool's, the latency is not part of it
         if tool.isolated or under_deadline():  # it kills its own process at its limit / the caller's deadline holds
-            result = call_with_deadline(tool, parsed.argument)
+            result = call_with_deadline(tool, argument)
             if not tool.isolated and result.status == "ok" and time.perf_counter() - began > self.timeout_s:
                 result = CallResult("timeout", error=f"no result within {self.timeout_s:g}s")
         else:
-            result = self._runner.run_all([(tool, (parsed.argument,))])[0]
+            result = self._runner.run_all([(tool, (argument,))])[0]
         self.stats.seconds += time.perf_counter() - start
         if result.status == "timeout" or isinstance(result.exception, ToolTimeout):
             self.stats.timeouts += 1
-            return ToolReply("timeout", format_error(f"{tool.name} timed out"), tool.name)
+            return ToolReply("timeout", fmt.error(f"{tool.name} timed out"), tool.name)
         if result.status == "error":
             self.stats.errors += 1
             logger.debug("tool %s raised: %s", tool.name, result.error)
-            return ToolReply("error", format_error(f"{tool.name} failed: {result.error}"), tool.name)
+            return ToolReply("error", fmt.error(f"{tool.name} failed: {result.error}"), tool.name)
         return self._ok(tool.name, result.value)
 
     def _ok(self, name: str, value: Any) -> ToolReply:
         if not isinstance(value, str):
             self.stats.errors += 1
-            return ToolReply("error", format_error(f"{name} returned {type(value).__name__}, not text"), name)
+            return ToolReply("error", self.format.error(f"{name} returned {type(value).__name__}, not text"), name)
         self.stats.ok += 1
-        return ToolReply("ok", format_result(value), name)
+        return ToolReply("ok", self.format.result(value), name)
 
     def pop_stats(self) -> ToolStats:
         """The counts since the last call, and reset them."""

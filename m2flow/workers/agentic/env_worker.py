@@ -32,6 +32,8 @@ class EnvSettings:
     concurrent: bool = False
     imports: tuple[str, ...] = ()
     """modules imported before the environment is built (where a custom environment registers itself)"""
+    tool_format: str = "tag"
+    """how the environments' tools read calls (``rewards/tools/formats.py``): the model's call format"""
 
     def hosted_in(self, host: Any) -> TextEnvs:
         """The environments inside a rollout rank (``env`` fused into ``rollout``)."""
@@ -43,7 +45,8 @@ class EnvSettings:
             importlib.import_module(module)
         rate = self.max_error_rate if max_error_rate is None else max_error_rate
         return TextEnvBatch.from_registry(self.name, self.num_envs, self.kwargs, step_timeout_s=self.step_timeout_s,
-                                          max_error_rate=rate, concurrent=self.concurrent)
+                                          max_error_rate=rate, concurrent=self.concurrent,
+                                          tool_format=self.tool_format)
 
 
 class TextEnvs:

@@ -6,7 +6,9 @@ model turn for every running episode (one ``generate`` call) and gives the actio
 environments, ``observe`` records what the environments answered. Whoever holds the environments
 (``envs/text/batch.py`` in an env worker, or the same process) steps them in between. ``rerun`` puts
 episodes back to their start, for an environment that was lost mid-episode: the trajectory keeps its id,
-so a re-run episode is delivered once, as if it had run without a fault.
+so a re-run episode is delivered once, as if it had run without a fault. With a chat tool format
+(``EpisodeConfig.tool_format``, e.g. ``hermes``) the prompt and each observation are the text the tokenizer's
+chat template writes around them (``chat.py``); the model's turns are appended as generated either way.
 
 The rounds themselves are ``turn_loop.play_turns``, the one loop for ``run_episodes`` (``episode.py``), the
 rollout worker with the environments in its process and the flow over env workers; episodes may be at
@@ -25,7 +27,8 @@ import numpy as np
 from m2flow.backends.generation.base import GenerationBackend, SamplingParams
 from m2flow.envs.text.batch import EnvStep
 from m2flow.envs.text.batch import TextEnvStats
-from m2flow.rewards.tools.calls import CALL_STOP
+from m2flow.rewards.tools.formats import CALL_FORMATS
+from m2flow.workers.agentic.chat import ChatRenderer
 from m2flow.workers.agentic.trajectory import FinishReason, Trajectory
 
 
@@ -43,12 +46,16 @@ class EpisodeConfig:
     """Sampling temperature; 0 is greedy."""
     top_p: float = 1.0
     top_k: int = 0
-    stop: tuple[str, ...] = (CALL_STOP,)
-    """Strings that end a model turn (besides end-of-sequence); the tool-call closing tag by default."""
+    stop: tuple[str, ...] | None = None
+    """Strings that end a model turn (besides end-of-sequence); None: the tool format's (its call's closing tag)."""
     prompt_template: str = "{observation}"
-    """How the first observation becomes the prompt."""
+    """How the first observation becomes the prompt (with a chat format: the user message's text)."""
     observation_template: str = "{observation}"
-    """How a later observation is written into the context (an empty observation adds nothing)."""
+    """How a later observation is written into the context (an empty observation adds nothing; with a chat
+    format: the text of the tool or user message)."""
+    tool_format: str = "tag"
+    """How the model calls tools (``rewards/tools/formats.py``): ``tag`` (plain text), or ``hermes``, where the
+    prompt and observations are rendered with the tokenizer's chat template (``chat.py``)."""
     seed: int = 0
     """Seed of the sampling; the same seed, batch and environments give the same trajectories."""
     reuse_kv: bool = True
@@ -56,6 +63,9 @@ class EpisodeConfig:
     so a turn runs only the tokens added since the last: the observation and the last generated token."""
 
     def __post_init__(self) -> None:
+        fmt = CALL_FORMATS.get(self.tool_format)  # an unknown name raises, listing the valid ones
+        if self.stop is None:
+            object.__setattr__(self, "stop", fmt.stop)
         for name in ("max_turns", "max_tokens", "max_turn_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -106,6 +116,8 @@ class _Live:
         self.spec = spec
         self.traj = Trajectory(spec.traj_id, spec.env_rank, spec.seed, spec.slot, [])
         self.context: list[int] = []
+        self.last_turn: list[int] = []
+        """The ids of the model's last turn (a chat template's observation closes it)."""
         self.cache: Any = None
         """The backend's cache of the context's first tokens, from the last turn (``EpisodeConfig.reuse_kv``)."""
         self.started = False
@@ -136,6 +148,8 @@ class TurnEngine:
 
     def __init__(self, cfg: EpisodeConfig, tokenizer: Any, specs: Sequence[EpisodeSpec]) -> None:
         self.cfg, self.tokenizer = cfg, tokenizer
+        self.chat = ChatRenderer(tokenizer) if CALL_FORMATS.get(cfg.tool_format).chat else None
+        """The chat template's renderer (a chat tool format), else None: the plain templates."""
         self.episodes = {s.traj_id: _Live(s) for s in specs}
         self.stats = EpisodeStats(trajectories=len(specs))
         self.reruns = 0
@@ -145,8 +159,7 @@ class TurnEngine:
         ended = []
         for tid, step in first.items():
             ep = self.episodes[tid]
-            prompt = _encode(self.tokenizer, self.cfg.prompt_template.format(observation=step.observation)) \
-                if not step.error else []
+            prompt = _encode(self.tokenizer, self._prompt_text(step)) if not step.error else []
             ep.traj.prompt_ids, ep.context, ep.started = prompt, list(prompt), True
             if step.error:
                 ep.end("env_error", step.error)
@@ -155,6 +168,20 @@ class TurnEngine:
             if ep.done:
                 ended.append(tid)
         return ended
+
+    def _prompt_text(self, step: EnvStep) -> str:
+        text = self.cfg.prompt_template.format(observation=step.observation)
+        if self.chat is None:
+            return text
+        return self.chat.prompt(text, step.info.get("tools"))  # the env's tools, as function schemas
+
+    def _observation_text(self, ep: _Live, step: EnvStep) -> str:
+        if self.chat is None:
+            return self.cfg.observation_template.format(observation=step.observation) if step.observation else ""
+        # A tool's answer is the template's tool message; the task's is the user's next message.
+        role = "tool" if "tool_outcome" in step.info else "user"
+        return self.chat.observation(self.cfg.observation_template.format(observation=step.observation), role,
+                                     ep.last_turn)
 
     def running(self) -> list[int]:
         """Ids of the started episodes that go on."""
@@ -194,6 +221,7 @@ class TurnEngine:
             response = group.responses[0]
             ids, logprobs = response.token_ids[:budget], response.logprobs[:budget]
             ep.add(ids, logprobs)
+            ep.last_turn = list(ids)
             ep.traj.num_turns += 1
             if len(response.token_ids) > budget or (response.finish_reason == "length" and len(ids) == budget
                                                     and budget < cfg.max_turn_tokens):
@@ -229,8 +257,7 @@ class TurnEngine:
         if step.terminated or step.truncated:
             ep.end("terminated" if step.terminated else "truncated")
             return
-        ids = _encode(self.tokenizer, self.cfg.observation_template.format(observation=step.observation)) \
-            if step.observation else []
+        ids = _encode(self.tokenizer, self._observation_text(ep, step))
         room = self.cfg.max_tokens - len(traj.response_ids)
         ep.add(ids[:room], None)
         if len(ids) >= room:

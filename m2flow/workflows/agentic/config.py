@@ -139,7 +139,12 @@ class RolloutConfig:
     eval_temperature: float = option(0.0, "sampling temperature of the held-out evaluation (0: greedy)")
     top_p: float = option(1.0, "nucleus sampling threshold (1.0: off)")
     top_k: int = option(0, "keep only the k most likely tokens (0: off)")
-    stop: list[str] = option([CALL_STOP], "strings that end a model turn (the tool call's closing tag)")
+    stop: list[str] = option([CALL_STOP], "strings that end a model turn (the tool call's closing tag; with "
+                                          "tool_format hermes: [] or ['</tool_call>'])")
+    tool_format: str = option(
+        "tag", "how the model calls tools: 'tag' (<tool>NAME: ARG</tool>, plain-text prompts) or 'hermes' "
+               "(<tool_call>{json}</tool_call>, prompt and tool results rendered by the tokenizer's chat template "
+               "with the tools as function schemas)")
     prompt_template: str = option("{observation}", "how the first observation becomes the prompt")
     observation_template: str = option("{observation}", "how a later observation is written into the context")
 
@@ -152,6 +157,14 @@ class RolloutConfig:
         for key in ("prompt_template", "observation_template"):
             if "{observation}" not in getattr(self, key):
                 raise ValueError(f"{key} must contain '{{observation}}'")
+        from m2flow.rewards.tools.formats import CALL_FORMATS
+
+        if self.tool_format not in CALL_FORMATS:
+            raise ValueError(f"tool_format: unknown {self.tool_format!r}; valid: {', '.join(CALL_FORMATS.names())}")
+        if self.tool_format != "tag" and CALL_STOP in self.stop:
+            raise ValueError(f"stop holds {CALL_STOP!r}, the tag format's call end; with tool_format "
+                             f"{self.tool_format!r} set stop: [] (a turn ends at the end-of-turn token) or "
+                             f"{list(CALL_FORMATS.get(self.tool_format).stop)}")
         from m2flow.backends.generation import check_compile
 
         check_compile(self.backend, self.compile)  # an unknown backend name raises, listing the valid ones

@@ -29,7 +29,7 @@ def env_settings(cfg: AgenticConfig, env_ranks: int, kwargs: dict[str, Any] | No
     return EnvSettings(name=cfg.env.name, kwargs=dict(cfg.env.kwargs if kwargs is None else kwargs),
                        num_envs=math.ceil(per_step / env_ranks), step_timeout_s=cfg.env.step_timeout_s,
                        max_error_rate=cfg.env.max_error_rate, concurrent=cfg.env.concurrent,
-                       imports=tuple(cfg.env.imports))
+                       imports=tuple(cfg.env.imports), tool_format=cfg.rollout.tool_format)
 
 
 def episode_config(cfg: AgenticConfig) -> EpisodeConfig:
@@ -38,7 +38,7 @@ def episode_config(cfg: AgenticConfig) -> EpisodeConfig:
     return EpisodeConfig(max_turns=r.max_turns, max_tokens=r.max_tokens, max_turn_tokens=r.max_turn_tokens,
                          temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, stop=tuple(r.stop),
                          prompt_template=r.prompt_template, observation_template=r.observation_template,
-                         seed=cfg.seed, reuse_kv=r.reuse_kv)
+                         seed=cfg.seed, reuse_kv=r.reuse_kv, tool_format=r.tool_format)
 
 
 def worker_settings(cfg: AgenticConfig, plan: Plan, model_path: str, trajectories: GroupStream, env_ranks: int, *,

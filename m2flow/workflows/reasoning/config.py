@@ -46,9 +46,13 @@ class WarmStartConfig:
     batch_size: int = option(64, "demonstrations per step")
     lr: float = option(1e-3, "AdamW learning rate after the warm-up")
     warmup_steps: int = option(0, "steps over which the learning rate rises linearly from 0")
-    source: Literal["answers", "teacher"] = option(
-        "answers", "demonstrations: the training split's reference answers (GSM8K: its worked solutions), or the "
-                   "data's imperfect teacher (arithmetic: forgets carries and borrows at data.arithmetic.teacher_slip_rate)")
+    source: Literal["answers", "teacher", "file"] = option(
+        "answers", "demonstrations: the training split's reference answers (GSM8K: its worked solutions), the "
+                   "data's imperfect teacher (arithmetic: forgets carries and borrows at data.arithmetic.teacher_slip_rate), "
+                   "or your own file (see file)")
+    file: str | None = option(
+        None, "source: file: a JSONL file of {\"prompt\": ..., \"response\": ...} lines; each prompt is formatted as "
+              "the rollout formats prompts (data's template / chat template), the loss is on the response only")
     threads: int = option(0, "torch threads of the warm start, which runs in the driver (0: torch's default)")
 
     def validate(self) -> None:
@@ -59,6 +63,10 @@ class WarmStartConfig:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.source == "file" and not self.file:
+            raise ValueError("file: source 'file' needs a file (a JSONL file of {prompt, response} lines)")
+        if self.source != "file" and self.file:
+            raise ValueError(f"file: read only with source 'file' (source is {self.source!r})")
 
 
 @dataclass

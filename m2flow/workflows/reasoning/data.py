@@ -113,6 +113,33 @@ def warm_start_pairs(data: DataConfig, records: list[Any], tokenizer: Any) -> li
     return out
 
 
+def file_demonstrations(path: str, data: DataConfig | None = None, tokenizer: Any = None) -> list[tuple[str, str]]:
+    """(prompt, response) of each line of a JSONL file of ``{"prompt": ..., "response": ...}`` objects (blank lines
+    skipped), each prompt formatted as ``data`` formats the rollout's prompts (as written without ``data``); a
+    missing file, a line that is not JSON or lacks a string field raises ``InputError`` naming the file and line."""
+    from m2flow.data.records import BadRecordError
+
+    where = "model.warm_start.file"
+    try:
+        records = read_records(path, on_bad_line="error", required_keys=("prompt", "response")).records
+    except DataNotFoundError:
+        raise InputError(f"{where}: {path} does not exist") from None
+    except InputError as e:  # a bad line: the message starts with file:line
+        raise InputError(f"{where}: {e}") from None
+    pairs = []
+    for rec in records:
+        for key in ("prompt", "response"):
+            if not isinstance(rec.data[key], str):
+                raise InputError(f"{where}: {BadRecordError(rec.path, rec.line, f'{key!r} is not a string')}")
+        prompt = rec.data["prompt"]
+        if data is not None:
+            prompt = format_prompt(prompt, tokenizer, data.use_chat_template, data.system_prompt, _template(data))
+        pairs.append((prompt, rec.data["response"]))
+    if not pairs:
+        raise InputError(f"{where}: {path} holds no demonstrations")
+    return pairs
+
+
 def prepare_model(model: ModelConfig, data: DataConfig) -> Path:
     """The model directory, built first (tiny random model and its tokenizer) when asked and missing."""
     path = Path(model.path)
@@ -131,6 +158,8 @@ def prepare_model(model: ModelConfig, data: DataConfig) -> Path:
         texts = [ARITHMETIC_ALPHABET]
     else:
         texts = [p + t for p, t in warm_start_pairs(data, records, None)]
+    if model.warm_start.source == "file" and model.warm_start.file:  # the warm start's own text, tokenized too
+        texts += [p + r for p, r in file_demonstrations(model.warm_start.file, data)]
     spec = model.tiny
     tokenizer = train_tokenizer(texts, kind=spec.tokenizer, vocab_size=spec.vocab_size)
     lm = build_tiny_model(TinyModelConfig(

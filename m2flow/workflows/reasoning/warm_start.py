@@ -1,8 +1,9 @@
 """The supervised warm start of a reasoning run: a model-preparation step before any worker starts.
 
 ``warm_start_model`` trains the model at ``model.path`` for ``model.warm_start.steps`` supervised
-steps on demonstrations (the training split's reference answers, or the arithmetic task's imperfect
-teacher) and saves it in ``run_dir/warm_start`` together with the settings that made it. A later
+steps on demonstrations (the training split's reference answers, the arithmetic task's imperfect
+teacher, or a JSONL file of the user's own prompt/response pairs) and saves it in ``run_dir/warm_start``
+together with the settings that made it (a file's settings include a hash of its content). A later
 start with the same settings (a resumed run, a rerun in the same directory) loads that model instead
 of training again. Progress goes to a console bar (the driver is the main process) and to
 ``run_dir/warm_start.jsonl``, one row per step.
@@ -10,6 +11,7 @@ of training again. Progress goes to a console bar (the driver is the main proces
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
@@ -18,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from m2flow.config.convert import to_dict
+from m2flow.config.errors import InputError
 from m2flow.metrics import ConsoleSink, JsonlSink, MetricsLogger
 from m2flow.workflows.reasoning.config import ReasoningConfig
-from m2flow.workflows.reasoning.data import arithmetic_task, raw_records, warm_start_pairs
+from m2flow.workflows.reasoning.data import arithmetic_task, file_demonstrations, raw_records, warm_start_pairs
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +35,9 @@ METRICS_FILE = "warm_start.jsonl"
 def demonstrations(cfg: ReasoningConfig, tokenizer: Any) -> list[tuple[str, str]]:
     """(formatted prompt, target) pairs of the configured source, as the rollout will see the prompts."""
     ws = cfg.model.warm_start
+    if ws.source == "file":
+        assert ws.file is not None
+        return file_demonstrations(ws.file, cfg.data, tokenizer)
     if ws.source == "teacher":
         # A fresh draw for every demonstration shown (steps x batch), as a teacher answering on demand
         # would give; each slips or not independently, so a problem seen twice may get both answers.
@@ -44,8 +50,19 @@ def demonstrations(cfg: ReasoningConfig, tokenizer: Any) -> list[tuple[str, str]
 
 def settings(cfg: ReasoningConfig, base: Path) -> dict[str, Any]:
     """Everything the warm-started weights depend on; a saved warm start is reused only when this matches."""
-    return {"base": str(base.resolve()), "tiny": to_dict(cfg.model.tiny) if cfg.model.create_tiny else None,
-            "warm_start": to_dict(cfg.model.warm_start), "data": to_dict(cfg.data), "seed": cfg.seed}
+    out = {"base": str(base.resolve()), "tiny": to_dict(cfg.model.tiny) if cfg.model.create_tiny else None,
+           "warm_start": to_dict(cfg.model.warm_start), "data": to_dict(cfg.data), "seed": cfg.seed}
+    if cfg.model.warm_start.source == "file":  # the same name with other lines in it is another warm start
+        out["file_sha256"] = file_hash(cfg.model.warm_start.file or "")
+    return out
+
+
+def file_hash(path: str) -> str:
+    """The SHA-256 of a demonstrations file's bytes."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError as e:
+        raise InputError(f"model.warm_start.file: cannot read {path} ({e.strerror or e})") from None
 
 
 def saved_warm_start(cfg: ReasoningConfig, base: Path) -> Path | None:

@@ -97,3 +97,20 @@ class MalformedCaller(ScriptedBackend):
 
     def onload(self) -> None:
         pass
+
+
+@register_generation_backend("test_hermes_caller")
+class HermesCaller(MalformedCaller):
+    """Calls the calculator in the hermes form (``<tool_call>{json}</tool_call>``) on the chat-rendered problem,
+    then copies the tool's result: every episode solved, through the chat template."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        import json
+
+        def script(context: str) -> str:
+            if "<tool_response>\n" in context:
+                return context.rsplit("<tool_response>\n", 1)[1].split("\n</tool_response>")[0]
+            problem = context.rsplit("user\n", 1)[1].split("=")[0]
+            return f'<tool_call>{json.dumps({"name": "calculator", "arguments": {"expression": problem}})}</tool_call>'
+
+        ScriptedBackend.__init__(self, tokenizer, script)

@@ -79,3 +79,57 @@ def test_the_teacher_needs_the_arithmetic_data():
     with pytest.raises(ConfigError, match="warm_start.source"):
         from_dict(ReasoningConfig, {"model": {"warm_start": {"source": "teacher", "steps": 1}},
                                     "data": {"kind": "file", "path": "x.jsonl"}})
+
+
+def _write(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _file_config(root: Path, file: Path, **warm: object) -> ReasoningConfig:
+    return _config(root, source="file", file=str(file), steps=3, batch_size=4, **warm)
+
+
+def test_a_file_of_prompt_response_pairs_is_trained_on_its_responses_and_reused_until_it_changes(tmp_path, monkeypatch):
+    demos = _write(tmp_path / "demos.jsonl", [json.dumps({"prompt": "1+2=", "response": "3"}), "",
+                                              json.dumps({"prompt": "4+4=", "response": "8", "note": "extra keys ok"})])
+    cfg = _file_config(tmp_path, demos)
+    import m2flow.models.sft as sft
+
+    seen = []
+    real = sft.sft_steps
+    monkeypatch.setattr(sft, "sft_steps", lambda model, tok, pairs, **k: seen.append(list(pairs)) or real(model, tok, pairs, **k))
+    base = prepare_model(cfg.model, cfg.data)
+    first = warm_start.warm_start_model(cfg, base)
+    # (prompt, response) pairs: sft_steps puts the loss on the response's tokens (and end-of-sequence) only.
+    assert seen == [[("1+2=", "3"), ("4+4=", "8")]] and len(_losses(tmp_path / "run")) == 3
+    saved = json.loads((first / warm_start.SETTINGS_FILE).read_text())
+    assert saved["file_sha256"] == warm_start.file_hash(str(demos))
+    assert warm_start.warm_start_model(cfg, base) == first and len(seen) == 1  # same settings, same file: reused
+    _write(demos, [json.dumps({"prompt": "1+2=", "response": "4"})])  # the same name, other content
+    assert warm_start.warm_start_model(cfg, base) == first and seen[-1] == [("1+2=", "4")]
+
+
+@pytest.mark.parametrize("lines, error", [
+    (None, r"model.warm_start.file: .*missing.jsonl does not exist"),
+    (['{"prompt": "1+2=", "response": "3"}', '{"prompt": "1+'], r"model.warm_start.file: .*demos.jsonl:2: invalid JSON"),
+    (['{"prompt": "1+2=", "response": "3"}', "", '{"prompt": "2+2="}'],
+     r"model.warm_start.file: .*demos.jsonl:3: missing key\(s\) \['response'\]"),
+    (['{"prompt": "1+2=", "response": 3}'], r"model.warm_start.file: .*demos.jsonl:1: 'response' is not a string"),
+    ([""], r"model.warm_start.file: .*demos.jsonl holds no demonstrations"),
+])
+def test_a_bad_demonstrations_file_is_one_error_line_naming_file_and_line(tmp_path, lines, error):
+    from m2flow.config.errors import InputError
+
+    file = tmp_path / "missing.jsonl" if lines is None else _write(tmp_path / "demos.jsonl", lines)
+    cfg = _file_config(tmp_path, file)
+    with pytest.raises(InputError, match=error) as info:
+        warm_start.demonstrations(cfg, None)
+    assert "\n" not in str(info.value)
+
+
+def test_the_file_source_needs_a_file_and_a_file_needs_the_file_source():
+    with pytest.raises(ConfigError, match="model.warm_start.file: source 'file' needs a file"):
+        from_dict(ReasoningConfig, {"model": {"warm_start": {"source": "file", "steps": 1}}})
+    with pytest.raises(ConfigError, match="model.warm_start.file: read only with source 'file'"):
+        from_dict(ReasoningConfig, {"model": {"warm_start": {"file": "x.jsonl", "steps": 1}}})
