@@ -67,4 +67,7 @@ def read_demonstrations(path: str | Path) -> list[Demonstration]:
 
 def file_digest(path: str | Path) -> str:
     """The SHA-256 of the file's bytes: a saved warm start is reused only while the file is the same."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError as e:
+        raise InputError(f"model.warm_start.demonstrations: cannot read {path}: {e}") from None

@@ -151,8 +151,8 @@ def warm_start_model(cfg: AgenticConfig, base: Path) -> Path:
 
     if ws.threads:
         torch.set_num_threads(ws.threads)
+    demos = demonstrations(cfg, ws.steps * ws.batch_size)  # first: a bad file fails before the model loads
     model, tokenizer = load_model_and_tokenizer(str(base))
-    demos = demonstrations(cfg, ws.steps * ws.batch_size)
     pairs = sft_pairs(demos)
     source = ws.demonstrations or f"teacher {teacher_name(cfg)!r}"
     log.info("warm start: %d supervised steps on %d demonstrations (%d model turns) from %s", ws.steps,
