@@ -116,7 +116,8 @@ def test_an_unknown_teacher_is_one_error_line_listing_the_teachers(module_dir, t
 @pytest.mark.timeout(1800)
 def test_grpo_raises_the_held_out_success_of_the_warm_started_policy(module_dir, tmp_path, capsys):
     # The teacher fetches before delivering in half of its episodes; GRPO learns to always fetch. Held-out
-    # success sampled at temperature 1 over 200 episodes, before and after 10 iterations: FIGURES
+    # success sampled at temperature 1 over 200 episodes, before and after 10 iterations: over seeds 0-2 under
+    # the default and AVX2 float paths it rose by 0.39-0.46 (0.42-0.51 -> 0.875-0.905; docs/your_own_task.md).
     cfg = own_config(tmp_path, checkpoint_every=10)
     result = train(WORKFLOW, cfg)
     (_, before), (_, after) = result.evaluations
