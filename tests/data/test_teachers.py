@@ -27,7 +27,8 @@ def test_an_unknown_teacher_lists_the_registered_ones():
 def test_a_teacher_of_your_own_is_called_with_the_request_and_a_taken_name_raises():
     @register_teacher("test_echo_teacher")
     def echo(request: TeachRequest) -> list[Demonstration]:
-        return [Demonstration(f"say {request.options['word']}", (request.options["word"],), "echo", True)] * request.count
+        word = request.options["word"]
+        return [Demonstration(f"say {word}", (word,), "echo", True)] * request.count
 
     demos = teach("test_echo_teacher", TeachRequest(count=3, seed=0, options={"word": "HI"}))
     assert demos == [Demonstration("say HI", ("HI",), "echo", True)] * 3
