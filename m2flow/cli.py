@@ -115,6 +115,7 @@ register_command(
 
 COMMAND_MODULES = (
     "m2flow.workflows.eval_command",  # m2flow eval CHECKPOINT
+    "m2flow.workflows.warm_start_command",  # m2flow warm-start CONFIG
     "m2flow.autoplan.plan_command",  # m2flow plan show|search|profile-template CONFIG
     "m2flow.autoplan.profile_command",  # m2flow profile CONFIG
     "m2flow.report.report_command",  # m2flow report RUN_DIR

@@ -19,24 +19,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from m2flow.data.teachers import Demonstration, TeachRequest, register_teacher
 from m2flow.envs.text.calculator import Split, draw_problem, problem_text
 from m2flow.rewards.tools.calls import CALL_CLOSE, format_call, format_result
 
 CALCULATOR_ALPHABET = sorted(set("0123456789*+-=/%() :_<>abcdefghijklmnopqrstuvwxyz"))
 """Characters of the task, the tool-call tags and error observations' common words (a char tokenizer's vocabulary)."""
-
-
-@dataclass(frozen=True)
-class Demonstration:
-    """One worked episode: the prompt, then alternating model turns and observations (last: a model turn)."""
-
-    prompt: str
-    turns: tuple[str, ...]
-    """Model turn, observation, model turn, ...: odd length, model turns at even indices."""
-    kind: str
-    """'tool' (called and copied right), 'skip' (guessed without the tool), 'copy_error' (called, copied wrong)."""
-    correct: bool
-    """Whether the final answer is the product."""
 
 
 def _perturb(value: int, rng: np.random.Generator) -> int:
@@ -110,3 +98,12 @@ def sft_pairs(demos: Sequence[Demonstration]) -> list[tuple[str, str]]:
                 pairs.append((context, text))
             context += text
     return pairs
+
+
+@register_teacher("calculator")
+def _teach(request: TeachRequest) -> list[Demonstration]:
+    """The ``calculator`` teacher: ``CalculatorTeacher`` with the warm start's ``skip_rate``,
+    ``copy_error_rate`` and ``digits``."""
+    ws = request.warm_start
+    teacher = CalculatorTeacher(skip_rate=ws.skip_rate, copy_error_rate=ws.copy_error_rate, digits=ws.digits)
+    return teacher.demonstrations(request.count, seed=request.seed)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from m2flow.data.calculator_demos import Demonstration
+from m2flow.data.teachers import Demonstration, TeachRequest, register_teacher
 from m2flow.envs.text.guess import GuessNumber
 
 
@@ -70,3 +70,12 @@ class GuessTeacher:
         rng = np.random.default_rng(seed)
         env = GuessNumber(high=high, max_turns=max_turns)
         return [self.play(env, seed * 1_000_003 + k, rng)[0] for k in range(count)]
+
+
+@register_teacher("guess_number")
+def _teach(request: TeachRequest) -> list[Demonstration]:
+    """The ``guess_number`` teacher: ``GuessTeacher`` with the warm start's ``mistake_rate``, on the
+    environment's ``high`` and ``max_turns``, each turn ended by the rollout's stop string."""
+    kwargs = {k: request.env_kwargs[k] for k in ("high", "max_turns") if k in request.env_kwargs}
+    teacher = GuessTeacher(mistake_rate=request.warm_start.mistake_rate, turn_end=request.turn_end)
+    return teacher.demonstrations(request.count, seed=request.seed, **kwargs)

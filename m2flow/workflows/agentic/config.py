@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from m2flow.config.schema import option
 from m2flow.driver.run_config import RunConfig, is_auto
@@ -13,13 +13,13 @@ from m2flow.runtime.placement import SYNTAX_LAYOUT_DEVICES, NodeLayout, Placemen
 from m2flow.workers.config import ActorConfig, AlgorithmConfig, DType
 from m2flow.workflows.agentic.graph import COMPONENTS
 
-TEACHERS = ("calculator", "guess_number")
-"""Environments whose demonstrations ``model.warm_start`` can write (``warm_start.py``)."""
-
-
 @dataclass
 class TinyModelSpec:
-    """A tiny random causal LM (character tokenizer over the tasks' alphabet) built at ``model.path``."""
+    """A tiny random causal LM and its tokenizer, built at ``model.path``."""
+
+    tokenizer: Literal["char", "byte"] = option(
+        "char", "'char': a token per character of the task's text (the shipped environments' alphabet; for any "
+                "other, every printable ASCII character too); 'byte': a token per byte (any text, any language)")
 
     hidden_size: int = option(64, "width of the residual stream")
     num_layers: int = option(2, "transformer blocks")
@@ -32,17 +32,23 @@ class TinyModelSpec:
 
 @dataclass
 class WarmStartConfig:
-    """Supervised steps on an imperfect teacher's demonstrations of the task (``calculator``: the tool's call
-    format; ``guess_number``: bisection), once, before the workers start (saved in run_dir/warm_start, reused
-    while its settings match)."""
+    """Supervised steps on demonstrations of the task, by a registered teacher (``calculator``: the tool's
+    call format; ``guess_number``: bisection; your own: ``register_teacher``) or from a JSONL file, once,
+    before the workers start (saved in run_dir/warm_start, reused while its settings match)."""
 
     steps: int = option(0, "supervised steps (0: none)")
+    teacher: str | None = option(
+        None, "registered teacher that writes the demonstrations (None: the one named like the environment)")
+    teacher_kwargs: dict[str, Any] = option({}, "settings of a teacher of your own (TeachRequest.options)")
+    demonstrations: str | None = option(
+        None, "JSONL file of your own demonstrations, one episode a line: {\"prompt\": ..., \"turns\": [model "
+              "turn, observation, ..., model turn]}; used instead of a teacher")
     batch_size: int = option(32, "demonstrations per step")
     lr: float = option(3e-3, "AdamW learning rate after the warm-up")
     warmup_steps: int = option(0, "steps over which the learning rate rises linearly from 0")
-    skip_rate: float = option(0.2, "share of the teacher's demonstrations that skip the tool and guess")
-    copy_error_rate: float = option(0.1, "share that call the tool and copy its result wrong")
-    digits: int = option(3, "digits of each operand in the demonstrations")
+    skip_rate: float = option(0.2, "calculator: share of the teacher's demonstrations that skip the tool and guess")
+    copy_error_rate: float = option(0.1, "calculator: share that call the tool and copy its result wrong")
+    digits: int = option(3, "calculator: digits of each operand in the demonstrations")
     mistake_rate: float = option(
         0.4, "guess_number: share of the teacher's turns that guess a random other number instead of bisecting")
     threads: int = option(0, "torch threads of the warm start, which runs in the driver (0: torch's default)")
@@ -68,7 +74,7 @@ class ModelConfig:
     path: str = option("runs/models/tiny-agentic", "local Hugging Face model directory (model + tokenizer)")
     create_tiny: bool = option(False, "build a tiny random model at path first when the directory does not exist")
     tiny: TinyModelSpec = option(TinyModelSpec(), "shape of the tiny model built by create_tiny")
-    warm_start: WarmStartConfig = option(WarmStartConfig(), "supervised warm start on the calculator's call format")
+    warm_start: WarmStartConfig = option(WarmStartConfig(), "supervised warm start on demonstrations of the task")
 
 
 @dataclass
@@ -217,9 +223,18 @@ class AgenticConfig(RunConfig):
         if (algo.old_logprobs == "actor" or algo.max_staleness > 0) and not self.actor.updates_once:
             raise ValueError("algorithm.old_logprobs 'actor' and max_staleness > 0 need one optimizer step per "
                              "iteration (actor.mini_batches = actor.update_epochs = 1)")
-        if self.model.warm_start.steps and self.env.name not in TEACHERS:
-            raise ValueError(f"model.warm_start: no teacher demonstrates {self.env.name!r}; teachers: "
-                             f"{', '.join(TEACHERS)}")
+        ws = self.model.warm_start
+        if ws.steps and ws.demonstrations is None:
+            # After env.imports: a teacher of your own registers itself in one of those modules.
+            from m2flow.data.teachers import TEACHERS
+
+            if ws.teacher is not None and ws.teacher not in TEACHERS:
+                raise ValueError(f"model.warm_start.teacher: unknown teacher {ws.teacher!r}; teachers: "
+                                 f"{', '.join(TEACHERS)}")
+            if ws.teacher is None and self.env.name not in TEACHERS:
+                raise ValueError(f"model.warm_start: no teacher demonstrates {self.env.name!r}; teachers: "
+                                 f"{', '.join(TEACHERS)} (name one with model.warm_start.teacher, or give a file "
+                                 "with model.warm_start.demonstrations)")
         if is_auto(self.placement):
             return
         layout = expected_layout(self.cluster) or NodeLayout((SYNTAX_LAYOUT_DEVICES,))

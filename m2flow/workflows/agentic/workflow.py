@@ -55,9 +55,9 @@ class AgenticWorkflow(Workflow):
 
     def prepare(self, cfg: AgenticConfig, run_dir: Path) -> Prepared:
         """The model (built, then warm-started once, before any worker loads it)."""
-        from m2flow.workflows.agentic.warm_start import prepare_model, warm_start_model
+        from m2flow.workflows.agentic.warm_start import prepare_task_model, warm_start_model
 
-        path = prepare_model(cfg.model)
+        path = prepare_task_model(cfg)
         if cfg.model.warm_start.steps:
             path = warm_start_model(cfg, path)
         from m2flow.workflows.agentic.flow import Prepared
