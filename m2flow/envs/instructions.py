@@ -126,8 +126,9 @@ def instruction(task: str, given: str | None = None) -> str:
         return INSTRUCTIONS[task]
     except KeyError:
         raise InputError(
-            f"env.env_id: no instruction for task {task!r}; give one with env.env_kwargs.instruction=\"...\" "
-            f"(one task at a time), or name a task that has one: {', '.join(sorted(INSTRUCTIONS))}") from None
+            f"env.env_id: no instruction for task {task!r}; give one (env.env_kwargs.instruction=\"...\" in a run's "
+            f"config, --instruction \"...\" for m2flow demos; one task at a time), or name a task that has one: "
+            f"{', '.join(sorted(INSTRUCTIONS))}") from None
 
 
 def words(text: str) -> list[str]:
