@@ -44,7 +44,7 @@ def run_config(tmp_path: Path, demos: Path) -> EmbodiedConfig:
 
 def test_demos_warm_start_rl_and_eval_on_a_task_outside_mt10(tmp_path, capsys):
     demos = tmp_path / "demos.npz"
-    assert main(["demos", TASK, "--episodes", "2", "--image-size", "16", "-o", str(demos)]) == 0
+    assert main(["demos", TASK, "--episodes", "1", "--image-size", "16", "-o", str(demos)]) == 0
     cfg = run_config(tmp_path, demos)
     result = train(EMBODIED, cfg)
     run_dir = Path(cfg.run_dir)
@@ -63,7 +63,7 @@ def test_demos_warm_start_rl_and_eval_on_a_task_outside_mt10(tmp_path, capsys):
 
     capsys.readouterr()
     out = tmp_path / "eval.json"
-    code = main(["eval", str(run_dir / "checkpoints" / "step_000002"), "--episodes", "2", "--output", str(out)])
+    code = main(["eval", str(run_dir / "checkpoints" / "step_000002"), "--episodes", "1", "--output", str(out)])
     assert code == 0, capsys.readouterr().err
-    assert "over 2 episodes" in capsys.readouterr().out
-    assert json.loads(out.read_text())["eval/episodes"] == 2
+    assert "over 1 episodes" in capsys.readouterr().out
+    assert json.loads(out.read_text())["eval/episodes"] == 1
