@@ -1,4 +1,4 @@
-"""V1 learning: success on held-out seeds of the warm start (``policy.init_from``) and of an RL run's checkpoints.
+"""V1 learning: success on held-out seeds of the warm start (``policy.warm_start`` or ``init_from``) and of an RL run's checkpoints.
 
     MUJOCO_GL=egl m2flow train examples/embodied/metaworld_vla_ppo.yaml          # the RL run
     python benchmarks/v1_rl.py --config examples/embodied/metaworld_vla_ppo.yaml --eval-seeds 50
@@ -81,8 +81,8 @@ def main() -> None:
         return out
 
     if not args.skip_warm_start:
-        result["warm_start"] = {"file": cfg.policy.init_from,
-                                "success": success(read_policy_state(cfg.policy.init_from))}
+        start = warm_start_file(cfg)
+        result["warm_start"] = {"file": start, "success": success(read_policy_state(start))}
     steps_per_iteration = cfg.rollout_steps * cfg.env.num_envs
     result["checkpoints"] = []
     for step, path in _checkpoints(run_dir, args.steps):
@@ -103,7 +103,18 @@ def load_vla_run(args: argparse.Namespace) -> tuple[object, list[str]]:
     _, cfg = load_workflow_config(Path(args.config), args.overrides)
     if cfg.policy.kind != "vla" or cfg.env.backend != "metaworld":
         raise SystemExit("--config: needs policy.kind: vla on the metaworld backend")
-    return cfg, expand_tasks(cfg.env.env_id)
+    return cfg, expand_tasks(cfg.env.env_id, cfg.env.env_kwargs.get("instruction"))
+
+
+def warm_start_file(cfg) -> str:
+    """The policy RL started from: the run's behaviour-cloning warm start (``policy.warm_start``), else ``init_from``."""
+    from m2flow.workflows.embodied.warm_start import POLICY_FILE, WARM_START_DIR
+
+    if cfg.policy.warm_start.demos is not None:
+        return str(Path(cfg.run_dir) / WARM_START_DIR / POLICY_FILE)
+    if cfg.policy.init_from is None:
+        raise SystemExit("the run has no warm start (policy.warm_start.demos) and no policy.init_from; --skip-warm-start")
+    return cfg.policy.init_from
 
 
 def _checkpoints(run_dir: Path, which: str) -> list[tuple[int, Path]]:

@@ -25,7 +25,7 @@ import torch  # noqa: E402
 
 from benchmarks.common import RESULTS, environment, write_result  # noqa: E402
 from m2flow.envs.metaworld import expand_tasks, held_out_seeds  # noqa: E402
-from m2flow.envs.metaworld_demos import Demos, collect_demos, evaluate_success, expert_for  # noqa: E402
+from m2flow.envs.metaworld_demos import Demos, collect_demos, evaluate_success, expert_success  # noqa: E402
 from m2flow.models.bc import BCConfig, BCProgress, behaviour_clone  # noqa: E402
 from m2flow.models.vla import VLAConfig, VLAPolicy, save_policy  # noqa: E402
 
@@ -84,31 +84,11 @@ def main() -> None:
     result["success_bc"] = evaluate_success(act, tasks, seeds)
     result["eval_seconds"] = time.perf_counter() - t0
     logging.info("BC success on held-out seeds: %s", result["success_bc"])
-    result["success_expert"] = _expert_success(tasks, seeds)
+    result["success_expert"] = expert_success(tasks, seeds)
     logging.info("expert success on the same seeds: %s", result["success_expert"])
     path = write_result(args.name, result)
     print(f"v1 warm start: BC success {result['success_bc']} (experts {result['success_expert']}), "
           f"{result['demos']['episodes']} episodes, BC {result['bc']['seconds']:.0f} s -> {path}")
-
-
-def _expert_success(tasks: list[str], seeds: list[int]) -> dict[str, float]:
-    """The scripted experts' success on the evaluation seeds (the ceiling BC imitates)."""
-    from m2flow.envs.metaworld import MetaWorldPixelEnv
-
-    out = {}
-    for task in tasks:
-        env, expert, wins = MetaWorldPixelEnv(task), expert_for(task), 0
-        for s in seeds:
-            env.reset(seed=s)
-            end, solved = False, False
-            while not end:
-                _, _, term, trunc, info = env.step(expert.get_action(env.state))
-                solved |= info["success"] > 0
-                end = term or trunc
-            wins += solved
-        env.close()
-        out[task] = wins / len(seeds)
-    return out
 
 
 if __name__ == "__main__":

@@ -120,6 +120,7 @@ COMMAND_MODULES = (
     "m2flow.autoplan.profile_command",  # m2flow profile CONFIG
     "m2flow.report.report_command",  # m2flow report RUN_DIR
     "m2flow.data.data_command",  # m2flow data gsm8k --from FILE...
+    "m2flow.envs.demos_command",  # m2flow demos TASKS --episodes N --output FILE
 )
 """The modules that define the rest of the subcommands, each registering its own when imported."""
 

@@ -16,8 +16,9 @@ logger = logging.getLogger(__name__)
 EnvMaker = Callable[[EnvConfig], gym.Env]
 """Builds one (unseeded) single environment from the config."""
 
-TaskExpander = Callable[[str], list[str]]
-"""Maps a config's ``env_id`` to the ids of the vector's envs, env ``i`` taking id ``i mod len``."""
+TaskExpander = Callable[[EnvConfig], list[str]]
+"""Maps a config (its ``env_id``, and ``env_kwargs`` where they matter) to the ids of the vector's envs, env ``i``
+taking id ``i mod len``."""
 
 _BACKENDS: dict[str, EnvMaker] = {}
 _EXPANDERS: dict[str, TaskExpander] = {}
@@ -44,7 +45,7 @@ def register_env_backend(name: str, expand: TaskExpander | None = None) -> Calla
 def env_ids(config: EnvConfig) -> list[str]:
     """The distinct env ids ``config.env_id`` names (one, unless the backend expands task lists)."""
     expand = _EXPANDERS.get(config.backend)
-    return [config.env_id] if expand is None else expand(config.env_id)
+    return [config.env_id] if expand is None else expand(config)
 
 
 def config_for_env(config: EnvConfig, index: int) -> EnvConfig:
@@ -130,10 +131,10 @@ def _make_maniskill(config: EnvConfig) -> gym.Env:
     return make_maniskill_env(config)
 
 
-def _expand_metaworld(env_id: str) -> list[str]:
+def _expand_metaworld(config: EnvConfig) -> list[str]:
     from m2flow.envs.metaworld import expand_tasks
 
-    return expand_tasks(env_id)
+    return expand_tasks(config.env_id, config.env_kwargs.get("instruction"))
 
 
 @register_env_backend("metaworld", expand=_expand_metaworld)
@@ -141,7 +142,7 @@ def _make_metaworld(config: EnvConfig) -> gym.Env:
     # Imported here: MetaWorld (and its pinned MuJoCo) is an optional extra.
     from m2flow.envs.metaworld import MetaWorldPixelEnv, expand_tasks
 
-    (task,) = expand_tasks(config.env_id)  # config_for_env has narrowed it to one task
+    (task,) = expand_tasks(config.env_id, config.env_kwargs.get("instruction"))  # narrowed to one task
     kwargs = dict(config.env_kwargs)
     if config.max_episode_steps is not None:
         kwargs["max_episode_steps"] = config.max_episode_steps

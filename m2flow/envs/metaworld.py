@@ -2,9 +2,11 @@
 
 Optional: needs the ``metaworld`` package (the ``metaworld`` extra) and an offscreen OpenGL:
 EGL (Mesa's software renderer works) or OSMesa. Select with ``EnvConfig(backend="metaworld",
-env_id="reach-v3")``; ``env_id`` may also list tasks (``"reach-v3,push-v3"``) or name a family
-(``"mt3"``, ``"mt10"``): env ``i`` of the vector then runs task ``i mod len(tasks)``, and the
-policy tells them apart by the instruction alone. ``env_kwargs`` go to :class:`MetaWorldPixelEnv`.
+env_id="reach-v3")``; any of MetaWorld's 50 v3 tasks has an instruction (``instructions.py``), and
+``env_kwargs.instruction`` gives a task its sentence instead. ``env_id`` may also list tasks
+(``"reach-v3,push-v3"``) or name a family (``"mt3"``, ``"mt10"``, ``"mt50"``): env ``i`` of the
+vector then runs task ``i mod len(tasks)``, and the policy tells them apart by the instruction
+alone. ``env_kwargs`` go to :class:`MetaWorldPixelEnv`.
 
 Each step renders one frame with the scene's expensive effects off (no multisampling, shadows,
 reflections or skybox): at 64x64 that is ~150-180 steps/s in one process in the software renderer,
@@ -28,16 +30,19 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 
-from m2flow.envs.instructions import INSTRUCTIONS, WordTokenizer, instruction
+from m2flow.config.errors import InputError
+from m2flow.envs.instructions import MT10, MT50, WordTokenizer
+from m2flow.envs.instructions import instruction as instruction_of
 from m2flow.envs.packed import PackedLayout
 
 logger = logging.getLogger(__name__)
 
 TASK_FAMILIES: dict[str, list[str]] = {
     "mt3": ["reach-v3", "push-v3", "pick-place-v3"],
-    "mt10": list(INSTRUCTIONS),
+    "mt10": list(MT10),
+    "mt50": list(MT50),
 }
-"""Names for task lists; ``mt10`` is MetaWorld's MT10 set."""
+"""Names for task lists; ``mt10`` and ``mt50`` are MetaWorld's MT10 and MT50 sets."""
 
 FLIPPED_CAMERAS = frozenset({"corner"})
 """Cameras whose image MetaWorld's scene renders upside down."""
@@ -54,16 +59,24 @@ def held_out_seeds(n: int, offset: int = 0) -> list[int]:
     return [HELD_OUT_SEED_BASE + offset + i for i in range(n)]
 
 
-def expand_tasks(env_id: str) -> list[str]:
-    """``env_id`` as a task list: a family name, a comma-separated list, or one task (``metaworld/`` optional)."""
+def expand_tasks(env_id: str, given: str | None = None) -> list[str]:
+    """``env_id`` as a task list: a family name, a comma-separated list, or one task (``metaworld/`` optional).
+
+    ``given``: the user's instruction (``env_kwargs.instruction``), for one task only; without it
+    every task must have one in the table. Problems raise InputError naming the key.
+    """
     name = env_id.removeprefix("metaworld/")
     if name in TASK_FAMILIES:
-        return list(TASK_FAMILIES[name])
-    tasks = [t.strip().removeprefix("metaworld/") for t in name.split(",") if t.strip()]
+        tasks = list(TASK_FAMILIES[name])
+    else:
+        tasks = [t.strip().removeprefix("metaworld/") for t in name.split(",") if t.strip()]
     if not tasks:
-        raise ValueError("env_id: names no MetaWorld task")
+        raise InputError("env.env_id: names no MetaWorld task")
+    if given is not None and len(tasks) > 1:
+        raise InputError(f"env.env_kwargs.instruction: one sentence for {len(tasks)} tasks; give it for a single "
+                         "task (a task list uses the instruction table)")
     for task in tasks:
-        instruction(task)  # raises for a task without an instruction
+        instruction_of(task, given)  # raises for a task without an instruction
     return tasks
 
 
@@ -180,7 +193,8 @@ class MetaWorldPixelEnv(gym.Env):
     left would pay at most (one per step: the most a step pays in either mode), so ending an episode
     at success is never worth less than staying in the solved state until the time limit.
     ``fast_render=False`` keeps the scene's multisampling, shadows, reflections and skybox (nicer
-    pictures, ~10-20x slower in a software renderer).
+    pictures, ~10-20x slower in a software renderer). ``instruction``: the sentence the policy reads,
+    instead of the task's own (words outside the vocabulary read as ``<unk>``, with a warning).
     """
 
     metadata = {"render_modes": ["rgb_array"]}
@@ -201,6 +215,7 @@ class MetaWorldPixelEnv(gym.Env):
         terminate_on_success: bool = True,
         success_bonus: bool = False,
         fast_render: bool = True,
+        instruction: str | None = None,
     ) -> None:
         reason = metaworld_unavailable_reason()
         if reason is not None:
@@ -214,9 +229,9 @@ class MetaWorldPixelEnv(gym.Env):
 
         key = f"{task}-goal-observable"
         if key not in ALL_V3_ENVIRONMENTS_GOAL_OBSERVABLE:
-            raise ValueError(f"env_id: {task!r} is not a MetaWorld v3 task")
+            raise InputError(f"env.env_id: {task!r} is not a MetaWorld v3 task")
         self.task = task
-        self.instruction = instruction(task)
+        self.instruction = instruction_of(task, instruction)
         # A seed at construction keeps MetaWorld from drawing on (and moving) numpy's global stream.
         self._mw = ALL_V3_ENVIRONMENTS_GOAL_OBSERVABLE[key](seed=0)
         self._mw._freeze_rand_vec = False  # every reset draws new positions ...
@@ -229,7 +244,12 @@ class MetaWorldPixelEnv(gym.Env):
         self.success_bonus = success_bonus
         self.use_proprio = proprio
         self.layout = PackedLayout(height, width, 3, text_len, PROPRIO_DIM if proprio else 0)
-        self._tokens = WordTokenizer.from_instructions().encode(self.instruction, text_len)
+        tokenizer = WordTokenizer.versioned()
+        unknown = tokenizer.unknown(self.instruction)
+        if unknown:
+            logger.warning("%s: the instruction's words %s are not in the vocabulary; the policy reads <unk>",
+                           task, unknown)
+        self._tokens = tokenizer.encode(self.instruction, text_len)
         rotate = camera in FLIPPED_CAMERAS if flip is None else flip
         self._camera = OffscreenCamera(self._mw.model, camera, height, width, rotate, fast_render)
         self.observation_space = gym.spaces.Box(0, 255, (self.layout.size,), dtype=np.uint8)

@@ -178,3 +178,23 @@ def evaluate_success(
         for env in envs:
             env.close()
     return {task: float(solved[i].mean()) for i, task in enumerate(tasks)}
+
+
+def expert_success(tasks: list[str], seeds: list[int], env_kwargs: dict[str, Any] | None = None) -> dict[str, float]:
+    """The scripted experts' success rate per task on episodes reset with ``seeds`` (the ceiling BC imitates)."""
+    out = {}
+    for task in tasks:
+        env, expert, wins = MetaWorldPixelEnv(task, **(env_kwargs or {})), expert_for(task), 0
+        try:
+            for s in seeds:
+                env.reset(seed=s)
+                end, solved = False, False
+                while not end:
+                    _, _, term, trunc, info = env.step(expert.get_action(env.state))
+                    solved |= info["success"] > 0
+                    end = term or trunc
+                wins += solved
+        finally:
+            env.close()
+        out[task] = wins / len(seeds)
+    return out

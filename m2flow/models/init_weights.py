@@ -46,6 +46,9 @@ def read_policy_state(path: str | Path) -> dict[str, torch.Tensor]:
 def load_policy_weights(policy: nn.Module, path: str | Path) -> None:
     """Copy the weights stored in ``path`` into ``policy`` in place; every name and shape must match."""
     state = read_policy_state(path)
+    upgrade = getattr(policy, "upgrade_state", None)
+    if callable(upgrade):  # a policy that reads older files (the VLA: a shorter instruction vocabulary)
+        state = upgrade(state)
     own = policy.state_dict()
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))

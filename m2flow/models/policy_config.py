@@ -15,7 +15,7 @@ from m2flow.config.schema import option
 if TYPE_CHECKING:
     from m2flow.envs.packed import PackedLayout
 
-__all__ = ["ACTIVATION_CLASSES", "ENCODERS", "PolicyConfig", "VLAConfig"]
+__all__ = ["ACTIVATION_CLASSES", "ENCODERS", "PolicyConfig", "VLAConfig", "WarmStartConfig"]
 
 ACTIVATION_CLASSES: dict[str, str] = {"tanh": "Tanh", "relu": "ReLU", "elu": "ELU", "gelu": "GELU", "silu": "SiLU"}
 """``activation`` name -> the ``torch.nn`` module class it builds."""
@@ -69,6 +69,34 @@ class VLAConfig:
 
 
 @dataclass
+class WarmStartConfig:
+    """Behaviour cloning of the VLA on demonstrations, once before RL (the embodied workflow's ``prepare``)."""
+
+    demos: str | None = option(
+        None, "demonstrations file written by `m2flow demos` (None: no warm start); cloned before any worker "
+        "starts, saved in run_dir/warm_start and reused while these settings, the file and policy.vla match")
+    epochs: int = option(10, "passes over the demonstrations")
+    batch_size: int = option(64, "samples per gradient step")
+    lr: float = option(1e-3, "AdamW learning rate (cosine-decayed to 10% over the warm start)")
+    weight_decay: float = option(0.01, "AdamW weight decay")
+    shift: int = option(4, "random-shift image augmentation in pixels (0: off)")
+    threads: int = option(0, "torch threads of the warm start (0: torch's default)")
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field for impossible values."""
+        if self.demos is not None and not self.demos.strip():
+            raise ValueError("demos: empty; give a file or leave it unset")
+        for name in ("epochs", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ValueError(f"lr: must be > 0, got {self.lr}")
+        for name in ("shift", "threads"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass
 class PolicyConfig:
     """Which embodied policy to build and its shape: an actor-critic (MLP / CNN) or the small VLA."""
 
@@ -79,6 +107,8 @@ class PolicyConfig:
     init_from: str | None = option(
         None, "start from the weights in this file: a behaviour-cloning file or a run's actor.pt (loaded without "
         "running code; the weights must fit the policy)")
+    warm_start: WarmStartConfig = option(
+        WarmStartConfig(), "behaviour cloning on demonstrations before RL (kind: vla); starts from init_from when set")
     hidden_sizes: list[int] = option([64, 64], "units of each hidden layer of the actor and critic MLPs")
     activation: str = option("tanh", "hidden activation: 'tanh', 'relu', 'elu', 'gelu' or 'silu'")
     encoder: str = option("auto", "observation encoder: 'auto' (cnn for images, else mlp), 'mlp' or 'cnn'")
@@ -106,3 +136,6 @@ class PolicyConfig:
             self.vla.validate()
         if self.init_from is not None and not self.init_from.strip():
             raise ValueError("init_from: empty; give a file or leave it unset")
+        if self.warm_start.demos is not None and self.kind != "vla":
+            raise ValueError(f"warm_start.demos: behaviour cloning trains the VLA's action tokens; set kind: vla "
+                             f"(got {self.kind!r})")

@@ -75,7 +75,7 @@ class VLAPolicy(nn.Module):
         self.layout = config.layout()
         self.action_dim = action_dim
         self.bins = ActionBins(config.num_bins, config.action_low, config.action_high)
-        vocab = config.vocab_size or WordTokenizer.from_instructions().vocab_size
+        vocab = config.vocab_size or WordTokenizer.versioned().vocab_size
         dim, n_img = config.dim, config.grid * config.grid
         self.stem = ConvStem(config.stem_channels, dim, config.grid)
         self.image_pos = nn.Parameter(torch.zeros(1, n_img, dim))
@@ -93,6 +93,24 @@ class VLAPolicy(nn.Module):
             nn.init.normal_(p, std=0.02)
         nn.init.normal_(self.action_head.weight, std=0.01)  # start near the uniform token distribution
         nn.init.zeros_(self.action_head.bias)
+
+    def upgrade_state(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        """``state`` with a word embedding of an older, shorter vocabulary padded to this policy's rows.
+
+        The vocabulary is append-only (``m2flow.envs.instructions``): an old policy's rows keep their ids,
+        and the words added since take this policy's own initial rows. Any other mismatch is left as is.
+        """
+        key = "word.weight"
+        old, own = state.get(key), self.word.weight
+        if old is None or old.ndim != 2 or old.shape[1] != own.shape[1] or old.shape[0] >= own.shape[0]:
+            return state
+        padded = own.detach().clone().to(old.dtype)
+        padded[: old.shape[0]] = old
+        return {**state, key: padded}
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):  # type: ignore[override]
+        """``nn.Module.load_state_dict`` after :meth:`upgrade_state` (a checkpoint of an older vocabulary loads)."""
+        return super().load_state_dict(self.upgrade_state(dict(state_dict)), strict=strict, assign=assign)
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         """(B, size) uint8 -> action-token logits (B, A, num_bins), values (B,)."""

@@ -53,7 +53,7 @@ def test_observation_layout_instruction_and_proprio(reach):
     assert obs.shape == reach.observation_space.shape == (64 * 64 * 3 + 16 + 16,) and obs.dtype == np.uint8
     image, ids, proprio = lay.unpack(obs)
     assert image.shape == (64, 64, 3) and image.std() > 5  # a scene, not a blank frame
-    assert WordTokenizer.from_instructions().decode(ids) == reach.instruction == "move the gripper to the red goal point"
+    assert WordTokenizer.versioned().decode(ids) == reach.instruction == "move the gripper to the red goal point"
     assert np.allclose(proprio, reach.state[:4])
     assert info == {"success": 0.0, "is_success": 0.0}
 
@@ -159,12 +159,28 @@ def test_multi_task_vector_env_tells_tasks_apart_by_instruction_only():
 
 @needs_metaworld
 def test_bad_settings_fail_naming_them():
-    with pytest.raises(ValueError, match="no instruction for 'fly-v3'"):
+    with pytest.raises(ValueError, match="no instruction for task 'fly-v3'"):
         make_env(EnvConfig(backend="metaworld", env_id="fly-v3"))
     with pytest.raises(ValueError, match="camera"):
         MetaWorldPixelEnv("reach-v3", camera="nope")
     with pytest.raises(ValueError, match="max_episode_steps"):
         MetaWorldPixelEnv("reach-v3", max_episode_steps=10_000)
+    with pytest.raises(ValueError, match="'fly-v3' is not a MetaWorld v3 task"):  # a sentence does not make a task
+        make_env(EnvConfig(backend="metaworld", env_id="fly-v3", env_kwargs={"instruction": "fly"}))
+
+
+@needs_metaworld
+def test_a_task_outside_mt10_reads_its_own_or_the_given_instruction():
+    own = make_env(EnvConfig(backend="metaworld", env_id="handle-press-v3", env_kwargs={"height": 32, "width": 32}))
+    given = make_env(EnvConfig(backend="metaworld", env_id="handle-press-v3",
+                               env_kwargs={"height": 32, "width": 32, "instruction": "press the red handle down"}))
+    try:
+        tok = WordTokenizer.versioned()
+        assert tok.decode(own.layout.unpack(own.reset(seed=0)[0])[1]) == "press the handle down"
+        assert tok.decode(given.layout.unpack(given.reset(seed=0)[0])[1]) == "press the red handle down"
+    finally:
+        own.close()
+        given.close()
 
 
 def test_gl_backend_choice_and_the_reason_without_one(monkeypatch):

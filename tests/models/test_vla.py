@@ -18,7 +18,7 @@ ACTIONS = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 def packed_obs(config: VLAConfig, n: int, seed: int = 0) -> torch.Tensor:
     """n packed observations: random images, the instruction table's sentences, random proprio."""
     rng = np.random.default_rng(seed)
-    lay, tok = config.layout(), WordTokenizer.from_instructions()
+    lay, tok = config.layout(), WordTokenizer.versioned()
     texts = list(INSTRUCTIONS.values())
     rows = [lay.pack(rng.integers(0, 256, (lay.height, lay.width, 3), dtype=np.uint8),
                      tok.encode(texts[i % len(texts)], lay.text_len),
@@ -141,3 +141,26 @@ def test_mismatched_spaces_fail_naming_the_layout():
         build_vla(gym.spaces.Box(0, 255, (VLAConfig().layout().size,), np.uint8), gym.spaces.Box(-2, 2, (4,)))
     with pytest.raises(ValueError, match="dim"):
         VLAConfig(dim=30, heads=4).validate()
+
+
+def test_a_policy_of_the_older_vocabulary_loads_and_reads_mt10_the_same(tmp_path):
+    from dataclasses import replace
+
+    from m2flow.envs.instructions import MT10, VOCABULARIES
+    from m2flow.models.init_weights import load_policy_weights
+    from m2flow.models.vla import save_policy
+
+    torch.manual_seed(0)
+    old = VLAPolicy(replace(small(), vocab_size=len(VOCABULARIES[1]) + 2), 4).eval()  # trained before version 2
+    path = save_policy(old, tmp_path / "old.pt")
+    new = VLAPolicy(small(), 4).eval()
+    assert new.word.num_embeddings > old.word.num_embeddings
+    load_policy_weights(new, path)
+    lay, tok = small().layout(), WordTokenizer.versioned()
+    obs = torch.from_numpy(np.stack([lay.pack(np.zeros((32, 32, 3), np.uint8), tok.encode(INSTRUCTIONS[t], lay.text_len),
+                                              np.zeros(4, np.float32)) for t in MT10]))
+    with torch.no_grad():
+        assert torch.equal(old(obs)[0], new(obs)[0])
+    fresh = VLAPolicy(small(), 4)
+    fresh.load_state_dict(old.state_dict())  # a run's checkpoint (load_state_dict) pads the same way
+    assert torch.equal(fresh.word.weight[: old.word.num_embeddings], old.word.weight)

@@ -71,6 +71,10 @@ class EmbodiedConfig(RunConfig):
             from m2flow.envs.factory import check_env_id
 
             check_env_id(self.env.env_id)  # fail before any worker starts
+        if self.env.backend == "metaworld":  # names and instructions only: the package itself is not needed here
+            from m2flow.envs.metaworld import expand_tasks
+
+            expand_tasks(self.env.env_id, self.env.env_kwargs.get("instruction"))
         if is_auto(self.placement):  # the planner checks each plan it considers
             return
         plan = self.placed()

@@ -2,7 +2,8 @@
 
 PPO on vectorised simulators with env, rollout and actor workers. The graph (``graph.py``) declares
 the components, ``plan.py`` holds the constraints its config adds to the one plan builder, the flow (``flow.py``) is
-the live system one iteration at a time; the driver runs the loop.
+the live system one iteration at a time; the driver runs the loop. ``prepare`` runs the behaviour-cloning warm
+start (``warm_start.py``) when ``policy.warm_start.demos`` is set; the workers start from its weights.
 """
 
 from __future__ import annotations
@@ -42,12 +43,23 @@ class EmbodiedWorkflow(Workflow):
     def offload_settings(self, cfg: EmbodiedConfig) -> dict[str, bool]:
         return {"rollout": cfg.rollout.offload, "actor": cfg.actor.offload}
 
+    def prepare(self, cfg: EmbodiedConfig, run_dir: Path) -> Path | None:
+        """The behaviour-cloned policy's file (trained once, or reused), or None without ``policy.warm_start.demos``."""
+        if cfg.policy.warm_start.demos is None:
+            return None
+        from m2flow.workflows.embodied.warm_start import warm_start_policy
+
+        return warm_start_policy(cfg, Path(run_dir))
+
     def launch(self, cfg: EmbodiedConfig, plan: Plan, executor: Executor, run: Launch) -> EmbodiedFlow:
+        from dataclasses import replace
         from functools import partial
 
         from m2flow.workflows.embodied.flow import EmbodiedFlow
         from m2flow.workflows.embodied.settings import run_settings, worker_settings
 
+        if run.prepared is not None:  # the warm start: every policy copy starts from the cloned weights
+            cfg = replace(cfg, policy=replace(cfg.policy, init_from=str(run.prepared)))
         return EmbodiedFlow(self, plan, executor, run, settings=run_settings(cfg, plan),
                             workers=partial(worker_settings, cfg, plan))
 
