@@ -270,6 +270,17 @@ class Workflow:
         """Work done once in the driver before any worker starts (a model built, a warm start, data sets)."""
         return None
 
+    def warm_start(self, cfg: Any) -> str | None:
+        """The config section of the warm start ``cfg`` declares, run by ``prepare`` (None: none declared; a
+        workflow with no warm start at all raises ``UserInputError`` saying so)."""
+        from m2flow.errors import UserInputError
+
+        raise UserInputError(f"workflow {self.name!r} has no warm start")
+
+    def warm_started(self, prepared: Any) -> Path:
+        """Where ``prepare``'s result keeps the warm-started model or policy."""
+        return Path(prepared.model_path)
+
     def launch(self, cfg: Any, plan: Plan, executor: Executor, run: Launch) -> Flow:
         """Start the plan's groups and return the live flow, restored from ``run.checkpoint`` when given. The edge
         where a run's config is read: the flow gets the Plan and what it needs of ``cfg``, never ``cfg`` itself."""

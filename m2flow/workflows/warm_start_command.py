@@ -25,19 +25,14 @@ def _run(args: argparse.Namespace) -> int:
     from m2flow.driver.registry import load_workflow_config
 
     spec, cfg = load_workflow_config(args.config, args.overrides)
-    warm_start = getattr(getattr(cfg, "model", None), "warm_start", None)
-    if warm_start is None:
-        raise CommandError(f"workflow {spec.name!r} has no warm start (its config has no model.warm_start)")
-    if not getattr(warm_start, "steps", 0):
-        raise CommandError(f"model.warm_start.steps is 0 in {args.config}: nothing to warm-start (set it, e.g. "
-                           "model.warm_start.steps=300)")
+    section = spec.warm_start(cfg)
+    if section is None:
+        raise CommandError(f"{args.config} declares no warm start (reasoning and agentic: model.warm_start.steps "
+                           "> 0; embodied: policy.warm_start.demos)")
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    prepared = spec.prepare(cfg, run_dir)
-    path = getattr(prepared, "model_path", None)
-    if path is None:
-        raise CommandError(f"workflow {spec.name!r} prepared no model to warm-start")
-    say(f"warm-started model ({spec.name}): {path}")
+    path = spec.warm_started(spec.prepare(cfg, run_dir))
+    say(f"warm-started {'policy' if section.startswith('policy') else 'model'} ({spec.name}, {section}): {path}")
     return 0
 
 

@@ -10,19 +10,25 @@ def error_lines(capsys) -> list[str]:
     return [line for line in capsys.readouterr().err.splitlines() if line.strip()]
 
 
-def test_a_workflow_without_a_warm_start_is_one_error_line(tmp_path, capsys):
+def test_a_config_without_a_warm_start_is_one_error_line(tmp_path, capsys):
     code = main(["warm-start", "examples/embodied/cartpole_pipelined.yaml", f"run_dir={tmp_path}/run"])
     err = error_lines(capsys)
     assert code == 1 and len(err) == 1, err
-    assert err[0] == "error: workflow 'embodied' has no warm start (its config has no model.warm_start)"
+    assert err[0].startswith("error: examples/embodied/cartpole_pipelined.yaml declares no warm start")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_workflow_that_has_no_warm_start_at_all_is_one_error_line(tmp_path, capsys):
+    code = main(["warm-start", "examples/runtime_demo.yaml", f"run_dir={tmp_path}/run"])
+    err = error_lines(capsys)
+    assert code == 2 and err == ["error: workflow 'runtime_demo' has no warm start"], err
 
 
 def test_a_config_whose_warm_start_has_no_steps_is_one_error_line(tmp_path, capsys):
     code = main(["warm-start", "examples/agentic/guess_number_grpo.yaml", f"run_dir={tmp_path}/run",
                  "model.warm_start.steps=0"])
     err = error_lines(capsys)
-    assert code == 1 and len(err) == 1 and "model.warm_start.steps is 0" in err[0], err
+    assert code == 1 and len(err) == 1 and "declares no warm start" in err[0], err
 
 
 def test_a_bad_override_is_one_error_line(tmp_path, capsys):

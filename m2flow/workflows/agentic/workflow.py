@@ -53,6 +53,9 @@ class AgenticWorkflow(Workflow):
     def workload(self) -> Workload:
         return WORKLOAD
 
+    def warm_start(self, cfg: AgenticConfig) -> str | None:
+        return "model.warm_start" if cfg.model.warm_start.steps else None
+
     def prepare(self, cfg: AgenticConfig, run_dir: Path) -> Prepared:
         """The model (built, then warm-started once, before any worker loads it)."""
         from m2flow.workflows.agentic.warm_start import prepare_task_model, warm_start_model

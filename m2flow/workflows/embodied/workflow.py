@@ -43,6 +43,12 @@ class EmbodiedWorkflow(Workflow):
     def offload_settings(self, cfg: EmbodiedConfig) -> dict[str, bool]:
         return {"rollout": cfg.rollout.offload, "actor": cfg.actor.offload}
 
+    def warm_start(self, cfg: EmbodiedConfig) -> str | None:
+        return "policy.warm_start" if cfg.policy.warm_start.demos is not None else None
+
+    def warm_started(self, prepared: Path) -> Path:
+        return prepared
+
     def prepare(self, cfg: EmbodiedConfig, run_dir: Path) -> Path | None:
         """The behaviour-cloned policy's file (trained once, or reused), or None without ``policy.warm_start.demos``."""
         if cfg.policy.warm_start.demos is None:

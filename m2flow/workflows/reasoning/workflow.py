@@ -48,6 +48,9 @@ class ReasoningWorkflow(Workflow):
     def workload(self) -> Any:
         return planning.WORKLOAD
 
+    def warm_start(self, cfg: ReasoningConfig) -> str | None:
+        return "model.warm_start" if cfg.model.warm_start.steps else None
+
     def prepare(self, cfg: ReasoningConfig, run_dir: Path) -> Prepared:
         """The model (built, then warm-started once, before any worker loads it) and the data sets."""
         from m2flow.models.tokenizer import load_tokenizer

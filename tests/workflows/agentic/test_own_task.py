@@ -58,7 +58,7 @@ def test_warm_start_from_the_teacher_and_from_a_file_then_train_and_eval(module_
     teacher_cfg = own_config(tmp_path, run_dir=str(tmp_path / "teacher"), **small)
     assert main(["warm-start", write_config(tmp_path / "teacher.yaml", teacher_cfg)]) == 0
     from_teacher = tmp_path / "teacher" / WARM_START_DIR
-    assert capsys.readouterr().out.strip().endswith(f"warm-started model (agentic): {from_teacher}")
+    assert capsys.readouterr().out.strip().endswith(f"warm-started model (agentic, model.warm_start): {from_teacher}")
     tokens = json.loads((from_teacher / "tokenizer.json").read_text())["model"]["vocab"]
     assert {"[", "]", "L", "O", "K", "U", "P", "N", "S", "W", "E", "R"} <= set(tokens)  # it can write the actions
 

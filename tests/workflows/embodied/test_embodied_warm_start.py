@@ -113,3 +113,20 @@ def test_the_command_line_prints_one_line_for_a_bad_demos_file_and_an_unknown_ta
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith("error: env.env_id: no instruction for task 'fly-v3'") and "instruction" in err[0]
+
+
+def test_m2flow_warm_start_clones_the_policy_alone_and_train_then_reuses_it(tmp_path, capsys):
+    import yaml
+
+    from m2flow.config.convert import to_dict
+
+    random_demos(tmp_path / "demos.npz")
+    data = {"workflow": "embodied", **to_dict(config(tmp_path))}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(data))
+    assert main(["warm-start", str(tmp_path / "run.yaml")]) == 0
+    path = Path(data["run_dir"]) / WARM_START_DIR / POLICY_FILE
+    assert capsys.readouterr().out.strip().endswith(f"warm-started policy (embodied, policy.warm_start): {path}")
+    assert path.is_file() and not (Path(data["run_dir"]) / "checkpoints").exists()  # no RL ran
+    stamp = path.stat().st_mtime_ns
+    assert main(["warm-start", str(tmp_path / "run.yaml")]) == 0  # same settings: reused, not trained again
+    assert path.stat().st_mtime_ns == stamp
