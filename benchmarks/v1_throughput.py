@@ -72,6 +72,9 @@ M2FLOW_PLANS: dict[str, tuple[str, int, tuple[str, ...]]] = {
     # The plan search's choice for this workload (V2): two env ranks render on both cores in two pipeline
     # stages, the rollout serves them from device 0, the actor trains over both devices.
     "m2flow-2stages": ("env,actor: 0-1, rollout: 0", 1, ("rollout.fuse_with_env=false", "pipeline_stages=2")),
+    # One process, the VLA emitting chunks of 4 actions from one forward pass: a frame per decision, and
+    # rollout_steps (64) counting decisions, so an update trains on 512 decisions of 2,048 env steps.
+    "m2flow-local-chunk4": ("local", 0, ("policy.vla.chunk=4", "policy.vla.decoding=parallel")),
 }
 """m2flow side name -> (placement, algorithm.max_staleness, further overrides)."""
 ENVS, ROLLOUT_STEPS = 8, 64

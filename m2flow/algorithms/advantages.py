@@ -34,6 +34,7 @@ def compute_gae(
     lam: float = 0.95,
     terminated: Tensor | None = None,
     final_values: Tensor | None = None,
+    discounts: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """GAE(gamma, lambda) over a time-major rollout (Schulman et al. 2015, arXiv 1506.02438).
 
@@ -42,6 +43,9 @@ def compute_gae(
     bootstrap the unfinished tail. By default every done is a termination (no bootstrap). To
     bootstrap time-limit truncations, pass ``terminated`` (T, N) and ``final_values`` (T, N), the
     value of the true last observation, read where ``dones & ~terminated``.
+    ``discounts`` (T, N): the discount from step t to step t + 1 in place of ``gamma`` (action chunks:
+    ``gamma ** k`` for a decision that executed k env steps, its reward already the discounted sum over
+    them: the semi-MDP form of GAE over decisions); lambda still weighs one step (decision) each.
     Returns (advantages, returns), both (T, N), returns = advantages + values.
     """
     if (terminated is None) != (final_values is None):
@@ -57,8 +61,9 @@ def compute_gae(
         if final_values is not None:
             after = torch.where(done[t], final_values[t], after)
         after = torch.where(term[t], zero, after)
-        delta = rewards[t] + gamma * after - values[t]
-        running = delta + gamma * lam * (~done[t]).to(rewards.dtype) * running
+        g = gamma if discounts is None else discounts[t]
+        delta = rewards[t] + g * after - values[t]
+        running = delta + g * lam * (~done[t]).to(rewards.dtype) * running
         advantages[t] = running
     return advantages, advantages + values
 

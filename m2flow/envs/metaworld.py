@@ -8,7 +8,8 @@ env_id="reach-v3")``; any of MetaWorld's 50 v3 tasks has an instruction (``instr
 vector then runs task ``i mod len(tasks)``, and the policy tells them apart by the instruction
 alone. ``env_kwargs`` go to :class:`MetaWorldPixelEnv`.
 
-Each step renders one frame with the scene's expensive effects off (no multisampling, shadows,
+Each step renders one frame (``step_without_render`` skips it, for the actions inside a chunk whose
+next observation no policy reads) with the scene's expensive effects off (no multisampling, shadows,
 reflections or skybox): at 64x64 that is ~150-180 steps/s in one process in the software renderer,
 against 6-13 with the defaults. The "corner" camera's image comes out upside down (its up axis
 points at the floor); it is rotated 180 degrees. Resets draw the object and goal positions from
@@ -280,6 +281,21 @@ class MetaWorldPixelEnv(gym.Env):
         return self._observe(), {"success": 0.0, "is_success": 0.0}
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        reward, terminated, truncated, info = self._advance(action)
+        return self._observe(), reward, terminated, truncated, info
+
+    def step_without_render(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        """``step`` without the camera image: physics, reward and proprio only, for an action inside a chunk
+        whose next observation nobody reads. The observation returned holds the previous image (stale), unless
+        the episode ends here: its last observation is then rendered (a truncated episode bootstraps from it)."""
+        reward, terminated, truncated, info = self._advance(action)
+        if terminated or truncated:
+            return self._observe(), reward, terminated, truncated, info
+        proprio = self.state[:PROPRIO_DIM] if self.use_proprio else np.zeros(0)
+        return self.layout.pack(self._image, self._tokens, proprio), reward, terminated, truncated, info
+
+    def _advance(self, action: np.ndarray) -> tuple[float, bool, bool, dict]:
+        """One physics step of the task: reward, terminated, truncated, info (nothing rendered)."""
         action = np.clip(np.asarray(action, dtype=np.float32), -1.0, 1.0)
         self.state, dense, _, _, info = self._mw.step(action)
         self._steps += 1
@@ -291,8 +307,7 @@ class MetaWorldPixelEnv(gym.Env):
         truncated = not terminated and self._steps >= self.max_episode_steps
         self._solved |= success
         # is_success: solved at any step so far (the embodied workflow's env/success_rate reads it at episode end)
-        return self._observe(), reward, terminated, truncated, {"success": float(success),
-                                                                 "is_success": float(self._solved)}
+        return reward, terminated, truncated, {"success": float(success), "is_success": float(self._solved)}
 
     def render(self) -> np.ndarray:
         """The last observed camera image (H, W, 3) uint8."""

@@ -37,6 +37,9 @@ class StepResult:
     """The pipeline group that stepped (-1: several groups joined)."""
     infos: dict[str, np.ndarray] = field(default_factory=dict)
     """Per-env arrays (n,) of the configured ``info_keys`` (NaN where an env did not report one)."""
+    env_steps: np.ndarray | None = None
+    """(n,) int64: env steps each env executed (a chunk of actions: fewer than the chunk where its episode
+    ended inside it); None: one each."""
 
     @property
     def done(self) -> np.ndarray:
@@ -64,4 +67,5 @@ class StepResult:
             episode_env=np.concatenate([p.episode_env for p in parts]),
             group=-1,
             infos={k: np.concatenate([p.infos[k] for p in parts]) for k in keys},
+            env_steps=None if parts[0].env_steps is None else np.concatenate([p.env_steps for p in parts]),
         )

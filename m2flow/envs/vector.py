@@ -186,6 +186,82 @@ class EnvGroup:
             infos=infos,
         )
 
+    def step_chunk(self, actions: np.ndarray, discount: float = 1.0) -> StepResult:
+        """Execute a chunk of K actions per env, ``actions`` (n, K, *action_shape); raw result.
+
+        Env i takes ``actions[i, 0]``, ``actions[i, 1]``, ... until the chunk or its episode ends (then the
+        rest of its chunk is not executed; the env is reset as in :meth:`step`). An env with a
+        ``step_without_render`` method (``MetaWorldPixelEnv``) takes every action but the last of a chunk
+        through it: only the observation the next decision reads is rendered. ``reward`` is the discounted
+        sum ``sum_j discount**j * r_j`` over the steps executed and ``env_steps`` their number; the episode
+        statistics count env steps and undiscounted rewards, as :meth:`step` does; ``infos`` are the last
+        executed step's.
+        """
+        if self._needs_reset:
+            raise RuntimeError("EnvGroup.step_chunk() before reset()")
+        actions = np.asarray(actions)
+        n = self.num_envs
+        if actions.ndim < 2 or actions.shape[0] != n:
+            raise ValueError(f"expected a chunk of actions (n={n}, K, ...) , got shape {actions.shape}")
+        k = actions.shape[1]
+        if self._clip:
+            actions = np.clip(actions, self.action_space.low, self.action_space.high)
+        elif self._discrete:
+            actions = actions.tolist()
+        obs = np.empty((n, *self.observation_space.shape), self.observation_space.dtype)
+        reward = np.zeros(n, dtype=np.float64)
+        terminated = np.zeros(n, dtype=bool)
+        truncated = np.zeros(n, dtype=bool)
+        steps = np.zeros(n, dtype=np.int64)
+        infos = {key: np.full(n, np.nan) for key in self.info_keys}
+        finals: dict[int, np.ndarray] = {}
+        ended: list[tuple[int, float, int]] = []  # (env, raw return, length) of each episode that ended
+        for i, env in enumerate(self.envs):
+            quiet = getattr(env, "step_without_render", None)
+            weight, info = 1.0, None
+            for j in range(k):
+                step = env.step if quiet is None or j == k - 1 else quiet
+                try:
+                    o, r, term, trunc, info = step(actions[i][j])
+                except Exception as error:  # noqa: BLE001 - a simulator may raise anything; counted
+                    self._failed(i, "step", error)
+                    steps[i] += 1
+                    info = None
+                    terminated[i] = True  # the broken episode ends without statistics
+                    self._ep_return[i], self._ep_length[i] = 0.0, 0
+                    o = self._reset_env(i)
+                    break
+                steps[i] += 1
+                reward[i] += weight * r
+                weight *= discount
+                self._ep_return[i] += r
+                self._ep_length[i] += 1
+                if term or trunc:
+                    terminated[i], truncated[i] = term, trunc
+                    finals[i] = o
+                    ended.append((i, float(self._ep_return[i]), int(self._ep_length[i])))
+                    self._ep_return[i], self._ep_length[i] = 0.0, 0
+                    o = self._reset_env(i)
+                    break
+            if info is not None:
+                for key in self.info_keys:
+                    if key in info:
+                        infos[key][i] = info[key]
+            obs[i] = o
+        next_obs = obs
+        if finals:
+            next_obs = obs.copy()
+            for i, o in finals.items():
+                next_obs[i] = o
+        return StepResult(
+            obs=obs, next_obs=next_obs, reward=reward.astype(np.float32), raw_reward=reward,
+            terminated=terminated, truncated=truncated,
+            episode_return=np.array([e[1] for e in ended], dtype=np.float64) if ended else _NO_FLOAT,
+            episode_length=np.array([e[2] for e in ended], dtype=np.int64) if ended else _NO_INT,
+            episode_env=(np.array([e[0] for e in ended], dtype=np.int64) if ended else _NO_INT) + self.first_index,
+            infos=infos, env_steps=steps,
+        )
+
     def close(self) -> None:
         for env in self.envs:
             env.close()
@@ -299,8 +375,22 @@ class VecEnv:
 
     def step_group(self, k: int, actions: np.ndarray) -> StepResult:
         """Step group ``k`` alone with ``actions`` (n_k, *action_shape); the others do not move."""
+        return self._finish(k, self.groups[k].step(actions))
+
+    def step_group_chunk(self, k: int, actions: np.ndarray, discount: float = 1.0) -> StepResult:
+        """Group ``k`` alone executes a chunk of actions per env, (n_k, K, *action_shape)
+        (:meth:`EnvGroup.step_chunk`). Reward normalisation scales the chunk's discounted reward as one
+        reward (its running return is then over decisions, a scale estimate as good as the per-step one)."""
+        return self._finish(k, self.groups[k].step_chunk(actions, discount))
+
+    def step_chunk(self, actions: np.ndarray, discount: float = 1.0) -> StepResult:
+        """Every group in turn executes its envs' chunks, ``actions`` (num_envs, K, *action_shape)."""
+        return StepResult.concatenate(
+            [self.step_group_chunk(k, actions[g.indices], discount) for k, g in enumerate(self.groups)])
+
+    def _finish(self, k: int, result: StepResult) -> StepResult:
+        """Group ``k``'s raw result normalised: observations, rewards, episode bookkeeping."""
         group = self.groups[k]
-        result = group.step(actions)
         ended = result.episode_env.size > 0
         done = result.terminated | result.truncated
         raw_next = result.next_obs

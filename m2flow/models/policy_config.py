@@ -44,8 +44,15 @@ class VLAConfig:
     action_low: float = option(-1.0, "lower bound of every action dimension")
     action_high: float = option(1.0, "upper bound of every action dimension")
     logprob: Literal["token", "action"] = option(
-        "token", "what act / evaluate return: 'token': one log-prob per action token (B, A), so PPO clips a ratio "
-        "per token; 'action': their sum (B,), one ratio per action")
+        "token", "what act / evaluate return: 'token': one log-prob per action token (B, chunk * A), so PPO clips a "
+        "ratio per token; 'action': their sum (B,), one ratio per decision (per chunk when chunk > 1)")
+    chunk: int = option(
+        1, "actions per decision (K): the policy emits K consecutive actions from one observation and the env "
+        "worker executes them, rendering only the frame the next decision reads; 1: one action per env step")
+    decoding: Literal["parallel", "autoregressive"] = option(
+        "parallel", "how the chunk * A action tokens are decoded: 'parallel': one forward pass, a learned query "
+        "slot per token, the slots attending to each other both ways; 'autoregressive': token j conditioned on "
+        "tokens < j (a causal mask over the slots, one forward pass per token when sampling)")
 
     def validate(self) -> None:
         """Raise ValueError naming the field for impossible values."""
@@ -58,6 +65,10 @@ class VLAConfig:
             raise ValueError(f"text_len: must be >= 1, got {self.text_len}")
         if self.logprob not in ("token", "action"):
             raise ValueError(f"logprob: must be 'token' or 'action', got {self.logprob!r}")
+        if self.chunk < 1:
+            raise ValueError(f"chunk: must be >= 1 (actions per decision), got {self.chunk}")
+        if self.decoding not in ("parallel", "autoregressive"):
+            raise ValueError(f"decoding: must be 'parallel' or 'autoregressive', got {self.decoding!r}")
         if self.vocab_size < 0 or self.vocab_size > 256:
             raise ValueError(f"vocab_size: must be in [0, 256] (ids are stored as bytes), got {self.vocab_size}")
 
@@ -120,6 +131,11 @@ class PolicyConfig:
     cnn_strides: list[int] = option([4, 2, 1], "stride of each convolution")
     cnn_features: int = option(512, "width of the CNN's output feature layer")
 
+    @property
+    def action_chunk(self) -> int:
+        """Env steps per decision: ``vla.chunk`` for the VLA, 1 for the actor-critics."""
+        return self.vla.chunk if self.kind == "vla" else 1
+
     def validate(self) -> None:
         """Raise ValueError naming the field for impossible values."""
         if self.activation not in ACTIVATION_CLASSES:
@@ -139,3 +155,6 @@ class PolicyConfig:
         if self.warm_start.demos is not None and self.kind != "vla":
             raise ValueError(f"warm_start.demos: behaviour cloning trains the VLA's action tokens; set kind: vla "
                              f"(got {self.kind!r})")
+        if self.warm_start.demos is not None and self.vla.chunk != 1:
+            raise ValueError(f"warm_start.demos: behaviour cloning trains one action per observation; it cannot "
+                             f"start a policy of vla.chunk {self.vla.chunk} (set vla.chunk: 1)")

@@ -7,17 +7,28 @@ Layout (sizes at the defaults, ~1M parameters):
 - instruction: word ids (``m2flow.envs.instructions``) embedded, with position embeddings;
   padding is masked out of attention;
 - proprio: one token from a linear map of the proprio vector;
-- ``A`` learned action queries and one value query; a pre-norm transformer encoder runs over
-  ``[image | instruction | proprio | action queries | value query]``;
-- action head: each action query's output -> ``num_bins`` logits (one shared linear layer). The
-  dimensions are decoded in parallel (independent given the observation, as OpenVLA-OFT), so the
-  log-probability of an action is the sum of its ``A`` token log-probabilities;
+- ``S = chunk * A`` learned action query slots (a chunk of ``chunk`` actions of ``A`` dimensions
+  each) and one value query; a pre-norm transformer encoder runs over
+  ``[image | instruction | proprio | action slots | value query]``;
+- action head: each action slot's output -> ``num_bins`` logits (one shared linear layer);
 - value head: the value query's output -> V(s), for PPO.
+
+Decoding (``VLAConfig.decoding``):
+
+- ``parallel`` (the default): every slot attends to every position, so all ``S`` tokens come from
+  one forward pass and are independent given the observation (as OpenVLA-OFT);
+- ``autoregressive``: slot j also reads the embedding of token j - 1 and attends to the prompt and
+  slots <= j only (the prompt and the value query do not see the slots), so token j is conditioned
+  on tokens < j. Sampling takes ``S`` forward passes; scoring given tokens (the update) one, with
+  the sampled tokens fed in (teacher forcing), which gives the same log-probs.
+
+Either way the log-probability of a decision is the sum of its ``S`` token log-probabilities.
 
 The policy reads packed uint8 observations (:class:`~m2flow.envs.packed.PackedLayout`) and
 implements the embodied ``Policy`` interface (``act``/``evaluate``/``value``) over continuous
-actions, the bin centres of its tokens (:mod:`m2flow.models.action_tokens`); token-level losses use
-``token_outputs``, whose (B, A) log-probs feed the registered losses of ``m2flow.algorithms``.
+actions, the bin centres of its tokens (:mod:`m2flow.models.action_tokens`): (B, A) with
+``chunk == 1``, (B, chunk, A) otherwise. Token-level losses use ``token_outputs``, whose (B, S)
+log-probs feed the registered losses of ``m2flow.algorithms``.
 """
 
 from __future__ import annotations
@@ -40,9 +51,9 @@ from m2flow.models.policy_types import ActOutput, EvalOutput
 
 class TokenOutput(NamedTuple):
     logprobs: Tensor
-    """(B, A): log-probability of each action token."""
+    """(B, S): log-probability of each action token (S = chunk * A)."""
     entropy: Tensor
-    """(B, A): entropy of each action dimension's token distribution."""
+    """(B, S): entropy of each token's distribution (given the tokens before it, when autoregressive)."""
     values: Tensor
     """(B,): critic estimate of each observation."""
 
@@ -66,7 +77,7 @@ class ConvStem(nn.Module):
 
 
 class VLAPolicy(nn.Module):
-    """Packed observations (B, size) uint8 -> per-dimension action-token logits and a value."""
+    """Packed observations (B, size) uint8 -> action-token logits for a chunk of actions, and a value."""
 
     def __init__(self, config: VLAConfig, action_dim: int) -> None:
         super().__init__()
@@ -74,6 +85,9 @@ class VLAPolicy(nn.Module):
         self.config = config
         self.layout = config.layout()
         self.action_dim = action_dim
+        self.chunk = config.chunk
+        self.slots = config.chunk * action_dim
+        self.autoregressive = config.decoding == "autoregressive"
         self.bins = ActionBins(config.num_bins, config.action_low, config.action_high)
         vocab = config.vocab_size or WordTokenizer.versioned().vocab_size
         dim, n_img = config.dim, config.grid * config.grid
@@ -82,7 +96,7 @@ class VLAPolicy(nn.Module):
         self.word = nn.Embedding(vocab, dim, padding_idx=PAD_ID)
         self.text_pos = nn.Parameter(torch.zeros(1, config.text_len, dim))
         self.proprio = nn.Linear(config.proprio_dim, dim) if config.proprio_dim else None
-        self.queries = nn.Parameter(torch.zeros(1, action_dim + 1, dim))  # A action queries, then the value query
+        self.queries = nn.Parameter(torch.zeros(1, self.slots + 1, dim))  # S action slots, then the value query
         layer = nn.TransformerEncoderLayer(
             dim, config.heads, config.mlp_ratio * dim, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
         )
@@ -93,6 +107,11 @@ class VLAPolicy(nn.Module):
             nn.init.normal_(p, std=0.02)
         nn.init.normal_(self.action_head.weight, std=0.01)  # start near the uniform token distribution
         nn.init.zeros_(self.action_head.bias)
+        # Autoregressive only (made last, so the parallel policy's parameters and their initial draws are
+        # those of a policy without it): the previous token's embedding, id num_bins before the first slot.
+        self.token_embed = nn.Embedding(config.num_bins + 1, dim) if self.autoregressive else None
+        if self.token_embed is not None:
+            nn.init.normal_(self.token_embed.weight, std=0.02)
 
     def upgrade_state(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
         """``state`` with a word embedding of an older, shorter vocabulary padded to this policy's rows.
@@ -112,8 +131,11 @@ class VLAPolicy(nn.Module):
         """``nn.Module.load_state_dict`` after :meth:`upgrade_state` (a checkpoint of an older vocabulary loads)."""
         return super().load_state_dict(self.upgrade_state(dict(state_dict)), strict=strict, assign=assign)
 
-    def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
-        """(B, size) uint8 -> action-token logits (B, A, num_bins), values (B,)."""
+    def forward(self, obs: Tensor, tokens: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(B, size) uint8 -> action-token logits (B, S, num_bins), values (B,).
+
+        ``tokens`` (B, S): autoregressive decoding only, the tokens fed to the slots after them (slot j
+        reads token j - 1; only tokens before a slot change its logits); None: none known yet."""
         images, ids, proprio = self.layout.unpack_torch(torch.as_tensor(obs))
         b = images.shape[0]
         ids, text_pos = self._trim_padding(ids)
@@ -122,11 +144,37 @@ class VLAPolicy(nn.Module):
         if self.proprio is not None:
             parts.append(self.proprio(proprio).unsqueeze(1))
             pad.append(pad[0][:, :1])
-        parts.append(self.queries.expand(b, -1, -1))
+        prefix = sum(p.shape[1] for p in parts)
+        queries = self.queries.expand(b, -1, -1)
+        mask = None
+        if self.token_embed is not None:
+            queries = queries + self._previous_tokens(tokens, b, images.device)
+            mask = self._causal_mask(prefix, images.device)
+        parts.append(queries)
         pad.append(torch.zeros(b, self.queries.shape[1], dtype=torch.bool, device=images.device))
-        h = self.encoder(torch.cat(parts, dim=1), src_key_padding_mask=torch.cat(pad, dim=1))
-        out = h[:, -self.queries.shape[1] :]  # [B, A + 1, dim]
+        h = self.encoder(torch.cat(parts, dim=1), mask=mask, src_key_padding_mask=torch.cat(pad, dim=1))
+        out = h[:, -self.queries.shape[1] :]  # [B, S + 1, dim]
         return self.action_head(out[:, :-1]), self.value_head(out[:, -1]).squeeze(-1)
+
+    def _previous_tokens(self, tokens: Tensor | None, b: int, device: torch.device) -> Tensor:
+        """(B, S + 1, dim): slot j's embedding of token j - 1 (the start id for slot 0), zeros on the value query."""
+        start = self.config.num_bins
+        prev = torch.full((b, self.slots), start, dtype=torch.long, device=device)
+        if tokens is not None:
+            prev[:, 1:] = tokens[:, :-1].long()
+        emb = self.token_embed(prev)
+        return torch.cat([emb, emb.new_zeros(b, 1, emb.shape[-1])], dim=1)
+
+    def _causal_mask(self, prefix: int, device: torch.device) -> Tensor:
+        """(L, L) bool, True where attention is blocked: the prompt and the value query see the prompt (and
+        themselves) only, action slot j the prompt and slots <= j; so no output depends on a later token."""
+        n = prefix + self.slots + 1
+        blocked = torch.zeros(n, n, dtype=torch.bool, device=device)
+        slots = slice(prefix, prefix + self.slots)
+        blocked[:prefix, prefix:] = True  # the prompt never reads a token
+        blocked[slots, slots] = torch.ones(self.slots, self.slots, dtype=torch.bool, device=device).triu(1)
+        blocked[-1, prefix:-1] = True  # V(s): the value query reads no token either
+        return blocked
 
     def _trim_padding(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         """Drop the instruction columns that are padding in every row: no query attends to a padded key, so
@@ -136,8 +184,9 @@ class VLAPolicy(nn.Module):
         return ids[:, :width], self.text_pos[:, :width]
 
     def token_outputs(self, obs: Tensor, tokens: Tensor) -> TokenOutput:
-        """(B, size), tokens (B, A) -> per-token log-probs (B, A), entropies (B, A), values (B,)."""
-        logits, values = self(obs)
+        """(B, size), tokens (B, S) -> per-token log-probs (B, S), entropies (B, S), values (B,); one forward
+        pass in either decoding (autoregressive: the tokens are fed in, teacher forcing)."""
+        logits, values = self(obs, tokens if self.autoregressive else None)
         log_p = F.log_softmax(logits.float(), dim=-1)
         logprobs = log_p.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
         entropy = -(log_p.exp() * log_p).sum(-1)
@@ -147,29 +196,50 @@ class VLAPolicy(nn.Module):
     def act_tokens(
         self, obs: Tensor, deterministic: bool = False, generator: torch.Generator | None = None
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """(B, size) -> sampled (or most likely) tokens (B, A), their log-probs (B, A), values (B,)."""
-        logits, values = self(obs)
+        """(B, size) -> sampled (or most likely) tokens (B, S), their log-probs (B, S), values (B,).
+
+        Parallel decoding: one forward pass. Autoregressive: one per token, token j drawn given tokens < j."""
+        if not self.autoregressive:
+            logits, values = self(obs)
+            return (*self._draw(logits, deterministic, generator), values)
+        b = torch.as_tensor(obs).shape[0]
+        tokens = torch.zeros(b, self.slots, dtype=torch.long, device=self.queries.device)
+        logprobs = torch.zeros(b, self.slots, device=self.queries.device)
+        for j in range(self.slots):  # slot j reads tokens < j only: what is still unset there does not matter
+            logits, values = self(obs, tokens)
+            token, logprob = self._draw(logits[:, j : j + 1], deterministic, generator)
+            tokens[:, j], logprobs[:, j] = token[:, 0], logprob[:, 0]
+        return tokens, logprobs, values
+
+    @staticmethod
+    def _draw(logits: Tensor, deterministic: bool, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+        """Logits (B, n, bins) -> tokens (B, n) sampled (or most likely) and their log-probs (B, n)."""
         log_p = F.log_softmax(logits.float(), dim=-1)
         if deterministic:
             tokens = log_p.argmax(-1)
         else:
             probs = log_p.exp().reshape(-1, log_p.shape[-1])
             tokens = torch.multinomial(probs, 1, generator=generator).reshape(log_p.shape[:-1])
-        return tokens, log_p.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), values
+        return tokens, log_p.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
     # ------------------------------------------------------------- the embodied Policy interface
 
     @torch.no_grad()
     def act(self, obs: Tensor, deterministic: bool = False, generator: torch.Generator | None = None) -> ActOutput:
-        """(B, size) -> continuous actions (bin centres) (B, A), log-probs (B, A) per token or (B,) joint
-        (``config.logprob``), values (B,)."""
+        """(B, size) -> continuous actions (bin centres) (B, A), or (B, chunk, A) with ``chunk > 1``;
+        log-probs (B, S) per token or (B,) joint (``config.logprob``); values (B,)."""
         tokens, logprobs, values = self.act_tokens(obs, deterministic, generator)
-        return ActOutput(self.bins.to_actions(tokens), self._shaped(logprobs), values)
+        actions = self.bins.to_actions(tokens)
+        if self.chunk > 1:
+            actions = actions.view(-1, self.chunk, self.action_dim)  # [B, S] -> [B, K, A]
+        return ActOutput(actions, self._shaped(logprobs), values)
 
     def evaluate(self, obs: Tensor, actions: Tensor) -> EvalOutput:
-        """(B, size), continuous actions (B, A) -> log-probs (B, A) per token or (B,) joint (``config.logprob``),
-        summed entropies (B,), values (B,)."""
-        out = self.token_outputs(obs, self.bins.to_tokens(torch.as_tensor(actions)))
+        """(B, size), continuous actions (B, A) or (B, chunk, A) -> log-probs (B, S) per token or (B,) joint
+        (``config.logprob``), summed entropies (B,), values (B,)."""
+        actions = torch.as_tensor(actions)
+        tokens = self.bins.to_tokens(actions.reshape(actions.shape[0], -1))  # [B, K, A] -> [B, S]
+        out = self.token_outputs(obs, tokens)
         return EvalOutput(self._shaped(out.logprobs), out.entropy.sum(-1), out.values)
 
     def _shaped(self, token_logprobs: Tensor) -> Tensor:

@@ -10,13 +10,16 @@ from __future__ import annotations
 import math
 
 
-def gae(rewards, values, dones, next_values, gamma, lam, terminated=None, final_values=None):
-    """Time-major GAE; each env is walked backwards and the accumulator reset at episode ends."""
+def gae(rewards, values, dones, next_values, gamma, lam, terminated=None, final_values=None, discounts=None):
+    """Time-major GAE; each env is walked backwards and the accumulator reset at episode ends.
+    ``discounts[t][n]``, when given, is the discount after step t (in place of gamma)."""
     steps, envs = len(rewards), len(rewards[0])
     adv = [[0.0] * envs for _ in range(steps)]
     for n in range(envs):
         running = 0.0
         for t in reversed(range(steps)):
+            if discounts is not None:
+                gamma = discounts[t][n]
             if dones[t][n]:
                 running = 0.0  # nothing after the end of an episode flows back into it
                 truncated = terminated is not None and not terminated[t][n]

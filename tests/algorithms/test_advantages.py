@@ -64,6 +64,30 @@ def test_gae_by_hand_termination_and_truncation():
     close(adv, [[1.25], [1.0], [2.0]])
 
 
+def test_gae_over_decisions_by_hand():
+    # Action chunks of 2 env steps, gamma = 0.5 per env step: decisions are gamma^2 = 0.25 apart, except
+    # decision 1, whose episode was truncated after 1 of its 2 steps (discount 0.5 to its final obs, V = 6).
+    # r (the chunks' discounted sums) = [1, 0, 2], V = [1, 2, 4], V(s_T) = 8, lam = 0.5
+    # delta2 = 2 + 0.25*8 - 4 = 0      A2 = 0
+    # delta1 = 0 + 0.5*6 - 2 = 1       A1 = 1 (the episode ended: nothing flows back from t=2)
+    # delta0 = 1 + 0.25*2 - 1 = 0.5    A0 = 0.5 + 0.25*0.5*1 = 0.625
+    adv, ret = compute_gae(
+        t([[1.0], [0.0], [2.0]]), t([[1.0], [2.0], [4.0]]), t([[0], [1], [0]]), t([8.0]), gamma=0.5, lam=0.5,
+        terminated=t([[0], [0], [0]]), final_values=t([[0.0], [6.0], [0.0]]), discounts=t([[0.25], [0.5], [0.25]]))
+    close(adv, [[0.625], [1.0], [0.0]])
+    close(ret, [[1.625], [3.0], [4.0]])
+    # With no episode end every decision is 0.25 away: delta1 = 0 + 1 - 2 = -1, A1 = -1 + 0.125*0 = -1,
+    # A0 = 0.5 + 0.125*(-1) = 0.375; and discounts all equal to gamma give plain GAE.
+    adv, _ = compute_gae(t([[1.0], [0.0], [2.0]]), t([[1.0], [2.0], [4.0]]), t([[0], [0], [0]]), t([8.0]),
+                         gamma=0.5, lam=0.5, discounts=t([[0.25], [0.25], [0.25]]))
+    close(adv, [[0.375], [-1.0], [0.0]])
+    plain, _ = compute_gae(t([[1.0], [0.0], [2.0]]), t([[1.0], [2.0], [4.0]]), t([[0], [0], [0]]), t([8.0]),
+                           gamma=0.5, lam=0.5)
+    same, _ = compute_gae(t([[1.0], [0.0], [2.0]]), t([[1.0], [2.0], [4.0]]), t([[0], [0], [0]]), t([8.0]),
+                          gamma=0.9, lam=0.5, discounts=t([[0.5], [0.5], [0.5]]))
+    close(same, plain)
+
+
 def test_gae_needs_terminated_and_final_values_together():
     x = torch.zeros(2, 1)
     with pytest.raises(ValueError, match="together"):
@@ -185,6 +209,12 @@ def test_gae_matches_loop(seed: int):
         rewards.tolist(), values.tolist(), dones.tolist(), next_values.tolist(), gamma, lam,
         terminated.tolist(), final_values.tolist(),
     )
+    close(adv, exp_adv)
+    discounts = gamma ** torch.randint(1, 5, (steps, envs), generator=gen).to(F64)  # chunks of 1-4 env steps
+    adv, _ = compute_gae(rewards, values, dones, next_values, gamma=gamma, lam=lam, terminated=terminated,
+                         final_values=final_values, discounts=discounts)
+    exp_adv, _ = ref.gae(rewards.tolist(), values.tolist(), dones.tolist(), next_values.tolist(), gamma, lam,
+                         terminated.tolist(), final_values.tolist(), discounts.tolist())
     close(adv, exp_adv)
 
 

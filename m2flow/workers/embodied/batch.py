@@ -49,6 +49,16 @@ def grpo_advantages(trajs: list[Trajectory], rewards: torch.Tensor, dones: torch
     return out.advantages, out.mask
 
 
+def decision_discounts(trajs: list[Trajectory], gamma: float, device: torch.device | str) -> torch.Tensor | None:
+    """(T, N) discount from each decision to the next, ``gamma ** env_steps`` (action chunks: a decision
+    that executed k env steps is k steps of discount away from the next one); None: one step each."""
+    if all(t.env_steps is None for t in trajs):
+        return None
+    steps = np.concatenate([np.ones(t.rewards.shape, np.int64) if t.env_steps is None else t.env_steps
+                            for t in trajs], axis=1)
+    return torch.from_numpy(np.power(gamma, steps.astype(np.float64)).astype(np.float32)).to(device)
+
+
 def build_batch(policy: Policy, trajs: list[Trajectory], cfg: PPOConfig,
                 device: torch.device | str = "cpu",
                 behaviour: Sequence[Policy | None] | None = None) -> tuple[PPOBatch, dict[str, float]]:
@@ -60,7 +70,8 @@ def build_batch(policy: Policy, trajs: list[Trajectory], cfg: PPOConfig,
     policy's (``policy``) and the batch carries the decoupled-PPO weights pi_prox / pi_behav
     (``m2flow.algorithms.offpolicy``); values, and so GAE, are always ``policy``'s critic. GAE bootstraps time-limit truncations from V(true last observation) and
     treats terminations as value 0; with ``use_critic`` off, values are 0 and lambda 1, so the
-    advantages are discounted returns. Also returns batch-level metrics.
+    advantages are discounted returns. With action chunks a sample is a decision and GAE runs over
+    decisions, discounted by ``gamma ** env_steps`` between them. Also returns batch-level metrics.
     """
     def joined(name: str) -> torch.Tensor:
         return torch.from_numpy(np.concatenate([getattr(t, name) for t in trajs], axis=1)).to(device)
@@ -94,7 +105,8 @@ def build_batch(policy: Policy, trajs: list[Trajectory], cfg: PPOConfig,
     else:
         advantages, returns = compute_gae(
             rewards, values, terminated | truncated, next_values, gamma=cfg.gamma,
-            lam=cfg.gae_lambda if cfg.use_critic else 1.0, terminated=terminated, final_values=final_values)
+            lam=cfg.gae_lambda if cfg.use_critic else 1.0, terminated=terminated, final_values=final_values,
+            discounts=decision_discounts(trajs, cfg.gamma, device))
     weights = None
     extra: dict[str, float] = {}
     if behaviour is not None and any(b is not None for b in behaviour):

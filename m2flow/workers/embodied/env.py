@@ -1,6 +1,7 @@
 """``EnvWorker``: one rank's vector of simulators, stepped in pipeline stages, producing trajectories.
 
-Per iteration (``interact``) the rank's envs, split into K stages, take T steps each::
+Per iteration (``interact``) the rank's envs, split into K stages, take T steps each (T decisions
+with action chunks: each executes up to ``chunk`` env steps, ``EnvGroup.step_chunk``)::
 
     send every stage's observations to the policy
     for t in 0 .. T-1:
@@ -50,6 +51,7 @@ class EnvWorker(Worker):
         env = s.env
         self.vec = VecEnv(env, rank=self.rank)
         self.T = s.rollout_steps
+        self.chunk, self.chunk_discount = s.chunk, s.chunk_discount
         self.max_error_rate = s.max_error_rate
         self.reset_groups = s.reset_groups
         self.actor_group = s.actor_group
@@ -61,7 +63,10 @@ class EnvWorker(Worker):
         obs_space, act_space = self.vec.single_observation_space, self.vec.single_action_space
         # obs[t] is what the policy saw at step t; obs[T] the observation after the last step.
         self.obs = np.zeros((self.T + 1, n, *obs_space.shape), dtype=self._obs_dtype())
-        self.actions = np.zeros((self.T, n, *act_space.shape), dtype=_action_dtype(act_space))
+        chunk_shape = (self.chunk,) if self.chunk > 1 else ()
+        self.actions = np.zeros((self.T, n, *chunk_shape, *act_space.shape), dtype=_action_dtype(act_space))
+        # env steps each decision executed (action chunks only; otherwise one each)
+        self.env_steps = np.zeros((self.T, n), dtype=np.int64) if self.chunk > 1 else None
         self.rewards = np.zeros((self.T, n), dtype=np.float32)
         self.terminated = np.zeros((self.T, n), dtype=bool)
         self.truncated = np.zeros((self.T, n), dtype=bool)
@@ -118,7 +123,7 @@ class EnvWorker(Worker):
             env_rank=self.rank, iteration=iteration, obs=self.obs[: self.T], actions=self.actions,
             rewards=self.rewards, terminated=self.terminated, truncated=self.truncated,
             final_index=self._final_index, final_obs=self._final_obs, last_obs=self.obs[self.T],
-            policy_version=policy_version,
+            policy_version=policy_version, env_steps=self.env_steps,
         )
         self.comm.broadcast(traj, self.actor_group, list(range(self.actor_ranks)))
         # Sent: the next iteration may overwrite the buffers, since receivers in other processes got
@@ -127,6 +132,8 @@ class EnvWorker(Worker):
         if self._actors_in_process():
             self.obs, self.actions, self.rewards, self.terminated, self.truncated = (
                 np.empty_like(a) for a in (self.obs, self.actions, self.rewards, self.terminated, self.truncated))
+            if self.env_steps is not None:
+                self.env_steps = np.empty_like(self.env_steps)
         self.obs[0] = last
         return stats
 
@@ -142,6 +149,8 @@ class EnvWorker(Worker):
         tracer = get_tracer()
         traced = tracer.enabled
         stats = InteractStats(env_rank=self.rank, steps=T * vec.num_envs)
+        chunked = self.env_steps is not None
+        executed = 0  # env steps the decisions executed (action chunks)
         finals_t: list[int] = []
         finals_env: list[np.ndarray] = []
         finals_obs: list[np.ndarray] = []
@@ -156,7 +165,12 @@ class EnvWorker(Worker):
                 actions = link.recv_actions(k)
                 t1 = time.perf_counter_ns()
                 self.actions[t, sl] = actions
-                res = vec.step_group(k, actions)
+                if chunked:
+                    res = vec.step_group_chunk(k, actions, self.chunk_discount)
+                    self.env_steps[t, sl] = res.env_steps
+                    executed += int(res.env_steps.sum())
+                else:
+                    res = vec.step_group(k, actions)
                 self.rewards[t, sl] = res.reward
                 self.terminated[t, sl] = res.terminated
                 self.truncated[t, sl] = res.truncated
@@ -185,6 +199,8 @@ class EnvWorker(Worker):
              np.concatenate(finals_env) if finals_env else np.zeros(0, dtype=np.int64)], axis=1)
         shape = self.obs.shape[2:]
         self._final_obs = np.concatenate(finals_obs) if finals_obs else np.zeros((0, *shape), self.obs.dtype)
+        if chunked:  # metrics count env steps, not decisions, so rates compare across chunk sizes
+            stats.steps = executed
         stats.errors, last_error = vec.pop_errors()
         if stats.errors > self.max_error_rate * stats.steps:
             raise RunHealthError(

@@ -49,9 +49,11 @@ def evaluate_policy(
         lengths: list[int] = []
         steps = 0
         while len(returns) < episodes and steps < max_steps:
-            res = vec.step(engine.act(obs, 0, deterministic=deterministic))
+            actions = engine.act(obs, 0, deterministic=deterministic)
+            # action chunks: each env executes its chunk (the returns are the episodes' own, undiscounted)
+            res = vec.step(actions) if policy.action_chunk == 1 else vec.step_chunk(actions)
             obs = res.obs
-            steps += vec.num_envs
+            steps += vec.num_envs if res.env_steps is None else int(res.env_steps.sum())
             returns.extend(res.episode_return.tolist())
             lengths.extend(res.episode_length.tolist())
     finally:

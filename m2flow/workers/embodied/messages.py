@@ -20,9 +20,11 @@ class Trajectory:
     obs: np.ndarray
     """(T, n, *obs_shape): the (normalised) observations the policy acted on."""
     actions: np.ndarray
-    """(T, n, *action_shape): the sampled actions, before any clipping to the action bounds."""
+    """(T, n, *action_shape): the sampled actions, before any clipping to the action bounds; with action
+    chunks (T, n, K, *action_shape), decision t's K actions."""
     rewards: np.ndarray
-    """(T, n) float32: the rewards to learn from (scaled when reward normalisation is on)."""
+    """(T, n) float32: the rewards to learn from (scaled when reward normalisation is on); with action chunks
+    the discounted sum over the env steps decision t executed."""
     terminated: np.ndarray
     """(T, n) bool: the episode reached a terminal state at step t (its successor has value 0)."""
     truncated: np.ndarray
@@ -35,6 +37,9 @@ class Trajectory:
     """(n, *obs_shape): the observation after step T - 1, to bootstrap the unfinished tail."""
     policy_version: int = 0
     """the version of the weights that acted: the number of iterations the actor had trained on."""
+    env_steps: np.ndarray | None = None
+    """(T, n) int64: env steps decision t executed (action chunks: K, fewer where an episode ended inside
+    the chunk); the discount from decision t to t + 1 is gamma ** env_steps[t]. None: one step each."""
 
     @property
     def num_steps(self) -> int:
@@ -51,7 +56,7 @@ class InteractStats:
 
     env_rank: int
     steps: int
-    """env steps taken (T * n)."""
+    """env steps taken (T * n; with action chunks the steps the T * n decisions executed)."""
     episode_returns: list[float] = field(default_factory=list)
     """raw returns of the episodes that ended during the iteration, in the order they ended."""
     episode_lengths: list[int] = field(default_factory=list)

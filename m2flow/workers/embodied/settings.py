@@ -44,6 +44,11 @@ class EmbodiedEnvSettings:
     reset_groups: int = 0
     """GRPO: every iteration starts from a reset of every env, the envs in groups of this many sharing a seed
     (0: episodes run on across iterations)"""
+    chunk: int = 1
+    """env steps per decision: the policy's actions come in chunks of this many (``policy.vla.chunk``)"""
+    chunk_discount: float = 1.0
+    """the discount of the rewards inside a chunk (reward j of a chunk counts discount**j): gamma for GAE,
+    1 for GRPO's undiscounted episode returns"""
 
 
 @dataclass(frozen=True, kw_only=True)

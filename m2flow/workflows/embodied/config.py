@@ -31,7 +31,9 @@ class EmbodiedConfig(RunConfig):
     env: EnvConfig = option(EnvConfig(), "the environments of each env rank and their normalisation")
     pipeline_stages: int = option(
         1, "K: each env rank's envs form K stages; one simulates while another's actions are inferred")
-    rollout_steps: int = option(256, "steps every env takes per iteration (T); the batch is T x all envs")
+    rollout_steps: int = option(
+        256, "steps every env takes per iteration (T); the batch is T x all envs. With action chunks "
+        "(policy.vla.chunk = K) T counts decisions, each up to K env steps")
     total_env_steps: int = option(1_000_000, "train until this many env steps (whole iterations)")
     policy: PolicyConfig = option(PolicyConfig(), "the policy: an MLP / CNN actor-critic or the small VLA (policy.kind)")
     algorithm: PPOConfig = option(PPOConfig(), "PPO and GAE")
@@ -64,9 +66,10 @@ class EmbodiedConfig(RunConfig):
                 raise ValueError(f"env.num_envs ({self.env.num_envs}) must be a multiple of algorithm.group_size "
                                  f"({algo.group_size}): a group's envs sit on one env rank")
             limit = self.env.max_episode_steps or self.env.env_kwargs.get("max_episode_steps")  # MetaWorld's own
-            if limit is None or limit > self.rollout_steps:
+            steps = self.rollout_steps * self.policy.action_chunk  # env steps an iteration reaches at least
+            if limit is None or limit > steps:
                 raise ValueError(f"advantage 'grpo' scores whole episodes: set env.max_episode_steps to at most "
-                                 f"rollout_steps ({self.rollout_steps}), got {limit}")
+                                 f"rollout_steps x policy.vla.chunk ({steps}), got {limit}")
         if self.env.backend == "gymnasium":
             from m2flow.envs.factory import check_env_id
 
@@ -111,6 +114,7 @@ class EmbodiedConfig(RunConfig):
         return self.rollout_steps * self.env.num_envs * env_ranks
 
     def iterations(self, env_ranks: int) -> int:
-        """Iterations needed to reach ``total_env_steps``."""
-        per = self.batch_size(env_ranks)
+        """Iterations needed to reach ``total_env_steps``, counting ``policy.vla.chunk`` env steps per decision
+        (an episode ending inside a chunk cuts it short, so a run with chunks may take a few steps fewer)."""
+        per = self.batch_size(env_ranks) * self.policy.action_chunk
         return -(-self.total_env_steps // per)

@@ -73,7 +73,7 @@ class EmbodiedFlow(Flow):
             build_policy(*spaces, settings.policy)
         self.iterations = settings.iterations
         self.batch = settings.batch_size
-        self.progress_total = self.iterations * self.batch
+        self.progress_total = self.iterations * self.batch * settings.policy.action_chunk  # env steps
         self.launched = workflow.launch_plan(plan, executor, run, lambda wiring: workers(dict(wiring.names), spaces))
         self.names = self.launched.names
         self.env, self.actor = self.launched["env"], self.launched["actor"]

@@ -70,8 +70,8 @@ def profile_probes(cfg: EmbodiedConfig) -> list[dict[str, Any]]:
 
 def profile_length(cfg: EmbodiedConfig, iterations: int) -> dict[str, Any]:
     """``iterations`` iterations, synchronous (no staleness), no evaluation, no warm start (a profile prices the loop)."""
-    return {"total_env_steps": iterations * cfg.batch_size(cfg.placed()["env"].world_size), "eval_every": 0,
-            "algorithm.max_staleness": 0, "policy.warm_start.demos": None}
+    steps = iterations * cfg.batch_size(cfg.placed()["env"].world_size) * cfg.policy.action_chunk
+    return {"total_env_steps": steps, "eval_every": 0, "algorithm.max_staleness": 0, "policy.warm_start.demos": None}
 
 
 def resumable(old: Plan, new: Plan) -> bool:

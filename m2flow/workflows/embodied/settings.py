@@ -35,7 +35,9 @@ def worker_settings(cfg: EmbodiedConfig, plan: Plan, names: dict[str, str], spac
             rollout_group=None if fused else names["rollout"], rollout_ranks=ranks["rollout"],
             shares_devices=plan["env"].shares_devices, offload=plan["env"].offload,
             imports=tuple(cfg.env_worker.imports), max_error_rate=cfg.env_worker.max_error_rate,
-            reset_groups=cfg.algorithm.group_size if cfg.algorithm.advantage == "grpo" else 0),
+            reset_groups=cfg.algorithm.group_size if cfg.algorithm.advantage == "grpo" else 0,
+            chunk=cfg.policy.action_chunk,
+            chunk_discount=1.0 if cfg.algorithm.advantage == "grpo" else cfg.algorithm.gamma),
         "rollout": EmbodiedRolloutSettings(
             obs_space=obs_space, action_space=act_space, policy=cfg.policy, seed=cfg.seed, env_group=names["env"],
             env_ranks=ranks["env"],

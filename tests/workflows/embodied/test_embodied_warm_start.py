@@ -100,6 +100,8 @@ def test_bad_warm_start_settings_name_the_key(tmp_path):
         config(tmp_path, **{"policy.warm_start.epochs": 0})
     with pytest.raises(ConfigError, match="policy.warm_start.demos: behaviour cloning trains the VLA"):
         config(tmp_path, **{"policy.kind": "actor_critic"})
+    with pytest.raises(ConfigError, match="policy.warm_start.demos: behaviour cloning trains one action per"):
+        config(tmp_path, **{"policy.vla.chunk": 4})
 
 
 def test_the_command_line_prints_one_line_for_a_bad_demos_file_and_an_unknown_task(tmp_path, capsys):
