@@ -9,7 +9,6 @@ default). Blank lines are skipped. Any other problem stops the read with one lin
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -63,11 +62,3 @@ def read_demonstrations(path: str | Path) -> list[Demonstration]:
     if not demos:
         raise InputError(f"{path}: no demonstrations (one JSON object a line)")
     return demos
-
-
-def file_digest(path: str | Path) -> str:
-    """The SHA-256 of the file's bytes: a saved warm start is reused only while the file is the same."""
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError as e:
-        raise InputError(f"model.warm_start.demonstrations: cannot read {path}: {e}") from None

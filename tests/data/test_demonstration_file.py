@@ -7,7 +7,7 @@ import json
 import pytest
 
 from m2flow.config.errors import InputError
-from m2flow.data.demonstration_file import file_digest, read_demonstrations
+from m2flow.data.demonstration_file import read_demonstrations
 from m2flow.data.teachers import Demonstration
 
 
@@ -43,12 +43,3 @@ def test_a_missing_or_empty_file_is_one_error_naming_it(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(InputError, match="empty.jsonl: no demonstrations"):
         read_demonstrations(tmp_path / "empty.jsonl")
-
-
-def test_the_digest_follows_the_content(tmp_path):
-    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    a.write_text("x")
-    b.write_text("x")
-    assert file_digest(a) == file_digest(b)
-    b.write_text("y")
-    assert file_digest(a) != file_digest(b)

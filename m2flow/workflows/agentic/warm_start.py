@@ -15,7 +15,6 @@ among them); a later start with the same settings reuses it.
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import time
@@ -28,11 +27,10 @@ from m2flow.config.convert import to_dict
 from m2flow.config.errors import InputError
 from m2flow.data.teachers import Demonstration
 from m2flow.workflows.agentic.config import AgenticConfig, ModelConfig
+from m2flow.workflows.warm_start_dir import SETTINGS_FILE, WARM_START_DIR, file_digest, keep, reusable
 
 log = logging.getLogger(__name__)
 
-WARM_START_DIR = "warm_start"
-SETTINGS_FILE = "warm_start_settings.json"
 METRICS_FILE = "warm_start.jsonl"
 ALPHABET_DEMOS = 64
 """Teacher demonstrations whose characters a new tiny model's char tokenizer covers (beyond printable ASCII)."""
@@ -113,9 +111,8 @@ def settings(cfg: AgenticConfig, base: Path) -> dict[str, Any]:
     """Everything the warm-started weights depend on; a saved warm start is reused only when this matches."""
     ws = cfg.model.warm_start
     if ws.demonstrations is not None:
-        from m2flow.data.demonstration_file import file_digest
 
-        source: dict[str, Any] = {"file_sha256": file_digest(ws.demonstrations)}
+        source: dict[str, Any] = {"file_sha256": file_digest(ws.demonstrations, "model.warm_start.demonstrations")}
     else:
         source = {"teacher": teacher_name(cfg)}
     # format 2: saved with the tokenizer built here (before, a reload beside the model dropped every space)
@@ -127,11 +124,7 @@ def settings(cfg: AgenticConfig, base: Path) -> dict[str, Any]:
 
 def saved_warm_start(cfg: AgenticConfig, base: Path) -> Path | None:
     """``run_dir/warm_start`` when it holds a finished warm start made with this run's settings."""
-    path = Path(cfg.run_dir) / WARM_START_DIR
-    marker = path / SETTINGS_FILE
-    if marker.is_file() and json.loads(marker.read_text()) == json.loads(json.dumps(settings(cfg, base))):
-        return path
-    return None
+    return reusable(Path(cfg.run_dir), settings(cfg, base))
 
 
 def warm_start_model(cfg: AgenticConfig, base: Path) -> Path:
@@ -168,15 +161,7 @@ def warm_start_model(cfg: AgenticConfig, base: Path) -> Path:
         losses = sft_steps(model, tokenizer, pairs, steps=ws.steps, lr=ws.lr, batch_size=ws.batch_size,
                            seed=cfg.seed, warmup_steps=ws.warmup_steps,
                            on_step=lambda step, loss: metrics.log({"warm_start/loss": loss}, step))
-    # Written to a sibling first, then renamed: a crash mid-way never leaves a half model that a later start
-    # would take for a finished one (the settings file is written last, inside it).
-    path = run_dir / WARM_START_DIR
-    tmp = path.with_name(path.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_checkpoint(model, tokenizer, tmp)
-    (tmp / SETTINGS_FILE).write_text(json.dumps(settings(cfg, base), indent=1))
-    shutil.rmtree(path, ignore_errors=True)
-    tmp.rename(path)
+    path = keep(run_dir, settings(cfg, base), lambda tmp: save_checkpoint(model, tokenizer, tmp))
     log.info("warm start: %d steps in %.1f s, loss %.3f -> %.3f; saved %s", ws.steps, time.perf_counter() - start,
              losses[0], losses[-1], path)
     return path

@@ -11,9 +11,7 @@ Progress goes to a console bar and to ``run_dir/warm_start.jsonl``, one row per 
 
 from __future__ import annotations
 
-import json
 import logging
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -21,12 +19,11 @@ from typing import Any
 from m2flow.config.convert import to_dict
 from m2flow.config.errors import InputError
 from m2flow.workflows.embodied.config import EmbodiedConfig
+from m2flow.workflows.warm_start_dir import SETTINGS_FILE, WARM_START_DIR, keep, reusable
 
 log = logging.getLogger(__name__)
 
-WARM_START_DIR = "warm_start"
 POLICY_FILE = "policy.pt"
-SETTINGS_FILE = "warm_start_settings.json"
 METRICS_FILE = "warm_start.jsonl"
 
 
@@ -49,12 +46,8 @@ def settings(cfg: EmbodiedConfig) -> dict[str, Any]:
 
 def saved_warm_start(cfg: EmbodiedConfig, run_dir: Path) -> Path | None:
     """``run_dir/warm_start/policy.pt`` when it holds a finished warm start made with this run's settings."""
-    path = run_dir / WARM_START_DIR
-    marker = path / SETTINGS_FILE
-    if (path / POLICY_FILE).is_file() and marker.is_file() and \
-            json.loads(marker.read_text()) == json.loads(json.dumps(settings(cfg))):
-        return path / POLICY_FILE
-    return None
+    path = reusable(run_dir, settings(cfg), needs=POLICY_FILE)
+    return None if path is None else path / POLICY_FILE
 
 
 def load_demos(path: str) -> Any:
@@ -122,15 +115,7 @@ def warm_start_policy(cfg: EmbodiedConfig, run_dir: Path) -> Path:
     with MetricsLogger(run_dir, is_main=True, sinks=sinks, extra_prefixes=("warm_start",)) as metrics:
         history = behaviour_clone(policy, demos.obs, demos.actions, bc, progress=lambda p: metrics.log(
             {"warm_start/loss": p.loss, "warm_start/token_accuracy": p.token_accuracy}, p.epoch))
-    # Written to a sibling first, then renamed: a crash mid-way never leaves a half warm start that a later
-    # start would take for a finished one (the settings file is written last, inside it).
-    path = run_dir / WARM_START_DIR
-    tmp = path.with_name(path.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_policy(policy, tmp / POLICY_FILE)
-    (tmp / SETTINGS_FILE).write_text(json.dumps(settings(cfg), indent=1))
-    shutil.rmtree(path, ignore_errors=True)
-    tmp.rename(path)
+    path = keep(run_dir, settings(cfg), lambda tmp: save_policy(policy, tmp / POLICY_FILE))
     log.info("warm start: %d epochs in %.1f s, loss %.3f -> %.3f, token accuracy %.3f; saved %s", ws.epochs,
              time.perf_counter() - start, history[0].loss, history[-1].loss, history[-1].token_accuracy, path)
     return path / POLICY_FILE

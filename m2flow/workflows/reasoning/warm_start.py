@@ -11,24 +11,19 @@ of training again. Progress goes to a console bar (the driver is the main proces
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 from m2flow.config.convert import to_dict
-from m2flow.config.errors import InputError
 from m2flow.metrics import ConsoleSink, JsonlSink, MetricsLogger
 from m2flow.workflows.reasoning.config import ReasoningConfig
+from m2flow.workflows.warm_start_dir import SETTINGS_FILE, WARM_START_DIR, file_digest, keep, reusable
 from m2flow.workflows.reasoning.data import arithmetic_task, file_demonstrations, raw_records, warm_start_pairs
 
 log = logging.getLogger(__name__)
 
-WARM_START_DIR = "warm_start"
-SETTINGS_FILE = "warm_start_settings.json"
 METRICS_FILE = "warm_start.jsonl"
 
 
@@ -59,19 +54,12 @@ def settings(cfg: ReasoningConfig, base: Path) -> dict[str, Any]:
 
 def file_hash(path: str) -> str:
     """The SHA-256 of a demonstrations file's bytes."""
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError as e:
-        raise InputError(f"model.warm_start.file: cannot read {path} ({e.strerror or e})") from None
+    return file_digest(path, "model.warm_start.file")
 
 
 def saved_warm_start(cfg: ReasoningConfig, base: Path) -> Path | None:
     """``run_dir/warm_start`` when it holds a finished warm start made with this run's settings."""
-    path = Path(cfg.run_dir) / WARM_START_DIR
-    marker = path / SETTINGS_FILE
-    if marker.is_file() and json.loads(marker.read_text()) == json.loads(json.dumps(settings(cfg, base))):
-        return path
-    return None
+    return reusable(Path(cfg.run_dir), settings(cfg, base))
 
 
 def warm_start_model(cfg: ReasoningConfig, base: Path) -> Path:
@@ -103,14 +91,6 @@ def warm_start_model(cfg: ReasoningConfig, base: Path) -> Path:
                            seed=cfg.seed, warmup_steps=ws.warmup_steps,
                            on_step=lambda step, loss: metrics.log({"warm_start/loss": loss}, step))
     seconds = time.perf_counter() - start
-    # Written to a sibling first, then renamed: a crash mid-way never leaves a half model that a
-    # later start would take for a finished one (the settings file is written last, inside it).
-    path = run_dir / WARM_START_DIR
-    tmp = path.with_name(path.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_checkpoint(model, tokenizer, tmp)
-    (tmp / SETTINGS_FILE).write_text(json.dumps(settings(cfg, base), indent=1))
-    shutil.rmtree(path, ignore_errors=True)
-    tmp.rename(path)
+    path = keep(run_dir, settings(cfg, base), lambda tmp: save_checkpoint(model, tokenizer, tmp))
     log.info("warm start: %d steps in %.1f s, last loss %.4f; saved %s", ws.steps, seconds, losses[-1], path)
     return path
