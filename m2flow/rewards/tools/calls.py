@@ -65,22 +65,30 @@ def format_error(message: str) -> str:
     return f"{ERROR_OPEN}{message}{ERROR_CLOSE}"
 
 
-def parse_call(text: str) -> ParsedCall:
-    """The one outcome of ``text`` under the format above."""
-    opens, closes = text.count(CALL_OPEN), text.count(CALL_CLOSE)
+def enclosed(text: str, open_tag: str, close_tag: str) -> str | ParsedCall:
+    """The text between the one ``open_tag`` ... ``close_tag`` pair of a turn, or the turn's outcome when it
+    has no such single pair: ``none`` (no call), or ``malformed`` saying what is wrong."""
+    opens, closes = text.count(open_tag), text.count(close_tag)
     if opens == 0:
         if closes:
-            return ParsedCall("malformed", error=f"{CALL_CLOSE} without {CALL_OPEN}")
+            return ParsedCall("malformed", error=f"{close_tag} without {open_tag}")
         return ParsedCall("none")
     if opens > 1:
         return ParsedCall("malformed", error=f"{opens} calls in one turn; make one call per turn")
-    start = text.index(CALL_OPEN) + len(CALL_OPEN)
-    end = text.find(CALL_CLOSE, start)
+    start = text.index(open_tag) + len(open_tag)
+    end = text.find(close_tag, start)
     if end < 0:
-        return ParsedCall("malformed", error=f"{CALL_OPEN} without {CALL_CLOSE}")
-    if closes > 1 or text.find(CALL_CLOSE) < start:
-        return ParsedCall("malformed", error=f"{CALL_CLOSE} without {CALL_OPEN}")
-    body = text[start:end]
+        return ParsedCall("malformed", error=f"{open_tag} without {close_tag}")
+    if closes > 1 or text.find(close_tag) < start:
+        return ParsedCall("malformed", error=f"{close_tag} without {open_tag}")
+    return text[start:end]
+
+
+def parse_call(text: str) -> ParsedCall:
+    """The one outcome of ``text`` under the format above."""
+    body = enclosed(text, CALL_OPEN, CALL_CLOSE)
+    if isinstance(body, ParsedCall):
+        return body
     name, colon, argument = body.partition(":")
     name, argument = name.strip(), argument.strip()
     if not colon:

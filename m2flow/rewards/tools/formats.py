@@ -22,7 +22,7 @@ import json
 from typing import Protocol
 
 from m2flow.algorithms.registry import Registry
-from m2flow.rewards.tools.calls import CALL_STOP, ParsedCall, format_error, format_result, parse_call
+from m2flow.rewards.tools.calls import CALL_STOP, ParsedCall, enclosed, format_error, format_result, parse_call
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 
@@ -74,18 +74,10 @@ class HermesFormat:
     chat = True
 
     def parse(self, text: str) -> ParsedCall:
-        opens, closes = text.count(HERMES_OPEN), text.count(HERMES_CLOSE)
-        if opens == 0:
-            return ParsedCall("malformed", error=f"{HERMES_CLOSE} without {HERMES_OPEN}") if closes else ParsedCall("none")
-        if opens > 1:
-            return ParsedCall("malformed", error=f"{opens} calls in one turn; make one call per turn")
-        start = text.index(HERMES_OPEN) + len(HERMES_OPEN)
-        end = text.find(HERMES_CLOSE, start)
-        if end < 0:
-            return ParsedCall("malformed", error=f"{HERMES_OPEN} without {HERMES_CLOSE}")
-        if closes > 1 or text.find(HERMES_CLOSE) < start:
-            return ParsedCall("malformed", error=f"{HERMES_CLOSE} without {HERMES_OPEN}")
-        body = text[start:end].strip()
+        body = enclosed(text, HERMES_OPEN, HERMES_CLOSE)
+        if isinstance(body, ParsedCall):
+            return body
+        body = body.strip()
         try:
             call = json.loads(body)
         except json.JSONDecodeError as e:
