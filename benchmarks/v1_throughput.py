@@ -75,6 +75,8 @@ M2FLOW_PLANS: dict[str, tuple[str, int, tuple[str, ...]]] = {
     # One process, the VLA emitting chunks of 4 actions from one forward pass: a frame per decision, and
     # rollout_steps (64) counting decisions, so an update trains on 512 decisions of 2,048 env steps.
     "m2flow-local-chunk4": ("local", 0, ("policy.vla.chunk=4", "policy.vla.decoding=parallel")),
+    # The split plan with the same chunks: the env process renders and decides, the actor trains on core 1.
+    "m2flow-split-chunk4": ("env,rollout: 0, actor: 1", 1, ("policy.vla.chunk=4", "policy.vla.decoding=parallel")),
 }
 """m2flow side name -> (placement, algorithm.max_staleness, further overrides)."""
 ENVS, ROLLOUT_STEPS = 8, 64
