@@ -117,12 +117,13 @@ class RankHost:
     def call(self, serving: str, method: str, args: tuple, kwargs: dict) -> Any:
         # The fault-injection point of recovery tests (off unless the launching process armed it).
         freeze_if_armed(self.ctx.freeze_at, self.ctx.group_name, self.ctx.rank, method)
-        with self._lock:
+        with self._lock:  # counted and checked at once: ``release`` takes the worker under the same lock
             self._running += 1
+            worker = self.worker if serving == self.serving else None
         try:
-            if serving != self.serving:
+            if worker is None and serving != self.serving:
                 raise _not_serving(serving)
-            return run_method(self.worker, method, args, kwargs)
+            return run_method(worker, method, args, kwargs)
         except BaseException as e:  # noqa: BLE001
             return self._failure(e)
         finally:
@@ -156,8 +157,8 @@ class RankHost:
         with self._lock:
             if self._running:
                 return f"{self._running} call(s) still running"
-        worker, self.worker = self.worker, None
-        self.serving = ""
+            worker, self.worker = self.worker, None
+            self.serving = ""
         # torch's DTensor caches shard offsets by device mesh, and two ranks' meshes compare equal: a process
         # that served one rank of a sharded group would hand a later rank the first rank's offsets.
         ranks = _distributed_world()
