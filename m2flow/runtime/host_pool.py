@@ -35,6 +35,10 @@ _DIRECTORY_PREFIX = "m2flow-group:"
 _lock = threading.Lock()
 _idle: dict[tuple[str, str, int], list[tuple[Any, str]]] = {}
 """(node id, namespace, max_concurrency) -> released hosts (handle, Ray name), oldest first."""
+_pending: dict[int, tuple[Any, str]] = {}
+"""Hosts asked to release and not yet settled, by ``id``."""
+_epoch = 0
+"""Bumped by ``clear``: a hand-back begun before it kills its hosts instead of pooling them."""
 counts = {"reused": 0, "pooled": 0, "killed": 0}
 """Since this process started: hosts taken from the pool, handed back clean, killed at a shutdown."""
 
@@ -57,9 +61,15 @@ def idle_count() -> int:
 
 
 def clear() -> None:
-    """Forget every pooled host (Ray is shutting down; their handles are about to die with it)."""
+    """Kill every pooled host and every host still handing itself back (Ray is about to shut down): a run's
+    end leaves no rank process to Ray's own teardown, as when each group killed its processes itself."""
+    global _epoch
     with _lock:
+        _epoch += 1
+        hosts = [h for pooled in _idle.values() for h, _ in pooled] + [h for h, _ in _pending.values()]
         _idle.clear()
+        _pending.clear()
+    _kill_all(hosts)
 
 
 def release_later(hosts: Sequence[tuple[Any, str]], keys: Sequence[tuple[str, str, int]], keep: int) -> None:
@@ -70,17 +80,21 @@ def release_later(hosts: Sequence[tuple[Any, str]], keys: Sequence[tuple[str, st
     if keep <= 0:
         _kill_all([h for h, _ in hosts])
         return
+    with _lock:
+        epoch = _epoch
+        _pending.update((id(h), h) for h in hosts)
     refs = []
     for h, _ in hosts:
         try:
             refs.append(h.release.remote())
         except Exception:  # noqa: BLE001 - the host is gone (or Ray is); nothing to release
             refs.append(None)
-    threading.Thread(target=_settle, args=(list(hosts), list(keys), refs, keep), daemon=True,
+    threading.Thread(target=_settle, args=(list(hosts), list(keys), refs, keep, epoch), daemon=True,
                      name="m2flow-host-release").start()
 
 
-def _settle(hosts: list[tuple[Any, str]], keys: list[tuple[str, str, int]], refs: list[Any], keep: int) -> None:
+def _settle(hosts: list[tuple[Any, str]], keys: list[tuple[str, str, int]], refs: list[Any], keep: int,
+            epoch: int) -> None:
     import ray
 
     live = [r for r in refs if r is not None]
@@ -91,6 +105,9 @@ def _settle(hosts: list[tuple[Any, str]], keys: list[tuple[str, str, int]], refs
     done = set(ready)
     for host, key, ref in zip(hosts, keys, refs):
         why = "it did not answer" if ref is None or ref not in done else _answer(ref)
+        with _lock:
+            if _pending.pop(id(host), None) is None or epoch != _epoch:
+                continue  # ``clear`` killed it already
         if not why:
             with _lock:
                 pooled = _idle.setdefault(key, [])
