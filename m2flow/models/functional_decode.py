@@ -16,11 +16,14 @@ whole cache every step.) Attention is two matrix products and a softmax, which t
 grouped-query attention (fewer key/value heads than query heads) groups the query heads of each
 key/value head, as HF's `repeat_kv` pairs them.
 
-`CompiledDecode` compiles it once per process with dynamic shapes (any batch size and cache length;
-the batch shrinks as rows end), a single row excepted: that runs eagerly, since the compiler would
-specialise size 1 and compile again. Compiling takes ~15-50 s the first time in a process (on-disk
-caches shorten it later). If it fails (no C++ compiler, for one), generation goes on eagerly with a
-warning: the results are the same to float rounding.
+`CompiledDecode` compiles it once per process with the batch, cache-length and rotary-table dimensions
+marked dynamic (any batch size and cache length; the batch shrinks as rows end), a single row
+excepted: that runs eagerly, since the compiler would specialise size 1 and compile again. The
+weights' shapes stay static: compiled with every dimension dynamic (`dynamic=True`), the compiler's
+symbolic shape reasoning cost 3x more (the test model: 58 against 19 CPU-s from a cold on-disk
+cache, 36 against 5.5 from a warm one; G1's model: 105 against 65-68 CPU-s cold, the same step speed).
+Compiling takes ~5-20 s the first time in a process. If it fails (no C++ compiler, for one),
+generation goes on eagerly with a warning: the results are the same to float rounding.
 """
 
 from __future__ import annotations
@@ -70,6 +73,16 @@ def decode_step(shape: Shape, tokens: torch.Tensor, positions: torch.Tensor, key
     return logits, torch.stack(new_keys), torch.stack(new_values)
 
 
+_DYNAMIC_DIMS = ((0,), (0,), (1, 3), (1, 3), (0, 3), (0,), (0,))
+"""The dimensions of decode_step's tensor arguments that change from call to call (batch, cache length,
+rotary table length), in argument order; the weights that follow keep one shape."""
+
+
+def _mark_dynamic(args: tuple[Any, ...]) -> None:
+    for tensor, dims in zip(args, _DYNAMIC_DIMS):
+        torch._dynamo.mark_dynamic(tensor, dims)
+
+
 class CompiledDecode:
     """`decode_step` for one model shape under `torch.compile` (dynamic shapes); eager if compiling fails."""
 
@@ -78,7 +91,7 @@ class CompiledDecode:
             return decode_step(shape, *args)
 
         self.shape = shape
-        self._compiled: Callable[..., Any] | None = torch.compile(step, dynamic=True, fullgraph=True)
+        self._compiled: Callable[..., Any] | None = torch.compile(step, fullgraph=True)
         self.failure: str | None = None
         """Why the compiled step was given up (None: it was not)."""
 
@@ -92,6 +105,7 @@ class CompiledDecode:
         if self._compiled is None or args[0].shape[0] < 2:
             return decode_step(self.shape, *args)
         try:
+            _mark_dynamic(args)
             return self._compiled(*args)
         except Exception as exc:  # noqa: BLE001 - any compiler failure: decode eagerly from now on
             self.failure = f"{type(exc).__name__}: {exc}".splitlines()[0]

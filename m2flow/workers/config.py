@@ -79,7 +79,7 @@ class RolloutConfig:
     dtype: DType = option("float32", "weight dtype of the generation model")
     num_threads: int = option(1, "torch threads of each rollout rank")
     compile: bool = option(
-        False, "lean backend: run each decoding step torch.compile'd (one compile per process, ~15-50 s on a "
+        False, "lean backend: run each decoding step torch.compile'd (one compile per process, ~5-20 s on a "
                "CPU; then faster steps for small models, 1.3-1.5x in G1; eager with a warning if compiling fails)")
     fuse_with_actor: bool = option(
         True, "when rollout and actor ranks sit on the same devices rank for rank (ddp actor, hf or lean backend, "

@@ -53,10 +53,11 @@ def test_compiled_step_decodes_as_the_eager_one():
     model = _model()  # grouped-query attention, tied head
     ids, mask = _batch(seed=6)
     functional = FunctionalLM.from_hf(model, compile=True)
-    captured = counters["stats"]["calls_captured"]
+    captured, graphs = counters["stats"]["calls_captured"], counters["stats"]["unique_graphs"]
     got = _decode_run(functional, ids, mask)
     assert functional.compiled.active and functional.compiled.failure is None
     assert counters["stats"]["calls_captured"] > captured  # it did compile
+    assert counters["stats"]["unique_graphs"] == graphs + 1  # once, for both batch sizes
     _assert_same(got, _decode_run(FunctionalLM.from_hf(model), ids, mask))
     # Changed weights are read on the next batch without compiling again.
     with torch.no_grad():

@@ -132,7 +132,7 @@ class RolloutConfig:
     dtype: DType = option("float32", "weight dtype of the generation model")
     num_threads: int = option(1, "torch threads of each rollout rank")
     compile: bool = option(
-        False, "lean backend: run each decoding step torch.compile'd (one compile per process, ~15-50 s on a "
+        False, "lean backend: run each decoding step torch.compile'd (one compile per process, ~5-20 s on a "
                "CPU, in the first iteration; then faster steps for small models; eager with a warning if "
                "compiling fails)")
     reuse_kv: bool = option(

@@ -105,7 +105,7 @@ def test_seed_makes_sampling_reproducible(backend, tok):
     assert torch.equal(torch.rand(1), before)
 
 
-# The suite's longest test (compiling for every batch shape); in the default suite the compiled step
+# Slow (a second compile of a second model shape); in the default suite the compiled step
 # is checked against the eager one in tests/models/test_functional_decode.py and, through this backend,
 # in a whole agentic run (tests/workflows/agentic/test_agentic.py).
 @pytest.mark.slow
