@@ -20,6 +20,8 @@ from m2flow.runtime.comm import recv_weights, send_weights
 from m2flow.runtime.worker import Worker
 from tests.runtime.test_comm_serialization import assert_same, payloads
 
+pytestmark = pytest.mark.ray  # starts a two-node Ray of its own (not the shared session)
+
 
 class Node(Worker):
     def __init__(self) -> None:
