@@ -150,7 +150,9 @@ class OffscreenCamera:
             _exit_hook = True
         _LIVE_CAMERAS.add(self)
         self._gl.make_current()
-        self._context = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150)
+        # The smallest font: no text is ever drawn on these frames, and the larger fonts' glyph textures
+        # made a context ~4x slower to create (each env of a vector pays it at start-up).
+        self._context = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_50)
         mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self._context)
         self._scene = mujoco.MjvScene(model, maxgeom=1000)
         if fast:  # in a software renderer shadows and reflections are extra passes over the scene
@@ -196,6 +198,8 @@ class MetaWorldPixelEnv(gym.Env):
     ``fast_render=False`` keeps the scene's multisampling, shadows, reflections and skybox (nicer
     pictures, ~10-20x slower in a software renderer). ``instruction``: the sentence the policy reads,
     instead of the task's own (words outside the vocabulary read as ``<unk>``, with a warning).
+    ``observation="image"`` returns the (H, W, 3) uint8 camera image alone, for image-only policies
+    (the CNN actor-critic); the default ``"packed"`` carries image, instruction and proprio.
     """
 
     metadata = {"render_modes": ["rgb_array"]}
@@ -217,12 +221,15 @@ class MetaWorldPixelEnv(gym.Env):
         success_bonus: bool = False,
         fast_render: bool = True,
         instruction: str | None = None,
+        observation: Literal["packed", "image"] = "packed",
     ) -> None:
         reason = metaworld_unavailable_reason()
         if reason is not None:
             raise RuntimeError(f"backend: 'metaworld' is unavailable: {reason}")
         if reward not in ("success", "dense"):
             raise ValueError(f"reward: must be 'success' or 'dense', got {reward!r}")
+        if observation not in ("packed", "image"):
+            raise ValueError(f"observation: must be 'packed' or 'image', got {observation!r}")
         if success_bonus and not terminate_on_success:
             raise ValueError("success_bonus: needs terminate_on_success: true (the bonus pays for the steps an "
                              "episode ended at success leaves out)")
@@ -253,7 +260,9 @@ class MetaWorldPixelEnv(gym.Env):
         self._tokens = tokenizer.encode(self.instruction, text_len)
         rotate = camera in FLIPPED_CAMERAS if flip is None else flip
         self._camera = OffscreenCamera(self._mw.model, camera, height, width, rotate, fast_render)
-        self.observation_space = gym.spaces.Box(0, 255, (self.layout.size,), dtype=np.uint8)
+        self.image_only = observation == "image"
+        shape = (height, width, 3) if self.image_only else (self.layout.size,)
+        self.observation_space = gym.spaces.Box(0, 255, shape, dtype=np.uint8)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (4,), dtype=np.float32)
         self.state = np.zeros(39)
         self._steps = 0
@@ -267,6 +276,12 @@ class MetaWorldPixelEnv(gym.Env):
 
     def _observe(self) -> np.ndarray:
         self._image = self._camera.render(self._mw.data)
+        return self._current()
+
+    def _current(self) -> np.ndarray:
+        """The observation of the last rendered image and the current state."""
+        if self.image_only:
+            return self._image.copy()  # the caller may keep it: the next step must not change it
         proprio = self.state[:PROPRIO_DIM] if self.use_proprio else np.zeros(0)
         return self.layout.pack(self._image, self._tokens, proprio)
 
@@ -291,8 +306,7 @@ class MetaWorldPixelEnv(gym.Env):
         reward, terminated, truncated, info = self._advance(action)
         if terminated or truncated:
             return self._observe(), reward, terminated, truncated, info
-        proprio = self.state[:PROPRIO_DIM] if self.use_proprio else np.zeros(0)
-        return self.layout.pack(self._image, self._tokens, proprio), reward, terminated, truncated, info
+        return self._current(), reward, terminated, truncated, info
 
     def _advance(self, action: np.ndarray) -> tuple[float, bool, bool, dict]:
         """One physics step of the task: reward, terminated, truncated, info (nothing rendered)."""

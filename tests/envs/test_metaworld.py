@@ -59,6 +59,24 @@ def test_observation_layout_instruction_and_proprio(reach):
 
 
 @needs_metaworld
+def test_image_observations_are_the_packed_image_alone(reach):
+    image_env = MetaWorldPixelEnv("reach-v3", max_episode_steps=20, observation="image")
+    try:
+        assert image_env.observation_space.shape == (64, 64, 3) and image_env.observation_space.dtype == np.uint8
+        packed, _ = reach.reset(seed=3)
+        image, _ = image_env.reset(seed=3)
+        assert image.shape == (64, 64, 3) and np.array_equal(image, reach.layout.unpack(packed)[0])
+        action = np.array([0.5, -0.3, 0.2, 0.0], dtype=np.float32)
+        packed, r1, *_ = reach.step(action)
+        image, r2, *_ = image_env.step(action)
+        assert r1 == r2 and np.array_equal(image, reach.layout.unpack(packed)[0])
+        quiet, *_ = image_env.step_without_render(action)  # the last frame again, a copy of its own
+        assert np.array_equal(quiet, image) and quiet is not image
+    finally:
+        image_env.close()
+
+
+@needs_metaworld
 def test_corner_camera_is_rotated_right(reach):
     raw = MetaWorldPixelEnv("reach-v3", flip=False)
     try:
@@ -165,6 +183,8 @@ def test_bad_settings_fail_naming_them():
         MetaWorldPixelEnv("reach-v3", camera="nope")
     with pytest.raises(ValueError, match="max_episode_steps"):
         MetaWorldPixelEnv("reach-v3", max_episode_steps=10_000)
+    with pytest.raises(ValueError, match="observation"):
+        MetaWorldPixelEnv("reach-v3", observation="state")
     with pytest.raises(ValueError, match="'fly-v3' is not a MetaWorld v3 task"):  # a sentence does not make a task
         make_env(EnvConfig(backend="metaworld", env_id="fly-v3", env_kwargs={"instruction": "fly"}))
 
