@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import ctypes.util
 import importlib.util
+import inspect
 import logging
 import os
 import weakref
@@ -184,6 +185,38 @@ class OffscreenCamera:
             self._gl = None
 
 
+def _check_available() -> None:
+    reason = metaworld_unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(f"backend: 'metaworld' is unavailable: {reason}")
+
+
+def _check_observation(observation: str) -> None:
+    if observation not in ("packed", "image"):
+        raise ValueError(f"observation: must be 'packed' or 'image', got {observation!r}")
+
+
+def _layout(height: int, width: int, text_len: int, proprio: bool) -> PackedLayout:
+    return PackedLayout(height, width, 3, text_len, PROPRIO_DIM if proprio else 0)
+
+
+def _spaces(layout: PackedLayout, observation: str) -> tuple[gym.spaces.Box, gym.spaces.Box]:
+    """(observation, action) spaces: packed bytes or the image alone; 4 actions in [-1, 1]."""
+    shape = (layout.height, layout.width, layout.channels) if observation == "image" else (layout.size,)
+    return gym.spaces.Box(0, 255, shape, dtype=np.uint8), gym.spaces.Box(-1.0, 1.0, (4,), dtype=np.float32)
+
+
+def pixel_env_spaces(task: str, **kwargs: Any) -> tuple[gym.spaces.Box, gym.spaces.Box]:
+    """The (observation, action) spaces of ``MetaWorldPixelEnv(task, **kwargs)`` without building it (no scene
+    compile, no render context); an argument the constructor does not take raises TypeError as it would."""
+    _check_available()
+    args = inspect.signature(MetaWorldPixelEnv.__init__).bind(None, task, **kwargs)
+    args.apply_defaults()  # the constructor's own defaults, the one source of them
+    a = args.arguments
+    _check_observation(a["observation"])
+    return _spaces(_layout(a["height"], a["width"], a["text_len"], a["proprio"]), a["observation"])
+
+
 class MetaWorldPixelEnv(gym.Env):
     """One MetaWorld task: packed (image, instruction ids, proprio) uint8 observations, ``success`` in info.
 
@@ -223,13 +256,10 @@ class MetaWorldPixelEnv(gym.Env):
         instruction: str | None = None,
         observation: Literal["packed", "image"] = "packed",
     ) -> None:
-        reason = metaworld_unavailable_reason()
-        if reason is not None:
-            raise RuntimeError(f"backend: 'metaworld' is unavailable: {reason}")
+        _check_available()
         if reward not in ("success", "dense"):
             raise ValueError(f"reward: must be 'success' or 'dense', got {reward!r}")
-        if observation not in ("packed", "image"):
-            raise ValueError(f"observation: must be 'packed' or 'image', got {observation!r}")
+        _check_observation(observation)
         if success_bonus and not terminate_on_success:
             raise ValueError("success_bonus: needs terminate_on_success: true (the bonus pays for the steps an "
                              "episode ended at success leaves out)")
@@ -251,7 +281,7 @@ class MetaWorldPixelEnv(gym.Env):
         self.terminate_on_success = terminate_on_success
         self.success_bonus = success_bonus
         self.use_proprio = proprio
-        self.layout = PackedLayout(height, width, 3, text_len, PROPRIO_DIM if proprio else 0)
+        self.layout = _layout(height, width, text_len, proprio)
         tokenizer = WordTokenizer.versioned()
         unknown = tokenizer.unknown(self.instruction)
         if unknown:
@@ -261,9 +291,7 @@ class MetaWorldPixelEnv(gym.Env):
         rotate = camera in FLIPPED_CAMERAS if flip is None else flip
         self._camera = OffscreenCamera(self._mw.model, camera, height, width, rotate, fast_render)
         self.image_only = observation == "image"
-        shape = (height, width, 3) if self.image_only else (self.layout.size,)
-        self.observation_space = gym.spaces.Box(0, 255, shape, dtype=np.uint8)
-        self.action_space = gym.spaces.Box(-1.0, 1.0, (4,), dtype=np.float32)
+        self.observation_space, self.action_space = _spaces(self.layout, observation)
         self.state = np.zeros(39)
         self._steps = 0
         self._solved = False

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from m2flow.envs import EnvConfig, VecEnv
-from m2flow.envs.factory import config_for_env, env_ids, make_env
+from m2flow.envs.factory import config_for_env, env_ids, env_spaces, make_env
 from m2flow.envs.instructions import WordTokenizer
 from m2flow.envs.metaworld import (
     HELD_OUT_SEED_BASE,
@@ -74,6 +74,18 @@ def test_image_observations_are_the_packed_image_alone(reach):
         assert np.array_equal(quiet, image) and quiet is not image
     finally:
         image_env.close()
+
+
+@needs_metaworld
+@pytest.mark.parametrize("kwargs", [{}, {"observation": "image", "height": 32, "width": 48},
+                                    {"proprio": False, "text_len": 8, "max_episode_steps": 50}])
+def test_spaces_without_building_are_the_built_envs(kwargs):
+    cfg = EnvConfig(backend="metaworld", env_id="reach-v3", env_kwargs=kwargs)
+    env = make_env(cfg)
+    try:
+        assert env_spaces(cfg) == (env.observation_space, env.action_space)
+    finally:
+        env.close()
 
 
 @needs_metaworld
@@ -185,6 +197,11 @@ def test_bad_settings_fail_naming_them():
         MetaWorldPixelEnv("reach-v3", max_episode_steps=10_000)
     with pytest.raises(ValueError, match="observation"):
         MetaWorldPixelEnv("reach-v3", observation="state")
+    # The spaces read without building an env check the arguments as the constructor does.
+    with pytest.raises(TypeError, match="colour"):
+        env_spaces(EnvConfig(backend="metaworld", env_id="reach-v3", env_kwargs={"colour": "red"}))
+    with pytest.raises(ValueError, match="observation"):
+        env_spaces(EnvConfig(backend="metaworld", env_id="reach-v3", env_kwargs={"observation": "state"}))
     with pytest.raises(ValueError, match="'fly-v3' is not a MetaWorld v3 task"):  # a sentence does not make a task
         make_env(EnvConfig(backend="metaworld", env_id="fly-v3", env_kwargs={"instruction": "fly"}))
 
