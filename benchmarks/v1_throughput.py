@@ -13,7 +13,10 @@ full two epochs, so both do the same work whatever the learning does). What each
 - SB3 (``benchmarks/peers/sb3_pixels.py``, its own venv): ``CnnPolicy`` (NatureCNN) reads the image alone.
 
 Sides: ``m2flow-local`` (``placement: local``, one process) and ``m2flow-split``
-(``env,rollout: 0, actor: 1``, the policy in the env process, staleness 1, on Ray); SB3 at its best
+(``env,rollout: 0, actor: 1``, the policy in the env process, staleness 1, on Ray); the same policy as
+SB3's on m2flow's plans, ``m2flow-cnn-*``: the CNN actor-critic shaped as ``CnnPolicy`` (603,305
+parameters) on the image alone (``env.env_kwargs.observation: image``), with the same PPO settings, on
+``local``, ``split`` and ``envs2`` (two env ranks of 4 envs, rendering on both cores); SB3 at its best
 vector-env setting here: with ``--sb3 auto`` short probes of ``DummyVecEnv`` and ``SubprocVecEnv``
 at 1 and 2 torch threads pick it (by whole-run env-steps/s). Every run is a fresh process; a run's
 whole time is from starting that process to its exit (imports, Ray, workers and shut-down
@@ -24,6 +27,7 @@ random actions in one process (and in two at once), no policy (``benchmarks/v1_e
     python benchmarks/v1_throughput.py --setup                          # peer venv: benchmarks/.venvs/sb3-v1
     python benchmarks/v1_throughput.py --steps 8192 --rounds 3          # probes SB3, then the rounds
     python benchmarks/v1_throughput.py --sb3 sb3-subproc-t1 --rounds 1  # a given SB3 setting, no probes
+    python benchmarks/v1_throughput.py --m2flow m2flow-cnn-local,m2flow-cnn-split,m2flow-cnn-envs2  # same policy
 
 Writes ``benchmarks/results/v1_throughput.json`` (or ``--out``) and prints one summary line.
 """
@@ -66,6 +70,10 @@ SB3_SETTINGS: dict[str, tuple[str, int]] = {
     "sb3-subproc-t2": ("subproc", 2),
 }
 """SB3 setting name -> (vector env class, torch threads)."""
+CNN = ("policy.kind=actor_critic", "policy.encoder=cnn", "policy.shared_critic=true", "policy.hidden_sizes=[]",
+       "policy.activation=relu", "env.env_kwargs.observation=image")
+"""SB3's ``CnnPolicy`` in m2flow's actor-critic: NatureCNN (32-64-64 convolutions, 512 ReLU features) shared by
+the action and value heads, no MLP layers after it, orthogonal init, log-std 0; the env hands it the image alone."""
 M2FLOW_PLANS: dict[str, tuple[str, int, tuple[str, ...]]] = {
     "m2flow-local": ("local", 0, ()),
     "m2flow-split": ("env,rollout: 0, actor: 1", 1, ()),
@@ -77,8 +85,15 @@ M2FLOW_PLANS: dict[str, tuple[str, int, tuple[str, ...]]] = {
     "m2flow-local-chunk4": ("local", 0, ("policy.vla.chunk=4", "policy.vla.decoding=parallel")),
     # The split plan with the same chunks: the env process renders and decides, the actor trains on core 1.
     "m2flow-split-chunk4": ("env,rollout: 0, actor: 1", 1, ("policy.vla.chunk=4", "policy.vla.decoding=parallel")),
+    # The same policy on both sides: m2flow's CNN actor-critic shaped as SB3's CnnPolicy, on the image alone.
+    "m2flow-cnn-local": ("local", 0, CNN),
+    "m2flow-cnn-split": ("env,rollout: 0, actor: 1", 1, CNN),
+    # Rendering on both cores: two env ranks of 4 envs each (8 envs, 512 samples an update, as SB3's), each
+    # serving its own policy copy; the actor trains on core 1 one iteration behind.
+    "m2flow-cnn-envs2": ("env,rollout: 0-1, actor: 1", 1, (*CNN, "env.num_envs=4")),
 }
 """m2flow side name -> (placement, algorithm.max_staleness, further overrides)."""
+CNN_SIDES = frozenset(name for name, (_, _, extra) in M2FLOW_PLANS.items() if CNN[0] in extra)
 ENVS, ROLLOUT_STEPS = 8, 64
 
 
@@ -113,7 +128,8 @@ def m2flow_side(name: str, steps: int, seed: int, init_from: str | None) -> dict
     return {
         "side": name, "placement": placement, "staleness": staleness, "mode": result.mode,
         "fused": result.plan.fused("rollout"), "steps": done, "seed": seed, "init_from": init_from,
-        "observes": "image (64, 64, 3) uint8 + instruction word ids (16) + proprio (4)",
+        "observes": "image (64, 64, 3) uint8" if name in CNN_SIDES else
+                    "image (64, 64, 3) uint8 + instruction word ids (16) + proprio (4)",
         "loop_s": round(result.loop_s, 3),
         "startup_in_process_s": round(imported + result.startup_s, 3),
         # summed over iterations; in the split plan the actor's time overlaps the env process's
@@ -263,7 +279,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="A B C rounds over the sides")
     p.add_argument("--sb3", default="auto", help=f"SB3 setting, one of {list(SB3_SETTINGS)}, or 'auto' (probe them)")
     p.add_argument("--probe-steps", type=int, default=4096, help="env steps per SB3 probe run")
-    p.add_argument("--m2flow", default=",".join(M2FLOW_PLANS), help=f"m2flow sides, from {list(M2FLOW_PLANS)}")
+    p.add_argument("--m2flow", default=",".join(s for s in M2FLOW_PLANS if s not in CNN_SIDES),
+                   help=f"m2flow sides, from {list(M2FLOW_PLANS)} (default: the VLA's)")
     p.add_argument("--render-steps", type=int, default=1000, help="steps of the render-only reference (0 skips)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--init-from", default=None, help="m2flow: policy.init_from (default: random weights)")

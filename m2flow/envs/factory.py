@@ -20,15 +20,23 @@ TaskExpander = Callable[[EnvConfig], list[str]]
 """Maps a config (its ``env_id``, and ``env_kwargs`` where they matter) to the ids of the vector's envs, env ``i``
 taking id ``i mod len``."""
 
+SpacesOf = Callable[[EnvConfig], tuple[gym.Space, gym.Space]]
+"""The single env's (observation, action) spaces from the config alone, nothing built."""
+
 _BACKENDS: dict[str, EnvMaker] = {}
 _EXPANDERS: dict[str, TaskExpander] = {}
+_SPACES: dict[str, SpacesOf] = {}
 
 
-def register_env_backend(name: str, expand: TaskExpander | None = None) -> Callable[[EnvMaker], EnvMaker]:
+def register_env_backend(
+    name: str, expand: TaskExpander | None = None, spaces: SpacesOf | None = None
+) -> Callable[[EnvMaker], EnvMaker]:
     """Decorator registering an env maker under ``name``; registering a name twice raises.
 
     ``expand``: for backends whose ``env_id`` may name several tasks (a multi-task vector), the
     function listing them; without it every env of the vector is built from ``env_id`` itself.
+    ``spaces``: for backends whose envs are costly to build (a simulator and a render context), the
+    spaces from the config alone; without it :func:`env_spaces` builds one env and closes it.
     """
 
     def wrap(maker: EnvMaker) -> EnvMaker:
@@ -37,6 +45,8 @@ def register_env_backend(name: str, expand: TaskExpander | None = None) -> Calla
         _BACKENDS[name] = maker
         if expand is not None:
             _EXPANDERS[name] = expand
+        if spaces is not None:
+            _SPACES[name] = spaces
         return maker
 
     return wrap
@@ -70,6 +80,18 @@ def make_env(config: EnvConfig) -> gym.Env:
             f"backend: unknown env backend {config.backend!r}; valid: {available_env_backends()}"
         ) from None
     return maker(config_for_env(config, 0))
+
+
+def env_spaces(config: EnvConfig) -> tuple[gym.Space, gym.Space]:
+    """The single env's observation and action spaces: from the backend's ``spaces`` where it has one, else
+    from one env built here and closed again."""
+    if config.backend in _SPACES:
+        return _SPACES[config.backend](config_for_env(config, 0))
+    probe = make_env(config)
+    try:
+        return probe.observation_space, probe.action_space
+    finally:
+        probe.close()
 
 
 def check_env_id(env_id: str) -> None:
@@ -137,13 +159,29 @@ def _expand_metaworld(config: EnvConfig) -> list[str]:
     return expand_tasks(config.env_id, config.env_kwargs.get("instruction"))
 
 
-@register_env_backend("metaworld", expand=_expand_metaworld)
-def _make_metaworld(config: EnvConfig) -> gym.Env:
-    # Imported here: MetaWorld (and its pinned MuJoCo) is an optional extra.
-    from m2flow.envs.metaworld import MetaWorldPixelEnv, expand_tasks
+def _metaworld_args(config: EnvConfig) -> tuple[str, dict]:
+    from m2flow.envs.metaworld import expand_tasks
 
     (task,) = expand_tasks(config.env_id, config.env_kwargs.get("instruction"))  # narrowed to one task
     kwargs = dict(config.env_kwargs)
     if config.max_episode_steps is not None:
         kwargs["max_episode_steps"] = config.max_episode_steps
+    return task, kwargs
+
+
+def _metaworld_spaces(config: EnvConfig) -> tuple[gym.Space, gym.Space]:
+    # A MetaWorld env costs a scene compile and a render context (seconds at start-up); its spaces follow
+    # from the arguments alone.
+    from m2flow.envs.metaworld import pixel_env_spaces
+
+    task, kwargs = _metaworld_args(config)
+    return pixel_env_spaces(task, **kwargs)
+
+
+@register_env_backend("metaworld", expand=_expand_metaworld, spaces=_metaworld_spaces)
+def _make_metaworld(config: EnvConfig) -> gym.Env:
+    # Imported here: MetaWorld (and its pinned MuJoCo) is an optional extra.
+    from m2flow.envs.metaworld import MetaWorldPixelEnv
+
+    task, kwargs = _metaworld_args(config)
     return MetaWorldPixelEnv(task, **kwargs)

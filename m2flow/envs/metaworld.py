@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import ctypes.util
 import importlib.util
+import inspect
 import logging
 import os
 import weakref
@@ -150,7 +151,9 @@ class OffscreenCamera:
             _exit_hook = True
         _LIVE_CAMERAS.add(self)
         self._gl.make_current()
-        self._context = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150)
+        # The smallest font: no text is ever drawn on these frames, and the larger fonts' glyph textures
+        # made a context ~4x slower to create (each env of a vector pays it at start-up).
+        self._context = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_50)
         mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self._context)
         self._scene = mujoco.MjvScene(model, maxgeom=1000)
         if fast:  # in a software renderer shadows and reflections are extra passes over the scene
@@ -182,6 +185,38 @@ class OffscreenCamera:
             self._gl = None
 
 
+def _check_available() -> None:
+    reason = metaworld_unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(f"backend: 'metaworld' is unavailable: {reason}")
+
+
+def _check_observation(observation: str) -> None:
+    if observation not in ("packed", "image"):
+        raise ValueError(f"observation: must be 'packed' or 'image', got {observation!r}")
+
+
+def _layout(height: int, width: int, text_len: int, proprio: bool) -> PackedLayout:
+    return PackedLayout(height, width, 3, text_len, PROPRIO_DIM if proprio else 0)
+
+
+def _spaces(layout: PackedLayout, observation: str) -> tuple[gym.spaces.Box, gym.spaces.Box]:
+    """(observation, action) spaces: packed bytes or the image alone; 4 actions in [-1, 1]."""
+    shape = (layout.height, layout.width, layout.channels) if observation == "image" else (layout.size,)
+    return gym.spaces.Box(0, 255, shape, dtype=np.uint8), gym.spaces.Box(-1.0, 1.0, (4,), dtype=np.float32)
+
+
+def pixel_env_spaces(task: str, **kwargs: Any) -> tuple[gym.spaces.Box, gym.spaces.Box]:
+    """The (observation, action) spaces of ``MetaWorldPixelEnv(task, **kwargs)`` without building it (no scene
+    compile, no render context); an argument the constructor does not take raises TypeError as it would."""
+    _check_available()
+    args = inspect.signature(MetaWorldPixelEnv.__init__).bind(None, task, **kwargs)
+    args.apply_defaults()  # the constructor's own defaults, the one source of them
+    a = args.arguments
+    _check_observation(a["observation"])
+    return _spaces(_layout(a["height"], a["width"], a["text_len"], a["proprio"]), a["observation"])
+
+
 class MetaWorldPixelEnv(gym.Env):
     """One MetaWorld task: packed (image, instruction ids, proprio) uint8 observations, ``success`` in info.
 
@@ -196,6 +231,8 @@ class MetaWorldPixelEnv(gym.Env):
     ``fast_render=False`` keeps the scene's multisampling, shadows, reflections and skybox (nicer
     pictures, ~10-20x slower in a software renderer). ``instruction``: the sentence the policy reads,
     instead of the task's own (words outside the vocabulary read as ``<unk>``, with a warning).
+    ``observation="image"`` returns the (H, W, 3) uint8 camera image alone, for image-only policies
+    (the CNN actor-critic); the default ``"packed"`` carries image, instruction and proprio.
     """
 
     metadata = {"render_modes": ["rgb_array"]}
@@ -217,12 +254,12 @@ class MetaWorldPixelEnv(gym.Env):
         success_bonus: bool = False,
         fast_render: bool = True,
         instruction: str | None = None,
+        observation: Literal["packed", "image"] = "packed",
     ) -> None:
-        reason = metaworld_unavailable_reason()
-        if reason is not None:
-            raise RuntimeError(f"backend: 'metaworld' is unavailable: {reason}")
+        _check_available()
         if reward not in ("success", "dense"):
             raise ValueError(f"reward: must be 'success' or 'dense', got {reward!r}")
+        _check_observation(observation)
         if success_bonus and not terminate_on_success:
             raise ValueError("success_bonus: needs terminate_on_success: true (the bonus pays for the steps an "
                              "episode ended at success leaves out)")
@@ -244,7 +281,7 @@ class MetaWorldPixelEnv(gym.Env):
         self.terminate_on_success = terminate_on_success
         self.success_bonus = success_bonus
         self.use_proprio = proprio
-        self.layout = PackedLayout(height, width, 3, text_len, PROPRIO_DIM if proprio else 0)
+        self.layout = _layout(height, width, text_len, proprio)
         tokenizer = WordTokenizer.versioned()
         unknown = tokenizer.unknown(self.instruction)
         if unknown:
@@ -253,8 +290,8 @@ class MetaWorldPixelEnv(gym.Env):
         self._tokens = tokenizer.encode(self.instruction, text_len)
         rotate = camera in FLIPPED_CAMERAS if flip is None else flip
         self._camera = OffscreenCamera(self._mw.model, camera, height, width, rotate, fast_render)
-        self.observation_space = gym.spaces.Box(0, 255, (self.layout.size,), dtype=np.uint8)
-        self.action_space = gym.spaces.Box(-1.0, 1.0, (4,), dtype=np.float32)
+        self.image_only = observation == "image"
+        self.observation_space, self.action_space = _spaces(self.layout, observation)
         self.state = np.zeros(39)
         self._steps = 0
         self._solved = False
@@ -267,6 +304,12 @@ class MetaWorldPixelEnv(gym.Env):
 
     def _observe(self) -> np.ndarray:
         self._image = self._camera.render(self._mw.data)
+        return self._current()
+
+    def _current(self) -> np.ndarray:
+        """The observation of the last rendered image and the current state."""
+        if self.image_only:
+            return self._image.copy()  # the caller may keep it: the next step must not change it
         proprio = self.state[:PROPRIO_DIM] if self.use_proprio else np.zeros(0)
         return self.layout.pack(self._image, self._tokens, proprio)
 
@@ -291,8 +334,7 @@ class MetaWorldPixelEnv(gym.Env):
         reward, terminated, truncated, info = self._advance(action)
         if terminated or truncated:
             return self._observe(), reward, terminated, truncated, info
-        proprio = self.state[:PROPRIO_DIM] if self.use_proprio else np.zeros(0)
-        return self.layout.pack(self._image, self._tokens, proprio), reward, terminated, truncated, info
+        return self._current(), reward, terminated, truncated, info
 
     def _advance(self, action: np.ndarray) -> tuple[float, bool, bool, dict]:
         """One physics step of the task: reward, terminated, truncated, info (nothing rendered)."""

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from m2flow.envs import EnvConfig, VecEnv
-from m2flow.envs.factory import config_for_env, env_ids, make_env
+from m2flow.envs.factory import config_for_env, env_ids, env_spaces, make_env
 from m2flow.envs.instructions import WordTokenizer
 from m2flow.envs.metaworld import (
     HELD_OUT_SEED_BASE,
@@ -56,6 +56,36 @@ def test_observation_layout_instruction_and_proprio(reach):
     assert WordTokenizer.versioned().decode(ids) == reach.instruction == "move the gripper to the red goal point"
     assert np.allclose(proprio, reach.state[:4])
     assert info == {"success": 0.0, "is_success": 0.0}
+
+
+@needs_metaworld
+def test_image_observations_are_the_packed_image_alone(reach):
+    image_env = MetaWorldPixelEnv("reach-v3", max_episode_steps=20, observation="image")
+    try:
+        assert image_env.observation_space.shape == (64, 64, 3) and image_env.observation_space.dtype == np.uint8
+        packed, _ = reach.reset(seed=3)
+        image, _ = image_env.reset(seed=3)
+        assert image.shape == (64, 64, 3) and np.array_equal(image, reach.layout.unpack(packed)[0])
+        action = np.array([0.5, -0.3, 0.2, 0.0], dtype=np.float32)
+        packed, r1, *_ = reach.step(action)
+        image, r2, *_ = image_env.step(action)
+        assert r1 == r2 and np.array_equal(image, reach.layout.unpack(packed)[0])
+        quiet, *_ = image_env.step_without_render(action)  # the last frame again, a copy of its own
+        assert np.array_equal(quiet, image) and quiet is not image
+    finally:
+        image_env.close()
+
+
+@needs_metaworld
+@pytest.mark.parametrize("kwargs", [{}, {"observation": "image", "height": 32, "width": 48},
+                                    {"proprio": False, "text_len": 8, "max_episode_steps": 50}])
+def test_spaces_without_building_are_the_built_envs(kwargs):
+    cfg = EnvConfig(backend="metaworld", env_id="reach-v3", env_kwargs=kwargs)
+    env = make_env(cfg)
+    try:
+        assert env_spaces(cfg) == (env.observation_space, env.action_space)
+    finally:
+        env.close()
 
 
 @needs_metaworld
@@ -165,6 +195,13 @@ def test_bad_settings_fail_naming_them():
         MetaWorldPixelEnv("reach-v3", camera="nope")
     with pytest.raises(ValueError, match="max_episode_steps"):
         MetaWorldPixelEnv("reach-v3", max_episode_steps=10_000)
+    with pytest.raises(ValueError, match="observation"):
+        MetaWorldPixelEnv("reach-v3", observation="state")
+    # The spaces read without building an env check the arguments as the constructor does.
+    with pytest.raises(TypeError, match="colour"):
+        env_spaces(EnvConfig(backend="metaworld", env_id="reach-v3", env_kwargs={"colour": "red"}))
+    with pytest.raises(ValueError, match="observation"):
+        env_spaces(EnvConfig(backend="metaworld", env_id="reach-v3", env_kwargs={"observation": "state"}))
     with pytest.raises(ValueError, match="'fly-v3' is not a MetaWorld v3 task"):  # a sentence does not make a task
         make_env(EnvConfig(backend="metaworld", env_id="fly-v3", env_kwargs={"instruction": "fly"}))
 

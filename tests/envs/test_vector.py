@@ -238,6 +238,13 @@ def test_bad_env_id_and_config_fail_fast():
         register_env_backend("gymnasium")(lambda cfg: None)
 
 
+def test_spaces_of_a_backend_without_its_own_come_from_a_probe_env():
+    from m2flow.envs.factory import env_spaces
+
+    obs_space, act_space = env_spaces(EnvConfig(env_id="CartPole-v1"))
+    assert obs_space.shape == (4,) and act_space.n == 2
+
+
 def test_mujoco_halfcheetah_steps_without_writing_a_log(tmp_path):
     env = VecEnv(EnvConfig(env_id="HalfCheetah-v5", num_envs=2, num_groups=2, max_episode_steps=3))
     obs = env.reset()

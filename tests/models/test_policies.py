@@ -88,6 +88,18 @@ def test_pixel_observations_shapes(shape):
     assert policy.actor_trunk[0].convs[0].weight.grad is not None
 
 
+def test_cnn_with_no_mlp_layers_is_sb3_cnn_policy_shaped():
+    # NatureCNN (32-64-64 convolutions, 512 ReLU features) shared by both heads: SB3's CnnPolicy has 603,305
+    # parameters on (64, 64, 3) images with 4 continuous actions.
+    pixels = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
+    cfg = PolicyConfig(encoder="cnn", shared_critic=True, hidden_sizes=[], activation="relu")
+    policy = build_policy(pixels, gym.spaces.Box(-1.0, 1.0, (4,), np.float32), cfg)
+    assert sum(p.numel() for p in policy.parameters()) == 603_305
+    assert policy.critic_trunk is None and policy.actor_trunk.out_dim == 512
+    out = policy.act(torch.randint(0, 256, (2, 64, 64, 3), dtype=torch.uint8))
+    assert out.actions.shape == (2, 4) and out.values.shape == (2,)
+
+
 def test_shared_vs_separate_critic():
     shared = build_policy(VEC_OBS, BOX_ACT, PolicyConfig(shared_critic=True))
     separate = build_policy(VEC_OBS, BOX_ACT, PolicyConfig(shared_critic=False))

@@ -92,14 +92,10 @@ def model_bytes(checkpoint: Path | None) -> tuple[float, float]:
 
 
 def env_spaces(env: EnvConfig) -> tuple[Any, Any]:
-    """The single-env observation and action spaces, from one env built here and closed again."""
-    from m2flow.envs import make_env
+    """The single-env observation and action spaces (``m2flow.envs.factory.env_spaces``)."""
+    from m2flow.envs.factory import env_spaces as spaces_of
 
-    probe = make_env(env)
-    try:
-        return probe.observation_space, probe.action_space
-    finally:
-        probe.close()
+    return spaces_of(env)
 
 
 def edge_bytes(cfg: EmbodiedConfig) -> dict[str, float]:
