@@ -28,6 +28,9 @@ class Response:
     """Why generation ended."""
     text: str | None = None
     """Decoded text, cut before the stop string and without special tokens."""
+    versions: list[int] | None = None
+    """The weight version each token was sampled with (continuous batching records it; weights may change
+    while a response is in flight); None: not recorded."""
 
 
 @dataclass
