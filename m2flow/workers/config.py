@@ -81,6 +81,12 @@ class RolloutConfig:
     compile: bool = option(
         False, "lean backend: run each decoding step torch.compile'd (one compile per process, ~15-50 s on a "
                "CPU; then faster steps for small models, 1.3-1.5x in G1; eager with a warning if compiling fails)")
+    partial: bool = option(
+        False, "partial rollouts: a step trains on the groups that finish first; the responses still generating "
+               "keep their tokens and continue in the next step under the new weights, each token with the "
+               "version and log-prob it was sampled with (continuous batching; needs algorithm.max_staleness >= 1 "
+               "and old_logprobs 'rollout'; the first step after a start or checkpoint takes one extra batch "
+               "of prompts, and a checkpoint drops, and counts, the prompts still carried)")
     fuse_with_actor: bool = option(
         True, "when rollout and actor ranks sit on the same devices rank for rank (ddp actor, hf or lean backend, "
               "same dtype), generate inside the actor processes from the trained policy itself: no weight "
@@ -108,6 +114,9 @@ class RolloutConfig:
                                  f"({', '.join(streaming)}), not {self.backend!r}")
             if self.prompts_per_chunk is not None:
                 raise ValueError("prompts_per_chunk applies to batching 'chunked', not 'continuous'")
+        if self.partial and (self.batching == "chunked" or not backend.continuous or self.prompts_per_chunk is not None):
+            raise ValueError("partial: partial rollouts need continuous batching (a backend that has it, "
+                             "batching 'continuous' or 'auto', no prompts_per_chunk)")
         check_compile(self.backend, self.compile)
 
 

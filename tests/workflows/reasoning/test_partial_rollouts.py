@@ -1,0 +1,95 @@
+"""The reasoning workflow with partial rollouts: every prompt put is trained once or dropped (counted) at a
+checkpoint, never twice; responses carried across an iteration train with their tokens' own versions;
+the default (off) is untouched, and impossible settings fail naming the key."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from m2flow.config import ConfigError, from_dict
+from m2flow.driver.checkpoints import CHECKPOINTS
+from m2flow.driver.run import Run
+from m2flow.workflows.reasoning.config import ReasoningConfig
+from m2flow.workflows.reasoning.workflow import WORKFLOW
+from tests.workflows.reasoning.setup import toy_config
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _config(root: Path, **overrides) -> ReasoningConfig:
+    """The tiny GRPO run on the lean backend, partial rollouts on, bound 1, the rollout's log-probs."""
+    return toy_config(root, "local", algorithm={"max_staleness": 1, "old_logprobs": "rollout"},
+                      rollout={"backend": "lean", "partial": True, "fuse_with_actor": False,
+                               "sampling": {"n": 8, "max_new_tokens": 12}},
+                      **overrides)
+
+
+def _run(cfg: ReasoningConfig):
+    """Train ``cfg``; (history, the groups the actor took, the dataset indices put, those dropped)."""
+    put: list[int] = []
+    with Run(WORKFLOW, cfg) as run:
+        flow = run.flow
+        put_prompts = flow.put_prompts
+
+        def recording(step, items):
+            put.extend(item.index for item in items)
+            return put_prompts(step, items)
+
+        flow.put_prompts = recording
+        result = run.train()
+        received = flow.actor.received_groups().wait()
+        carried = flow.rollout.carried_prompts().wait()
+    return result.history, [g for rank in received for g in rank], put, flow.partial_dropped, sum(carried, [])
+
+
+@pytest.mark.parametrize("data,message", [
+    ({"rollout": {"backend": "lean", "partial": True}, "algorithm": {"max_staleness": 1}},
+     "needs algorithm.max_staleness >= 1 and algorithm.old_logprobs 'rollout'"),
+    ({"rollout": {"backend": "lean", "partial": True}, "algorithm": {"old_logprobs": "rollout"}},
+     "needs algorithm.max_staleness >= 1"),
+    ({"rollout": {"backend": "hf", "partial": True}}, "partial rollouts need continuous batching"),
+])
+def test_impossible_partial_settings_fail_naming_the_key(data, message):
+    with pytest.raises(ConfigError) as info:
+        from_dict(ReasoningConfig, data)
+    assert message in str(info.value) and "partial" in str(info.value)
+
+
+def test_partial_rollouts_train_every_prompt_once_and_checkpoints_drop_the_carried_ones(tmp_path, caplog):
+    flow_log = logging.getLogger("m2flow.workflows.reasoning.flow")
+    flow_log.addHandler(caplog.handler)  # the package's loggers do not propagate to the root
+    try:
+        history, groups, put, dropped, carried = _run(_config(tmp_path, steps=6, checkpoint_every=3))
+    finally:
+        flow_log.removeHandler(caplog.handler)
+    assert len(history) == 6
+    trained = [index for _, _, index, ok in groups if ok]
+    assert len(groups) == 6 * 8 and len(trained) == len(groups)  # 8 groups an iteration, none too old
+    # 64 training items, 8 an iteration plus one extra batch at the start and after the checkpoint: no
+    # item is put twice, so every index must be trained once or dropped once, never both, never twice.
+    assert len(put) == 64 and len(set(put)) == 64
+    assert len(trained) == len(set(trained)) and not set(trained) & set(dropped)
+    assert sorted(trained + dropped + carried) == sorted(put)
+    assert len(dropped) == 16 and not carried  # one batch carried at each of the two checkpoints
+    assert sum("partial rollout prompt(s) dropped" in r.getMessage() for r in caplog.records) == 2
+    # Responses carried over: their groups train, their tokens of the older weights are weighted.
+    assert sum(h["rollout/partial_resumed"] for h in history) > 0
+    assert all(h["rollout/partial_carried"] == 8 for h in history)
+    assert all(h["async/staleness_max"] <= 1 for h in history) and any(h["async/staleness_max"] == 1 for h in history)
+    assert all(h["async/dropped_samples"] == 0 for h in history)
+    rewards = [h["reward/mean"] for h in history]
+    assert all(0.0 <= r <= 1.0 for r in rewards)
+
+
+def test_a_run_resumed_after_a_checkpoint_that_dropped_the_carried_prompts_trains_the_same_data(tmp_path):
+    history, groups, _, _, _ = _run(_config(tmp_path, steps=4, checkpoint_every=2))
+    checkpoint = tmp_path / "run" / CHECKPOINTS / "step_000002"
+    resumed, resumed_groups, _, dropped, _ = _run(
+        _config(tmp_path, steps=4, checkpoint_every=2, run_dir=str(tmp_path / "resumed"), resume=str(checkpoint)))
+    assert len(resumed) == 2 and len(dropped) == 8  # the end-of-run checkpoint drops what is carried
+    assert sorted((s, k, i) for s, k, i, _ in resumed_groups) == sorted((s, k, i) for s, k, i, _ in groups if s >= 2)
+    for key in ("reward/mean", "rollout/tokens_count"):
+        assert [h[key] for h in resumed] == pytest.approx([h[key] for h in history[2:]], rel=1e-5), key
