@@ -59,7 +59,8 @@ def stream_groups(backend: Backend, prompt_ids: Sequence[Sequence[int]], params:
     the rest of the prompt runs). `keep`: filled, for every row g = p * n + j as it ends, with the cache of
     the tokens it ran (the prompt and all its tokens but the last), to continue it later. `flight`: weight
     updates polled between decoding steps, rows begun by an earlier stream, and, when the stream is closed
-    early, the rows it leaves unfinished (`inflight.py`)."""
+    early, the rows it leaves unfinished (`inflight.py`). Prompts admitted together with a started one run
+    their whole contexts (prompt and tokens so far) in one prefill, without `prefixes`."""
     n, steps, device = params.n, params.max_new_tokens, backend.device
     if len(seeds) != len(prompt_ids):
         raise ValueError(f"one seed per prompt: {len(seeds)} seeds for {len(prompt_ids)} prompts")
@@ -117,17 +118,10 @@ def stream_groups(backend: Backend, prompt_ids: Sequence[Sequence[int]], params:
                     assert started is not None
                     new_rows, contexts = [], []
                     for p in admit:
-                        if started[p] is not None and len(started[p]) != n:
-                            raise ValueError(f"prompt {p}: {len(started[p])} started rows, not n={n}")
-                        for j, r in enumerate(started[p] or [None] * n):
-                            g, k = p * n + j, 0
-                            if r is not None:
-                                k = _restore(r, g, generated, logprobs, versions, stopped_at, ended_at)
-                                if r.finish_reason is not None:
-                                    left[p] -= 1
-                                    continue
-                            new_rows.append((g, k))
-                            contexts.append([*prompt_ids[p], *generated[g, :k].tolist()])
+                        going = _resume(p, started[p], n, generated, logprobs, versions, stopped_at, ended_at)
+                        new_rows += going
+                        contexts += [[*prompt_ids[p], *generated[g, :k].tolist()] for g, k in going]
+                        left[p] = len(going)
                         if not left[p]:
                             finished.append(p)
                     new_logits, new_state = _prefill_rows(backend, contexts, steps) if contexts else (None, None)
@@ -221,20 +215,28 @@ def _prefill_rows(backend: Backend, contexts: list[list[int]], steps: int) -> tu
     return backend.decoder.prefill(ids.to(backend.device), mask.to(backend.device), steps)
 
 
-def _restore(r: PartialResponse, g: int, generated: torch.Tensor, logprobs: torch.Tensor, versions: torch.Tensor,
-             stopped_at: list[int], ended_at: list[int]) -> int:
-    """Put a started row's tokens in row ``g`` of the tables; how many it has."""
-    k = len(r.token_ids)
-    if k >= generated.shape[1] and r.finish_reason is None:
-        raise ValueError(f"row {g}: {k} tokens and still going, with max_new_tokens {generated.shape[1]}")
-    generated[g, :k] = torch.tensor(r.token_ids, dtype=torch.long)
-    logprobs[g, :k] = torch.tensor(r.logprobs)
-    versions[g, :k] = torch.tensor(r.versions, dtype=torch.long)
-    if r.finish_reason is not None:
-        ended_at[g] = k
-        if r.finish_reason == "stop":
-            stopped_at[g] = k
-    return k
+def _resume(p: int, rows: list[PartialResponse] | None, n: int, generated: torch.Tensor, logprobs: torch.Tensor,
+            versions: torch.Tensor, stopped_at: list[int], ended_at: list[int]) -> list[tuple[int, int]]:
+    """Put prompt ``p``'s started rows (None: none started) in the tables; (row g, tokens it has) of each row
+    still to run. A row that had ended is recorded as ended and does not run."""
+    if rows is None:
+        return [(p * n + j, 0) for j in range(n)]
+    if len(rows) != n:
+        raise ValueError(f"prompt {p}: {len(rows)} started rows, not n={n}")
+    going = []
+    for j, r in enumerate(rows):
+        g, k = p * n + j, len(r.token_ids)
+        if k >= generated.shape[1] and r.finish_reason is None:
+            raise ValueError(f"row {g}: {k} tokens and still going, with max_new_tokens {generated.shape[1]}")
+        generated[g, :k] = torch.tensor(r.token_ids, dtype=torch.long)
+        logprobs[g, :k] = torch.tensor(r.logprobs)
+        versions[g, :k] = torch.tensor(r.versions, dtype=torch.long)
+        if r.finish_reason is None:
+            going.append((g, k))
+        else:
+            ended_at[g] = k
+            stopped_at[g] = k if r.finish_reason == "stop" else 0
+    return going
 
 
 def _partial(backend: Backend, g: int, going: dict[int, int], generated: torch.Tensor, logprobs: torch.Tensor,
