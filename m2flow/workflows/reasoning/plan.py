@@ -90,9 +90,16 @@ def settings(cfg: ReasoningConfig, plan: Plan, values: Mapping[str, Any]) -> dic
 
 
 def notes(cfg: ReasoningConfig, plan: Plan) -> tuple[str, ...]:
-    """With staleness, what generating ahead overlaps on this plan."""
+    """With staleness, what generating ahead overlaps on this plan (with partial rollouts the rollout runs
+    one iteration less ahead: a carried response's tokens are trained an iteration after they were sampled)."""
     staleness = cfg.algorithm.max_staleness
-    return (_overlap_note(staleness, plan),) if staleness else ()
+    if not staleness:
+        return ()
+    if not cfg.rollout.partial:
+        return (_overlap_note(staleness, plan),)
+    partial = (f"rollout.partial: responses unfinished at an iteration's end continue in the next, so with "
+               f"max_staleness {staleness} the rollout generates {staleness - 1} iteration(s) ahead, not {staleness}")
+    return (partial, _overlap_note(staleness - 1, plan)) if staleness > 1 else (partial,)
 
 
 def _model_groups(plan: Plan) -> list[str]:

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.timeout(600)
 
 def _config(root: Path, **overrides) -> ReasoningConfig:
     """The tiny GRPO run on the lean backend, partial rollouts on, bound 1, the rollout's log-probs."""
-    return toy_config(root, "local", algorithm={"max_staleness": 1, "old_logprobs": "rollout"},
+    algorithm = {"max_staleness": 1, "old_logprobs": "rollout", **overrides.pop("algorithm", {})}
+    return toy_config(root, "local", algorithm=algorithm,
                       rollout={"backend": "lean", "partial": True, "fuse_with_actor": False,
                                "sampling": {"n": 8, "max_new_tokens": 12}},
                       **overrides)
@@ -56,6 +57,18 @@ def test_impossible_partial_settings_fail_naming_the_key(data, message):
     with pytest.raises(ConfigError) as info:
         from_dict(ReasoningConfig, data)
     assert message in str(info.value) and "partial" in str(info.value)
+
+
+def test_the_plan_says_that_partial_rollouts_run_one_iteration_less_ahead(tmp_path):
+    from m2flow.runtime.placement import NodeLayout
+
+    layout = NodeLayout((2,))
+    one = WORKFLOW.plan(_config(tmp_path), layout)
+    assert any("generates 0 iteration(s) ahead, not 1" in n for n in one.notes)
+    assert not any("generates while the actor trains" in n for n in one.notes)
+    two = WORKFLOW.plan(_config(tmp_path, algorithm={"max_staleness": 2, "old_logprobs": "rollout"}), layout)
+    assert any("generates 1 iteration(s) ahead, not 2" in n for n in two.notes)
+    assert any("max_staleness 1: iteration k+1 generates while the actor trains on k" in n for n in two.notes)
 
 
 @pytest.mark.learning
