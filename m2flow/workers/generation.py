@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from torch import nn
 
 from m2flow.backends.generation import GenerationBackend, SamplingParams
+from m2flow.backends.generation.inflight import InFlight
 from m2flow.data.batch import ResponseGroup, RolloutBatch, right_pad
 from m2flow.models.weight_files import check_max_new_tokens
 from m2flow.runtime.trace import trace_category
@@ -247,10 +248,10 @@ class Generation:
         new = [(t, derive_seed(self.rollout_seed, step, t.slot)) for t in tasks]
         held: list[tuple[PromptTask, ResponseGroup]] = []
 
-        def stream(prompts, seeds, flight):
+        def stream(prompts: list[list[int]], seeds: list[int], flight: InFlight) -> Iterator[list[ResponseGroup]]:
             return self.backend.generate_stream(prompts, self.params, seeds, self.settings.max_running, flight=flight)
 
-        def emit(done):
+        def emit(done: list[tuple[PromptTask, ResponseGroup]]) -> None:
             if self.emit_each_group:
                 self._emit(step, done)
             else:
