@@ -96,7 +96,7 @@ def run_side(args: argparse.Namespace, side: str) -> dict[str, float]:
     tokens = sum(h["rollout/tokens_count"] for h in history)
     return {"completions_per_s": completions / seconds, "tokens_per_s": tokens / seconds,
             "seconds_per_step": seconds / len(history), "mean_response_tokens": tokens / completions,
-            "resumed_groups_per_step": sum(h.get("rollout/partial_resumed", 0.0) for h in history) / len(history)}
+            "resumed_groups_per_step": sum(h.get("rollout/partial_resumed_count", 0.0) for h in history) / len(history)}
 
 
 def _tiny_backend(args: argparse.Namespace) -> tuple[Any, Any, list[list[int]]]:

@@ -58,8 +58,10 @@ class StepCounts:
     """prompts carried on to the next step"""
 
     def metrics(self) -> dict[str, float]:
-        return {"rollout/partial_resumed": float(self.resumed), "rollout/partial_restarted": float(self.restarted),
-                "rollout/partial_carried": float(self.carried)}
+        """The counts as metrics; named ``..._count`` so that the ranks' counts add up (``merge_rank_metrics``)."""
+        return {"rollout/partial_resumed_count": float(self.resumed),
+                "rollout/partial_restarted_count": float(self.restarted),
+                "rollout/partial_carried_count": float(self.carried)}
 
 
 Stream = Callable[[list[list[int]], list[int], InFlight], Iterator[list[ResponseGroup]]]

@@ -19,19 +19,20 @@ from tests.workflows.reasoning.setup import improved, toy_config
 pytestmark = pytest.mark.timeout(600)
 
 
-def _config(root: Path, **overrides) -> ReasoningConfig:
+def _config(root: Path, placement: str = "local", **overrides) -> ReasoningConfig:
     """The tiny GRPO run on the lean backend, partial rollouts on, bound 1, the rollout's log-probs."""
     algorithm = {"max_staleness": 1, "old_logprobs": "rollout", **overrides.pop("algorithm", {})}
-    return toy_config(root, "local", algorithm=algorithm,
+    return toy_config(root, placement, algorithm=algorithm,
                       rollout={"backend": "lean", "partial": True, "fuse_with_actor": False,
                                "sampling": {"n": 8, "max_new_tokens": 12}},
                       **overrides)
 
 
-def _run(cfg: ReasoningConfig):
-    """Train ``cfg``; (history, the groups the actor took, the dataset indices put, those dropped)."""
+def _run(cfg: ReasoningConfig, cluster=None):
+    """Train ``cfg``; (history, the groups the actor took, the dataset indices put, those dropped, those
+    still carried at the end)."""
     put: list[int] = []
-    with Run(WORKFLOW, cfg) as run:
+    with Run(WORKFLOW, cfg, cluster) as run:
         flow = run.flow
         put_prompts = flow.put_prompts
 
@@ -90,8 +91,8 @@ def test_partial_rollouts_train_every_prompt_once_learn_and_checkpoints_drop_the
     assert len(dropped) == 16 and not carried  # one batch carried at each of the two checkpoints
     assert sum("partial rollout prompt(s) dropped" in r.getMessage() for r in caplog.records) == 2
     # Responses carried over: their groups train, their tokens of the older weights are weighted.
-    assert sum(h["rollout/partial_resumed"] for h in history) > 0
-    assert all(h["rollout/partial_carried"] == 8 for h in history)
+    assert sum(h["rollout/partial_resumed_count"] for h in history) > 0
+    assert all(h["rollout/partial_carried_count"] == 8 for h in history)
     assert all(h["async/staleness_max"] <= 1 for h in history) and any(h["async/staleness_max"] == 1 for h in history)
     assert all(h["async/dropped_samples"] == 0 for h in history)
     assert improved(history), [h["reward/mean"] for h in history]
@@ -106,3 +107,23 @@ def test_a_run_resumed_after_a_checkpoint_that_dropped_the_carried_prompts_train
     assert sorted((s, k, i) for s, k, i, _ in resumed_groups) == sorted((s, k, i) for s, k, i, _ in groups if s >= 2)
     for key in ("reward/mean", "rollout/tokens_count"):
         assert [h[key] for h in resumed] == pytest.approx([h[key] for h in history[2:]], rel=1e-5), key
+
+
+@pytest.mark.slow  # starting the Ray workers takes most of a minute on a busy 2-core machine
+def test_two_rollout_ranks_on_ray_train_every_prompt_once_or_drop_it_at_a_checkpoint(cluster, tmp_path):
+    # Each rank owes the iteration's slots routed to it (slot % 2) and carries its own prompts: the
+    # over-provisioned batch splits between the ranks, so each carries 4 and owes 4 an iteration.
+    cfg = _config(tmp_path, "rollout,reward: 0-1, inference,actor: 2", steps=4, checkpoint_every=2)
+    history, groups, put, dropped, carried = _run(cfg, cluster)
+    assert len(history) == 4
+    assert sorted((s, k) for s, k, _, _ in groups) == [(s, k) for s in range(4) for k in range(8)]
+    trained = [index for _, _, index, ok in groups if ok]
+    assert len(trained) == len(groups)  # none too old
+    # 4 iterations of 8, plus one extra batch at the start and after the checkpoint at iteration 2.
+    assert len(put) == 48 and len(set(put)) == 48
+    assert len(trained) == len(set(trained)) and not set(trained) & set(dropped)
+    assert sorted(trained + dropped + carried) == sorted(put)
+    assert len(dropped) == 16 and not carried  # each checkpoint drops both ranks' 4
+    assert all(h["rollout/partial_carried_count"] == 8 for h in history)  # 4 a rank, added up
+    assert sum(h["rollout/partial_resumed_count"] for h in history) > 0
+    assert all(h["async/staleness_max"] <= 1 and h["async/dropped_samples"] == 0 for h in history)
