@@ -79,10 +79,9 @@ class ReasoningFlow(Flow):
         if "loader" in state:
             self.loader.load_state_dict(state["loader"])
         self.iterations = self.progress_total = settings.steps
-        self.max_staleness = int(plan.settings.get("max_staleness", 0))
+        # The iterations generated ahead: max_staleness, one less with partial rollouts (plan.run_ahead).
+        self.max_staleness = int(plan.settings.get("run_ahead", plan.settings.get("max_staleness", 0)))
         self.partial = settings.partial
-        if self.partial:  # a carried token is trained an iteration later: run ahead one iteration less
-            self.max_staleness = max(0, self.max_staleness - 1)
         self._provision = self.partial  # the next iteration puts an extra batch for the rollout to carry
         self.partial_dropped: list[int] = []  # dataset indices of the carried prompts checkpoints dropped
         self._started: dict[int, _Started] = {}

@@ -72,6 +72,32 @@ def test_the_plan_says_that_partial_rollouts_run_one_iteration_less_ahead(tmp_pa
     assert any("max_staleness 1: iteration k+1 generates while the actor trains on k" in n for n in two.notes)
 
 
+def test_the_planner_prices_partial_rollouts_one_iteration_less_ahead(tmp_path):
+    # The plan's run_ahead is what the flow runs and what the simulator prices: partial rollouts at
+    # staleness s cost what s - 1 iterations ahead cost without them.
+    from m2flow.planner.cost import ComponentCost, CostModel, Link
+    from m2flow.planner.setup import setup_from_plan
+    from m2flow.planner.simulate import Simulator
+    from m2flow.runtime.placement import NodeLayout
+    from m2flow.workflows.reasoning.graph import GRAPH
+    from m2flow.workflows.reasoning.plan import WORKLOAD
+
+    model = CostModel({"rollout": ComponentCost(a=0.5, c=0.05), "reward": ComponentCost(a=0.01),
+                       "actor": ComponentCost(a=0.5, c=0.04)}, link=Link(latency=0.0))
+    holders = [c.name for c in GRAPH.components if c.holds_model]
+
+    def priced(staleness: int, partial: bool) -> tuple[int, float]:
+        cfg = toy_config(tmp_path, "rollout,reward: 0, inference,actor: 1",
+                         algorithm={"max_staleness": staleness, "old_logprobs": "rollout"},
+                         rollout={"backend": "lean", "partial": partial, "fuse_with_actor": False})
+        plan = WORKFLOW.plan(cfg, NodeLayout((2,)))
+        return plan.settings["run_ahead"], Simulator(GRAPH, WORKLOAD, model).simulate(setup_from_plan(plan, holders)).iteration_time
+
+    assert priced(1, True) == priced(0, False) and priced(1, True)[0] == 0
+    assert priced(2, True) == priced(1, False) and priced(2, True)[0] == 1
+    assert priced(2, True)[1] < priced(1, True)[1]  # one iteration ahead: generation beside training
+
+
 @pytest.mark.learning
 def test_partial_rollouts_train_every_prompt_once_learn_and_checkpoints_drop_the_carried_ones(tmp_path, caplog):
     flow_log = logging.getLogger("m2flow.workflows.reasoning.flow")
