@@ -82,7 +82,8 @@ def test_running_ahead_overlaps_generation_with_the_training_before(gen, train):
         assert bound == pytest.approx(expected)  # tight here, and never above the simulation
     # Without the setting in the workload, a plan is priced on-policy whatever it says.
     setup = build_setup(blocks, {}, {"batch": 1, "micro": 1, "ahead": 1}, holders=("gen", "train"))
-    assert Simulator(GRAPH, WORKLOAD, _model(gen, train)).simulate(setup, 2).iteration_time == pytest.approx(gen + train)
+    on_policy = Simulator(GRAPH, WORKLOAD, _model(gen, train)).simulate(setup, 2)
+    assert on_policy.iteration_time == pytest.approx(gen + train)
 
 
 def test_cpu_contention_slows_overlapping_calls():

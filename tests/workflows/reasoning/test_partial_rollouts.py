@@ -91,7 +91,8 @@ def test_the_planner_prices_partial_rollouts_one_iteration_less_ahead(tmp_path):
                          algorithm={"max_staleness": staleness, "old_logprobs": "rollout"},
                          rollout={"backend": "lean", "partial": partial, "fuse_with_actor": False})
         plan = WORKFLOW.plan(cfg, NodeLayout((2,)))
-        return plan.settings["run_ahead"], Simulator(GRAPH, WORKLOAD, model).simulate(setup_from_plan(plan, holders)).iteration_time
+        simulated = Simulator(GRAPH, WORKLOAD, model).simulate(setup_from_plan(plan, holders))
+        return plan.settings["run_ahead"], simulated.iteration_time
 
     assert priced(1, True) == priced(0, False) and priced(1, True)[0] == 0
     assert priced(2, True) == priced(1, False) and priced(2, True)[0] == 1
