@@ -136,7 +136,8 @@ def test_a_run_resumed_after_a_checkpoint_that_dropped_the_carried_prompts_train
         assert [h[key] for h in resumed] == pytest.approx([h[key] for h in history[2:]], rel=1e-5), key
 
 
-@pytest.mark.slow  # starting the Ray workers takes most of a minute on a busy 2-core machine
+# 4 s once the shared cluster's worker hosts are up (as earlier Ray tests of a suite leave them); alone,
+# their start-up adds 35-95 s on a busy 2-core machine.
 def test_two_rollout_ranks_on_ray_train_every_prompt_once_or_drop_it_at_a_checkpoint(cluster, tmp_path):
     # Each rank owes the iteration's slots routed to it (slot % 2) and carries its own prompts: the
     # over-provisioned batch splits between the ranks, so each carries 4 and owes 4 an iteration.
