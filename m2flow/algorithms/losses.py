@@ -7,7 +7,7 @@ gradient through ``0 * nan``.
 Every loss returns a ``LossOutput``: the scalar to minimise and detached scalar metrics named by
 prefix (``actor/``, ``critic/``). Policy losses share one call shape,
 ``fn(log_probs, old_log_probs, advantages, mask, *, agg=..., **params)``, and are registered in
-``POLICY_LOSSES``.
+``POLICY_LOSSES``; ``decoupled_ppo`` also takes the tokens' ``behaviour_log_probs``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from torch import Tensor
 
 from m2flow.algorithms.aggregation import AggMode, aggregate
 from m2flow.algorithms.masked import masked_mean
+from m2flow.algorithms.offpolicy import decoupled_ppo_weights
 from m2flow.algorithms.registry import POLICY_LOSSES
 
 # exp() of a log ratio beyond this overflows or is meaningless; such tokens are clipped anyway.
@@ -87,6 +88,44 @@ def ppo_policy_loss(
     loss = aggregate(per_token, mask, agg, **agg_kwargs)
     metrics["actor/pg_loss"] = loss.detach()
     return LossOutput(loss, metrics)
+
+
+@POLICY_LOSSES.register("decoupled_ppo")
+def decoupled_ppo_policy_loss(
+    log_probs: Tensor,
+    old_log_probs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    behaviour_log_probs: Tensor | None = None,
+    behaviour_weight_cap: float | None = None,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    clip_c: float | None = None,
+    agg: AggMode | str = "token-mean",
+    **agg_kwargs: Any,
+) -> LossOutput:
+    """Decoupled PPO over tokens sampled by policies of mixed versions (Hilton et al. 2021, arXiv
+    2110.00641; AReaL, Fu et al. 2025, arXiv 2505.24298); all tensors (B, L).
+
+    ``old_log_probs`` are the proximal policy's (the learner's weights at the update's start): the ratio
+    ``pi_theta / pi_prox`` is clipped against them as in ``ppo``. ``behaviour_log_probs`` are the log-probs
+    each token was sampled with (its own weight version's); each token's advantage is weighted by
+    ``w = pi_prox / pi_behav``, detached, truncated at ``behaviour_weight_cap`` (None: no cap) -- the
+    weights of ``offpolicy.decoupled_ppo_weights``. Since ``w > 0``, ``w * min(r A, clip(r) A)`` is the
+    ``ppo`` surrogate with advantage ``w A``, which is how it is computed (dual-clip included). None, or
+    behaviour equal to proximal (fresh tokens): ``w = 1``, plain ``ppo``.
+    """
+    old_log_probs = old_log_probs.detach()  # the proximal policy is a constant of the update
+    weights = torch.ones_like(advantages)
+    if behaviour_log_probs is not None:
+        proximal, behaviour = clean(mask, old_log_probs, behaviour_log_probs)
+        log_weight = (proximal - behaviour).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)  # exp() must not overflow
+        weights = decoupled_ppo_weights(log_weight, torch.zeros_like(log_weight), cap=behaviour_weight_cap)
+    out = ppo_policy_loss(log_probs, old_log_probs, advantages * weights, mask, clip_low=clip_low,
+                          clip_high=clip_high, clip_c=clip_c, agg=agg, **agg_kwargs)
+    out.metrics["async/importance_weight_mean"] = masked_mean(weights.detach(), mask)
+    return out
 
 
 @POLICY_LOSSES.register("vanilla")

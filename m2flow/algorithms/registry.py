@@ -91,7 +91,8 @@ def homes(module: str, *names: str) -> dict[str, str]:
 
 ADV_ESTIMATORS: Registry[Callable[..., object]] = Registry("advantage estimator", homes(
     "m2flow.algorithms.estimators", "gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"))
-POLICY_LOSSES: Registry[Callable[..., object]] = Registry("policy loss", homes("m2flow.algorithms.losses", "ppo", "vanilla"))
+POLICY_LOSSES: Registry[Callable[..., object]] = Registry("policy loss", homes(
+    "m2flow.algorithms.losses", "ppo", "vanilla", "decoupled_ppo"))
 KL_ESTIMATORS: Registry[Callable[..., object]] = Registry("KL estimator", homes("m2flow.algorithms.kl", "k1", "k2", "k3"))
 LOSS_AGGREGATIONS: Registry[Callable[..., object]] = Registry("loss aggregation", homes(
     "m2flow.algorithms.aggregation", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"))

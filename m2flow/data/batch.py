@@ -28,6 +28,9 @@ class Response:
     """Why generation ended."""
     text: str | None = None
     """Decoded text, cut before the stop string and without special tokens."""
+    versions: list[int] | None = None
+    """The weight version each token was sampled with (continuous batching records it; weights may change
+    while a response is in flight); None: not recorded."""
 
 
 @dataclass
@@ -63,7 +66,7 @@ def right_pad(rows: Sequence[Sequence[float]], pad: float, width: int | None = N
 _PROMPT_FIELDS = ("prompt_ids", "prompt_mask")
 _RESPONSE_FIELDS = (
     "response_ids", "response_mask", "action_mask", "rollout_logprobs", "old_logprobs", "ref_logprobs",
-    "values", "advantages", "returns",
+    "values", "advantages", "returns", "token_versions",
 )
 
 
@@ -90,9 +93,13 @@ class RolloutBatch:
     multi-turn rollouts the response holds observation and tool tokens too: they are attended to
     (`response_mask`) but carry no loss (0 here)."""
     rewards: torch.Tensor | None = None
-    versions: torch.Tensor | None = None
-    """(B,) long, the policy version (iterations trained) that generated each response (bounded staleness)."""
     """(B,) float, one scalar reward per response."""
+    versions: torch.Tensor | None = None
+    """(B,) long, the policy version (iterations trained) that generated each response (bounded staleness);
+    with partial rollouts, the oldest of its tokens' versions."""
+    token_versions: torch.Tensor | None = None
+    """(B, Lr) long, the policy version each response token was sampled with (partial rollouts: a response
+    continued across weight updates mixes versions; 0 on padding); None: every token has its response's."""
     rollout_logprobs: torch.Tensor | None = None
     """(B, Lr) float, log-probs reported by the generator (0 on padding)."""
     old_logprobs: torch.Tensor | None = None

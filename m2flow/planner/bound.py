@@ -10,8 +10,11 @@ The bound (seconds of an iteration, never above what ``Simulator`` predicts):
 stage's policy-env steps in sequence and the busiest process group / device lock in the loop, and
 ``chain`` the flow-shop bound: for each process group or device lock G of chain components, the
 first calls of the chain before G's first member, G's whole work, and the last calls after G's
-last member. A device lock that several processes take turns on is held, each iteration, for all
-their work plus an offload and an onload of each (the lock changes hands at least once per taker).
+last member. Running ahead (the workload's ``run_ahead`` setting above 0: bounded staleness), the
+syncs, the loop and the first and last calls overlap other iterations: ``sync + loop + chain`` becomes
+the larger of ``loop`` and the busiest group's work. A device lock that several processes take turns
+on is held, each iteration, for all their work plus an offload and an onload of each (the lock
+changes hands at least once per taker).
 On CPU machines the iteration also lasts at least the whole demand (seconds x ranks x threads x CPU
 share of every component: a component's waiting asks nothing of the cores) over all the cores.
 """
@@ -78,6 +81,9 @@ class FastBound:
         self.loop_items0 = template.setting(workload.loop_items) if self.loop else 0.0
         self.syncs = [cost.link.transfer(cost.sync_bytes(a)) for a, b in workload.weights
                       if a in comps and b in comps and comps[a].host != comps[b].host]
+        # Running ahead (bounded staleness), an iteration's first and last calls and its weight syncs
+        # overlap the iterations beside it: only each process group's own work stays serial.
+        self.ahead = int(s.get(workload.run_ahead, 0)) if workload.run_ahead else 0
         # Memory: the same rule as the built Plan's check (``memory.MemoryCheck``).
         self.memory_check = MemoryCheck(template)
         self.threads = {c: p.threads for c, p in comps.items()}
@@ -121,10 +127,10 @@ class FastBound:
                 loop = max(loop, sum(loop_work.get(c, 0.0) for c in g))
         chain = 0.0
         for members, before, after in self.chain_groups:
-            head = sum(first[c] for c in before)
-            tail = sum(last[c] for c in after)
+            head = sum(first[c] for c in before) if not self.ahead else 0.0
+            tail = sum(last[c] for c in after) if not self.ahead else 0.0
             chain = max(chain, head + sum(work[c] for c in members) + tail)
-        bound = max(self.syncs, default=0.0) + loop + chain
+        bound = max(loop, chain) if self.ahead else max(self.syncs, default=0.0) + loop + chain
         for members, switches in self.locks:  # the lock is held for all its takers' work and their switches
             held = sum(work.get(c, 0.0) + (loop_work.get(c, 0.0) if self.loop else 0.0) for c in members)
             bound = max(bound, held + switches)

@@ -47,6 +47,9 @@ class Workload:
     """(source, target) weight syncs at the start of every iteration"""
     categories: Mapping[str, str] = field(default_factory=dict)
     """trace category of each component's work (``generate``, ``train``, ...)"""
+    run_ahead: str = ""
+    """plan setting: iterations the chain's work may start ahead of the training whose weights it uses
+    (bounded staleness; empty or 0: each iteration waits for the last one's training)"""
 
     def components(self) -> tuple[str, ...]:
         return (tuple(self.loop) if self.loop else ()) + self.chain

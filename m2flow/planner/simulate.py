@@ -22,6 +22,9 @@ receiving on an edge from another process group pays the link's latency per mess
 the bytes (under the local executor, rank threads of the driver: its ``local_latency`` per message).
 Outside the driver, a component's first call or step of an iteration also pays the driver's call to
 its processes (``Simulator.dispatch``: the link's ``dispatch``).
+With bounded staleness (the workload's ``run_ahead`` setting, ``a`` iterations) iteration ``it`` waits
+for the training of iteration ``it - 1 - a`` only, and its weight syncs carry those weights, so the work
+of up to ``a`` iterations overlaps training; each process still runs its tasks in order.
 Ready tasks start in creation order (earlier iterations, steps and micro-batches first). Simulated
 iterations are identical but for the first, which starts with cold locks; ``simulate`` plays two and
 reports the second. Times are seconds.
@@ -161,15 +164,19 @@ class Simulator:
         items, micro, n_micro = self.sizes(setup)
         chain = [c for c in w.chain if c in comps]
         last_of: dict[str, int] = {}
+        done: list[dict[str, int]] = []  # per iteration: each component's last task in it
+        ahead = int(setup.settings.get(w.run_ahead, 0)) if w.run_ahead else 0
         once = self.dispatch(setup)
         for it in range(iterations):
-            # On-policy: the next iteration starts from the weights the last one trained.
-            barrier = [last_of[chain[-1]]] if chain and chain[-1] in last_of else []
+            # Iteration it starts from the weights trained through iteration it - 1 - ahead (on-policy:
+            # ahead 0, the last one); the work of the iterations between overlaps that training.
+            trained = done[it - 1 - ahead] if it - 1 - ahead >= 0 else {}
+            barrier = [trained[chain[-1]]] if chain and chain[-1] in trained else []
             synced: dict[str, list[int]] = {}
             for src, dst in w.weights:
                 if src in comps and dst in comps and comps[src].host != comps[dst].host:
                     seconds = self.cost.link.transfer(self.cost.sync_bytes(src))
-                    deps = [last_of[src]] if src in last_of else []
+                    deps = [trained[src]] if src in trained else []
                     tid = add(dst, seconds, deps, it, f"sync {src}->{dst}", "weight_sync", in_group=False)
                     synced.setdefault(dst, []).append(tid)
             after_loop: list[int] = []
@@ -203,6 +210,7 @@ class Simulator:
                     mine = add(c, work, deps, it, f"{c} mb{m}", w.categories.get(c, c))
                     upstream[m] = mine
                 last_of[c] = mine  # type: ignore[assignment]
+            done.append(dict(last_of))
         return tasks
 
     def sizes(self, setup: SimSetup) -> tuple[float, float, int]:

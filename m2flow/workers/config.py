@@ -81,6 +81,12 @@ class RolloutConfig:
     compile: bool = option(
         False, "lean backend: run each decoding step torch.compile'd (one compile per process, ~5-20 s on a "
                "CPU; then faster steps for small models, 1.3-1.5x in G1; eager with a warning if compiling fails)")
+    partial: bool = option(
+        False, "partial rollouts: a step trains on the groups that finish first; the responses still generating "
+               "keep their tokens and continue in the next step under the new weights, each token with the "
+               "version and log-prob it was sampled with (continuous batching; needs algorithm.max_staleness >= 1 "
+               "and old_logprobs 'rollout'; the first step after a start or checkpoint takes one extra batch "
+               "of prompts, and a checkpoint drops, and counts, the prompts still carried)")
     fuse_with_actor: bool = option(
         True, "when rollout and actor ranks sit on the same devices rank for rank (ddp actor, hf or lean backend, "
               "same dtype), generate inside the actor processes from the trained policy itself: no weight "
@@ -108,6 +114,9 @@ class RolloutConfig:
                                  f"({', '.join(streaming)}), not {self.backend!r}")
             if self.prompts_per_chunk is not None:
                 raise ValueError("prompts_per_chunk applies to batching 'chunked', not 'continuous'")
+        if self.partial and (self.batching == "chunked" or not backend.continuous or self.prompts_per_chunk is not None):
+            raise ValueError("partial: partial rollouts need continuous batching (a backend that has it, "
+                             "batching 'continuous' or 'auto', no prompts_per_chunk)")
         check_compile(self.backend, self.compile)
 
 
@@ -195,7 +204,9 @@ class AlgorithmConfig:
     norm_adv_by_std: bool = option(True, "GRPO: divide by the group's std (False: Dr. GRPO's r - mean)")
     gamma: float = option(1.0, "discount over response tokens (gae, reinforce_pp)")
     lam: float = option(1.0, "GAE lambda")
-    policy_loss: str = option("ppo", "policy loss: ppo (clipped surrogate) or vanilla")
+    policy_loss: str = option(
+        "ppo", "policy loss: ppo (clipped surrogate), vanilla, or decoupled_ppo (clipped against the proximal "
+        "policy, each token weighted by pi_prox / pi_behav: tokens of mixed weight versions)")
     clip_low: float = option(0.2, "PPO ratio clip below 1")
     clip_high: float | None = option(None, "PPO ratio clip above 1 (DAPO clip-higher; None: clip_low)")
     clip_c: float | None = option(None, "dual-clip constant (> 1) for negative advantages (None: off)")
@@ -211,6 +222,8 @@ class AlgorithmConfig:
         "inference",
         "behaviour log-probs: recomputed by inference, as reported by rollout, or the actor's own "
         "detached forward ('actor': exact when each iteration makes one optimizer step)")
+    behaviour_weight_cap: float | None = option(
+        None, "decoupled_ppo: truncate each token's pi_prox / pi_behav weight at this value (None: no cap)")
     max_staleness: int = option(
         0, "s: the rollout may generate up to s iterations ahead of the actor with older weights (decoupled PPO "
         "against the behaviour policy; needs old_logprobs 'inference' or 'rollout'); 0: synchronous")
@@ -242,6 +255,8 @@ class AlgorithmConfig:
         for key in ("kl_loss_coef", "kl_reward_coef", "entropy_coef"):
             if getattr(self, key) < 0:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
+        if self.behaviour_weight_cap is not None and self.behaviour_weight_cap <= 0:
+            raise ValueError(f"behaviour_weight_cap must be > 0, got {self.behaviour_weight_cap}")
         if self.clip_low <= 0:
             raise ValueError(f"clip_low must be > 0, got {self.clip_low}")
         if self.max_staleness < 0:

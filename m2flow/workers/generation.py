@@ -31,13 +31,15 @@ from collections.abc import Iterator
 from torch import nn
 
 from m2flow.backends.generation import GenerationBackend, SamplingParams
-from m2flow.data.batch import ResponseGroup, RolloutBatch
+from m2flow.backends.generation.inflight import InFlight
+from m2flow.data.batch import ResponseGroup, RolloutBatch, right_pad
 from m2flow.models.weight_files import check_max_new_tokens
 from m2flow.runtime.trace import trace_category
 from m2flow.runtime.worker import Worker
 from m2flow.workers.common import ReasoningWorker, derive_seed, state_digest
 from m2flow.workers.config import DType, SamplingConfig
 from m2flow.workers.messages import GroupSample, PromptTask
+from m2flow.workers.partial import PartialRollouts
 from m2flow.workers.reward import GroupScorer
 from m2flow.workers.stats import WEIGHT_KEY
 from m2flow.runtime.streams import GroupStream
@@ -70,6 +72,11 @@ class RolloutSettings:
     """continuous: send each group as it finishes (False: at the end of the turn; the plan's ``emit``)"""
     shares_devices: bool = False
     offload: bool = False
+    partial: bool = False
+    """continuous: partial rollouts (``partial.py``): a step hands out the groups that finish first, the others
+    carry on into the next step"""
+    max_staleness: int = 0
+    """partial: the bound on every trained token's age (a carried row with an older token starts over)"""
 
     def hosted_in(self, host: Worker) -> Generation:
         """The rollout inside an actor rank (``rollout.fuse_with_actor``): generation over the policy it trains."""
@@ -152,24 +159,36 @@ class Generation:
         if self.batching == "continuous" and not getattr(backend, "continuous", False):
             raise ValueError(f"batching 'continuous' needs a backend with continuous batching, "
                              f"not {settings.backend!r}")
+        self.partial: PartialRollouts | None = None
+        """With ``settings.partial``: the prompts carried between steps."""
+        if settings.partial:
+            if self.batching != "continuous":
+                raise ValueError("partial rollouts need continuous batching (rollout.batching)")
+            self.partial = PartialRollouts(settings.max_staleness)
 
     @trace_category("generate")
-    def generate(self, step: int, num_slots: int) -> dict[str, float]:
-        """Generate the groups of this rank's prompts of iteration ``step``; returns rollout metrics."""
+    def generate(self, step: int, num_slots: int, owed_slots: int | None = None) -> dict[str, float]:
+        """Generate the groups of this rank's prompts of iteration ``step``; returns rollout metrics.
+        ``owed_slots`` (partial rollouts): the iteration's groups downstream waits for, slots 0..owed_slots - 1
+        (None: all ``num_slots``); the prompts of higher slots are the over-provisioned ones."""
         rank = self.host.rank
         tasks: list[PromptTask] = self.prompts.take(rank, self.prompts.expected(rank, num_slots))
         tasks.sort(key=lambda t: t.slot)
         if self.scorer is not None:
             self.scorer.reset()
         self._tally = _Tally()
-        if self.batching == "continuous":
+        partial: dict[str, float] = {}
+        if self.partial is not None:
+            owed = num_slots if owed_slots is None else owed_slots
+            partial = self._generate_partial(step, tasks, [t.slot for t in tasks if t.slot < owed])
+        elif self.batching == "continuous":
             self._generate_continuous(step, tasks)
         else:
             self._generate_chunked(step, tasks)
         t = self._tally
         n = max(1, len(t.lengths))
         metrics = self.scorer.metrics(step) if self.scorer is not None else {}
-        return metrics | {
+        return metrics | partial | {
             "rollout/response_length": sum(t.lengths) / n,
             "rollout/response_length_max": float(max(t.lengths, default=0)),
             "rollout/truncated_frac": t.truncated / n,
@@ -221,6 +240,40 @@ class Generation:
         if held:
             self._emit(step, sorted(held, key=lambda d: d[0].slot))
 
+    def _generate_partial(self, step: int, tasks: list[PromptTask], owed: list[int]) -> dict[str, float]:
+        """Partial rollouts in one device turn (``partial.py``): the groups that finish first fill the ``owed``
+        slots, the rest carry on. A new prompt is seeded by (seed, step, slot) as in continuous batching; a
+        carried one keeps its seed."""
+        assert self.partial is not None
+        new = [(t, derive_seed(self.rollout_seed, step, t.slot)) for t in tasks]
+        held: list[tuple[PromptTask, ResponseGroup]] = []
+
+        def stream(prompts: list[list[int]], seeds: list[int], flight: InFlight) -> Iterator[list[ResponseGroup]]:
+            return self.backend.generate_stream(prompts, self.params, seeds, self.settings.max_running, flight=flight)
+
+        def emit(done: list[tuple[PromptTask, ResponseGroup]]) -> None:
+            if self.emit_each_group:
+                self._emit(step, done)
+            else:
+                held.extend(done)
+
+        with self.host.turn(), eval_mode(self.generation_model):
+            t0 = time.perf_counter()
+            with self.host.tracer.span("generate", cat="generate", step=step, prompts=len(tasks)):
+                counts = self.partial.step(stream, step, self.host.policy_version, new, owed, emit)
+            self._tally.busy += time.perf_counter() - t0
+        if held:
+            self._emit(step, sorted(held, key=lambda d: d[0].slot))
+        return counts.metrics()
+
+    def drop_partial(self) -> list[PromptTask]:
+        """The carried prompts of partial rollouts, forgotten (before a checkpoint, which cannot hold them)."""
+        return self.partial.drop() if self.partial is not None else []
+
+    def carried_prompts(self) -> list[PromptTask]:
+        """The prompts partial rollouts carry into the next step, as they came."""
+        return [c.task for c in self.partial.carried] if self.partial is not None else []
+
     def _emit(self, step: int, done: list[tuple[PromptTask, ResponseGroup]]) -> None:
         """Score (when fused) and send finished groups downstream, one message per next-stage rank."""
         tracer, t = self.host.tracer, self._tally
@@ -228,8 +281,14 @@ class Generation:
         for task, group in done:
             batch = RolloutBatch.from_groups([group], self.pad_id, group_ids=[task.slot])
             texts = [r.text or "" for r in group.responses]
-            samples.append(GroupSample(step, task.slot, task.index, task.answer, texts, batch,
-                                       version=self.host.policy_version))
+            version = self.host.policy_version
+            if self.partial is not None:
+                # Partial rollouts mix versions within a response: each token keeps its own; the group
+                # counts as old as its oldest token (what the actor's staleness bound checks).
+                tokens = [r.versions or [version] * len(r.token_ids) for r in group.responses]
+                batch.token_versions = right_pad(tokens, 0)
+                version = min(v for row in tokens for v in row)
+            samples.append(GroupSample(step, task.slot, task.index, task.answer, texts, batch, version=version))
             t.lengths.extend(len(r.token_ids) for r in group.responses)
             t.truncated += sum(r.finish_reason == "length" for r in group.responses)
         if self.scorer is not None:

@@ -37,11 +37,11 @@ class RolloutWorker(ReasoningWorker):
         self._idle_since: float | None = None  # when the last generate call ended
 
     @trace_category("generate")
-    def generate(self, step: int, num_slots: int) -> dict[str, float]:
+    def generate(self, step: int, num_slots: int, owed_slots: int | None = None) -> dict[str, float]:
         """``Generation.generate``, plus ``time/rollout_wait_s``: how long this rank sat idle since its
         previous iteration's generation ended (waiting for prompts, weights or the actor), its first excluded."""
         start = time.perf_counter()
-        metrics = self.generation.generate(step, num_slots)
+        metrics = self.generation.generate(step, num_slots, owed_slots)
         if self._idle_since is not None:
             metrics["time/rollout_wait_s"] = start - self._idle_since
         self._idle_since = time.perf_counter()
@@ -52,6 +52,14 @@ class RolloutWorker(ReasoningWorker):
                  batch_size: int = 64) -> list[tuple[str, int]]:
         """``Generation.evaluate``: greedy responses under the current weights."""
         return self.generation.evaluate(prompt_ids, max_new_tokens, stop, batch_size)
+
+    def drop_partial(self) -> list[int]:
+        """``Generation.drop_partial``: the dataset indices of the carried prompts forgotten."""
+        return [t.index for t in self.generation.drop_partial()]
+
+    def carried_prompts(self) -> list[int]:
+        """The dataset indices of the prompts partial rollouts carry into the next step."""
+        return [t.index for t in self.generation.carried_prompts()]
 
     # -- context switching ------------------------------------------------------------------
     def offload(self) -> None:

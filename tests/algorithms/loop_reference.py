@@ -154,6 +154,20 @@ def ppo_token_loss(logp, old, a, clip_low, clip_high, clip_c=None):
     return loss
 
 
+def decoupled_ppo_token_loss(logp, prox, behav, a, clip_low, clip_high, cap=None, clip_c=None):
+    """One token of decoupled PPO: the behaviour weight times the PPO loss clipped against the proximal policy."""
+    weight = math.exp(prox - behav)
+    if cap is not None and weight > cap:
+        weight = cap
+    ratio = math.exp(logp - prox)
+    low, high = 1 - clip_low, 1 + clip_high
+    clipped_ratio = low if ratio < low else (high if ratio > high else ratio)
+    surrogate = min(ratio * a, clipped_ratio * a)  # the objective to maximise
+    if clip_c is not None and a < 0:
+        surrogate = max(surrogate, clip_c * a)
+    return -weight * surrogate
+
+
 def aggregate(loss, mask, mode, norm_length=None):
     rows = [[loss[b][t] for t in range(len(loss[b])) if mask[b][t]] for b in range(len(loss))]
     rows = [r for r in rows if r]  # sequences with no token do not count

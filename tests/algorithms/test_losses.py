@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from m2flow.algorithms.losses import (
+    decoupled_ppo_policy_loss,
     entropy_bonus,
     entropy_from_logits,
     policy_loss,
@@ -190,3 +191,52 @@ def test_clip_bounds_hold(seed: int):
                 assert loss >= -a * (1 + hi) - 1e-12
             elif a < 0:
                 assert -a * (1 - lo) - 1e-12 <= loss <= -a * c + 1e-12
+
+
+def test_decoupled_ppo_by_hand():
+    # One response of three tokens, sampled by three policies; the learner's proximal log-probs differ.
+    lp = torch.tensor([[math.log(0.6), math.log(0.3), math.log(0.5)]], dtype=F64, requires_grad=True)
+    prox = torch.tensor([[math.log(0.4), math.log(0.3), math.log(0.5)]], dtype=F64)
+    behav = torch.tensor([[math.log(0.2), math.log(0.6), math.log(0.5)]], dtype=F64)
+    adv = torch.tensor([[1.0, -2.0, 3.0]], dtype=F64)
+    mask = torch.ones(1, 3)
+    out = decoupled_ppo_policy_loss(lp, prox, adv, mask, behaviour_log_probs=behav, clip_low=0.2)
+    # token 0: r = 0.6/0.4 = 1.5 -> clipped to 1.2 (A > 0 takes the min), w = 0.4/0.2 = 2: 2 * 1.2 * 1 = 2.4
+    # token 1: r = 1, w = 0.3/0.6 = 0.5: 0.5 * 1 * -2 = -1
+    # token 2: r = 1, w = 1 (a fresh token): 3
+    assert out.loss.item() == pytest.approx(-(2.4 - 1.0 + 3.0) / 3)
+    assert out.metrics["async/importance_weight_mean"].item() == pytest.approx((2 + 0.5 + 1) / 3)
+    assert out.metrics["actor/clip_frac"].item() == pytest.approx(1 / 3)
+    out.loss.backward()
+    # d/dlp of -(w r A)/3 = -(w r A)/3 where unclipped, 0 where clipped
+    torch.testing.assert_close(lp.grad, torch.tensor([[0.0, -(0.5 * 1 * -2.0) / 3, -3.0 / 3]], dtype=F64))
+    capped = decoupled_ppo_policy_loss(lp, prox, adv, mask, behaviour_log_probs=behav, behaviour_weight_cap=1.5)
+    assert capped.loss.item() == pytest.approx(-(1.5 * 1.2 - 1.0 + 3.0) / 3)
+    # Behaviour = proximal (or none given): exactly ppo.
+    plain = ppo_policy_loss(lp, prox, adv, mask)
+    assert decoupled_ppo_policy_loss(lp, prox, adv, mask, behaviour_log_probs=prox).loss.item() == plain.loss.item()
+    assert decoupled_ppo_policy_loss(lp, prox, adv, mask).loss.item() == plain.loss.item()
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_decoupled_ppo_matches_loop_reference_and_puts_no_gradient_through_the_weights(seed: int, agg: str):
+    gen = torch.Generator().manual_seed(seed)
+    batch, length = 4, 7
+    prox = torch.randn(batch, length, generator=gen, dtype=F64) * 0.5 - 1.0
+    behav = (prox + torch.randn(batch, length, generator=gen, dtype=F64) * 0.5).requires_grad_()
+    lp = (prox + torch.randn(batch, length, generator=gen, dtype=F64) * 0.3).requires_grad_()
+    prox.requires_grad_()
+    adv = torch.randn(batch, length, generator=gen, dtype=F64)
+    mask = (torch.rand(batch, length, generator=gen) < 0.75).to(F64)
+    cap = 2.0 if seed % 2 else None
+    out = decoupled_ppo_policy_loss(lp, prox, adv, mask, behaviour_log_probs=behav, behaviour_weight_cap=cap,
+                                    clip_low=0.2, clip_high=0.28, clip_c=3.0, agg=agg)
+    per_token = [[ref.decoupled_ppo_token_loss(lp[b, t].item(), prox[b, t].item(), behav[b, t].item(),
+                                               adv[b, t].item(), 0.2, 0.28, cap, 3.0) for t in range(length)]
+                 for b in range(batch)]
+    assert out.loss.item() == pytest.approx(ref.aggregate(per_token, mask.tolist(), agg), abs=1e-10)
+    out.loss.backward()
+    assert behav.grad is None or not behav.grad.any()  # the weight is a constant
+    assert prox.grad is None or not prox.grad.any()  # the proximal policy is a constant too
+    assert lp.grad is not None and lp.grad.any()

@@ -47,7 +47,7 @@ def test_package_registries_list_their_built_ins():
     assert algorithms.ADV_ESTIMATORS.names() == [
         "dr_grpo", "gae", "grpo", "reinforce_pp", "reinforce_pp_baseline", "rloo",
     ]
-    assert algorithms.POLICY_LOSSES.names() == ["ppo", "vanilla"]
+    assert algorithms.POLICY_LOSSES.names() == ["decoupled_ppo", "ppo", "vanilla"]
     assert algorithms.KL_ESTIMATORS.names() == ["k1", "k2", "k3"]
     assert algorithms.LOSS_AGGREGATIONS.names() == [
         "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-mean",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from m2flow.planner import Component, ComponentPlan, Edge, Plan, WorkflowGraph
+from m2flow.planner.bound import FastBound
 from m2flow.planner.cost import ComponentCost, CostModel, Link
 from m2flow.planner.setup import Workload, build_setup, setup_from_plan
 from m2flow.planner.simulate import Simulator, write_trace
@@ -65,6 +66,24 @@ def test_weight_sync_and_edge_transfer_cost_when_processes_differ():
     setup = build_setup([(("gen",), 0, 1), (("train",), 1, 1)], {}, {"batch": 1, "micro": 1})
     result = Simulator(GRAPH, WORKLOAD, model).simulate(setup, iterations=2)
     assert result.iteration_time == pytest.approx(3 + 1 + (1 + 1))  # sync, gen, transfer + train
+
+
+@pytest.mark.parametrize("gen,train", [(3.0, 2.0), (2.0, 3.0)])
+def test_running_ahead_overlaps_generation_with_the_training_before(gen, train):
+    # Own devices, one item: on-policy an iteration is gen + train; one iteration ahead, iteration 1's
+    # generation runs beside iteration 0's training, so a steady iteration takes the slower of the two.
+    ahead = Workload(**{**WORKLOAD.__dict__, "run_ahead": "ahead"})
+    blocks = [(("gen",), 0, 1), (("train",), 1, 1)]
+    for steps_ahead, expected in ((0, gen + train), (1, max(gen, train)), (2, max(gen, train))):
+        setup = build_setup(blocks, {}, {"batch": 1, "micro": 1, "ahead": steps_ahead}, holders=("gen", "train"))
+        simulated = Simulator(GRAPH, ahead, _model(gen, train)).simulate(setup, 2).iteration_time
+        assert simulated == pytest.approx(expected)
+        bound, _ = FastBound(GRAPH, ahead, _model(gen, train), setup).evaluate({"gen": 1, "train": 1})
+        assert bound == pytest.approx(expected)  # tight here, and never above the simulation
+    # Without the setting in the workload, a plan is priced on-policy whatever it says.
+    setup = build_setup(blocks, {}, {"batch": 1, "micro": 1, "ahead": 1}, holders=("gen", "train"))
+    on_policy = Simulator(GRAPH, WORKLOAD, _model(gen, train)).simulate(setup, 2)
+    assert on_policy.iteration_time == pytest.approx(gen + train)
 
 
 def test_cpu_contention_slows_overlapping_calls():

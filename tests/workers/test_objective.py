@@ -90,3 +90,62 @@ def test_the_decoupled_objective_of_fresh_rows_is_bitwise_plain_ppo():
     decoupled = policy_objective(logp, None, batch, algo, version=5)
     assert torch.equal(plain.loss, decoupled.loss)
     assert {k: v for k, v in decoupled.metrics.items() if not k.startswith("async/")} == plain.metrics
+
+
+def test_tokens_of_mixed_versions_are_weighed_one_by_one_and_the_registered_loss_agrees():
+    # A partial rollout: row 0's first token was sampled at version 2, its second at 3 (the actor's);
+    # row 1 is all version 3; row 2 all version 2. Only the version-2 tokens are stale.
+    batch = _batch([[1, 1], [1, 1], [1, 0]], [[1.0, 1.0], [-2.0, -2.0], [0.5, 0.0]])
+    # behaviour; row 0's second token is far from the current policy (ratio e^0.4: clipped if fresh)
+    batch.rollout_logprobs = torch.tensor([[-1.1, -0.9], [-0.2, -0.9], [-1.0, 0.0]])
+    batch.versions = torch.tensor([2, 3, 2])
+    batch.token_versions = torch.tensor([[2, 3], [3, 3], [2, 0]])
+    logp = torch.tensor([[-1.0, -0.5], [-0.3, -0.7], [-1.5, 9.0]], requires_grad=True)
+    stale = torch.tensor([[True, False], [False, False], [True, False]])
+    grads, losses, weights = [], [], []
+    for loss in ("ppo", "decoupled_ppo"):
+        algo = AlgorithmConfig(loss_agg="token-mean", old_logprobs="rollout", max_staleness=1, policy_loss=loss)
+        logp.grad = None
+        obj = policy_objective(logp, None, batch, algo, version=3)
+        obj.loss.backward()
+        grads.append(logp.grad.clone())
+        losses.append(float(obj.loss.detach()))
+        weights.append(obj.metrics["async/importance_weight_mean"])
+    # By hand: stale tokens clip against the detached current log-probs (ratio 1) with weight
+    # exp(current - behaviour); fresh tokens are plain PPO against their behaviour log-probs.
+    w = torch.exp(logp.detach() - batch.rollout_logprobs)
+    ratio = torch.exp(logp.detach() - batch.rollout_logprobs)
+    want, want_weights = 0.0, 0.0
+    for b, t in [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0)]:
+        a = float(batch.advantages[b, t])
+        if stale[b, t]:
+            want += -float(w[b, t]) * a
+            want_weights += float(w[b, t])
+        else:
+            r = float(ratio[b, t])
+            want += -min(r * a, min(max(r, 0.8), 1.2) * a)
+            want_weights += 1.0
+    assert losses[0] == pytest.approx(want) and losses[1] == pytest.approx(want)
+    assert weights[0] == pytest.approx(want_weights) and weights[1] == pytest.approx(want_weights)
+    torch.testing.assert_close(grads[0], grads[1])
+    # The gradient tells fresh from stale: d/dlogp is -r A or 0 where clipped (fresh), -w A (stale: ratio 1
+    # at the proximal, never clipped).
+    clipped = ((ratio > 1.2) & (batch.advantages > 0)) | ((ratio < 0.8) & (batch.advantages < 0))
+    fresh_grad = torch.where(clipped, torch.zeros(()), -ratio * batch.advantages)
+    want_grad = torch.where(stale, -w * batch.advantages, fresh_grad) * batch.response_mask
+    torch.testing.assert_close(grads[1], want_grad)
+    # Per row instead of per token (no token versions): row 0 would count as wholly stale.
+    batch.token_versions = None
+    logp.grad = None
+    policy_objective(logp, None, batch, algo, version=3).loss.backward()
+    assert not torch.allclose(logp.grad, grads[1])
+
+
+def test_decoupled_ppo_without_versions_is_plain_ppo():
+    batch = _batch([[1, 1, 0], [1, 0, 0]], [[1.0, 1.0, 0.0], [-2.0, 0.0, 0.0]])
+    batch.rollout_logprobs = torch.tensor([[-1.1, -0.6, 0.0], [-0.2, 0.0, 0.0]])
+    logp = torch.tensor([[-1.0, -0.5, 3.0], [-0.3, 7.0, 0.0]])
+    plain = policy_objective(logp, None, batch, AlgorithmConfig(old_logprobs="rollout"))
+    decoupled = policy_objective(logp, None, batch, AlgorithmConfig(old_logprobs="rollout", policy_loss="decoupled_ppo"))
+    assert torch.equal(plain.loss, decoupled.loss)
+    assert decoupled.metrics["async/importance_weight_mean"] == pytest.approx(3.0)  # a sum over 3 tokens of 1

@@ -1,5 +1,5 @@
 """``metrics.unknown_prefix: error`` holds for the project's own metrics: tiny local runs of every
-workflow (with a critic, with bounded staleness, with evaluation and checkpoints) log only names
+workflow (with a critic, with bounded staleness, with partial rollouts, with evaluation and checkpoints) log only names
 under known prefixes, so a strict run ends with exit 0."""
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ REASONING = ["placement=local", "model.warm_start.steps=0", "model.warm_start.so
 CASES = {
     "grpo-staleness": ["examples/reasoning/arithmetic_grpo.yaml", *REASONING, "steps=3", "eval_every=2",
                        "checkpoint_every=2", "algorithm.max_staleness=1", "algorithm.old_logprobs=rollout"],
+    "grpo-partial": ["examples/reasoning/arithmetic_grpo.yaml", *REASONING, "steps=3", "eval_every=2",
+                     "checkpoint_every=2", "algorithm.max_staleness=1", "algorithm.old_logprobs=rollout",
+                     "rollout.backend=lean", "rollout.partial=true"],
     "ppo-critic": ["examples/reasoning/arithmetic_ppo.yaml", *REASONING, "steps=2", "eval_every=2"],
     "embodied-staleness": ["examples/embodied/cartpole_pipelined.yaml", "placement=local", "total_env_steps=3072",
                            "eval_every=2", "eval_episodes=1", "checkpoint_every=2", "trace=false",

@@ -144,11 +144,12 @@ class ContinuousBatching(Protocol):
 
     def generate_stream(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int],
                         max_running: int, prefixes: Sequence[Any] | None = None,
-                        keep: dict[int, Any] | None = None) -> Iterator[list[ResponseGroup]]:
+                        keep: dict[int, Any] | None = None, flight: Any | None = None) -> Iterator[list[ResponseGroup]]:
         """At most `max_running` responses in the running batch, each prompt's group yielded (in a list of
         the groups that finished together) once all its responses ended, waiting prompts taking the
         freed rows; prompt p's draws are seeded by `seeds[p]` alone. `prefixes[p]` (optional): the cache a
         row of `keep` returned earlier, for a prompt that continues that row's tokens (a multi-turn
         context): only the tokens after it run. `keep` (optional): filled with each row's cache as it
-        ends, by row index p * n + j."""
+        ends, by row index p * n + j. `flight` (optional, an `inflight.InFlight`): weight updates polled
+        between decoding steps, rows begun by an earlier stream, and the rows left when it is closed early."""
         ...

@@ -31,6 +31,7 @@ from transformers import PreTrainedModel
 
 from m2flow.backends.generation.base import GenerationOptions, SamplingParams, register_generation_backend
 from m2flow.backends.generation.continuous import stream_groups
+from m2flow.backends.generation.inflight import InFlight
 from m2flow.backends.generation.sampling import warp_logits
 from m2flow.backends.generation.hf import HFGenerationBackend, _StopStrings
 from m2flow.data.batch import ResponseGroup, left_pad
@@ -129,17 +130,19 @@ class LeanGenerationBackend(HFGenerationBackend):
     @torch.no_grad()
     def generate_stream(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int],
                         max_running: int, prefixes: Sequence[KVPrefix | None] | None = None,
-                        keep: dict[int, KVPrefix] | None = None) -> Iterator[list[ResponseGroup]]:
+                        keep: dict[int, KVPrefix] | None = None, flight: InFlight | None = None,
+                        ) -> Iterator[list[ResponseGroup]]:
         """Continuous batching (`m2flow.backends.generation.continuous`): at most `max_running` rows decode
         at once; each prompt's group is yielded as soon as all its rows ended, in batches of the groups
         that ended at the same token; prompt p samples from a generator seeded with `seeds[p]`. With
         `prefixes` a prompt runs on from the cached keys and values of the tokens it begins with; `keep`
-        collects each row's cache as it ends (see `stream_groups`)."""
+        collects each row's cache as it ends; `flight`: weight updates between decoding steps, rows begun
+        earlier, rows left unfinished when the stream is closed (see `stream_groups`, `inflight.py`)."""
         if self.offloaded:
             raise RuntimeError("generation backend is offloaded; call onload() first")
         if any(len(p) == 0 for p in prompt_ids):
             raise ValueError("every prompt needs at least one token")
-        yield from stream_groups(self, prompt_ids, params, seeds, max_running, prefixes, keep)
+        yield from stream_groups(self, prompt_ids, params, seeds, max_running, prefixes, keep, flight)
 
     # ---- weights and memory -----------------------------------------------------------------
 

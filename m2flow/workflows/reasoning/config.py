@@ -163,6 +163,10 @@ class ReasoningConfig(RunConfig):
             raise ValueError(
                 "algorithm.max_staleness > 0 needs one optimizer step per iteration (actor.mini_batches = "
                 "actor.update_epochs = 1): the proximal policy is then the actor's own forward")
+        if self.rollout.partial and (self.algorithm.max_staleness < 1 or self.algorithm.old_logprobs != "rollout"):
+            raise ValueError(
+                "rollout.partial: a carried response's tokens are trained a step after they were sampled: it needs "
+                "algorithm.max_staleness >= 1 and algorithm.old_logprobs 'rollout' (each token's own log-prob)")
         if is_auto(self.placement):  # the planner checks each plan it considers
             return
         # Attaching to a cluster, its devices are unknown until connected: check the syntax only.

@@ -11,10 +11,19 @@ iteration max(0, j - s), behind the weights of that many trained iterations, so 
 iterations k + 1 .. k + s while the actor trains on k. Each worker runs its calls in order, so which
 weights generate which iteration is fixed by the loop, not by timing: a run is reproducible and
 every group is at most s versions old (the actor drops and counts any older one).
+
+Partial rollouts (``rollout.partial``, ``m2flow.workers.partial``): an iteration trains on the groups that
+finished first, and the responses still generating continue in the next iteration's generation, under the
+weights synced before it. Their tokens are then trained one iteration after they were sampled, so the
+rollout runs ahead by s - 1 iterations, not s: a response may span two iterations' generations within the
+bound (one spanning more starts over). The first iteration of a run (and the first after a checkpoint)
+puts one batch of prompts more than it trains on, which the rollout carries from then on; a checkpoint
+cannot hold a carried response yet: it drops them and logs how many.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +40,8 @@ from m2flow.workers.stats import WEIGHT_KEY, merge_rank_metrics
 from m2flow.workflows.reasoning.evaluation import score_responses
 from m2flow.workflows.reasoning.graph import GRAPH
 from m2flow.workflows.reasoning.settings import ReasoningRun, WorkerSettings
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -68,7 +79,11 @@ class ReasoningFlow(Flow):
         if "loader" in state:
             self.loader.load_state_dict(state["loader"])
         self.iterations = self.progress_total = settings.steps
-        self.max_staleness = int(plan.settings.get("max_staleness", 0))
+        # The iterations generated ahead: max_staleness, one less with partial rollouts (plan.run_ahead).
+        self.max_staleness = int(plan.settings.get("run_ahead", plan.settings.get("max_staleness", 0)))
+        self.partial = settings.partial
+        self._provision = self.partial  # the next iteration puts an extra batch for the rollout to carry
+        self.partial_dropped: list[int] = []  # dataset indices of the carried prompts checkpoints dropped
         self._started: dict[int, _Started] = {}
         self._next = self.done = run.start  # the first iteration whose generation is not queued yet; trained
         self._synced: int | None = None  # the weights version the rollout holds, when known
@@ -116,8 +131,13 @@ class ReasoningFlow(Flow):
             return
         syncing = self.sync_weights(it) if self._synced != it else []
         for j in range(max(self._next, it), horizon + 1):
-            slots = self.put_prompts(j, self.loader.next_batch())  # channel "prompts"
-            calls = {"rollout": self.rollout.generate(j, slots),
+            items = self.loader.next_batch()
+            slots = len(items)  # the groups the iteration trains on
+            if self._provision:  # slots past the iteration's: prompts for partial rollouts to carry
+                items, self._provision = [*items, *self.loader.next_batch()], False
+            put = self.put_prompts(j, items)  # channel "prompts"
+            generate = self.rollout.generate(j, put, slots) if self.partial else self.rollout.generate(j, slots)
+            calls = {"rollout": generate,
                      "reward": self.reward.score(j, slots) if self.reward is not None else None,
                      "inference": self.inference.compute(j, slots) if self.inference is not None else None}
             self._started[j] = _Started(slots, {k: h for k, h in calls.items() if h is not None}, list(syncing))
@@ -184,6 +204,13 @@ class ReasoningFlow(Flow):
         if self._next > self.done:
             raise RuntimeError(f"checkpoint after iteration {self.done}: the generation of iteration "
                                f"{self._next - 1} has started (the loop drains before a checkpoint)")
+        if self.partial:
+            dropped = sum(gather([self.rollout.drop_partial()], self.timeout, "a checkpoint")[0], [])
+            self.partial_dropped += dropped
+            self._provision = True  # the next iteration over-provisions again
+            logger.warning("checkpoint after iteration %d: %d partial rollout prompt(s) dropped (dataset indices "
+                           "%s): a checkpoint cannot hold them yet, so they are not trained on this epoch",
+                           self.done, len(dropped), sorted(dropped))
         counters = gather([self.actor.save_checkpoint(str(path))], self.timeout, "a checkpoint")[0][0]
         return {"loader": self.loader.state_dict(), "actor": counters}
 

@@ -31,6 +31,7 @@ WORKLOAD = Workload(
     inputs={"reward": ("responses",), "inference": ("scored",), "actor": ("ready", "scored")},
     weights=(("actor", "rollout"), ("actor", "inference")),
     categories={"rollout": "generate", "reward": "reward", "inference": "logprobs", "actor": "train"},
+    run_ahead="run_ahead",
 )
 
 
@@ -84,15 +85,36 @@ def settings(cfg: ReasoningConfig, plan: Plan, values: Mapping[str, Any]) -> dic
         rollout = plan["rollout"]
         waits = nxt == rollout.host or (nxt in _model_groups(plan) and plan[nxt].placement.devices <= rollout.placement.devices)
         out["emit"] = "end of turn" if waits else "each group"
-    # iterations the rollout may generate ahead of the actor (0: synchronous)
+    # the bound on a trained group's age, and the iterations the rollout generates ahead of the actor
     out["max_staleness"] = cfg.algorithm.max_staleness
+    out["run_ahead"] = run_ahead(cfg)
     return out
 
 
-def notes(cfg: ReasoningConfig, plan: Plan) -> tuple[str, ...]:
-    """With staleness, what generating ahead overlaps on this plan."""
+def run_ahead(cfg: ReasoningConfig) -> int:
+    """Iterations the rollout generates ahead of the actor (0: synchronous): ``max_staleness`` s, or s - 1
+    with partial rollouts, whose carried tokens are trained an iteration after they were sampled.
+
+    This is also all the planner knows of partial rollouts: an iteration's generation is priced by the
+    rollout's curve for the iteration's responses, as without them. The curve is fitted on whole batches,
+    each waiting for its slowest response; a partial-rollout iteration hands out the groups that finish
+    first instead, so the model overprices its generation where response lengths have a long tail (it
+    holds no length distribution to price that by)."""
     staleness = cfg.algorithm.max_staleness
-    return (_overlap_note(staleness, plan),) if staleness else ()
+    return max(0, staleness - 1) if cfg.rollout.partial else staleness
+
+
+def notes(cfg: ReasoningConfig, plan: Plan) -> tuple[str, ...]:
+    """With staleness, what generating ahead overlaps on this plan (with partial rollouts the rollout runs
+    one iteration less ahead: a carried response's tokens are trained an iteration after they were sampled)."""
+    staleness, ahead = cfg.algorithm.max_staleness, run_ahead(cfg)
+    if not staleness:
+        return ()
+    if not cfg.rollout.partial:
+        return (_overlap_note(staleness, plan),)
+    partial = (f"rollout.partial: responses unfinished at an iteration's end continue in the next, so with "
+               f"max_staleness {staleness} the rollout generates {ahead} iteration(s) ahead, not {staleness}")
+    return (partial, _overlap_note(ahead, plan)) if ahead else (partial,)
 
 
 def _model_groups(plan: Plan) -> list[str]:

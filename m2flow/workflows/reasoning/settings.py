@@ -44,6 +44,9 @@ class ReasoningRun:
     """strings that end a held-out response (the rollout's)"""
     eval_reward: RewardConfig
     """how held-out responses are scored (the training reward, with ``eval_reward`` in place of its fn)"""
+    partial: bool = False
+    """partial rollouts (``rollout.partial``): over-provision the first iteration, drop what is carried at a
+    checkpoint"""
 
 
 def run_settings(cfg: ReasoningConfig) -> ReasoningRun:
@@ -53,7 +56,8 @@ def run_settings(cfg: ReasoningConfig) -> ReasoningRun:
         seed=cfg.seed, steps=cfg.steps, shuffle=cfg.data.shuffle,
         iteration_timeout_s=cfg.fault_tolerance.iteration_timeout_s, eval_size=cfg.eval_size,
         eval_max_new_tokens=sampling.max_new_tokens, eval_stop=tuple(sampling.stop),
-        eval_reward=cfg.reward if cfg.eval_reward is None else replace(cfg.reward, fn=cfg.eval_reward))
+        eval_reward=cfg.reward if cfg.eval_reward is None else replace(cfg.reward, fn=cfg.eval_reward),
+        partial=cfg.rollout.partial)
 
 
 class WorkerSettings(Protocol):
@@ -81,7 +85,8 @@ def worker_settings(cfg: ReasoningConfig, plan: Plan, model_path: str, streams: 
             batching=s["generation"], max_running=s["max_running"] if continuous else cfg.rollout.max_running,
             prompts_per_chunk=None if continuous else s["prompts_per_chunk"],
             emit_each_group=s.get("emit", "each group") == "each group",
-            shares_devices=plan["rollout"].shares_devices, offload=plan["rollout"].offload),
+            shares_devices=plan["rollout"].shares_devices, offload=plan["rollout"].offload,
+            partial=cfg.rollout.partial, max_staleness=cfg.algorithm.max_staleness),
         "reward": RewardSettings(reward=cfg.reward, max_new_tokens=sampling.max_new_tokens,
                                  dynamic_sampling=cfg.algorithm.dynamic_sampling, responses=responses, scored=scored),
         "inference": InferenceSettings(

@@ -1,0 +1,126 @@
+"""Partial rollouts (``rollout.partial``): a step hands out the groups that finished first; the prompts still
+generating keep their rows' tokens and continue in the next step, under the weights that step has.
+
+A rollout rank owes each step as many groups as it was given prompts of that step's batch (its
+``quota``: the slots downstream waits for). It generates the prompts it carries from earlier steps (first:
+they are further along) and the step's new ones in one continuous-batching stream, gives every group that
+finishes the next slot of its quota, and closes the stream when the quota is met. The stream then pauses
+(``InFlight.paused``): each unfinished prompt keeps its rows' tokens, log-probs and versions, and groups
+that finished past the quota are kept whole. Nothing is discarded and nothing is sent twice: every prompt
+taken is either handed out exactly once or still carried.
+
+For anything to be carried, a rank must hold more prompts than its quota: the first step of a run (and
+the first after a checkpoint, which drops what is carried) takes one batch of prompts more than it owes
+(the driver's over-provisioning, as APRIL does), and from then on each step takes as many as it hands out.
+
+Staleness per token: a group trained at step k may hold no token sampled by weights older than
+k - ``max_staleness``. A carried row with such a token starts over from its prompt (counted as
+restarted); the prompt itself is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+from m2flow.backends.generation.inflight import InFlight, PartialResponse
+from m2flow.data.batch import ResponseGroup
+from m2flow.workers.messages import PromptTask
+
+
+@dataclass
+class Carried:
+    """A prompt taken in an earlier step and not handed out yet."""
+
+    task: PromptTask
+    """The prompt as it came (its step and slot are replaced by those it is handed out with)."""
+    seed: int
+    """The seed of its draws, kept across steps: a resumed row draws the uniforms it would have drawn anyway."""
+    rows: list[PartialResponse] | None = None
+    """Its n rows so far (None: not started, or started over)."""
+
+    @property
+    def oldest(self) -> int | None:
+        """The oldest weight version among its tokens (None: no tokens)."""
+        versions = [v for r in self.rows or [] for v in r.versions]
+        return min(versions) if versions else None
+
+
+@dataclass
+class StepCounts:
+    """What partial rollouts did in one step (its ``rollout/partial_*`` metrics)."""
+
+    resumed: int = 0
+    """groups handed out that had begun in an earlier step"""
+    restarted: int = 0
+    """carried prompts whose rows started over: a token older than the staleness bound"""
+    carried: int = 0
+    """prompts carried on to the next step"""
+
+    def metrics(self) -> dict[str, float]:
+        """The counts as metrics; named ``..._count`` so that the ranks' counts add up (``merge_rank_metrics``)."""
+        return {"rollout/partial_resumed_count": float(self.resumed),
+                "rollout/partial_restarted_count": float(self.restarted),
+                "rollout/partial_carried_count": float(self.carried)}
+
+
+Stream = Callable[[list[list[int]], list[int], InFlight], Iterator[list[ResponseGroup]]]
+"""(prompts, seeds, in-flight side) -> the backend's stream of finished groups."""
+
+
+class PartialRollouts:
+    """The prompts a rollout rank carries between steps, and one step's generation over them."""
+
+    def __init__(self, max_staleness: int) -> None:
+        self.max_staleness = max_staleness
+        self.carried: list[Carried] = []
+
+    def step(self, stream: Stream, step: int, version: int, new: list[tuple[PromptTask, int]], quota: list[int],
+             emit: Callable[[list[tuple[PromptTask, ResponseGroup]]], None]) -> StepCounts:
+        """Generate the carried prompts and ``new`` ones ((task, seed) each) with weights of ``version`` until
+        one group per slot of ``quota`` has been emitted (with ``emit``: tasks restamped with ``step`` and the
+        slot); what is left is carried on."""
+        counts = StepCounts()
+        if len(quota) > len(self.carried) + len(new):
+            raise ValueError(f"step {step}: {len(quota)} groups owed from {len(self.carried) + len(new)} prompts")
+        for c in self.carried:
+            oldest = c.oldest
+            if oldest is not None and oldest < step - self.max_staleness:
+                c.rows = None  # a token would be too old when trained at this step: start the prompt over
+                counts.restarted += 1
+        pool = self.carried + [Carried(task, seed) for task, seed in new]
+        began = [c.rows is not None for c in pool]
+        flight = InFlight(version=version, started=[c.rows for c in pool])
+        out = stream([c.task.prompt_ids for c in pool], [c.seed for c in pool], flight)
+        slots, handed, surplus = list(quota), set(), {}
+        try:
+            for groups in out:
+                done = []
+                for g in groups:
+                    if slots:
+                        done.append((replace(pool[g.prompt_index].task, step=step, slot=slots.pop(0)), g))
+                        handed.add(g.prompt_index)
+                        counts.resumed += began[g.prompt_index]
+                    else:  # finished together with the last owed group: kept whole for the next step
+                        surplus[g.prompt_index] = [PartialResponse(r.token_ids, r.logprobs, list(r.versions or []),
+                                                                   r.finish_reason) for r in g.responses]
+                if done:
+                    emit(done)
+                if not slots:
+                    break
+        finally:
+            out.close()  # pauses the stream: its unfinished rows go into flight.paused
+        self.carried = []
+        for i, c in enumerate(pool):
+            if i in handed:
+                continue
+            rows = surplus.get(i) or flight.paused.get(i) or c.rows  # never admitted: as it came
+            self.carried.append(replace(c, rows=rows))
+        counts.carried = len(self.carried)
+        return counts
+
+    def drop(self) -> list[PromptTask]:
+        """Forget every carried prompt (a checkpoint cannot hold them yet); the prompts dropped."""
+        dropped = [c.task for c in self.carried]
+        self.carried = []
+        return dropped

@@ -1,0 +1,157 @@
+"""The reasoning workflow with partial rollouts: every prompt put is trained once or dropped (counted) at a
+checkpoint, never twice; responses carried across an iteration train with their tokens' own versions;
+the default (off) is untouched, and impossible settings fail naming the key."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from m2flow.config import ConfigError, from_dict
+from m2flow.driver.checkpoints import CHECKPOINTS
+from m2flow.driver.run import Run
+from m2flow.workflows.reasoning.config import ReasoningConfig
+from m2flow.workflows.reasoning.workflow import WORKFLOW
+from tests.workflows.reasoning.setup import improved, toy_config
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _config(root: Path, placement: str = "local", **overrides) -> ReasoningConfig:
+    """The tiny GRPO run on the lean backend, partial rollouts on, bound 1, the rollout's log-probs."""
+    algorithm = {"max_staleness": 1, "old_logprobs": "rollout", **overrides.pop("algorithm", {})}
+    return toy_config(root, placement, algorithm=algorithm,
+                      rollout={"backend": "lean", "partial": True, "fuse_with_actor": False,
+                               "sampling": {"n": 8, "max_new_tokens": 12}},
+                      **overrides)
+
+
+def _run(cfg: ReasoningConfig, cluster=None):
+    """Train ``cfg``; (history, the groups the actor took, the dataset indices put, those dropped, those
+    still carried at the end)."""
+    put: list[int] = []
+    with Run(WORKFLOW, cfg, cluster) as run:
+        flow = run.flow
+        put_prompts = flow.put_prompts
+
+        def recording(step, items):
+            put.extend(item.index for item in items)
+            return put_prompts(step, items)
+
+        flow.put_prompts = recording
+        result = run.train()
+        received = flow.actor.received_groups().wait()
+        carried = flow.rollout.carried_prompts().wait()
+    return result.history, [g for rank in received for g in rank], put, flow.partial_dropped, sum(carried, [])
+
+
+@pytest.mark.parametrize("data,message", [
+    ({"rollout": {"backend": "lean", "partial": True}, "algorithm": {"max_staleness": 1}},
+     "needs algorithm.max_staleness >= 1 and algorithm.old_logprobs 'rollout'"),
+    ({"rollout": {"backend": "lean", "partial": True}, "algorithm": {"old_logprobs": "rollout"}},
+     "needs algorithm.max_staleness >= 1"),
+    ({"rollout": {"backend": "hf", "partial": True}}, "partial rollouts need continuous batching"),
+])
+def test_impossible_partial_settings_fail_naming_the_key(data, message):
+    with pytest.raises(ConfigError) as info:
+        from_dict(ReasoningConfig, data)
+    assert message in str(info.value) and "partial" in str(info.value)
+
+
+def test_the_plan_says_that_partial_rollouts_run_one_iteration_less_ahead(tmp_path):
+    from m2flow.runtime.placement import NodeLayout
+
+    layout = NodeLayout((2,))
+    one = WORKFLOW.plan(_config(tmp_path), layout)
+    assert any("generates 0 iteration(s) ahead, not 1" in n for n in one.notes)
+    assert not any("generates while the actor trains" in n for n in one.notes)
+    two = WORKFLOW.plan(_config(tmp_path, algorithm={"max_staleness": 2, "old_logprobs": "rollout"}), layout)
+    assert any("generates 1 iteration(s) ahead, not 2" in n for n in two.notes)
+    assert any("max_staleness 1: iteration k+1 generates while the actor trains on k" in n for n in two.notes)
+
+
+def test_the_planner_prices_partial_rollouts_one_iteration_less_ahead(tmp_path):
+    # The plan's run_ahead is what the flow runs and what the simulator prices: partial rollouts at
+    # staleness s cost what s - 1 iterations ahead cost without them.
+    from m2flow.planner.cost import ComponentCost, CostModel, Link
+    from m2flow.planner.setup import setup_from_plan
+    from m2flow.planner.simulate import Simulator
+    from m2flow.runtime.placement import NodeLayout
+    from m2flow.workflows.reasoning.graph import GRAPH
+    from m2flow.workflows.reasoning.plan import WORKLOAD
+
+    model = CostModel({"rollout": ComponentCost(a=0.5, c=0.05), "reward": ComponentCost(a=0.01),
+                       "actor": ComponentCost(a=0.5, c=0.04)}, link=Link(latency=0.0))
+    holders = [c.name for c in GRAPH.components if c.holds_model]
+
+    def priced(staleness: int, partial: bool) -> tuple[int, float]:
+        cfg = toy_config(tmp_path, "rollout,reward: 0, inference,actor: 1",
+                         algorithm={"max_staleness": staleness, "old_logprobs": "rollout"},
+                         rollout={"backend": "lean", "partial": partial, "fuse_with_actor": False})
+        plan = WORKFLOW.plan(cfg, NodeLayout((2,)))
+        simulated = Simulator(GRAPH, WORKLOAD, model).simulate(setup_from_plan(plan, holders))
+        return plan.settings["run_ahead"], simulated.iteration_time
+
+    assert priced(1, True) == priced(0, False) and priced(1, True)[0] == 0
+    assert priced(2, True) == priced(1, False) and priced(2, True)[0] == 1
+    assert priced(2, True)[1] < priced(1, True)[1]  # one iteration ahead: generation beside training
+
+
+@pytest.mark.learning
+def test_partial_rollouts_train_every_prompt_once_learn_and_checkpoints_drop_the_carried_ones(tmp_path, caplog):
+    flow_log = logging.getLogger("m2flow.workflows.reasoning.flow")
+    flow_log.addHandler(caplog.handler)  # the package's loggers do not propagate to the root
+    try:
+        history, groups, put, dropped, carried = _run(_config(tmp_path, steps=6, checkpoint_every=3))
+    finally:
+        flow_log.removeHandler(caplog.handler)
+    assert len(history) == 6
+    trained = [index for _, _, index, ok in groups if ok]
+    assert len(groups) == 6 * 8 and len(trained) == len(groups)  # 8 groups an iteration, none too old
+    # 64 training items, 8 an iteration plus one extra batch at the start and after the checkpoint: no
+    # item is put twice, so every index must be trained once or dropped once, never both, never twice.
+    assert len(put) == 64 and len(set(put)) == 64
+    assert len(trained) == len(set(trained)) and not set(trained) & set(dropped)
+    assert sorted(trained + dropped + carried) == sorted(put)
+    assert len(dropped) == 16 and not carried  # one batch carried at each of the two checkpoints
+    assert sum("partial rollout prompt(s) dropped" in r.getMessage() for r in caplog.records) == 2
+    # Responses carried over: their groups train, their tokens of the older weights are weighted.
+    assert sum(h["rollout/partial_resumed_count"] for h in history) > 0
+    assert all(h["rollout/partial_carried_count"] == 8 for h in history)
+    assert all(h["async/staleness_max"] <= 1 for h in history) and any(h["async/staleness_max"] == 1 for h in history)
+    assert all(h["async/dropped_samples"] == 0 for h in history)
+    assert improved(history), [h["reward/mean"] for h in history]
+
+
+def test_a_run_resumed_after_a_checkpoint_that_dropped_the_carried_prompts_trains_the_same_data(tmp_path):
+    history, groups, _, _, _ = _run(_config(tmp_path, steps=4, checkpoint_every=2))
+    checkpoint = tmp_path / "run" / CHECKPOINTS / "step_000002"
+    resumed, resumed_groups, _, dropped, _ = _run(
+        _config(tmp_path, steps=4, checkpoint_every=2, run_dir=str(tmp_path / "resumed"), resume=str(checkpoint)))
+    assert len(resumed) == 2 and len(dropped) == 8  # the end-of-run checkpoint drops what is carried
+    assert sorted((s, k, i) for s, k, i, _ in resumed_groups) == sorted((s, k, i) for s, k, i, _ in groups if s >= 2)
+    for key in ("reward/mean", "rollout/tokens_count"):
+        assert [h[key] for h in resumed] == pytest.approx([h[key] for h in history[2:]], rel=1e-5), key
+
+
+# 4 s once the shared cluster's worker hosts are up (as earlier Ray tests of a suite leave them); alone,
+# their start-up adds 35-95 s on a busy 2-core machine.
+def test_two_rollout_ranks_on_ray_train_every_prompt_once_or_drop_it_at_a_checkpoint(cluster, tmp_path):
+    # Each rank owes the iteration's slots routed to it (slot % 2) and carries its own prompts: the
+    # over-provisioned batch splits between the ranks, so each carries 4 and owes 4 an iteration.
+    cfg = _config(tmp_path, "rollout,reward: 0-1, inference,actor: 2", steps=4, checkpoint_every=2)
+    history, groups, put, dropped, carried = _run(cfg, cluster)
+    assert len(history) == 4
+    assert sorted((s, k) for s, k, _, _ in groups) == [(s, k) for s in range(4) for k in range(8)]
+    trained = [index for _, _, index, ok in groups if ok]
+    assert len(trained) == len(groups)  # none too old
+    # 4 iterations of 8, plus one extra batch at the start and after the checkpoint at iteration 2.
+    assert len(put) == 48 and len(set(put)) == 48
+    assert len(trained) == len(set(trained)) and not set(trained) & set(dropped)
+    assert sorted(trained + dropped + carried) == sorted(put)
+    assert len(dropped) == 16 and not carried  # each checkpoint drops both ranks' 4
+    assert all(h["rollout/partial_carried_count"] == 8 for h in history)  # 4 a rank, added up
+    assert sum(h["rollout/partial_resumed_count"] for h in history) > 0
+    assert all(h["async/staleness_max"] <= 1 and h["async/dropped_samples"] == 0 for h in history)
