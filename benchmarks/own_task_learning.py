@@ -8,7 +8,8 @@ demos`` (one file, made once with ``--demo-seed``, shared by every seed), then p
 examples/embodied/metaworld_vla_any_task.yaml seed=S`` (the behaviour-cloning warm start of
 ``policy.warm_start.demos``, then PPO), then the success of the warm start and of the last checkpoint on
 the same held-out seeds (1,000,000 up), with greedy and with sampled action tokens, as
-``benchmarks/v1_rl.py`` evaluates (episodes of up to 200 steps that end at success).
+``benchmarks/v1_rl.py`` evaluates, but in episodes of up to ``--eval-max-steps`` (100, the length of the
+example's training episodes; v1_rl plays 200) that end at success.
 
 ``reasoning``: a user's own data as three JSONL files written here once (training prompts, held-out
 prompts, and ``{"prompt", "response"}`` demonstrations from an imperfect teacher who forgets carries and
@@ -17,8 +18,9 @@ borrows in 70% of its answers: the arithmetic task's own teacher, written out as
 greedy held-out accuracy before the first GRPO iteration (the file warm start) and after the last.
 
 Both write ``benchmarks/results/own_task_<path>.json`` after every seed (each seed's numbers, the mean and
-the sample standard deviation, the commands run, the machine's load); a seed whose run finished is not run
-again. Extra ``key=value`` arguments override the run's config for every seed.
+the sample standard deviation, the commands run, the machine's load). A seed whose run finished is not trained
+again, and one also evaluated is read back from its run directory: seeds may run in separate processes
+(``--seeds 1 --name own_task_vla_s1``) and one call with all of them then gathers them. Extra ``key=value`` arguments override the run's config for every seed.
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ from benchmarks.common import REPO, environment, write_result  # noqa: E402
 VLA_CONFIG = "examples/embodied/metaworld_vla_any_task.yaml"
 REASONING_CONFIG = "m2flow/workflows/reasoning/demo.yaml"
 TASK = "handle-press-v3"
+
+SEED_RESULT = "own_task_result.json"
+"""A seed's numbers, kept in its run directory: a later call (e.g. all seeds, after each ran in its own process)
+reads them instead of running the seed again."""
 
 log = logging.getLogger("own_task_learning")
 
@@ -83,6 +89,13 @@ def metrics_rows(run_dir: Path) -> list[dict[str, Any]]:
 
 # --- VLA on handle-press-v3 ---------------------------------------------------------------------------------------
 
+def total_env_steps(overrides: list[str]) -> int:
+    """The env steps the VLA run is configured for, with ``overrides``."""
+    from m2flow.driver.registry import load_workflow_config
+
+    return load_workflow_config(REPO / VLA_CONFIG, overrides)[1].total_env_steps
+
+
 def vla_seed(args: argparse.Namespace, seed: int, demos: Path) -> dict[str, Any]:
     """Train one seed (unless its last checkpoint exists) and evaluate its warm start and last checkpoint."""
     import numpy as np
@@ -98,18 +111,21 @@ def vla_seed(args: argparse.Namespace, seed: int, demos: Path) -> dict[str, Any]
     from m2flow.workflows.embodied.warm_start import POLICY_FILE, WARM_START_DIR
 
     run_dir = Path(args.run_root) / f"vla_s{seed}"
+    if (run_dir / SEED_RESULT).is_file():
+        return json.loads((run_dir / SEED_RESULT).read_text())
     overrides = [f"seed={seed}", f"run_dir={run_dir}", f"policy.warm_start.demos={demos}", "metrics.sinks=[jsonl]",
                  *args.overrides]
     command = m2flow("train", VLA_CONFIG, *overrides)
     checkpoints = sorted((run_dir / "checkpoints").glob("step_*"))
     train_s = None
-    if not (run_dir / "done").is_file():
+    rows = metrics_rows(run_dir)
+    if not rows or rows[-1].get("env/total_steps", 0) < total_env_steps(overrides):  # not trained to the end
         train_s = run(command, run_dir.with_suffix(".log"))
-        (run_dir / "done").write_text("")
         checkpoints = sorted((run_dir / "checkpoints").glob("step_*"))
     last = checkpoints[-1]
     cfg = load_config(EmbodiedConfig, last / CONFIG_FILE)
     env_kwargs = {k: v for k, v in cfg.env.env_kwargs.items() if k in ("height", "width", "camera", "proprio")}
+    env_kwargs["max_episode_steps"] = args.eval_max_steps
     seeds = held_out_seeds(args.eval_seeds)
     torch.set_num_threads(args.threads)
     policy = VLAPolicy(cfg.policy.vla, action_dim=4).eval()
@@ -133,14 +149,17 @@ def vla_seed(args: argparse.Namespace, seed: int, demos: Path) -> dict[str, Any]
     trained = torch.load(last / "actor.pt", map_location="cpu", weights_only=True)["policy"]
     rows = metrics_rows(run_dir)
     bc_rows = [json.loads(line) for line in (run_dir / "warm_start.jsonl").read_text().splitlines() if line.strip()]
-    return {
+    out = {
         "command": " ".join(["m2flow", *command[3:]]), "train_wall_s": train_s, "checkpoint": last.name,
         "env_steps": rows[-1].get("env/total_steps") if rows else None,
         "bc_loss": [r["warm_start/loss"] for r in bc_rows],
         "train_success_rate": [r.get("env/success_rate") for r in rows],
         "bc_greedy": success(warm, True), "bc_sampled": success(warm, False),
         "ppo_greedy": success(trained, True), "ppo_sampled": success(trained, False),
+        "eval_parallel": args.parallel,
     }
+    (run_dir / SEED_RESULT).write_text(json.dumps(out, indent=1))
+    return out
 
 
 def vla(args: argparse.Namespace) -> None:
@@ -151,7 +170,7 @@ def vla(args: argparse.Namespace) -> None:
                               "demos": {"command": " ".join(["m2flow", *demos_command[3:]]), "seed": args.demo_seed,
                                         "shared_by_all_seeds": True},
                               "eval": {"held_out_seeds": args.eval_seeds, "first_seed": 1_000_000,
-                                       "max_episode_steps": 200, "ends_at_success": True,
+                                       "max_episode_steps": args.eval_max_steps, "ends_at_success": True,
                                        "sample_seed": args.sample_seed},
                               "environment": environment(), "seeds": {}}
     if not demos.is_file():
@@ -189,15 +208,19 @@ def reasoning_seed(args: argparse.Namespace, seed: int, files: dict[str, Any]) -
                  f"data.eval_path={files['test']}", "model.warm_start.source=file",
                  f"model.warm_start.file={files['demos']}", "metrics.sinks=[jsonl]", *args.overrides]
     command = m2flow("train", REASONING_CONFIG, *overrides)
+    if (run_dir / SEED_RESULT).is_file():
+        return json.loads((run_dir / SEED_RESULT).read_text())
     train_s = None
     if not (run_dir / "done").is_file():
         train_s = run(command, run_dir.with_suffix(".log"))
         (run_dir / "done").write_text("")
     evals = [(r["step"], r["eval/accuracy"]) for r in metrics_rows(run_dir) if "eval/accuracy" in r]
     rewards = [r["reward/mean"] for r in metrics_rows(run_dir) if "reward/mean" in r]
-    return {"command": " ".join(["m2flow", *command[3:]]), "train_wall_s": train_s, "eval_curve": evals,
-            "reward_first_last": [rewards[0], rewards[-1]] if rewards else None,
-            "warm_start_accuracy": evals[0][1], "grpo_accuracy": evals[-1][1]}
+    out = {"command": " ".join(["m2flow", *command[3:]]), "train_wall_s": train_s, "eval_curve": evals,
+           "reward_first_last": [rewards[0], rewards[-1]] if rewards else None,
+           "warm_start_accuracy": evals[0][1], "grpo_accuracy": evals[-1][1]}
+    (run_dir / SEED_RESULT).write_text(json.dumps(out, indent=1))
+    return out
 
 
 def reasoning(args: argparse.Namespace) -> None:
@@ -223,8 +246,10 @@ def main() -> None:
     vla_opts.add_argument("--demo-episodes", type=int, default=50)
     vla_opts.add_argument("--demo-seed", type=int, default=0)
     vla_opts.add_argument("--eval-seeds", type=int, default=20, help="held-out seeds, the same for every policy")
+    vla_opts.add_argument("--eval-max-steps", type=int, default=100,
+                          help="evaluation episode length (the example's training episodes: 100)")
     vla_opts.add_argument("--sample-seed", type=int, default=0, help="the sampling generator's seed (sampled tokens)")
-    vla_opts.add_argument("--parallel", type=int, default=10, help="evaluation episodes run side by side")
+    vla_opts.add_argument("--parallel", type=int, default=20, help="evaluation episodes run side by side")
     vla_opts.add_argument("--threads", type=int, default=2, help="torch threads of the evaluation")
     parser.add_argument("--slip-rate", type=float, default=0.7, help="reasoning: the teacher's slip rate in the file")
     args = parser.parse_intermixed_args()  # overrides may follow the options
