@@ -46,9 +46,9 @@ VLA_CONFIG = "examples/embodied/metaworld_vla_any_task.yaml"
 REASONING_CONFIG = "m2flow/workflows/reasoning/demo.yaml"
 TASK = "handle-press-v3"
 
-SEED_RESULT = "own_task_result.json"
-"""A seed's numbers, kept in its run directory: a later call (e.g. all seeds, after each ran in its own process)
-reads them instead of running the seed again."""
+SEED_RESULT = "own_task_success.json"
+"""A seed's measured numbers (a VLA seed's success per policy evaluated), kept in its run directory: a later call
+(e.g. all seeds, after each ran in its own process) reads them instead of evaluating again."""
 
 log = logging.getLogger("own_task_learning")
 
@@ -97,7 +97,7 @@ def total_env_steps(overrides: list[str]) -> int:
 
 
 def vla_seed(args: argparse.Namespace, seed: int, demos: Path) -> dict[str, Any]:
-    """Train one seed (unless its last checkpoint exists) and evaluate its warm start and last checkpoint."""
+    """Train one seed (unless trained, or ``--checkpoint`` exists) and evaluate its warm start and that checkpoint."""
     import numpy as np
     import torch
 
@@ -105,34 +105,43 @@ def vla_seed(args: argparse.Namespace, seed: int, demos: Path) -> dict[str, Any]
     from m2flow.driver.run import CONFIG_FILE
     from m2flow.envs.metaworld import held_out_seeds
     from m2flow.envs.metaworld_demos import evaluate_success
-    from m2flow.models.init_weights import read_policy_state
     from m2flow.models.vla import VLAPolicy
     from m2flow.workflows.embodied.config import EmbodiedConfig
     from m2flow.workflows.embodied.warm_start import POLICY_FILE, WARM_START_DIR
 
     run_dir = Path(args.run_root) / f"vla_s{seed}"
-    if (run_dir / SEED_RESULT).is_file():
-        return json.loads((run_dir / SEED_RESULT).read_text())
     overrides = [f"seed={seed}", f"run_dir={run_dir}", f"policy.warm_start.demos={demos}", "metrics.sinks=[jsonl]",
                  *args.overrides]
     command = m2flow("train", VLA_CONFIG, *overrides)
-    checkpoints = sorted((run_dir / "checkpoints").glob("step_*"))
+    wanted = None if args.checkpoint == "last" else run_dir / "checkpoints" / f"step_{int(args.checkpoint):06d}"
     train_s = None
     rows = metrics_rows(run_dir)
-    if not rows or rows[-1].get("env/total_steps", 0) < total_env_steps(overrides):  # not trained to the end
+    trained_to_end = bool(rows) and rows[-1].get("env/total_steps", 0) >= total_env_steps(overrides)
+    if not trained_to_end and not (wanted is not None and wanted.is_dir()):
         train_s = run(command, run_dir.with_suffix(".log"))
-        checkpoints = sorted((run_dir / "checkpoints").glob("step_*"))
-    last = checkpoints[-1]
-    cfg = load_config(EmbodiedConfig, last / CONFIG_FILE)
+    checkpoint = wanted or sorted((run_dir / "checkpoints").glob("step_*"))[-1]
+    cfg = load_config(EmbodiedConfig, checkpoint / CONFIG_FILE)
     env_kwargs = {k: v for k, v in cfg.env.env_kwargs.items() if k in ("height", "width", "camera", "proprio")}
     env_kwargs["max_episode_steps"] = args.eval_max_steps
     seeds = held_out_seeds(args.eval_seeds)
     torch.set_num_threads(args.threads)
     policy = VLAPolicy(cfg.policy.vla, action_dim=4).eval()
     generator = torch.Generator()
+    # Each policy's success, kept as it is measured ("warm_start/greedy", "step_000010/sampled", ...): a later
+    # call, or one evaluating another checkpoint, reuses what was measured with the same evaluation settings.
+    cache_file = run_dir / SEED_RESULT
+    protocol = {"eval_seeds": args.eval_seeds, "max_episode_steps": args.eval_max_steps,
+                "sample_seed": args.sample_seed, "parallel": args.parallel}
+    cache = json.loads(cache_file.read_text()) if cache_file.is_file() else {}
+    if cache.get("protocol") != protocol:
+        cache = {"protocol": protocol, "success": {}}
 
-    def success(weights: dict[str, torch.Tensor], greedy: bool) -> float:
-        policy.load_state_dict(weights)
+    def success(name: str, weights_file: Path, greedy: bool) -> float:
+        key = f"{name}/{'greedy' if greedy else 'sampled'}"
+        if key in cache["success"]:
+            return cache["success"][key]
+        state = torch.load(weights_file, map_location="cpu", weights_only=True)["policy"]
+        policy.load_state_dict(state)
         generator.manual_seed(args.sample_seed)  # every policy sees the same sampling stream
 
         def act(obs: np.ndarray) -> np.ndarray:
@@ -140,26 +149,25 @@ def vla_seed(args: argparse.Namespace, seed: int, demos: Path) -> dict[str, Any]
                 return policy.act(torch.from_numpy(obs), deterministic=greedy, generator=generator).actions.numpy()
 
         t0 = time.perf_counter()
-        out = evaluate_success(act, [TASK], seeds, env_kwargs, parallel=args.parallel)[TASK]
-        log.info("seed %d: %s %s success %.2f (%.0f s)", seed, "greedy" if greedy else "sampled",
-                 "warm start" if weights is warm else "last checkpoint", out, time.perf_counter() - t0)
-        return out
+        cache["success"][key] = evaluate_success(act, [TASK], seeds, env_kwargs, parallel=args.parallel)[TASK]
+        log.info("seed %d: %s success %.2f (%.0f s)", seed, key, cache["success"][key], time.perf_counter() - t0)
+        cache_file.write_text(json.dumps(cache, indent=1))
+        return cache["success"][key]
 
-    warm = read_policy_state(str(run_dir / WARM_START_DIR / POLICY_FILE))
-    trained = torch.load(last / "actor.pt", map_location="cpu", weights_only=True)["policy"]
+    warm = run_dir / WARM_START_DIR / POLICY_FILE
     rows = metrics_rows(run_dir)
+    step = int(checkpoint.name.split("_")[-1])
     bc_rows = [json.loads(line) for line in (run_dir / "warm_start.jsonl").read_text().splitlines() if line.strip()]
-    out = {
-        "command": " ".join(["m2flow", *command[3:]]), "train_wall_s": train_s, "checkpoint": last.name,
-        "env_steps": rows[-1].get("env/total_steps") if rows else None,
+    return {
+        "command": " ".join(["m2flow", *command[3:]]), "train_wall_s": train_s, "checkpoint": checkpoint.name,
+        "env_steps": step * cfg.rollout_steps * cfg.env.num_envs,
         "bc_loss": [r["warm_start/loss"] for r in bc_rows],
         "train_success_rate": [r.get("env/success_rate") for r in rows],
-        "bc_greedy": success(warm, True), "bc_sampled": success(warm, False),
-        "ppo_greedy": success(trained, True), "ppo_sampled": success(trained, False),
-        "eval_parallel": args.parallel,
+        "bc_greedy": success("warm_start", warm, True), "bc_sampled": success("warm_start", warm, False),
+        "ppo_greedy": success(checkpoint.name, checkpoint / "actor.pt", True),
+        "ppo_sampled": success(checkpoint.name, checkpoint / "actor.pt", False),
+        "all_evaluated": cache["success"],
     }
-    (run_dir / SEED_RESULT).write_text(json.dumps(out, indent=1))
-    return out
 
 
 def vla(args: argparse.Namespace) -> None:
@@ -246,6 +254,7 @@ def main() -> None:
     vla_opts.add_argument("--demo-episodes", type=int, default=50)
     vla_opts.add_argument("--demo-seed", type=int, default=0)
     vla_opts.add_argument("--eval-seeds", type=int, default=20, help="held-out seeds, the same for every policy")
+    vla_opts.add_argument("--checkpoint", default="last", help="the RL checkpoint evaluated: 'last' or its iteration")
     vla_opts.add_argument("--eval-max-steps", type=int, default=100,
                           help="evaluation episode length (the example's training episodes: 100)")
     vla_opts.add_argument("--sample-seed", type=int, default=0, help="the sampling generator's seed (sampled tokens)")
