@@ -41,6 +41,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import REPO, environment, write_result  # noqa: E402
+from m2flow.driver.registry import load_workflow_config  # noqa: E402
 
 VLA_CONFIG = "examples/embodied/metaworld_vla_any_task.yaml"
 REASONING_CONFIG = "m2flow/workflows/reasoning/demo.yaml"
@@ -91,8 +92,6 @@ def metrics_rows(run_dir: Path) -> list[dict[str, Any]]:
 
 def total_env_steps(overrides: list[str]) -> int:
     """The env steps the VLA run is configured for, with ``overrides``."""
-    from m2flow.driver.registry import load_workflow_config
-
     return load_workflow_config(REPO / VLA_CONFIG, overrides)[1].total_env_steps
 
 
@@ -205,7 +204,8 @@ def write_user_files(root: Path, slip_rate: float) -> dict[str, str]:
     demos = [{"prompt": d["prompt"], "response": d["answer"]} for d in task.demonstrations(train, slip_rate, seed=0)]
     files = {"train": train, "test": test, "demos": demos}
     for name, records in files.items():
-        (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        if not (root / f"{name}.jsonl").is_file():  # a run of another seed may be reading it
+            (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     wrong = sum(d["response"] != t["answer"] for d, t in zip(demos, train))
     return {**{name: str(root / f"{name}.jsonl") for name in files}, "demos_wrong_fraction": wrong / len(demos)}
 
@@ -218,13 +218,16 @@ def reasoning_seed(args: argparse.Namespace, seed: int, files: dict[str, Any]) -
     command = m2flow("train", REASONING_CONFIG, *overrides)
     if (run_dir / SEED_RESULT).is_file():
         return json.loads((run_dir / SEED_RESULT).read_text())
+    steps = load_workflow_config(REPO / REASONING_CONFIG, overrides)[1].steps
     train_s = None
-    if not (run_dir / "done").is_file():
+    if not any(r["step"] >= steps and "eval/accuracy" in r for r in metrics_rows(run_dir)):  # no final evaluation yet
         train_s = run(command, run_dir.with_suffix(".log"))
-        (run_dir / "done").write_text("")
-    evals = [(r["step"], r["eval/accuracy"]) for r in metrics_rows(run_dir) if "eval/accuracy" in r]
-    rewards = [r["reward/mean"] for r in metrics_rows(run_dir) if "reward/mean" in r]
+    rows = metrics_rows(run_dir)
+    evals = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
+    rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
+    started = json.loads((run_dir / "warm_start.jsonl").read_text().splitlines()[0])["time"]
     out = {"command": " ".join(["m2flow", *command[3:]]), "train_wall_s": train_s, "eval_curve": evals,
+           "first_warm_start_step_to_end_s": rows[-1]["time"] - started,
            "reward_first_last": [rewards[0], rewards[-1]] if rewards else None,
            "warm_start_accuracy": evals[0][1], "grpo_accuracy": evals[-1][1]}
     (run_dir / SEED_RESULT).write_text(json.dumps(out, indent=1))
