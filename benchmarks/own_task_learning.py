@@ -162,9 +162,11 @@ def vla_seed(args: argparse.Namespace, seed: int, demos: Path) -> dict[str, Any]
         "env_steps": step * cfg.rollout_steps * cfg.env.num_envs,
         "bc_loss": [r["warm_start/loss"] for r in bc_rows],
         "train_success_rate": [r.get("env/success_rate") for r in rows],
-        "bc_greedy": success("warm_start", warm, True), "bc_sampled": success("warm_start", warm, False),
-        "ppo_greedy": success(checkpoint.name, checkpoint / "actor.pt", True),
+        # sampled first: their episodes mostly end early at success, and they are the pair that moves
+        "bc_sampled": success("warm_start", warm, False),
         "ppo_sampled": success(checkpoint.name, checkpoint / "actor.pt", False),
+        "bc_greedy": success("warm_start", warm, True),
+        "ppo_greedy": success(checkpoint.name, checkpoint / "actor.pt", True),
         "all_evaluated": cache["success"],
     }
 
