@@ -1,12 +1,13 @@
 """Learning over seeds on two "your own task" paths: held-out success / accuracy after the warm start and after RL.
 
-    python benchmarks/own_task_learning.py vla --seeds 0,1,2 --eval-seeds 20
-    python benchmarks/own_task_learning.py reasoning --seeds 0,1,2
+    python benchmarks/own_task_learning.py vla --seeds 0,1,2 --eval-seeds 20 --checkpoint 5 --threads 1 \
+        policy.warm_start.epochs=3 policy.warm_start.threads=1 total_env_steps=5120 checkpoint_every=5
+    python benchmarks/own_task_learning.py reasoning --seeds 0,1,2 model.warm_start.threads=1 actor.num_threads=1
 
 ``vla``: a MetaWorld task outside MT10 (handle-press-v3) with the product's commands alone: ``m2flow
 demos`` (one file, made once with ``--demo-seed``, shared by every seed), then per seed ``m2flow train
 examples/embodied/metaworld_vla_any_task.yaml seed=S`` (the behaviour-cloning warm start of
-``policy.warm_start.demos``, then PPO), then the success of the warm start and of the last checkpoint on
+``policy.warm_start.demos``, then PPO), then the success of the warm start and of one checkpoint (``--checkpoint``, default the last) on
 the same held-out seeds (1,000,000 up), with greedy and with sampled action tokens, as
 ``benchmarks/v1_rl.py`` evaluates, but in episodes of up to ``--eval-max-steps`` (100, the length of the
 example's training episodes; v1_rl plays 200) that end at success.
@@ -20,7 +21,8 @@ greedy held-out accuracy before the first GRPO iteration (the file warm start) a
 Both write ``benchmarks/results/own_task_<path>.json`` after every seed (each seed's numbers, the mean and
 the sample standard deviation, the commands run, the machine's load). A seed whose run finished is not trained
 again, and one also evaluated is read back from its run directory: seeds may run in separate processes
-(``--seeds 1 --name own_task_vla_s1``) and one call with all of them then gathers them. Extra ``key=value`` arguments override the run's config for every seed.
+(``--seeds 1 --name own_task_vla_s1``) and one call with all of them then gathers them. Extra ``key=value``
+arguments override the run's config for every seed.
 """
 
 from __future__ import annotations
