@@ -5,8 +5,9 @@
 model directory without a trainer state is evaluated as a reasoning model.
 
 A reasoning checkpoint (or model directory): greedy accuracy and mean response length on a dataset.
-An embodied checkpoint (``runs/.../checkpoints/step_N``): mean raw return of the policy over whole
-episodes with deterministic actions, under the run's own env config and normalisation statistics.
+An embodied checkpoint (``runs/.../checkpoints/step_N``): mean raw return (and success rate, where the env
+reports it) of the policy over whole episodes with greedy actions, then with sampled actions on the same
+held-out env seeds, under the run's own env config and normalisation statistics.
 An agentic checkpoint: the run's held-out evaluation (mean return, success, turns and tool calls per
 episode) of the saved policy on held-out episodes of the run's own environment config.
 """

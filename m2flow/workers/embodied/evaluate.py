@@ -33,7 +33,8 @@ def evaluate_policy(
     deterministic: bool = True,
     max_steps: int = 1_000_000,
 ) -> dict[str, float]:
-    """Mean / std / min / max raw return and mean length over ``episodes`` finished episodes."""
+    """Mean / std / min / max raw return and mean length over ``episodes`` finished episodes, and their
+    success rate (``eval/success``) where the env reports ``is_success`` (``env.info_keys``)."""
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
     cfg = replace(env, num_envs=min(env.num_envs, episodes), num_groups=1, seed=seed + EVAL_SEED_OFFSET)
@@ -47,6 +48,8 @@ def evaluate_policy(
         obs = vec.reset()
         returns: list[float] = []
         lengths: list[int] = []
+        successes: list[float] = []
+        success_key = "is_success" if "is_success" in env.info_keys else None
         steps = 0
         while len(returns) < episodes and steps < max_steps:
             actions = engine.act(obs, 0, deterministic=deterministic)
@@ -56,12 +59,15 @@ def evaluate_policy(
             steps += vec.num_envs if res.env_steps is None else int(res.env_steps.sum())
             returns.extend(res.episode_return.tolist())
             lengths.extend(res.episode_length.tolist())
+            if success_key is not None and res.episode_env.size:
+                successes.extend(res.infos[success_key][res.episode_env].tolist())  # whole-vector indices
     finally:
         vec.close()
     if not returns:
         return {"eval/episodes": 0.0}
     returns, lengths = returns[:episodes], lengths[:episodes]
-    return {
+    success = {"eval/success": float(np.mean(successes[:episodes]))} if successes else {}
+    return success | {
         "eval/return": float(np.mean(returns)),
         "eval/return_std": float(np.std(returns)),
         "eval/return_min": float(np.min(returns)),

@@ -65,5 +65,10 @@ def test_demos_warm_start_rl_and_eval_on_a_task_outside_mt10(tmp_path, capsys):
     out = tmp_path / "eval.json"
     code = main(["eval", str(run_dir / "checkpoints" / "step_000002"), "--episodes", "1", "--output", str(out)])
     assert code == 0, capsys.readouterr().err
-    assert "over 1 episodes" in capsys.readouterr().out
-    assert json.loads(out.read_text())["eval/episodes"] == 1
+    line = capsys.readouterr().out
+    assert "over 1 episodes" in line and "sampled actions" in line
+    results = json.loads(out.read_text())
+    assert results["eval/episodes"] == 1 and results["eval/sampled_episodes"] == 1
+    # MetaWorld reports success: greedy and sampled, each a rate over the held-out episodes
+    assert results["eval/success"] in (0.0, 1.0) and results["eval/sampled_success"] in (0.0, 1.0)
+    assert f"success {results['eval/success']:.2f}" in line
