@@ -3,6 +3,10 @@
 The warm start the VLA systems run before RL (OpenVLA fine-tuning is the same loss on its action
 tokens). Images are augmented with random shifts (pad by ``shift`` pixels, crop back at a random
 offset; DrQ, Kostrikov et al. 2020), which matters with a few hundred episodes.
+
+A policy of action chunks (``VLAConfig.chunk`` K > 1) learns from each demo frame the expert's next K
+actions (``chunk_targets``), all 4K tokens scored as the actor's update scores them (``VLAPolicy.scored``:
+one pass, the expert's tokens fed in when decoding is autoregressive).
 """
 
 from __future__ import annotations
@@ -69,21 +73,47 @@ def random_shift(images: Tensor, pad: int, generator: torch.Generator) -> Tensor
     return x.gather(3, cols).permute(0, 2, 3, 1).to(torch.uint8)
 
 
+def chunk_targets(actions: np.ndarray, episode: np.ndarray, chunk: int) -> np.ndarray:
+    """(N, A) actions of episodes stored one after another -> (N, chunk, A): each step's action and the
+    expert's next ``chunk - 1``, the episode's last action repeated past its end.
+
+    An episode is a run of equal ``episode`` ids. Repeating rather than dropping the last ``chunk - 1``
+    frames of each episode keeps the frames nearest the goal (the final grasp or press), and the repeats
+    are never executed: an episode that ends inside a chunk ends the chunk (``EnvGroup.step_chunk``).
+    """
+    n = len(actions)
+    if episode.shape != (n,):
+        raise ValueError(f"episode must be (N={n},), got {episode.shape}")
+    new_run = np.r_[False, episode[1:] != episode[:-1]]
+    run = np.cumsum(new_run)
+    last = np.r_[np.flatnonzero(new_run) - 1, n - 1]  # each run's last row
+    rows = np.minimum(np.arange(n)[:, None] + np.arange(chunk)[None, :], last[run][:, None])
+    return actions[rows]
+
+
 def behaviour_clone(
     policy: VLAPolicy,
     obs: np.ndarray,
     actions: np.ndarray,
     config: BCConfig | None = None,
     progress: Callable[[BCProgress], None] | None = None,
+    episode: np.ndarray | None = None,
 ) -> list[BCProgress]:
-    """Train ``policy`` on packed observations (N, size) uint8 and actions (N, A); one record per epoch."""
+    """Train ``policy`` on packed observations (N, size) uint8 and actions (N, A); one record per epoch.
+
+    ``episode`` (N,): each step's episode, needed when the policy emits chunks (``policy.chunk > 1``) to
+    know where each step's next actions end (:func:`chunk_targets`); unused otherwise."""
     config = config if config is not None else BCConfig()
     config.validate()
     if len(obs) != len(actions) or len(obs) == 0:
         raise ValueError(f"obs and actions must be non-empty and of equal length, got {len(obs)} and {len(actions)}")
+    if policy.chunk > 1:
+        if episode is None:
+            raise ValueError(f"a policy of chunk {policy.chunk} needs each step's episode to build its targets")
+        actions = chunk_targets(np.asarray(actions), np.asarray(episode), policy.chunk).reshape(len(obs), -1)
     generator = torch.Generator().manual_seed(config.seed)
     obs_t = torch.from_numpy(np.ascontiguousarray(obs))
-    tokens = policy.bins.to_tokens(torch.as_tensor(actions, dtype=torch.float32))
+    tokens = policy.bins.to_tokens(torch.as_tensor(actions, dtype=torch.float32))  # [N, K * A]
     layout = policy.layout
     steps_per_epoch = -(-len(obs) // config.batch_size)
     total = config.epochs * steps_per_epoch
@@ -103,8 +133,8 @@ def behaviour_clone(
                 batch = batch.clone()
                 images = batch[:, : layout.image_bytes].view(-1, layout.height, layout.width, layout.channels)
                 batch[:, : layout.image_bytes] = random_shift(images, config.shift, generator).reshape(len(idx), -1)
-            logits, _ = policy(batch)
             target = tokens[idx]
+            logits, _ = policy.scored(batch, target)
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

@@ -155,6 +155,3 @@ class PolicyConfig:
         if self.warm_start.demos is not None and self.kind != "vla":
             raise ValueError(f"warm_start.demos: behaviour cloning trains the VLA's action tokens; set kind: vla "
                              f"(got {self.kind!r})")
-        if self.warm_start.demos is not None and self.vla.chunk != 1:
-            raise ValueError(f"warm_start.demos: behaviour cloning trains one action per observation; it cannot "
-                             f"start a policy of vla.chunk {self.vla.chunk} (set vla.chunk: 1)")

@@ -183,10 +183,18 @@ class VLAPolicy(nn.Module):
         width = int(used[-1]) + 1 if used.numel() else 1
         return ids[:, :width], self.text_pos[:, :width]
 
+    def scored(self, obs: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, size), given tokens (B, S) -> the logits each token is scored under (B, S, num_bins), values (B,).
+
+        One forward pass in either decoding (autoregressive: the tokens are fed in, teacher forcing). The
+        actor's update (``token_outputs``) and behaviour cloning both score tokens this way, so the
+        distribution cloning trains is the one PPO's ratios are taken under."""
+        return self(obs, tokens if self.autoregressive else None)
+
     def token_outputs(self, obs: Tensor, tokens: Tensor) -> TokenOutput:
         """(B, size), tokens (B, S) -> per-token log-probs (B, S), entropies (B, S), values (B,); one forward
         pass in either decoding (autoregressive: the tokens are fed in, teacher forcing)."""
-        logits, values = self(obs, tokens if self.autoregressive else None)
+        logits, values = self.scored(obs, tokens)
         log_p = F.log_softmax(logits.float(), dim=-1)
         logprobs = log_p.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
         entropy = -(log_p.exp() * log_p).sum(-1)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from m2flow.models.bc import BCConfig, behaviour_clone, random_shift
+from m2flow.models.bc import BCConfig, behaviour_clone, chunk_targets, random_shift
 from m2flow.models.vla import VLAConfig, VLAPolicy
 from tests.models.test_vla import packed_obs
 
@@ -38,3 +38,45 @@ def test_random_shift_moves_whole_images_within_the_pad():
     assert out.shape == images.shape and out.dtype == torch.uint8
     assert (out.float().sum((1, 2, 3)) == images[0].float().sum()).all()  # a 2x2 block moved, never cut
     assert len({tuple(o.nonzero()[0].tolist()) for o in out}) > 1
+
+
+def test_chunk_targets_are_the_next_actions_of_the_same_episode_with_its_last_repeated():
+    # Episodes 0 (3 steps), 1 (1 step), 0 again (2 steps: a new run of the same id is a new episode).
+    actions = np.arange(6, dtype=np.float32)[:, None] * np.array([[1.0, -1.0]], dtype=np.float32)
+    episode = np.array([0, 0, 0, 1, 0, 0])
+    out = chunk_targets(actions, episode, 3)
+    assert out.shape == (6, 3, 2)
+    assert out[:, :, 0].tolist() == [[0, 1, 2], [1, 2, 2], [2, 2, 2], [3, 3, 3], [4, 5, 5], [5, 5, 5]]
+    assert np.array_equal(out[:, :, 1], -out[:, :, 0])
+    assert np.array_equal(chunk_targets(actions, episode, 1)[:, 0], actions)
+    with pytest.raises(ValueError, match="episode must be"):
+        chunk_targets(actions, episode[:3], 2)
+
+
+@pytest.mark.learning
+@pytest.mark.parametrize("decoding", ["parallel", "autoregressive"])
+def test_cloning_a_chunked_policy_lowers_the_loss_of_all_its_tokens_as_ppo_scores_them(decoding):
+    torch.manual_seed(0)
+    config = VLAConfig(height=16, width=16, dim=16, depth=1, heads=2, stem_channels=[8], grid=2, num_bins=8,
+                       chunk=4, decoding=decoding)
+    policy = VLAPolicy(config, 4)
+    # Two episodes of 16 steps, each one instruction and one expert action (a sign per episode).
+    lay, episode = config.layout(), np.repeat([0, 1], 16)
+    obs = packed_obs(config, 32).numpy()
+    ids = slice(lay.image_bytes, lay.image_bytes + lay.text_len)
+    obs[:, ids] = obs[episode, ids]
+    actions = (np.where(episode == 0, 0.6, -0.6)[:, None] * np.array([1, -1, 0.5, -0.5])).astype(np.float32)
+    targets = torch.as_tensor(chunk_targets(actions, episode, 4))  # [N, K, A]
+
+    def nll() -> float:  # the actor's own scoring of the expert chunks: mean -log p per token
+        with torch.no_grad():
+            return float(-policy.evaluate(torch.as_tensor(obs), targets).logprobs.mean())
+
+    before = nll()
+    history = behaviour_clone(policy, obs, actions, BCConfig(epochs=15, batch_size=8, lr=1e-2, shift=0),
+                              episode=episode)
+    after = nll()
+    assert history[-1].loss < 0.5 * history[0].loss
+    assert after < 0.5 * before  # what BC lowered is what PPO's log-probs measure
+    with pytest.raises(ValueError, match="needs each step's episode"):
+        behaviour_clone(policy, obs, actions)

@@ -2,7 +2,8 @@
 
 ``warm_start_policy`` clones the demonstrations of ``policy.warm_start.demos`` (a file of ``m2flow
 demos``) into a fresh VLA of ``policy.vla``'s sizes (or into ``policy.init_from``'s weights when set),
-with the loss of ``m2flow.models.bc``: cross-entropy on the expert's binned action tokens. The result,
+with the loss of ``m2flow.models.bc``: cross-entropy on the expert's binned action tokens (with
+``vla.chunk`` K > 1, each frame's next K actions). The result,
 ``run_dir/warm_start/policy.pt``, is saved with the settings that made it (the warm-start options, the
 VLA's sizes, the seed, the identity of the demos and init files); a later start with the same settings
 reuses it, any change trains again. The workers then start from it as from ``policy.init_from``.
@@ -114,7 +115,8 @@ def warm_start_policy(cfg: EmbodiedConfig, run_dir: Path) -> Path:
     start = time.perf_counter()
     with MetricsLogger(run_dir, is_main=True, sinks=sinks, extra_prefixes=("warm_start",)) as metrics:
         history = behaviour_clone(policy, demos.obs, demos.actions, bc, progress=lambda p: metrics.log(
-            {"warm_start/loss": p.loss, "warm_start/token_accuracy": p.token_accuracy}, p.epoch))
+            {"warm_start/loss": p.loss, "warm_start/token_accuracy": p.token_accuracy}, p.epoch),
+            episode=demos.episode)
     path = keep(run_dir, settings(cfg), lambda tmp: save_policy(policy, tmp / POLICY_FILE))
     log.info("warm start: %d epochs in %.1f s, loss %.3f -> %.3f, token accuracy %.3f; saved %s", ws.epochs,
              time.perf_counter() - start, history[0].loss, history[-1].loss, history[-1].token_accuracy, path)

@@ -19,6 +19,7 @@ from m2flow.config.convert import set_dotted
 from m2flow.config.errors import ConfigError, InputError
 from m2flow.envs.metaworld_demos import Demos
 from m2flow.models.policy_config import VLAConfig
+from m2flow.models.vla import VLAPolicy
 from m2flow.workflows.embodied.config import EmbodiedConfig
 from m2flow.workflows.embodied.warm_start import METRICS_FILE, POLICY_FILE, SETTINGS_FILE, WARM_START_DIR
 from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED
@@ -100,8 +101,18 @@ def test_bad_warm_start_settings_name_the_key(tmp_path):
         config(tmp_path, **{"policy.warm_start.epochs": 0})
     with pytest.raises(ConfigError, match="policy.warm_start.demos: behaviour cloning trains the VLA"):
         config(tmp_path, **{"policy.kind": "actor_critic"})
-    with pytest.raises(ConfigError, match="policy.warm_start.demos: behaviour cloning trains one action per"):
-        config(tmp_path, **{"policy.vla.chunk": 4})
+
+
+@pytest.mark.parametrize("decoding", ["parallel", "autoregressive"])
+def test_a_policy_of_action_chunks_is_cloned_into_its_own_query_slots(tmp_path, decoding):
+    random_demos(tmp_path / "demos.npz")
+    cfg = config(tmp_path, **{"policy.vla.chunk": 4, "policy.vla.decoding": decoding, "policy.warm_start.epochs": 3})
+    path = EMBODIED.prepare(cfg, Path(cfg.run_dir))
+    rows = [json.loads(line) for line in (Path(cfg.run_dir) / METRICS_FILE).read_text().splitlines()]
+    assert rows[-1]["warm_start/loss"] < rows[0]["warm_start/loss"]
+    policy = VLAPolicy(cfg.policy.vla, action_dim=4)
+    policy.load_state_dict(torch.load(path, weights_only=True)["policy"])  # strict: the 16 action slots fit
+    assert policy.queries.shape[1] == 4 * 4 + 1
 
 
 def test_the_command_line_prints_one_line_for_a_bad_demos_file_and_an_unknown_task(tmp_path, capsys):
