@@ -68,7 +68,7 @@ def main() -> None:
     t0 = time.perf_counter()
     history = behaviour_clone(policy, demos.obs, demos.actions,
                               BCConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed),
-                              progress=lambda p: logging.info("%s", p))
+                              progress=lambda p: logging.info("%s", p), episode=demos.episode)
     result["bc"] = {"seconds": time.perf_counter() - t0, "epochs": [vars(h) for h in history]}
     del demos
     if args.save:
