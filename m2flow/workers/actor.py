@@ -49,6 +49,7 @@ from m2flow.runtime.comm import send_weights
 from m2flow.runtime.comm.collectives import ExchangeSum
 from m2flow.runtime.errors import RunHealthError
 from m2flow.runtime.trace import trace_category
+from m2flow.workers.actor_files import ACTOR_DIR, CRITIC_DIR, SHARDS, is_sharded, save_value_model
 from m2flow.workers.common import ReasoningWorker, state_digest
 from m2flow.workers.config import ActorConfig, AlgorithmConfig, torch_dtype, uses_exchange
 from m2flow.workers.estimator_bridge import fill_advantages
@@ -59,10 +60,7 @@ from m2flow.workers.stats import WEIGHT_KEY
 from m2flow.runtime.streams import GroupStream
 from m2flow.workers.trainable import TrainedModel
 
-ACTOR_DIR = "actor"
-CRITIC_DIR = "critic"
 TRAINING_STATE = "training_state.pt"
-SHARDS = "shards"  # a sharded strategy's per-rank checkpoint files (torch.distributed.checkpoint)
 RECEIVED_LOG = 1 << 16  # groups kept in the log of taken groups (a long run would grow it without end)
 
 
@@ -113,7 +111,7 @@ class ActorWorker(ReasoningWorker):
             if uses_exchange(cfg.host_sum, self.world_size, self.torch_device.type):
                 use_host_sum(ExchangeSum(self.comm, self.group_name, self.rank, self.world_size))
         # A sharded checkpoint holds no whole weights: build from the model, then fill in the shards.
-        whole = resume_dir is not None and not _is_sharded(Path(resume_dir))
+        whole = resume_dir is not None and not is_sharded(Path(resume_dir))
         source = Path(resume_dir) / ACTOR_DIR if whole else Path(model_path)
         device, dtype = self.torch_device, torch_dtype(cfg.dtype)
         updates = s.total_steps * cfg.mini_batches * cfg.update_epochs
@@ -415,12 +413,12 @@ class ActorWorker(ReasoningWorker):
             saved: dict[str, Any] = {"policy": policy_state}
             if "critic" in states:
                 weights, saved["critic"] = states["critic"]
-                _save_value_model(self.critic.module, weights, root / CRITIC_DIR)  # type: ignore[union-attr]
+                save_value_model(self.critic.module, weights, root / CRITIC_DIR)  # type: ignore[union-attr]
             save_state(saved, root / TRAINING_STATE)
 
     def _load_training_state(self, root: Path) -> None:
         saved = load_state(root / TRAINING_STATE)
-        if _is_sharded(root):
+        if is_sharded(root):
             if not self.policy.sharded:
                 raise ValueError(f"{root / ACTOR_DIR / SHARDS}: a sharded checkpoint (actor.strategy=fsdp); "
                                  f"resume it with actor.strategy=fsdp, not {self.cfg.strategy}")
@@ -433,42 +431,6 @@ class ActorWorker(ReasoningWorker):
         rng = root / f"rng_actor{self.rank}.pt"
         if rng.is_file():
             set_global_rng_state(load_state(rng))
-
-
-def _is_sharded(checkpoint: Path) -> bool:
-    """Whether the actor checkpoint in ``checkpoint`` holds per-rank shards rather than whole weights."""
-    return (checkpoint / ACTOR_DIR / SHARDS).is_dir()
-
-
-def whole_model_dir(actor_dir: Path, out: Path) -> Path:
-    """A Hugging Face model directory at ``out`` from a sharded actor checkpoint ``actor_dir`` (its config and
-    tokenizer, the shards put together in this process); returns ``out``."""
-    import shutil
-
-    from safetensors.torch import save_file
-
-    from m2flow.backends.training import sharded_checkpoint
-
-    out.mkdir(parents=True, exist_ok=True)
-    for f in actor_dir.iterdir():
-        if f.is_file():
-            shutil.copy2(f, out / f.name)
-    weights = sharded_checkpoint.load_full(actor_dir / SHARDS, "model")
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
-    return out
-
-
-def _save_value_model(model: Any, weights: dict[str, torch.Tensor], path: Path) -> None:
-    """A value model as ``CausalLMWithValueHead.from_pretrained`` reads it: trunk + value head file."""
-    from safetensors.torch import save_file
-
-    from m2flow.models.causal_lm import VALUE_HEAD_FILE
-
-    def part(prefix: str) -> dict[str, torch.Tensor]:
-        return {k[len(prefix):]: v.contiguous() for k, v in weights.items() if k.startswith(prefix)}
-
-    model.trunk.save_pretrained(str(path), state_dict=part("trunk."))
-    save_file(part("value_head."), str(path / VALUE_HEAD_FILE))
 
 
 def _losses_finite(metrics: dict[str, float]) -> bool:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 def model_dir(checkpoint: Path) -> Path:
     """The model directory inside a training checkpoint, or the path itself."""
-    from m2flow.workers.actor import ACTOR_DIR
+    from m2flow.workers.actor_files import ACTOR_DIR
 
     return checkpoint / ACTOR_DIR if (checkpoint / ACTOR_DIR / "config.json").is_file() else checkpoint
 
@@ -23,7 +23,7 @@ def model_dir(checkpoint: Path) -> Path:
 def loadable_model(path: Path) -> Iterator[Path]:
     """A model directory with whole weights for the model directory ``path``: itself, or (sharded) a scratch
     copy with the shards put together, removed on exit."""
-    from m2flow.workers.actor import SHARDS, whole_model_dir
+    from m2flow.workers.actor_files import SHARDS, whole_model_dir
 
     if not (path / SHARDS).is_dir():
         yield path

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from m2flow.backends.training import sharded_checkpoint
 from m2flow.models.causal_lm import load_causal_lm
-from m2flow.workers.actor import SHARDS, whole_model_dir
+from m2flow.workers.actor_files import SHARDS, whole_model_dir
 from m2flow.workers.embodied.actor import ACTOR_FILE
 from m2flow.autoplan.entry import train
 from m2flow.workflows.embodied.workflow import WORKFLOW as EMBODIED_WORKFLOW

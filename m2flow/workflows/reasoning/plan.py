@@ -191,7 +191,7 @@ def model_bytes(checkpoint: Path | None) -> tuple[float, float]:
     """(the policy's weight files, the whole checkpoint: weights, optimizer and schedule state)."""
     if checkpoint is None:
         return 0.0, 0.0
-    from m2flow.workers.actor import ACTOR_DIR
+    from m2flow.workers.actor_files import ACTOR_DIR
 
     weights = sum(f.stat().st_size for f in (checkpoint / ACTOR_DIR).glob("*.safetensors"))
     total = sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file())

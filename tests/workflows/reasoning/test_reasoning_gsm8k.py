@@ -14,7 +14,7 @@ import pytest
 from m2flow.config import from_dict
 from m2flow.backends.training import sharded_checkpoint
 from m2flow.models.causal_lm import load_causal_lm
-from m2flow.workers.actor import SHARDS, whole_model_dir
+from m2flow.workers.actor_files import SHARDS, whole_model_dir
 from m2flow.driver.run import Run
 from m2flow.workflows.reasoning.workflow import WORKFLOW
 from m2flow.workflows.reasoning.config import ReasoningConfig
