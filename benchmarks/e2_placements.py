@@ -23,6 +23,8 @@ devices; that is the busiest component when components have devices of their own
 ``--workload vla`` runs V1's workload instead (``examples/embodied/metaworld_vla_ppo.yaml``: MetaWorld
 reach-v3 at 64x64 from pixels and an instruction, the small VLA, 8 envs x 64 steps per iteration; the
 policy starts from its random initialisation, which costs the same per step as the warm start).
+``--workload vla-chunk4``: the same VLA with action chunks of 4 (``policy.vla.chunk=4``, parallel
+decoding): 8 envs x 64 decisions, 2,048 env steps an iteration, one frame rendered per decision.
 
 Writes ``benchmarks/results/e2_placements.json`` (or ``--out``) and prints one summary line.
 """
@@ -69,6 +71,8 @@ BASELINE = "collocated-sequential"  # always synchronous: what every plan is com
 VLA_EXAMPLE = ROOT / "examples" / "embodied" / "metaworld_vla_ppo.yaml"
 VLA_ROLLOUT_STEPS = 64  # V2's iteration (8 envs x 64 steps), as measured; the example itself runs whole episodes
 ENVS = 8  # envs per iteration over all env ranks, in every plan
+VLA_CHUNKS = {"vla": 1, "vla-chunk4": 4}
+"""The VLA workloads and their action chunks: with chunks an iteration is 8 envs x 64 decisions of 4 env steps."""
 
 
 def workload_config(workload: str, placement: str, stages: int, fused: bool, env_ranks: int, iterations: int,
@@ -78,15 +82,16 @@ def workload_config(workload: str, placement: str, stages: int, fused: bool, env
     from m2flow.config.loader import load_config
     from m2flow.workflows.embodied.config import EmbodiedConfig
 
-    if workload == "vla":
+    if workload in VLA_CHUNKS:
         if compile:
             raise SystemExit("--compile applies to the MLP actor-critic, not to the VLA workload")
         os.environ.setdefault("MUJOCO_GL", "egl")
-        steps = VLA_ROLLOUT_STEPS
-        return load_config(EmbodiedConfig, VLA_EXAMPLE, [
+        steps, chunk = VLA_ROLLOUT_STEPS, VLA_CHUNKS[workload]
+        chunked = [f"policy.vla.chunk={chunk}", "policy.vla.decoding=parallel"] if chunk > 1 else []
+        return load_config(EmbodiedConfig, VLA_EXAMPLE, [*chunked, 
             "cluster.cpu_devices_per_node=8", f"placement={placement}", f"pipeline_stages={stages}",
             f"env.num_envs={ENVS // env_ranks}", f"rollout_steps={steps}",
-            f"total_env_steps={iterations * ENVS * steps}",
+            f"total_env_steps={iterations * ENVS * steps * chunk}",
             f"rollout.fuse_with_env={str(fused).lower()}", f"algorithm.max_staleness={staleness}", f"seed={seed}",
             f"run_dir={run_dir}", "metrics.sinks=[]", f"trace={str(traced).lower()}", "policy.init_from=null",
             "checkpoint_every=0"])
@@ -180,8 +185,9 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=6, help="iterations per run (the first is not counted)")
     p.add_argument("--rounds", type=int, default=2, help="rotations over the plans")
     p.add_argument("--env", default="HalfCheetah-v5", help="gymnasium id (the mujoco workload)")
-    p.add_argument("--workload", choices=["mujoco", "vla"], default="mujoco",
-                   help="mujoco: E1's workload (--env); vla: V1's pixel task with the small VLA (V2)")
+    p.add_argument("--workload", choices=["mujoco", *VLA_CHUNKS], default="mujoco",
+                   help="mujoco: E1's workload (--env); vla: V1's pixel task with the small VLA (V2); vla-chunk4: "
+                        "the same with chunks of 4 actions, parallel decoding")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=3600, help="seconds allowed per run")
     p.add_argument("--out", default=str(HERE / "results" / "e2_placements.json"), help="result JSON path")
