@@ -85,8 +85,8 @@ class RolloutConfig:
         False, "partial rollouts: a step trains on the groups that finish first; the responses still generating "
                "keep their tokens and continue in the next step under the new weights, each token with the "
                "version and log-prob it was sampled with (continuous batching; needs algorithm.max_staleness >= 1 "
-               "and old_logprobs 'rollout'; the first step after a start or checkpoint takes one extra batch "
-               "of prompts, and a checkpoint drops, and counts, the prompts still carried)")
+               "and old_logprobs 'rollout'; the first step of a run takes one extra batch of prompts; a checkpoint "
+               "holds the prompts still carried, with their rows, and a resumed run goes on with them)")
     fuse_with_actor: bool = option(
         True, "when rollout and actor ranks sit on the same devices rank for rank (ddp actor, hf or lean backend, "
               "same dtype), generate inside the actor processes from the trained policy itself: no weight "

@@ -266,9 +266,15 @@ class Generation:
             self._emit(step, sorted(held, key=lambda d: d[0].slot))
         return counts.metrics()
 
-    def drop_partial(self) -> list[PromptTask]:
-        """The carried prompts of partial rollouts, forgotten (before a checkpoint, which cannot hold them)."""
-        return self.partial.drop() if self.partial is not None else []
+    def partial_state(self) -> list[dict[str, Any]]:
+        """What partial rollouts carry into the next step, as a checkpoint holds it (``PartialRollouts.state``)."""
+        return self.partial.state() if self.partial is not None else []
+
+    def restore_partial(self, state: list[dict[str, Any]]) -> None:
+        """Carry ``state`` (what a checkpoint held) into the next step."""
+        if self.partial is None:
+            raise RuntimeError("carried prompts given to a rollout without partial rollouts")
+        self.partial.restore(state)
 
     def carried_prompts(self) -> list[PromptTask]:
         """The prompts partial rollouts carry into the next step, as they came."""

@@ -53,9 +53,13 @@ class RolloutWorker(ReasoningWorker):
         """``Generation.evaluate``: greedy responses under the current weights."""
         return self.generation.evaluate(prompt_ids, max_new_tokens, stop, batch_size)
 
-    def drop_partial(self) -> list[int]:
-        """``Generation.drop_partial``: the dataset indices of the carried prompts forgotten."""
-        return [t.index for t in self.generation.drop_partial()]
+    def partial_state(self) -> list[dict[str, Any]]:
+        """``Generation.partial_state``: the carried prompts and their rows, as a checkpoint holds them."""
+        return self.generation.partial_state()
+
+    def restore_partial(self, state: list[dict[str, Any]]) -> None:
+        """``Generation.restore_partial``: carry what a checkpoint held into the next step."""
+        self.generation.restore_partial(state)
 
     def carried_prompts(self) -> list[int]:
         """The dataset indices of the prompts partial rollouts carry into the next step."""

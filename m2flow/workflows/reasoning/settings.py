@@ -45,8 +45,8 @@ class ReasoningRun:
     eval_reward: RewardConfig
     """how held-out responses are scored (the training reward, with ``eval_reward`` in place of its fn)"""
     partial: bool = False
-    """partial rollouts (``rollout.partial``): over-provision the first iteration, drop what is carried at a
-    checkpoint"""
+    """partial rollouts (``rollout.partial``): over-provision the first iteration of a fresh run, save what is
+    carried with a checkpoint and give it back on resume"""
 
 
 def run_settings(cfg: ReasoningConfig) -> ReasoningRun:
