@@ -60,12 +60,15 @@ class StepCounts:
     """carried prompts whose rows started over: a token older than the staleness bound"""
     carried: int = 0
     """prompts carried on to the next step"""
+    updates: int = 0
+    """weight updates loaded while the step generated (in-flight updates; ``InFlight.updates``)"""
 
     def metrics(self) -> dict[str, float]:
         """The counts as metrics; named ``..._count`` so that the ranks' counts add up (``merge_rank_metrics``)."""
         return {"rollout/partial_resumed_count": float(self.resumed),
                 "rollout/partial_restarted_count": float(self.restarted),
-                "rollout/partial_carried_count": float(self.carried)}
+                "rollout/partial_carried_count": float(self.carried),
+                "rollout/inflight_updates_count": float(self.updates)}
 
 
 PARTIAL_FILE = "partial_rollouts.pt"
@@ -135,6 +138,7 @@ class PartialRollouts:
             rows = surplus.get(i) or flight.paused.get(i) or c.rows  # never admitted: as it came
             self.carried.append(replace(c, rows=rows))
         counts.carried = len(self.carried)
+        counts.updates = flight.updates
         return counts
 
     def state(self) -> list[dict[str, Any]]:

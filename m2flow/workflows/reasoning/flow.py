@@ -19,7 +19,10 @@ rollout runs ahead by s - 1 iterations, not s: a response may span two iteration
 bound (one spanning more starts over). The first iteration of a run puts one batch of prompts more than it
 trains on, which the rollout carries from then on. A checkpoint holds what every rollout rank carries
 (``PARTIAL_FILE``), and a resumed run gives it back before its first iteration instead of over-provisioning,
-so it trains the groups the uninterrupted run trains.
+so it trains the groups the uninterrupted run trains. With ``rollout.inflight_updates`` a rollout rank
+loads weights synced while it generates between decoding steps (``RolloutWorker.poll_weights``); the sync
+call queued behind its generation then finds them loaded. When they land depends on timing, so such a run
+is not reproducible token for token.
 """
 
 from __future__ import annotations
@@ -142,7 +145,8 @@ class ReasoningFlow(Flow):
             receivers.append(self.inference.receive_weights(self.names["actor"], 0))
         if not receivers:  # the rollout generates from the actor's own weights, and nothing else needs them
             return []
-        return [self.actor.send_weights(self.weight_targets), *receivers]
+        # The version opens each stream: a rollout loading weights while it generates knows which it took.
+        return [self.actor.send_weights(self.weight_targets, version), *receivers]
 
     def put_prompts(self, step: int, items: Sequence[PromptItem]) -> int:
         """Put an iteration's prompts into the prompts channel; returns how many (the slots)."""

@@ -86,7 +86,8 @@ def worker_settings(cfg: ReasoningConfig, plan: Plan, model_path: str, streams: 
             prompts_per_chunk=None if continuous else s["prompts_per_chunk"],
             emit_each_group=s.get("emit", "each group") == "each group",
             shares_devices=plan["rollout"].shares_devices, offload=plan["rollout"].offload,
-            partial=cfg.rollout.partial, max_staleness=cfg.algorithm.max_staleness),
+            partial=cfg.rollout.partial, max_staleness=cfg.algorithm.max_staleness,
+            inflight_updates=cfg.rollout.inflight_updates),
         "reward": RewardSettings(reward=cfg.reward, max_new_tokens=sampling.max_new_tokens,
                                  dynamic_sampling=cfg.algorithm.dynamic_sampling, responses=responses, scored=scored),
         "inference": InferenceSettings(
