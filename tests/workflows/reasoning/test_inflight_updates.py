@@ -20,7 +20,7 @@ from m2flow.workers.actor import ActorWorker
 from m2flow.workers.rollout import RolloutWorker
 from m2flow.workflows.reasoning.config import ReasoningConfig
 from m2flow.workflows.reasoning.workflow import WORKFLOW
-from tests.workflows.reasoning.setup import toy_config
+from tests.workflows.reasoning.setup import improved, toy_config
 
 pytestmark = pytest.mark.timeout(600)
 logger = logging.getLogger(__name__)
@@ -147,3 +147,20 @@ def test_two_rollout_ranks_on_ray_with_inflight_updates_lose_nothing(cluster, tm
     assert all(h["async/dropped_samples"] == 0 and h["async/staleness_max"] <= 2 for h in history)
     logger.info("weight versions loaded while generating, on Ray: %s",
                 [h["rollout/inflight_updates_count"] for h in history])
+
+
+@pytest.mark.slow
+@pytest.mark.learning
+def test_a_run_with_weights_landing_in_flight_learns_and_trains_every_prompt_once(tmp_path, monkeypatch):
+    # Updates land as timing has it (no forced wait), the rollout's turns bypassed as above.
+    monkeypatch.setattr(RolloutWorker, "turn", lambda self, last=True: contextlib.nullcontext())
+    with Run(WORKFLOW, _config(tmp_path, steps=7)) as run:
+        history = run.train().history
+        groups = [g for rank in run.flow.actor.received_groups().wait() for g in rank]
+        carried = sum(run.flow.rollout.carried_prompts().wait(), [])
+    trained = [index for _, _, index, ok in groups if ok]
+    # 7 iterations of 8 and one extra batch: the data's 64 items, one epoch, each trained once or carried.
+    assert len(trained) == 7 * 8 and sorted(trained + carried) == list(range(64))
+    assert all(h["async/dropped_samples"] == 0 and h["async/staleness_max"] <= 2 for h in history)
+    logger.info("weight versions loaded while generating: %s", [h["rollout/inflight_updates_count"] for h in history])
+    assert improved(history), [h["reward/mean"] for h in history]
