@@ -160,13 +160,15 @@ class ActorWorker(ReasoningWorker):
 
     # -- weights -----------------------------------------------------------------------------
     @trace_category("weight_sync")
-    def send_weights(self, targets: list[tuple[str, list[int]]]) -> int:
-        """Stream the policy weights to ranks of other groups (every actor rank calls; rank 0 sends)."""
+    def send_weights(self, targets: list[tuple[str, list[int]]], version: int | None = None) -> int:
+        """Stream the policy weights to ranks of other groups (every actor rank calls; rank 0 sends); ``version``
+        (iterations trained) opens each stream, for a rollout that loads weights while it generates."""
         with self.tracer.span("send_weights", cat="weight_sync"):
             state = self.policy.full_state_dict()
             if self.rank == 0:
                 for group, ranks in targets:
-                    send_weights(self.comm, state, group, ranks, bucket_bytes=self.cfg.weight_sync_bucket_mb << 20)
+                    send_weights(self.comm, state, group, ranks, bucket_bytes=self.cfg.weight_sync_bucket_mb << 20,
+                                 version=version)
         return len(state)
 
     def weights_digest(self) -> str:

@@ -85,8 +85,14 @@ class RolloutConfig:
         False, "partial rollouts: a step trains on the groups that finish first; the responses still generating "
                "keep their tokens and continue in the next step under the new weights, each token with the "
                "version and log-prob it was sampled with (continuous batching; needs algorithm.max_staleness >= 1 "
-               "and old_logprobs 'rollout'; the first step after a start or checkpoint takes one extra batch "
-               "of prompts, and a checkpoint drops, and counts, the prompts still carried)")
+               "and old_logprobs 'rollout'; the first step of a run takes one extra batch of prompts; a checkpoint "
+               "holds the prompts still carried, with their rows, and a resumed run goes on with them)")
+    inflight_updates: bool = option(
+        False, "partial rollouts: weights the actor sends while a rollout rank generates are loaded between "
+               "decoding steps, the rows going on under them, each token recording the version it was sampled "
+               "with (instead of waiting for the generation's end); a run is then no longer reproducible "
+               "token for token (when weights land depends on timing); weights land only where generation "
+               "overlaps training: max_staleness >= 2 and the rollout on devices of its own; needs rollout.partial")
     fuse_with_actor: bool = option(
         True, "when rollout and actor ranks sit on the same devices rank for rank (ddp actor, hf or lean backend, "
               "same dtype), generate inside the actor processes from the trained policy itself: no weight "

@@ -26,7 +26,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from torch import nn
 
@@ -77,6 +77,8 @@ class RolloutSettings:
     carry on into the next step"""
     max_staleness: int = 0
     """partial: the bound on every trained token's age (a carried row with an older token starts over)"""
+    inflight_updates: bool = False
+    """partial: load weights the actor sends while generating, between decoding steps (the host's poll)"""
 
     def hosted_in(self, host: Worker) -> Generation:
         """The rollout inside an actor rank (``rollout.fuse_with_actor``): generation over the policy it trains."""
@@ -139,10 +141,13 @@ class Generation:
     """``generate`` and ``evaluate`` over ``backend``, inside the reasoning worker ``host``."""
 
     def __init__(self, host: ReasoningWorker, backend: GenerationBackend, settings: RolloutSettings, *,
-                 scorer: GroupScorer | None = None, shared_model: nn.Module | None = None) -> None:
+                 scorer: GroupScorer | None = None, shared_model: nn.Module | None = None,
+                 poll_weights: Callable[[], int | None] | None = None) -> None:
         """Generate with ``backend`` the prompts taken from ``settings.prompts`` into ``settings.responses``;
         with ``scorer`` (the reward hosted in the same process) groups leave scored. ``shared_model``: a model
-        shared with training, put in eval mode while generating (None: the backend's own)."""
+        shared with training, put in eval mode while generating (None: the backend's own). ``poll_weights``
+        (partial rollouts with ``inflight_updates``): called between decoding steps, loads newer weights that
+        have arrived and returns their version (``InFlight.poll``)."""
         check_max_new_tokens("rollout.sampling.max_new_tokens", settings.sampling.max_new_tokens, backend.module)
         self.host = host
         self.backend = backend
@@ -165,6 +170,10 @@ class Generation:
             if self.batching != "continuous":
                 raise ValueError("partial rollouts need continuous batching (rollout.batching)")
             self.partial = PartialRollouts(settings.max_staleness)
+        if settings.inflight_updates and (self.partial is None or poll_weights is None):
+            raise ValueError("in-flight weight updates need partial rollouts in a rollout worker of their own "
+                             "(rollout.inflight_updates needs rollout.partial)")
+        self.poll_weights = poll_weights
 
     @trace_category("generate")
     def generate(self, step: int, num_slots: int, owed_slots: int | None = None) -> dict[str, float]:
@@ -249,6 +258,7 @@ class Generation:
         held: list[tuple[PromptTask, ResponseGroup]] = []
 
         def stream(prompts: list[list[int]], seeds: list[int], flight: InFlight) -> Iterator[list[ResponseGroup]]:
+            flight.poll = self.poll_weights  # None: the weights stay those the call started with
             return self.backend.generate_stream(prompts, self.params, seeds, self.settings.max_running, flight=flight)
 
         def emit(done: list[tuple[PromptTask, ResponseGroup]]) -> None:
@@ -266,9 +276,15 @@ class Generation:
             self._emit(step, sorted(held, key=lambda d: d[0].slot))
         return counts.metrics()
 
-    def drop_partial(self) -> list[PromptTask]:
-        """The carried prompts of partial rollouts, forgotten (before a checkpoint, which cannot hold them)."""
-        return self.partial.drop() if self.partial is not None else []
+    def partial_state(self) -> list[dict[str, Any]]:
+        """What partial rollouts carry into the next step, as a checkpoint holds it (``PartialRollouts.state``)."""
+        return self.partial.state() if self.partial is not None else []
+
+    def restore_partial(self, state: list[dict[str, Any]]) -> None:
+        """Carry ``state`` (what a checkpoint held) into the next step."""
+        if self.partial is None:
+            raise RuntimeError("carried prompts given to a rollout without partial rollouts")
+        self.partial.restore(state)
 
     def carried_prompts(self) -> list[PromptTask]:
         """The prompts partial rollouts carry into the next step, as they came."""

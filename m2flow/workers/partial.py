@@ -9,9 +9,10 @@ finishes the next slot of its quota, and closes the stream when the quota is met
 that finished past the quota are kept whole. Nothing is discarded and nothing is sent twice: every prompt
 taken is either handed out exactly once or still carried.
 
-For anything to be carried, a rank must hold more prompts than its quota: the first step of a run (and
-the first after a checkpoint, which drops what is carried) takes one batch of prompts more than it owes
-(the driver's over-provisioning, as APRIL does), and from then on each step takes as many as it hands out.
+For anything to be carried, a rank must hold more prompts than its quota: the first step of a run takes
+one batch of prompts more than it owes (the driver's over-provisioning, as APRIL does), and from then on each
+step takes as many as it hands out. A checkpoint holds what is carried (``state``, plain values and tensors),
+and a resumed run gives it back (``restore``) and goes on as the uninterrupted run does.
 
 Staleness per token: a group trained at step k may hold no token sampled by weights older than
 k - ``max_staleness``. A carried row with such a token starts over from its prompt (counted as
@@ -21,7 +22,10 @@ restarted); the prompt itself is kept.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import torch
 
 from m2flow.backends.generation.inflight import InFlight, PartialResponse
 from m2flow.data.batch import ResponseGroup
@@ -56,12 +60,29 @@ class StepCounts:
     """carried prompts whose rows started over: a token older than the staleness bound"""
     carried: int = 0
     """prompts carried on to the next step"""
+    updates: int = 0
+    """weight updates loaded while the step generated (in-flight updates; ``InFlight.updates``)"""
 
     def metrics(self) -> dict[str, float]:
         """The counts as metrics; named ``..._count`` so that the ranks' counts add up (``merge_rank_metrics``)."""
         return {"rollout/partial_resumed_count": float(self.resumed),
                 "rollout/partial_restarted_count": float(self.restarted),
-                "rollout/partial_carried_count": float(self.carried)}
+                "rollout/partial_carried_count": float(self.carried),
+                "rollout/inflight_updates_count": float(self.updates)}
+
+
+PARTIAL_FILE = "partial_rollouts.pt"
+"""The file of a checkpoint that holds every rollout rank's carried prompts (``state_file``, one list per rank)."""
+
+
+def share_carried(saved: list[list[dict[str, Any]]], ranks: int) -> list[list[dict[str, Any]]]:
+    """Each of ``ranks`` rollout ranks' carried prompts, from those ``len(saved)`` ranks saved: rank for rank when
+    the counts agree (the run goes on exactly); otherwise all of them, in rank order, dealt round-robin, so none
+    is lost or carried twice (each rank may then hold a different number than it did)."""
+    if len(saved) == ranks:
+        return [list(s) for s in saved]
+    flat = [c for rank in saved for c in rank]
+    return [flat[r::ranks] for r in range(ranks)]
 
 
 Stream = Callable[[list[list[int]], list[int], InFlight], Iterator[list[ResponseGroup]]]
@@ -117,10 +138,30 @@ class PartialRollouts:
             rows = surplus.get(i) or flight.paused.get(i) or c.rows  # never admitted: as it came
             self.carried.append(replace(c, rows=rows))
         counts.carried = len(self.carried)
+        counts.updates = flight.updates
         return counts
 
-    def drop(self) -> list[PromptTask]:
-        """Forget every carried prompt (a checkpoint cannot hold them yet); the prompts dropped."""
-        dropped = [c.task for c in self.carried]
-        self.carried = []
-        return dropped
+    def state(self) -> list[dict[str, Any]]:
+        """What is carried, in order, as plain values and tensors (what a checkpoint holds; ``carried_state``)."""
+        return [carried_state(c) for c in self.carried]
+
+    def restore(self, state: list[dict[str, Any]]) -> None:
+        """Carry ``state`` (``state()`` of a saved rank, or a share of several) from now on, in its order."""
+        self.carried = [carried_from_state(s) for s in state]
+
+
+def carried_state(c: Carried) -> dict[str, Any]:
+    """``c`` as plain values and tensors that load without running code (``state_file``): per row the token ids
+    and versions as int64, the log-probs as float64 (exact for any Python float), the finish reason or None."""
+    rows = None if c.rows is None else [
+        {"token_ids": torch.tensor(r.token_ids, dtype=torch.int64), "logprobs": torch.tensor(r.logprobs, dtype=torch.float64),
+         "versions": torch.tensor(r.versions, dtype=torch.int64), "finish_reason": r.finish_reason} for r in c.rows]
+    return {"task": asdict(c.task), "seed": int(c.seed), "rows": rows}
+
+
+def carried_from_state(s: dict[str, Any]) -> Carried:
+    """The inverse of ``carried_state``."""
+    rows = None if s["rows"] is None else [
+        PartialResponse(r["token_ids"].tolist(), r["logprobs"].tolist(), r["versions"].tolist(), r["finish_reason"])
+        for r in s["rows"]]
+    return Carried(PromptTask(**s["task"]), int(s["seed"]), rows)

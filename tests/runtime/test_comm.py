@@ -14,6 +14,7 @@ from m2flow.runtime.comm import (
     Communicator,
     MemoryRendezvous,
     PeerDiedError,
+    recv_versioned_weights,
     recv_weights,
     send_weights,
 )
@@ -150,6 +151,29 @@ def test_in_process_peers_carry_every_payload_kind_and_broadcast():
     finally:
         for c in [a, *bs]:
             c.close()
+
+
+def test_a_versioned_weight_stream_is_probed_without_waiting_and_names_its_version():
+    # A rollout polls between decoding steps: ``pending`` says a stream has arrived, never blocking; the
+    # stream names the version it carries, and a receiver that does not ask passes over it.
+    rdv = MemoryRendezvous("t-versioned")
+    a = Communicator("w-src", 0, namespace="t-versioned", rendezvous=rdv)
+    b = Communicator("w-dst", 0, namespace="t-versioned", rendezvous=rdv)
+    try:
+        src, dst = _model(1), _model(2)
+        assert b.pending("w-src", 0) == 0
+        buckets = send_weights(a, src, "w-dst", [0], bucket_bytes=8 << 10, version=7)
+        assert b.pending("w-src", 0) == buckets + 1  # the version, then the buckets: arrived, none received
+        version, got = recv_versioned_weights(b, "w-src", 0, into=dst)
+        assert version == 7 and _digest(dst) == _digest(src) and len(got) == len(src.state_dict())
+        assert b.pending("w-src", 0) == 0
+        send_weights(a, _model(3), "w-dst", [0], version=8)
+        assert recv_weights(b, "w-src", 0, into=dst) and _digest(dst) == _digest(_model(3))
+        send_weights(a, src, "w-dst", [0])
+        assert recv_versioned_weights(b, "w-src", 0)[0] is None  # sent without one
+    finally:
+        a.close()
+        b.close()
 
 
 def test_sending_to_a_rank_that_never_starts_fails_naming_it():

@@ -23,9 +23,11 @@ from m2flow.runtime.comm.work import CommWork
 
 __all__ = [
     "PROCESS_UID", "CommError", "CommTimeout", "CommWork", "Communicator", "FileRendezvous",
-    "MemoryRendezvous", "PeerClosedError", "PeerDiedError", "RayKVRendezvous", "Rendezvous", "Transport", "recv_weights", "send_weights",
+    "MemoryRendezvous", "PeerClosedError", "PeerDiedError", "RayKVRendezvous", "Rendezvous", "Transport",
+    "recv_versioned_weights", "recv_weights", "send_weights",
 ]
 
 # The weight-sync path needs torch; it loads on first use, so that a process moving only bytes
 # through this package (a channel host) never imports torch.
-__getattr__, __dir__ = lazy_names(__name__, {"recv_weights": "weights", "send_weights": "weights"})
+__getattr__, __dir__ = lazy_names(__name__, {
+    "recv_weights": "weights", "recv_versioned_weights": "weights", "send_weights": "weights"})

@@ -282,6 +282,11 @@ class Communicator:
         work = CommWork(fut, check=lambda: self._check_alive(src), what=f"recv from {src_group}[{src_rank}]")
         return work if async_op else work.wait(timeout)
 
+    def pending(self, src_group: str, src_rank: int) -> int:
+        """Messages from ``src_group[src_rank]`` arrived and not yet received: a probe that never blocks (a
+        ``recv`` of the first of them returns at once)."""
+        return self._inbox((src_group, src_rank)).pending
+
     def _inbox(self, src: Peer) -> Inbox:
         inbox = self._inboxes.get(src)
         if inbox is None:

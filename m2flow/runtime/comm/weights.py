@@ -4,6 +4,10 @@ The sender packs tensors into buckets of about ``bucket_bytes`` and broadcasts e
 shared-memory copy for all same-node receivers); receivers copy each bucket into their model and
 drop it, which frees the segment for the next bucket. The sender waits while more than
 ``max_inflight`` buckets are still held, so memory stays bounded whatever the model size.
+
+A stream may open with the version of the weights (``send_weights(..., version=)``), so that a receiver
+that takes a stream whenever one has arrived (``Communicator.pending``; a rollout between decoding steps)
+knows which it loaded; ``recv_weights`` passes over it, ``recv_versioned_weights`` returns it.
 """
 
 from __future__ import annotations
@@ -35,8 +39,10 @@ def send_weights(
     dst_ranks: Sequence[int] | None = None,
     bucket_bytes: int = 64 << 20,
     max_inflight: int = 2,
+    version: int | None = None,
 ) -> int:
-    """Broadcast named tensors (a module's state dict, a dict, or pairs) in buckets; returns their count."""
+    """Broadcast named tensors (a module's state dict, a dict, or pairs) in buckets; returns their count.
+    ``version``: sent ahead of the buckets, for ``recv_versioned_weights``."""
     count, bucket, size = 0, {}, 0
     # A receiver in this process would get the live tensors themselves and copy them whenever it
     # gets to it: it gets a copy taken now instead, as a receiver elsewhere does.
@@ -50,6 +56,8 @@ def send_weights(
         count, bucket, size = count + 1, {}, 0
         comm.wait_shm_below(max_inflight * bucket_bytes)
 
+    if version is not None:
+        comm.broadcast(("weights-version", int(version), None), dst_group, dst_ranks)
     for name, tensor in _named(weights):
         nbytes = tensor.numel() * tensor.element_size()
         if bucket and size + nbytes > bucket_bytes:
@@ -75,11 +83,25 @@ def recv_weights(
     With ``strict`` every tensor of ``into`` must arrive and every arriving name must exist there.
     Returns the received names mapped to the destination tensors.
     """
+    return recv_versioned_weights(comm, src_group, src_rank, into, strict)[1]
+
+
+def recv_versioned_weights(
+    comm: Communicator,
+    src_group: str,
+    src_rank: int,
+    into: torch.nn.Module | MutableMapping[str, torch.Tensor] | None = None,
+    strict: bool = True,
+) -> tuple[int | None, dict[str, torch.Tensor]]:
+    """``recv_weights``, and the version the stream was sent with (None: sent without one)."""
     target: Any = into.state_dict() if isinstance(into, torch.nn.Module) else into
     out: dict[str, torch.Tensor] = {}
-    expected = 0
+    expected, version = 0, None
     while True:
         kind, index, bucket = comm.recv(src_group, src_rank)
+        if kind == "weights-version" and expected == 0 and version is None:
+            version = index
+            continue
         if kind == "weights-end":
             if index != expected:
                 raise CommError(f"weight stream from {src_group}[{src_rank}] ended after {expected} of {index} buckets")
@@ -106,4 +128,4 @@ def recv_weights(
         missing = sorted(set(target) - set(out))
         if missing:
             raise KeyError(f"weights never arrived for {missing[:20]}")
-    return out
+    return version, out

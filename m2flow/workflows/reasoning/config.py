@@ -167,6 +167,9 @@ class ReasoningConfig(RunConfig):
             raise ValueError(
                 "rollout.partial: a carried response's tokens are trained a step after they were sampled: it needs "
                 "algorithm.max_staleness >= 1 and algorithm.old_logprobs 'rollout' (each token's own log-prob)")
+        if self.rollout.inflight_updates and not self.rollout.partial:
+            raise ValueError("rollout.inflight_updates: the versions of weights loaded while generating are recorded "
+                             "per token by partial rollouts: it needs rollout.partial")
         if is_auto(self.placement):  # the planner checks each plan it considers
             return
         # Attaching to a cluster, its devices are unknown until connected: check the syntax only.

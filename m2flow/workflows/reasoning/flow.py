@@ -16,9 +16,13 @@ Partial rollouts (``rollout.partial``, ``m2flow.workers.partial``): an iteration
 finished first, and the responses still generating continue in the next iteration's generation, under the
 weights synced before it. Their tokens are then trained one iteration after they were sampled, so the
 rollout runs ahead by s - 1 iterations, not s: a response may span two iterations' generations within the
-bound (one spanning more starts over). The first iteration of a run (and the first after a checkpoint)
-puts one batch of prompts more than it trains on, which the rollout carries from then on; a checkpoint
-cannot hold a carried response yet: it drops them and logs how many.
+bound (one spanning more starts over). The first iteration of a run puts one batch of prompts more than it
+trains on, which the rollout carries from then on. A checkpoint holds what every rollout rank carries
+(``PARTIAL_FILE``), and a resumed run gives it back before its first iteration instead of over-provisioning,
+so it trains the groups the uninterrupted run trains. With ``rollout.inflight_updates`` a rollout rank
+loads weights synced while it generates between decoding steps (``RolloutWorker.poll_weights``); the sync
+call queued behind its generation then finds them loaded. When they land depends on timing, so such a run
+is not reproducible token for token.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from m2flow.driver.workflow import Flow, Launch
 from m2flow.planner import Plan
 from m2flow.runtime.executors import Executor, Handle
 from m2flow.workers.messages import PromptTask
+from m2flow.workers.partial import PARTIAL_FILE, share_carried
+from m2flow.workers.state_file import load_state, save_state
 from m2flow.workers.stats import WEIGHT_KEY, merge_rank_metrics
 from m2flow.workflows.reasoning.evaluation import score_responses
 from m2flow.workflows.reasoning.graph import GRAPH
@@ -83,7 +89,6 @@ class ReasoningFlow(Flow):
         self.max_staleness = int(plan.settings.get("run_ahead", plan.settings.get("max_staleness", 0)))
         self.partial = settings.partial
         self._provision = self.partial  # the next iteration puts an extra batch for the rollout to carry
-        self.partial_dropped: list[int] = []  # dataset indices of the carried prompts checkpoints dropped
         self._started: dict[int, _Started] = {}
         self._next = self.done = run.start  # the first iteration whose generation is not queued yet; trained
         self._synced: int | None = None  # the weights version the rollout holds, when known
@@ -103,6 +108,30 @@ class ReasoningFlow(Flow):
             [self.inference.wants_weights(ranks=[0])], self.timeout)[0][0]
         if self.syncs_inference:
             self.weight_targets.append((self.names["inference"], list(range(ranks["inference"]))))
+        if run.checkpoint is not None:
+            self._restore_partial(Path(run.checkpoint), ranks["rollout"])
+
+    def _restore_partial(self, checkpoint: Path, ranks: int) -> None:
+        """Give the rollout ranks the prompts they carried when ``checkpoint`` was saved; then the first iteration
+        takes no extra batch (those prompts are the extra batch, already taken from the data)."""
+        path = checkpoint / PARTIAL_FILE
+        saved: list[list[dict[str, Any]]] | None = load_state(path)["ranks"] if path.exists() else None
+        count = sum(len(s) for s in saved or [])
+        if not self.partial:
+            if count:
+                logger.warning("%s holds %d carried prompt(s) of partial rollouts, which are off in this run: they "
+                               "are not trained on this epoch", checkpoint, count)
+            return
+        if saved is None:  # a checkpoint of a run without partial rollouts: start carrying as a fresh run does
+            logger.warning("%s holds no carried prompts: the first iteration takes an extra batch", checkpoint)
+            return
+        if len(saved) != ranks:
+            logger.warning("%d carried prompt(s) saved by %d rollout rank(s) dealt round-robin to %d: the run goes on "
+                           "with every one of them, though not exactly as it would have", count, len(saved), ranks)
+        shares = share_carried(saved, ranks)
+        gather([self.rollout.execute_each("restore_partial", [(share,) for share in shares])], self.timeout,
+               "restoring the carried prompts")
+        self._provision = False
 
     # -- the named steps of an iteration ----------------------------------------------------------
     def sync_weights(self, version: int) -> list[Handle]:
@@ -116,7 +145,8 @@ class ReasoningFlow(Flow):
             receivers.append(self.inference.receive_weights(self.names["actor"], 0))
         if not receivers:  # the rollout generates from the actor's own weights, and nothing else needs them
             return []
-        return [self.actor.send_weights(self.weight_targets), *receivers]
+        # The version opens each stream: a rollout loading weights while it generates knows which it took.
+        return [self.actor.send_weights(self.weight_targets, version), *receivers]
 
     def put_prompts(self, step: int, items: Sequence[PromptItem]) -> int:
         """Put an iteration's prompts into the prompts channel; returns how many (the slots)."""
@@ -199,19 +229,19 @@ class ReasoningFlow(Flow):
         return metrics
 
     def save(self, path: Path) -> dict[str, Any]:
-        """Actor weights + optimizer + RNG (by the actor); the data position and the actor's counters (returned).
-        Nothing may be in flight (the loop drains first): a checkpoint holds no generated-but-untrained group."""
+        """Actor weights + optimizer + RNG (by the actor); with partial rollouts what every rollout rank carries
+        (``PARTIAL_FILE``); the data position and the actor's counters (returned). Nothing may be in flight (the
+        loop drains first): a checkpoint holds no generated-but-untrained group."""
         if self._next > self.done:
             raise RuntimeError(f"checkpoint after iteration {self.done}: the generation of iteration "
                                f"{self._next - 1} has started (the loop drains before a checkpoint)")
-        if self.partial:
-            dropped = sum(gather([self.rollout.drop_partial()], self.timeout, "a checkpoint")[0], [])
-            self.partial_dropped += dropped
-            self._provision = True  # the next iteration over-provisions again
-            logger.warning("checkpoint after iteration %d: %d partial rollout prompt(s) dropped (dataset indices "
-                           "%s): a checkpoint cannot hold them yet, so they are not trained on this epoch",
-                           self.done, len(dropped), sorted(dropped))
         counters = gather([self.actor.save_checkpoint(str(path))], self.timeout, "a checkpoint")[0][0]
+        if self.partial:  # per rank, in rank order; the rollout keeps carrying them
+            carried = gather([self.rollout.partial_state()], self.timeout, "a checkpoint")[0]
+            Path(path).mkdir(parents=True, exist_ok=True)
+            save_state({"ranks": carried}, Path(path) / PARTIAL_FILE)
+            logger.info("checkpoint after iteration %d: %d carried prompt(s) of partial rollouts saved", self.done,
+                        sum(len(rank) for rank in carried))
         return {"loader": self.loader.state_dict(), "actor": counters}
 
     def summary(self, history: list[dict[str, float]]) -> str:

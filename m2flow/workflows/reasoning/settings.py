@@ -45,8 +45,8 @@ class ReasoningRun:
     eval_reward: RewardConfig
     """how held-out responses are scored (the training reward, with ``eval_reward`` in place of its fn)"""
     partial: bool = False
-    """partial rollouts (``rollout.partial``): over-provision the first iteration, drop what is carried at a
-    checkpoint"""
+    """partial rollouts (``rollout.partial``): over-provision the first iteration of a fresh run, save what is
+    carried with a checkpoint and give it back on resume"""
 
 
 def run_settings(cfg: ReasoningConfig) -> ReasoningRun:
@@ -86,7 +86,8 @@ def worker_settings(cfg: ReasoningConfig, plan: Plan, model_path: str, streams: 
             prompts_per_chunk=None if continuous else s["prompts_per_chunk"],
             emit_each_group=s.get("emit", "each group") == "each group",
             shares_devices=plan["rollout"].shares_devices, offload=plan["rollout"].offload,
-            partial=cfg.rollout.partial, max_staleness=cfg.algorithm.max_staleness),
+            partial=cfg.rollout.partial, max_staleness=cfg.algorithm.max_staleness,
+            inflight_updates=cfg.rollout.inflight_updates),
         "reward": RewardSettings(reward=cfg.reward, max_new_tokens=sampling.max_new_tokens,
                                  dynamic_sampling=cfg.algorithm.dynamic_sampling, responses=responses, scored=scored),
         "inference": InferenceSettings(

@@ -1,10 +1,10 @@
-"""The reasoning workflow with partial rollouts: every prompt put is trained once or dropped (counted) at a
-checkpoint, never twice; responses carried across an iteration train with their tokens' own versions;
-the default (off) is untouched, and impossible settings fail naming the key."""
+"""The reasoning workflow with partial rollouts: every prompt put is trained once or still carried, never
+twice; a checkpoint holds what is carried and a resumed run trains the groups of the uninterrupted one,
+token for token (and, on another number of rollout ranks, every prompt still once); responses carried
+across an iteration train with their tokens' own versions; impossible settings fail naming the key."""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import pytest
@@ -12,6 +12,9 @@ import pytest
 from m2flow.config import ConfigError, from_dict
 from m2flow.driver.checkpoints import CHECKPOINTS
 from m2flow.driver.run import Run
+from m2flow.workers.actor import ActorWorker
+from m2flow.workers.partial import PARTIAL_FILE
+from m2flow.workers.state_file import load_state
 from m2flow.workflows.reasoning.config import ReasoningConfig
 from m2flow.workflows.reasoning.workflow import WORKFLOW
 from tests.workflows.reasoning.setup import improved, toy_config
@@ -29,8 +32,8 @@ def _config(root: Path, placement: str = "local", **overrides) -> ReasoningConfi
 
 
 def _run(cfg: ReasoningConfig, cluster=None):
-    """Train ``cfg``; (history, the groups the actor took, the dataset indices put, those dropped, those
-    still carried at the end)."""
+    """Train ``cfg``; (history, the groups the actor took, the dataset indices put, those still carried at
+    the end)."""
     put: list[int] = []
     with Run(WORKFLOW, cfg, cluster) as run:
         flow = run.flow
@@ -44,7 +47,32 @@ def _run(cfg: ReasoningConfig, cluster=None):
         result = run.train()
         received = flow.actor.received_groups().wait()
         carried = flow.rollout.carried_prompts().wait()
-    return result.history, [g for rank in received for g in rank], put, flow.partial_dropped, sum(carried, [])
+    return result.history, [g for rank in received for g in rank], put, sum(carried, [])
+
+
+def _recording_trained_tokens(monkeypatch) -> list[tuple]:
+    """Every group the actor takes from now on, in-process: (iteration, slot, dataset index, per response its
+    token ids, the versions and log-probs they were sampled with)."""
+    seen: list[tuple] = []
+    accept = ActorWorker._accept
+
+    def recording(self, step, groups):
+        for g in groups:
+            b, rows = g.batch, []
+            for i in range(len(b)):
+                mask = b.response_mask[i].bool()
+                rows.append((b.response_ids[i][mask].tolist(), b.token_versions[i][mask].tolist(),
+                             b.rollout_logprobs[i][mask].tolist()))
+            seen.append((g.step, g.slot, g.index, rows))
+        return accept(self, step, groups)
+
+    monkeypatch.setattr(ActorWorker, "_accept", recording)
+    return seen
+
+
+def _carried_in(checkpoint: Path) -> list[list[int]]:
+    """Per rollout rank, the dataset indices of the prompts a checkpoint holds as carried."""
+    return [[c["task"]["index"] for c in rank] for rank in load_state(checkpoint / PARTIAL_FILE)["ranks"]]
 
 
 @pytest.mark.parametrize("data,message", [
@@ -100,25 +128,19 @@ def test_the_planner_prices_partial_rollouts_one_iteration_less_ahead(tmp_path):
 
 
 @pytest.mark.learning
-def test_partial_rollouts_train_every_prompt_once_learn_and_checkpoints_drop_the_carried_ones(tmp_path, caplog):
-    flow_log = logging.getLogger("m2flow.workflows.reasoning.flow")
-    # The package's loggers may not propagate to the root (m2flow's logging setup turns that off), so the
-    # handler sits on the flow's own; where an earlier test left propagation on, a record reaches it twice.
-    flow_log.addHandler(caplog.handler)
-    try:
-        history, groups, put, dropped, carried = _run(_config(tmp_path, steps=6, checkpoint_every=3))
-    finally:
-        flow_log.removeHandler(caplog.handler)
+def test_partial_rollouts_train_every_prompt_once_learn_and_checkpoints_hold_the_carried_ones(tmp_path):
+    history, groups, put, carried = _run(_config(tmp_path, steps=6, checkpoint_every=3))
     assert len(history) == 6
     trained = [index for _, _, index, ok in groups if ok]
     assert len(groups) == 6 * 8 and len(trained) == len(groups)  # 8 groups an iteration, none too old
-    # 64 training items, 8 an iteration plus one extra batch at the start and after the checkpoint: no
-    # item is put twice, so every index must be trained once or dropped once, never both, never twice.
-    assert len(put) == 64 and len(set(put)) == 64
-    assert len(trained) == len(set(trained)) and not set(trained) & set(dropped)
-    assert sorted(trained + dropped + carried) == sorted(put)
-    assert len(dropped) == 16 and not carried  # one batch carried at each of the two checkpoints
-    assert len({id(r) for r in caplog.records if "partial rollout prompt(s) dropped" in r.getMessage()}) == 2
+    # 64 training items, 8 an iteration plus one extra batch at the start only (a checkpoint takes none):
+    # every index put is trained once or still carried, never both, never twice.
+    assert len(put) == 56 and len(set(put)) == 56
+    assert len(trained) == len(set(trained)) and not set(trained) & set(carried)
+    assert sorted(trained + carried) == sorted(put) and len(carried) == 8
+    checkpoints = tmp_path / "run" / CHECKPOINTS
+    assert [len(r) for r in _carried_in(checkpoints / "step_000003")] == [8]
+    assert sorted(_carried_in(checkpoints / "step_000006")[0]) == sorted(carried)  # the end's, exactly
     # Responses carried over: their groups train, their tokens of the older weights are weighted.
     assert sum(h["rollout/partial_resumed_count"] for h in history) > 0
     assert all(h["rollout/partial_carried_count"] == 8 for h in history)
@@ -127,33 +149,52 @@ def test_partial_rollouts_train_every_prompt_once_learn_and_checkpoints_drop_the
     assert improved(history), [h["reward/mean"] for h in history]
 
 
-def test_a_run_resumed_after_a_checkpoint_that_dropped_the_carried_prompts_trains_the_same_data(tmp_path):
-    history, groups, _, _, _ = _run(_config(tmp_path, steps=4, checkpoint_every=2))
+def test_a_resumed_run_trains_the_groups_of_the_uninterrupted_one_token_for_token(tmp_path, monkeypatch):
+    trained = _recording_trained_tokens(monkeypatch)
+    history, _, put, _ = _run(_config(tmp_path, steps=4, checkpoint_every=2))
+    whole = list(trained)
+    trained.clear()
     checkpoint = tmp_path / "run" / CHECKPOINTS / "step_000002"
-    resumed, resumed_groups, _, dropped, _ = _run(
+    resumed, _, resumed_put, carried = _run(
         _config(tmp_path, steps=4, checkpoint_every=2, run_dir=str(tmp_path / "resumed"), resume=str(checkpoint)))
-    assert len(resumed) == 2 and len(dropped) == 8  # the end-of-run checkpoint drops what is carried
-    assert sorted((s, k, i) for s, k, i, _ in resumed_groups) == sorted((s, k, i) for s, k, i, _ in groups if s >= 2)
-    for key in ("reward/mean", "rollout/tokens_count"):
+    assert len(resumed) == 2
+    after = sorted(g for g in whole if g[0] >= 2)
+    assert len(after) == 16 and sorted(trained) == after  # same groups, tokens, versions and log-probs
+    assert any(len({v for _, versions, _ in g[3] for v in versions}) > 1 for g in after)  # some carried across
+    # The data goes on where it stopped: 16 + 8 prompts put before the checkpoint, none again, no extra batch.
+    assert resumed_put == put[24:]
+    assert sorted(carried) == sorted(_carried_in(tmp_path / "run" / CHECKPOINTS / "step_000004")[0])
+    for key in ("reward/mean", "rollout/tokens_count", "actor/pg_loss", "actor/grad_norm"):
         assert [h[key] for h in resumed] == pytest.approx([h[key] for h in history[2:]], rel=1e-5), key
 
 
 # 4 s once the shared cluster's worker hosts are up (as earlier Ray tests of a suite leave them); alone,
-# their start-up adds 35-95 s on a busy 2-core machine.
-def test_two_rollout_ranks_on_ray_train_every_prompt_once_or_drop_it_at_a_checkpoint(cluster, tmp_path):
+# their start-up adds 35-95 s on a busy 2-core machine. The resume on one rank, in-process, adds a few seconds.
+def test_two_rollout_ranks_on_ray_checkpoint_their_carried_prompts_and_resume_on_one(cluster, tmp_path):
     # Each rank owes the iteration's slots routed to it (slot % 2) and carries its own prompts: the
     # over-provisioned batch splits between the ranks, so each carries 4 and owes 4 an iteration.
     cfg = _config(tmp_path, "rollout,reward: 0-1, inference,actor: 2", steps=4, checkpoint_every=2)
-    history, groups, put, dropped, carried = _run(cfg, cluster)
+    history, groups, put, carried = _run(cfg, cluster)
     assert len(history) == 4
     assert sorted((s, k) for s, k, _, _ in groups) == [(s, k) for s in range(4) for k in range(8)]
     trained = [index for _, _, index, ok in groups if ok]
     assert len(trained) == len(groups)  # none too old
-    # 4 iterations of 8, plus one extra batch at the start and after the checkpoint at iteration 2.
-    assert len(put) == 48 and len(set(put)) == 48
-    assert len(trained) == len(set(trained)) and not set(trained) & set(dropped)
-    assert sorted(trained + dropped + carried) == sorted(put)
-    assert len(dropped) == 16 and not carried  # each checkpoint drops both ranks' 4
+    # 4 iterations of 8, plus one extra batch at the start.
+    assert len(put) == 40 and len(set(put)) == 40
+    assert len(trained) == len(set(trained)) and sorted(trained + carried) == sorted(put)
+    checkpoint = tmp_path / "run" / CHECKPOINTS / "step_000002"
+    assert [len(r) for r in _carried_in(checkpoint)] == [4, 4]
     assert all(h["rollout/partial_carried_count"] == 8 for h in history)  # 4 a rank, added up
     assert sum(h["rollout/partial_resumed_count"] for h in history) > 0
     assert all(h["async/staleness_max"] <= 1 and h["async/dropped_samples"] == 0 for h in history)
+    # Resumed on one rollout rank: the two ranks' carried prompts are dealt to it; with the prompts trained
+    # before the checkpoint, every prompt put is trained once or carried, none lost, none twice.
+    resumed, resumed_groups, resumed_put, resumed_carried = _run(
+        _config(tmp_path, steps=4, checkpoint_every=2, run_dir=str(tmp_path / "resumed"), resume=str(checkpoint)))
+    assert len(resumed) == 2 and set(resumed_put) == set(put[24:])
+    before = [index for s, _, index, _ in groups if s < 2]
+    again = [index for _, _, index, ok in resumed_groups if ok]
+    assert len(again) == 16 and all(s >= 2 for s, _, _, _ in resumed_groups)
+    everything = before + again + resumed_carried
+    assert len(everything) == len(set(everything)) and sorted(everything) == sorted(put[:24] + resumed_put)
+    assert sum(h["rollout/partial_resumed_count"] for h in resumed) > 0  # rows begun on the two ranks went on
