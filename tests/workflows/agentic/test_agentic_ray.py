@@ -80,3 +80,23 @@ def test_a_hung_env_worker_is_restarted_alone_after_its_deadline(tmp_path):
     assert after[hung] != env_pids[hung] and after[1 - hung] == env_pids[1 - hung] and result.restarts == 0
     assert result.history[0]["faults/env_restarts"] == 1 and result.history[0]["rollout/reruns"] > 0
     assert sorted(emitted) == list(range(8))
+
+
+def test_partial_rollouts_on_ray_hand_out_what_the_local_executor_hands_out(tmp_path):
+    # The rollout process holds the carried episodes and their environments across iterations; the actor is a
+    # process of its own. Each episode's turns are seeded by its own id, so the same groups finish first.
+    from tests.workflows.agentic.test_partial_episodes import PARTIAL
+
+    handed = {}
+    for where, placement, cluster in (("local", "local", None), ("ray", "env,rollout,actor: 0", shared_cluster())):
+        cfg = tiny_config(tmp_path / where, tmp_path / "model", steps=3, placement=placement, **PARTIAL)
+        with Run(WORKFLOW, cfg, cluster) as run:
+            assert (run.plan.executor == "ray") == (where == "ray") and run.plan.fused("env")
+            history = run.train().history
+            taken = [g for part in gather([run.flow.actor.received_groups()])[0] for g in part]
+            handed[where] = gather([run.flow.rollout.handed_groups()])[0][0]
+            carried = gather([run.flow.rollout.carried_seeds()])[0][0]
+        seeds = [seed for _, _, seed, _ in taken]
+        assert sorted(seeds + carried) == list(range(8)) and len(set(seeds)) == 6  # once, or still carried
+        assert sum(h["rollout/partial_resumed_count"] for h in history) > 0
+    assert handed["ray"] == handed["local"]
