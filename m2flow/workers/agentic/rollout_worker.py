@@ -111,6 +111,7 @@ class AgenticRolloutWorker(ReasoningWorker):
         """Take this rank's episodes of iteration ``step``."""
         self.step = step
         self.engine = TurnEngine(self.cfg.episode, self.tokenizer, specs)
+        self.engine.version = self.policy_version
         self._groups: dict[int, list[int]] = defaultdict(list)
         for s in specs:
             self._groups[s.slot].append(s.traj_id)
@@ -171,6 +172,7 @@ class AgenticRolloutWorker(ReasoningWorker):
         seeds = {t: ep.spec.seed for t, ep in engine.episodes.items()}
         rounds = play_turns(self, EnvsInProcess(envs, seeds, keep_running=True), opening.reset,
                             running=opening.running, until=self.partial.met)
+        engine.drop_caches()  # the devices may serve other components until the carried episodes go on
         counts = self.partial.close()
         ids = [t for _, _, ids in self._handed_now for t in ids]
         trajs = [engine.trajectory(t) for t in ids]

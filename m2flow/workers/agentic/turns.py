@@ -173,9 +173,14 @@ class TurnEngine:
         """Play on under weights of ``version``: the keys and values cached under the old ones are dropped (a
         running episode's next turn runs its whole context again)."""
         if version != self.version:
-            for ep in self.episodes.values():
-                ep.cache = None
+            self.drop_caches()
         self.version = version
+
+    def drop_caches(self) -> None:
+        """Let go of every episode's cached keys and values (held episodes between iterations: the devices
+        may go to other components meanwhile)."""
+        for ep in self.episodes.values():
+            ep.cache = None
 
     def close_some(self, traj_ids: Sequence[int]) -> EpisodeStats:
         """The statistics of these ended episodes, which are let go; the others stay held (partial rollouts)."""
