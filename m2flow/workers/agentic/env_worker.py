@@ -89,14 +89,16 @@ class TextEnvs:
 
     def env_step(self, actions: Mapping[int, str]) -> dict[int, EnvStep]:
         """Step the episodes given an action (by trajectory id); what each environment answered."""
-        results = self.envs.step({self._slots[tid]: text for tid, text in actions.items()})
+        # An id without an environment (this worker was restarted and holds none of it) gets no answer: lost.
+        results = self.envs.step({self._slots[tid]: text for tid, text in actions.items() if tid in self._slots})
         by_index = {i: tid for tid, i in self._slots.items()}
         return {by_index[i]: step for i, step in results.items()}
 
     def env_stop(self, traj_ids: Sequence[int]) -> None:
         """End these episodes' environments from outside (a budget ran out): they take no more steps."""
         for tid in traj_ids:
-            self.envs.stop(self._slots[tid])
+            if tid in self._slots:  # none: a restarted worker, which never held it
+                self.envs.stop(self._slots[tid])
 
     def env_stats(self, where: str = "") -> dict[str, float]:
         """The calls and failures since the last call (``env/...``) and the seconds their threads wanted a core

@@ -69,10 +69,10 @@ class PartialEpisodes:
     restored: int = 0
     """groups given back by a checkpoint, not played yet (counted as restarted by the next ``begin``)"""
 
-    def begin(self, step: int, engine: TurnEngine, specs: Sequence[EpisodeSpec], quota: int) -> Opening:
-        """Open iteration ``step`` owing ``quota`` groups: start over the held groups with a token too old, take
-        the new episodes ``specs`` (into ``engine`` too); what to reset and what goes on."""
-        self.counts, self.handed, self.quota = StepCounts(), [], list(range(quota))
+    def begin(self, step: int, engine: TurnEngine, specs: Sequence[EpisodeSpec], quota: Sequence[int]) -> Opening:
+        """Open iteration ``step`` owing a group for each slot of ``quota``: start over the held groups with a
+        token too old, take the new episodes ``specs`` (into ``engine`` too); what to reset and what goes on."""
+        self.counts, self.handed, self.quota = StepCounts(), [], list(quota)
         self.counts.restarted, self.restored = self.restored, 0
         for slot, ids in self.groups.items():
             oldest = oldest_version(engine, ids)
@@ -85,8 +85,8 @@ class PartialEpisodes:
         engine.add_episodes(specs)
         for s in specs:
             self.groups.setdefault(s.slot, []).append(s.traj_id)
-        if len(self.groups) < quota:
-            raise ValueError(f"iteration {step}: {quota} groups owed from {len(self.groups)} held")
+        if len(self.groups) < len(self.quota):
+            raise ValueError(f"iteration {step}: {len(self.quota)} groups owed from {len(self.groups)} held")
         held = [t for ids in self.groups.values() for t in ids]
         return Opening(reset=[t for t in held if not engine.episodes[t].started],
                        running=[t for t in held if engine.episodes[t].started and not engine.episodes[t].done])

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 import torch
 
 from m2flow.backends.generation import GenerationOptions, create_generation_backend
@@ -83,6 +84,15 @@ def group_sample(step: int, slot: int, trajs: Sequence[Trajectory], pad_id: int,
                        dropped=not live, version=version)
 
 
+class SpecRows(NamedTuple):
+    """The held episodes an iteration of partial rollouts opens with, as rows [traj id, slot, seed, env rank]."""
+
+    reset: list[list[int]]
+    """not started: reset them"""
+    running: list[list[int]]
+    """mid-episode: they go on"""
+
+
 class AgenticRolloutWorker(ReasoningWorker):
     """Plays the model's turns of this rank's episodes; sends each finished group to the actor."""
 
@@ -146,8 +156,8 @@ class AgenticRolloutWorker(ReasoningWorker):
         if weights is not None:
             self.receive_weights(*weights)
         if self.partial is not None:
-            rounds, metrics = self._play_partial(step, specs, envs, quota if quota is not None else len(
-                {s.slot for s in specs}))
+            rounds, metrics = self._play_partial(step, specs, envs, range(quota if quota is not None else len(
+                {s.slot for s in specs})))
         else:
             self.begin(step, specs)
             rounds = play_turns(self, EnvsInProcess(envs, {s.traj_id: s.seed for s in specs}),
@@ -158,10 +168,21 @@ class AgenticRolloutWorker(ReasoningWorker):
         return metrics
 
     def _play_partial(self, step: int, specs: Sequence[EpisodeSpec], envs: TextEnvs,
-                      quota: int) -> tuple[Rounds, dict[str, float]]:
-        """Partial rollouts (``partial_episodes.py``): the held episodes and ``specs`` until ``quota`` groups
-        were handed out; the episodes still running stay as they are, here and in ``envs``."""
-        assert self.partial is not None
+                      quota: Sequence[int]) -> tuple[Rounds, dict[str, float]]:
+        """Partial rollouts (``partial_episodes.py``) with the environments here: the held episodes and ``specs``
+        until the ``quota`` slots are filled; the episodes still running stay as they are, here and in ``envs``."""
+        opening = self.begin_partial(step, specs, quota)
+        seeds = {row[0]: row[2] for row in [*opening.reset, *opening.running]}
+        rounds = play_turns(self, EnvsInProcess(envs, seeds, keep_running=True), [row[0] for row in opening.reset],
+                            running=[row[0] for row in opening.running], until=self.quota_met)
+        return rounds, self.end_partial()
+
+    def begin_partial(self, step: int, specs: Sequence[EpisodeSpec], quota: Sequence[int]) -> SpecRows:
+        """Partial rollouts: open iteration ``step`` with the new episodes ``specs``, owing a group for each slot
+        of ``quota``; hands out the groups that finished past the last quota. The held episodes to reset and
+        those that go on, as rows [traj id, slot, seed, env rank] (``PartialEpisodes.state``)."""
+        if self.partial is None:
+            raise RuntimeError("begin_partial on a rollout without partial rollouts")
         if self.engine is None:
             self.engine = TurnEngine(self.cfg.episode, self.tokenizer, [])
         engine, self.step = self.engine, step
@@ -169,9 +190,20 @@ class AgenticRolloutWorker(ReasoningWorker):
         opening = self.partial.begin(step, engine, specs, quota)
         self._handed_now: list[tuple[int, int, list[int]]] = []
         self._hand_out()  # groups that finished past the last quota: they finished first
-        seeds = {t: ep.spec.seed for t, ep in engine.episodes.items()}
-        rounds = play_turns(self, EnvsInProcess(envs, seeds, keep_running=True), opening.reset,
-                            running=opening.running, until=self.partial.met)
+
+        def rows(ids: Sequence[int]) -> list[list[int]]:
+            return [[t, s.slot, s.seed, s.env_rank] for t in ids for s in (engine.episodes[t].spec,)]
+
+        return SpecRows(rows(opening.reset), rows(opening.running))
+
+    def quota_met(self) -> bool:
+        """Partial rollouts: whether this iteration's quota is filled (the turn loop may stop)."""
+        return self.partial is not None and self.partial.met()
+
+    def end_partial(self) -> dict[str, float]:
+        """Partial rollouts: close the iteration (its quota filled); the metrics of the groups it handed out."""
+        assert self.partial is not None and self.engine is not None
+        engine = self.engine
         engine.drop_caches()  # the devices may serve other components until the carried episodes go on
         counts = self.partial.close()
         ids = [t for _, _, ids in self._handed_now for t in ids]
@@ -179,7 +211,7 @@ class AgenticRolloutWorker(ReasoningWorker):
         metrics = self._metrics(engine.close_some(ids), trajs) | counts.metrics()
         metrics.pop("rollout/inflight_updates_count")  # weights change between iterations only here
         engine.reruns = 0
-        return rounds, metrics
+        return metrics
 
     def _hand_out(self) -> None:
         """Send the finished groups that fill the quota's free slots (partial rollouts)."""

@@ -47,7 +47,7 @@ from m2flow.driver.workflow import Flow, Launch
 from m2flow.planner import Plan
 from m2flow.runtime.errors import worker_died
 from m2flow.runtime.executors import Executor, Handle
-from m2flow.workers.agentic.turn_loop import play_turns
+from m2flow.workers.agentic.turn_loop import Rounds, play_turns
 from m2flow.workers.agentic.turns import EpisodeSpec
 from m2flow.workers.stats import WEIGHT_KEY
 from m2flow.workflows.agentic.settings import AgenticRun, WorkerSettings
@@ -120,11 +120,6 @@ class AgenticFlow(Flow):
         self.rollout_ranks, self.actor_ranks = plan["rollout"].world_size, plan["actor"].world_size
         self.partial = settings.partial
         if self.partial:
-            if not (self.env_fused and self.rollout_ranks == 1):
-                raise ValueError(f"rollout.partial: the carried episodes' environments stay in the rollout's process: "
-                                 f"it needs the environments fused into one rollout rank (env.fuse_with_rollout on "
-                                 f"a plan of one rollout rank; this plan has {self.rollout_ranks} rollout rank(s), "
-                                 f"env {'fused' if self.env_fused else 'apart'})")
             # Iterations played ahead: one less, since a carried episode's tokens are trained an iteration later.
             self.max_staleness = max(0, self.max_staleness - 1)
         carried = state.get(PARTIAL_KEY)
@@ -157,7 +152,10 @@ class AgenticFlow(Flow):
                             "this run: they are not trained", groups)
             return
         log.info("%d task instance(s) carried at the checkpoint are played again from their resets", groups)
-        gather([self.rollout.restore_partial(carried)], self.timeout, "restoring the carried episodes")
+        router = RolloutRanks(self.rollout, self.rollout_ranks, [], self.timeout, groups_per_step=self.groups_per_step)
+        shares = [[row for row in carried if router.rank_of(EpisodeSpec(*row)) == r] for r in range(self.rollout_ranks)]
+        gather([self.rollout.execute_each("restore_partial", [(share,) for share in shares])], self.timeout,
+               "restoring the carried episodes")
 
     # -- env workers -----------------------------------------------------------------------------
     def _restart_env(self, e: int, error: BaseException) -> None:
@@ -220,13 +218,16 @@ class AgenticFlow(Flow):
             return metrics
         if weights is not None:
             gather([self.rollout.receive_weights(*weights)], self.timeout, "a weight sync")
-        per_rollout: list[list[EpisodeSpec]] = [[] for _ in range(self.rollout_ranks)]
-        for s in specs:
-            per_rollout[s.slot % self.rollout_ranks].append(s)
-        gather([self.rollout.execute_each("begin", [(step, mine) for mine in per_rollout])], self.timeout)
-        rounds = play_turns(RolloutRanks(self.rollout, self.rollout_ranks, specs, self.timeout),
-                            EnvWorkers(self._env_round, specs), [s.traj_id for s in specs])
-        metrics = merge_rollout_metrics(gather([self.rollout.end()], self.timeout, "rollout: end")[0])
+        if self.partial:
+            rounds, metrics = self._play_partial(step, specs)
+        else:
+            policy = RolloutRanks(self.rollout, self.rollout_ranks, specs, self.timeout)
+            per_rollout: list[list[EpisodeSpec]] = [[] for _ in range(self.rollout_ranks)]
+            for s in specs:
+                per_rollout[policy.rank_of(s)].append(s)
+            gather([self.rollout.execute_each("begin", [(step, mine) for mine in per_rollout])], self.timeout)
+            rounds = play_turns(policy, EnvWorkers(self._env_round, specs), [s.traj_id for s in specs])
+            metrics = merge_rollout_metrics(gather([self.rollout.end()], self.timeout, "rollout: end")[0])
         env_stats, _ = self._env_round({e: ("env_stats", (where,)) for e in range(self.env_ranks)})
         for out in env_stats.values():
             for k, v in out.items():
@@ -236,6 +237,29 @@ class AgenticFlow(Flow):
         metrics["time/env_cpu_s"] = metrics.get("time/env_cpu_s", 0.0) / self.env_ranks
         metrics["time/rollout_s"] = time.perf_counter() - t_start
         return metrics
+
+    def _play_partial(self, step: int, specs: list[EpisodeSpec]) -> tuple[Rounds, dict[str, float]]:
+        """Partial rollouts over rollout ranks and env workers: each rank owes the slots of the iteration's
+        quota it plays (``RolloutRanks.rank_of``); the loop stops once every rank has filled them, and the
+        episodes still running stay on their ranks and env workers for the next iteration."""
+        ranks, per_step = self.rollout_ranks, self.groups_per_step
+        router = RolloutRanks(self.rollout, ranks, specs, self.timeout, groups_per_step=per_step)
+        per_rollout: list[list[EpisodeSpec]] = [[] for _ in range(ranks)]
+        for s in specs:
+            per_rollout[router.rank_of(s)].append(s)
+        quotas = [[g for g in range(per_step) if g % ranks == r] for r in range(ranks)]
+        opened = gather([self.rollout.execute_each("begin_partial", [(step, mine, quota) for mine, quota in
+                                                                     zip(per_rollout, quotas)])], self.timeout)[0]
+        held = [EpisodeSpec(*row) for o in opened for row in [*o[0], *o[1]]]
+        policy = RolloutRanks(self.rollout, ranks, held, self.timeout, groups_per_step=per_step)
+
+        def met() -> bool:
+            return all(gather([self.rollout.quota_met()], self.timeout, "rollout: quota_met")[0])
+
+        rounds = play_turns(policy, EnvWorkers(self._env_round, held, keep_running=True),
+                            [row[0] for o in opened for row in o[0]], running=[row[0] for o in opened for row in o[1]],
+                            until=met)
+        return rounds, merge_rollout_metrics(gather([self.rollout.end_partial()], self.timeout, "rollout: end")[0])
 
     # -- the driver's Flow -------------------------------------------------------------------------
     def start(self, it: int, horizon: int) -> None:
@@ -310,7 +334,7 @@ class AgenticFlow(Flow):
         counters = gather([self.actor.save_checkpoint(str(path))], self.timeout, "a checkpoint")[0][0]
         if not self.partial:
             return {"actor": counters}
-        carried = gather([self.rollout.partial_state()], self.timeout, "a checkpoint")[0][0]
+        carried = [row for rank in gather([self.rollout.partial_state()], self.timeout, "a checkpoint")[0] for row in rank]
         log.info("checkpoint after iteration %d: %d carried task instance(s) saved; a run resumed from it plays "
                  "them again from their resets", self.done, len({row[1] for row in carried}))
         return {"actor": counters, PARTIAL_KEY: carried}

@@ -24,12 +24,12 @@ from m2flow.workflows.agentic.config import AgenticConfig
 
 
 def env_settings(cfg: AgenticConfig, env_ranks: int, kwargs: dict[str, Any] | None = None) -> EnvSettings:
-    """What each env worker holds: enough environments for its share of an iteration's episodes (with partial
-    rollouts, for two iterations' worth: the carried episodes' and the new ones')."""
+    """What each env worker holds: enough environments for its share of an iteration's episodes; with partial
+    rollouts, and the carried ones too (one iteration's worth, which may all sit on one worker)."""
     per_step = cfg.episodes.groups_per_step * cfg.episodes.group_size
-    held = 2 if cfg.rollout.partial else 1
+    carried = per_step if cfg.rollout.partial else 0
     return EnvSettings(name=cfg.env.name, kwargs=dict(cfg.env.kwargs if kwargs is None else kwargs),
-                       num_envs=held * math.ceil(per_step / env_ranks), step_timeout_s=cfg.env.step_timeout_s,
+                       num_envs=math.ceil(per_step / env_ranks) + carried, step_timeout_s=cfg.env.step_timeout_s,
                        max_error_rate=cfg.env.max_error_rate, concurrent=cfg.env.concurrent,
                        imports=tuple(cfg.env.imports), tool_format=cfg.rollout.tool_format)
 

@@ -35,9 +35,13 @@ def _run(cfg):
     return history, taken, handed, carried
 
 
-def test_every_task_instance_is_trained_once_or_still_carried(tmp_path, model):
+@pytest.mark.parametrize("fused", [True, False], ids=["env-in-rollout", "env-workers"])
+def test_every_task_instance_is_trained_once_or_still_carried(tmp_path, model, fused):
+    # Fused, the rollout runs the turn loop over its own environments; apart, the flow runs it over the rollout
+    # rank and an env worker, which keeps the carried episodes' environments between iterations.
     steps, groups = 5, 2
-    history, taken, handed, carried = _run(tiny_config(tmp_path, model, steps=steps, **PARTIAL))
+    cfg = tiny_config(tmp_path, model, steps=steps, **{**PARTIAL, "env.fuse_with_rollout": fused})
+    history, taken, handed, carried = _run(cfg)
     seeds = [seed for _, _, seed, _ in taken]
     assert len(seeds) == len(set(seeds)) == steps * groups  # never twice
     assert sorted(taken) == sorted((s, g, seed, True) for s, g, seed, _ in handed)
@@ -75,7 +79,7 @@ def test_a_resumed_run_plays_the_carried_instances_again_and_loses_none(tmp_path
 
 @pytest.mark.parametrize("overrides, needs", [
     ({"algorithm.max_staleness": 0}, "max_staleness >= 1"),
-    ({"env.fuse_with_rollout": False}, "env.fuse_with_rollout: true"),
+    ({"algorithm.max_staleness": 0, "env.fuse_with_rollout": False}, "old_logprobs 'rollout'"),
 ])
 def test_partial_without_what_it_needs_is_one_clear_error(tmp_path, overrides, needs):
     with pytest.raises(ValueError, match="rollout.partial") as e:
