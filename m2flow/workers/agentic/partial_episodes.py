@@ -7,7 +7,7 @@ work is an episode in the middle of its turn loop, whose environment holds state
 general (a tool's session, a process). So nothing is paused: the turn loop (``turn_loop.play_turns``) stops at a
 round boundary once the iteration's quota of groups has finished, and the next iteration's loop continues the
 running episodes (their contexts, tokens, log-probs, per-token versions, masks, and their environments, which
-stay mid-episode in the rollout's process) together with the new ones. The accounting is the same as
+stay mid-episode in their env workers or the rollout's process) together with the new ones. The accounting is the same as
 reasoning's:
 
 - A rank owes each iteration ``quota`` groups. The first iteration of a run takes one batch of groups more than

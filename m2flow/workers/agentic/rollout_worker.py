@@ -57,7 +57,7 @@ class AgenticRolloutSettings:
     offload: bool = False
     partial: bool = False
     """partial rollouts (``partial_episodes.py``): an iteration hands out the groups that finish first, the
-    episodes still running go on in the next (needs the environments in this process: ``play_iteration``)"""
+    episodes still running go on in the next (``begin_partial`` .. ``end_partial``, or ``play_iteration``)"""
     max_staleness: int = 0
     """partial: the bound on every trained model token's age (a held group with an older one starts over)"""
 

@@ -17,10 +17,10 @@ weights of iteration max(0, j - s), as in the reasoning workflow; every call on 
 order issued (the weight send on the actor from the driver, everything on the rollout from the loop
 thread), so which weights play which iteration is fixed by the loop, not by timing.
 
-Partial rollouts (``rollout.partial``, ``workers/agentic/partial_episodes.py``): the rollout rank that holds the
-environments stops an iteration's turn loop once ``groups_per_step`` groups have finished and keeps the running
-episodes, and their environments, for the next iteration, which plays them on under its weights together with a
-new batch of groups. Their tokens are then trained an iteration after they were sampled, so the rollout plays
+Partial rollouts (``rollout.partial``, ``workers/agentic/partial_episodes.py``): an iteration's turn loop stops
+once every rollout rank has handed out the groups it owes (``_play_partial``, or the rank itself with the
+environments fused in), and the running episodes stay on their ranks and env workers for the next iteration,
+which plays them on under its weights together with a new batch of groups. Their tokens are then trained an iteration after they were sampled, so the rollout plays
 max_staleness - 1 iterations ahead, not max_staleness. The first iteration of a fresh run takes one batch of
 groups more than it trains; each later one takes the next batch. A checkpoint holds the carried task instances
 (``PARTIAL_KEY`` in the driver's state), and a resumed run plays them again from their resets.
