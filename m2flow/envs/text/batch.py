@@ -196,19 +196,25 @@ class TextEnvBatch:
         """Start an episode in every environment (seed i for env i): the first observations (reward 0)."""
         if len(seeds) != len(self.envs):
             raise ValueError(f"{len(seeds)} seeds for {len(self.envs)} environments")
-        for i in range(len(self.envs)):
+        out = self.reset_some(dict(enumerate(seeds)))
+        return [out[i] for i in range(len(self.envs))]
+
+    def reset_some(self, seeds: Mapping[int, int | None]) -> dict[int, EnvStep]:
+        """Start an episode in environment i with ``seeds[i]`` for each i given; the others go on as they are
+        (partial rollouts keep unfinished episodes across iterations). The first observations (reward 0), by i."""
+        for i in seeds:
             if self._hung[i]:
                 self.envs[i], self._hung[i] = self.make(), False
                 self.stats.replaced += 1
-        self.stats.resets += len(self.envs)
-        self.running = [True] * len(self.envs)
-        results = self._call_all({i: (env.reset, seed) for i, (env, seed) in enumerate(zip(self.envs, seeds))}, "reset")
-        out = []
-        for i in range(len(self.envs)):
+            self.running[i] = True
+        self.stats.resets += len(seeds)
+        results = self._call_all({i: (self.envs[i].reset, seed) for i, seed in seeds.items()}, "reset")
+        out = {}
+        for i in seeds:
             result = results[i]
             if isinstance(result, CallResult) and (problem := _check_reset(result.value)):
                 result = self._fail(i, "bad_outputs", problem)
-            out.append(result if isinstance(result, EnvStep) else EnvStep(result.value[0], info=dict(result.value[1])))
+            out[i] = result if isinstance(result, EnvStep) else EnvStep(result.value[0], info=dict(result.value[1]))
         return out
 
     def step(self, actions: Mapping[int, str]) -> dict[int, EnvStep]:

@@ -5,6 +5,7 @@
 - ``turns.py``       ``TurnEngine``: the model's half of each round (contexts, budgets, re-runs)
 - ``env_worker.py``  ``EnvWorker`` / ``TextEnvs``: many text environments per process, stepped by trajectory id
 - ``rollout_worker.py`` ``AgenticRolloutWorker``: model turns; each finished GRPO group streamed to the actor
+- ``partial_episodes.py`` ``PartialEpisodes``: partial rollouts, the groups held across iterations and one iteration's quota
 - ``trajectory.py``  ``Trajectory`` (ids, action mask, log-probs, per-turn rewards) and ``to_rollout_batch``
 """
 

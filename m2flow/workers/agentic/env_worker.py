@@ -70,16 +70,35 @@ class TextEnvs:
         self._slots = {tid: i for i, tid in enumerate(traj_ids)}
         return {tid: steps[i] for tid, i in self._slots.items()}
 
+    def env_reset_more(self, traj_ids: Sequence[int], seeds: Sequence[int]) -> dict[int, EnvStep]:
+        """Start these episodes (reset with their seeds) in environments no running episode holds (an id that
+        holds one starts over in it), leaving the running episodes as they are: partial rollouts, whose
+        unfinished episodes go on in the next iteration. The first observations, by id."""
+        running = self.envs.running
+        self._slots = {tid: i for tid, i in self._slots.items() if running[i] or tid in traj_ids}
+        free = iter(sorted(set(range(len(self.envs))) - set(self._slots.values())))
+        for tid in traj_ids:
+            if tid not in self._slots:
+                slot = next(free, None)
+                if slot is None:
+                    raise ValueError(f"{len(traj_ids)} more episodes for {len(self.envs)} environments, "
+                                     f"{len(self._slots)} of them held")
+                self._slots[tid] = slot
+        steps = self.envs.reset_some({self._slots[tid]: seed for tid, seed in zip(traj_ids, seeds)})
+        return {tid: steps[self._slots[tid]] for tid in traj_ids}
+
     def env_step(self, actions: Mapping[int, str]) -> dict[int, EnvStep]:
         """Step the episodes given an action (by trajectory id); what each environment answered."""
-        results = self.envs.step({self._slots[tid]: text for tid, text in actions.items()})
+        # An id without an environment (this worker was restarted and holds none of it) gets no answer: lost.
+        results = self.envs.step({self._slots[tid]: text for tid, text in actions.items() if tid in self._slots})
         by_index = {i: tid for tid, i in self._slots.items()}
         return {by_index[i]: step for i, step in results.items()}
 
     def env_stop(self, traj_ids: Sequence[int]) -> None:
         """End these episodes' environments from outside (a budget ran out): they take no more steps."""
         for tid in traj_ids:
-            self.envs.stop(self._slots[tid])
+            if tid in self._slots:  # none: a restarted worker, which never held it
+                self.envs.stop(self._slots[tid])
 
     def env_stats(self, where: str = "") -> dict[str, float]:
         """The calls and failures since the last call (``env/...``) and the seconds their threads wanted a core
@@ -99,12 +118,16 @@ class EnvWorker(TextEnvs, Worker):
 class EnvsInProcess:
     """Environments at hand as the turn loop's environment side (``turn_loop.TurnEnvs``): none is ever lost."""
 
-    def __init__(self, envs: TextEnvs, seeds: Mapping[int, int]) -> None:
-        self.envs, self.seeds = envs, seeds
-        """``seeds``: each episode's reset seed, by trajectory id"""
+    def __init__(self, envs: TextEnvs, seeds: Mapping[int, int], keep_running: bool = False) -> None:
+        self.envs, self.seeds, self.keep_running = envs, seeds, keep_running
+        """``seeds``: each episode's reset seed, by trajectory id; ``keep_running``: a reset leaves the episodes
+        still running alone (partial rollouts), instead of starting every environment anew"""
 
     def reset(self, traj_ids: Sequence[int]) -> tuple[dict[int, EnvStep], list[int]]:
-        return self.envs.env_reset(traj_ids, [self.seeds[t] for t in traj_ids]), []
+        seeds = [self.seeds[t] for t in traj_ids]
+        if self.keep_running:
+            return self.envs.env_reset_more(traj_ids, seeds), []
+        return self.envs.env_reset(traj_ids, seeds), []
 
     def step(self, actions: Mapping[int, str]) -> tuple[dict[int, EnvStep], list[int]]:
         return self.envs.env_step(actions), []

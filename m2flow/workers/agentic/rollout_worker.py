@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 import torch
 
 from m2flow.backends.generation import GenerationOptions, create_generation_backend
@@ -25,11 +26,12 @@ from m2flow.data.batch import RolloutBatch
 from m2flow.envs.text.batch import EnvStep
 from m2flow.models.tokenizer import load_tokenizer
 from m2flow.runtime.trace import trace_category
-from m2flow.workers.agentic.env_worker import EnvSettings, EnvsInProcess
+from m2flow.workers.agentic.env_worker import EnvSettings, EnvsInProcess, TextEnvs
 from m2flow.workers.agentic.episode import EpisodeConfig, held_out_metrics
+from m2flow.workers.agentic.partial_episodes import PartialEpisodes
 from m2flow.workers.agentic.trajectory import Trajectory, to_rollout_batch
-from m2flow.workers.agentic.turn_loop import play_turns
-from m2flow.workers.agentic.turns import EpisodeSpec, TurnEngine
+from m2flow.workers.agentic.turn_loop import Rounds, play_turns
+from m2flow.workers.agentic.turns import EpisodeSpec, EpisodeStats, TurnEngine
 from m2flow.workers.common import ReasoningWorker, derive_seed, state_digest
 from m2flow.workers.messages import GroupSample
 from m2flow.runtime.streams import GroupStream
@@ -53,6 +55,11 @@ class AgenticRolloutSettings:
     """run the lean backend's decoding steps ``torch.compile``d"""
     shares_devices: bool = False
     offload: bool = False
+    partial: bool = False
+    """partial rollouts (``partial_episodes.py``): an iteration hands out the groups that finish first, the
+    episodes still running go on in the next (``begin_partial`` .. ``end_partial``, or ``play_iteration``)"""
+    max_staleness: int = 0
+    """partial: the bound on every trained model token's age (a held group with an older one starts over)"""
 
 
 def empty_batch(pad_id: int) -> RolloutBatch:
@@ -64,12 +71,26 @@ def empty_batch(pad_id: int) -> RolloutBatch:
                         rollout_logprobs=torch.zeros((0, 1)))
 
 
-def group_sample(step: int, slot: int, trajs: Sequence[Trajectory], pad_id: int, version: int) -> GroupSample:
-    """The finished episodes of one group as the actor's message; dropped when none holds a model token."""
+def group_sample(step: int, slot: int, trajs: Sequence[Trajectory], pad_id: int, version: int,
+                 per_token_versions: bool = False) -> GroupSample:
+    """The finished episodes of one group as the actor's message; dropped when none holds a model token.
+    ``per_token_versions`` (partial rollouts): each token keeps its own version, and the group is as old as
+    its oldest model token (what the actor's staleness bound checks)."""
     live = [t for t in trajs if t.model_tokens > 0]
-    batch = to_rollout_batch(live, pad_id) if live else empty_batch(pad_id)
+    batch = to_rollout_batch(live, pad_id, per_token_versions) if live else empty_batch(pad_id)
+    if per_token_versions and live:
+        version = min(v for t in live for v, m in zip(t.versions, t.action_mask) if m)
     return GroupSample(step, slot, trajs[0].seed, None, ["".join(t.turn_texts) for t in live], batch,
                        dropped=not live, version=version)
+
+
+class SpecRows(NamedTuple):
+    """The held episodes an iteration of partial rollouts opens with, as rows [traj id, slot, seed, env rank]."""
+
+    reset: list[list[int]]
+    """not started: reset them"""
+    running: list[list[int]]
+    """mid-episode: they go on"""
 
 
 class AgenticRolloutWorker(ReasoningWorker):
@@ -88,6 +109,11 @@ class AgenticRolloutWorker(ReasoningWorker):
         self.step = -1
         self.emitted: deque[int] = deque(maxlen=EMITTED_LOG)
         """Ids of the trajectories sent to the actor, the latest ``EMITTED_LOG`` (each once: checked by tests)."""
+        self.partial = PartialEpisodes(cfg.max_staleness) if cfg.partial else None
+        """With ``settings.partial``: the groups held across iterations."""
+        self.handed: deque[tuple[int, int, int, tuple[int, ...]]] = deque(maxlen=EMITTED_LOG)
+        """Partial rollouts: the groups handed out, the latest ``EMITTED_LOG``: (iteration, slot, seed, the policy
+        versions of its model tokens)."""
         self.host_components(hosted)  # the environments, when the plan fuses env into rollout
 
     # -- one iteration ---------------------------------------------------------------------
@@ -95,6 +121,7 @@ class AgenticRolloutWorker(ReasoningWorker):
         """Take this rank's episodes of iteration ``step``."""
         self.step = step
         self.engine = TurnEngine(self.cfg.episode, self.tokenizer, specs)
+        self.engine.version = self.policy_version
         self._groups: dict[int, list[int]] = defaultdict(list)
         for s in specs:
             self._groups[s.slot].append(s.traj_id)
@@ -116,22 +143,91 @@ class AgenticRolloutWorker(ReasoningWorker):
         return actions, self._send(cut)
 
     def play_iteration(self, step: int, specs: Sequence[EpisodeSpec], where: str = "",
-                       weights: tuple[str, int, int] | None = None) -> dict[str, float]:
+                       weights: tuple[str, int, int] | None = None, quota: int | None = None) -> dict[str, float]:
         """Every episode of ``specs`` to its end with the environments hosted in this process (env fused into
         the rollout, every episode's environment here): the turn loop runs here, this worker its policy side,
         without a message between rounds. ``weights`` (source group, rank, version): receive them first, as
-        ``receive_weights`` would (one message less). The rollout and env metrics of the iteration."""
+        ``receive_weights`` would (one message less). With partial rollouts, ``specs`` are the new groups'
+        episodes besides those held, and the loop stops once ``quota`` groups (None: as many as ``specs``
+        holds) were handed out. The rollout and env metrics of the iteration."""
         envs = self.hosted("env")
         if envs is None:
             raise RuntimeError("play_iteration needs the environments hosted in this process (env fused into rollout)")
         if weights is not None:
             self.receive_weights(*weights)
-        self.begin(step, specs)
-        rounds = play_turns(self, EnvsInProcess(envs, {s.traj_id: s.seed for s in specs}), [s.traj_id for s in specs])
-        metrics = self.end()
+        if self.partial is not None:
+            rounds, metrics = self._play_partial(step, specs, envs, range(quota if quota is not None else len(
+                {s.slot for s in specs})))
+        else:
+            self.begin(step, specs)
+            rounds = play_turns(self, EnvsInProcess(envs, {s.traj_id: s.seed for s in specs}),
+                                [s.traj_id for s in specs])
+            metrics = self.end()
         metrics.update(envs.env_stats(where))
         metrics.update(rounds.metrics())
         return metrics
+
+    def _play_partial(self, step: int, specs: Sequence[EpisodeSpec], envs: TextEnvs,
+                      quota: Sequence[int]) -> tuple[Rounds, dict[str, float]]:
+        """Partial rollouts (``partial_episodes.py``) with the environments here: the held episodes and ``specs``
+        until the ``quota`` slots are filled; the episodes still running stay as they are, here and in ``envs``."""
+        opening = self.begin_partial(step, specs, quota)
+        seeds = {row[0]: row[2] for row in [*opening.reset, *opening.running]}
+        rounds = play_turns(self, EnvsInProcess(envs, seeds, keep_running=True), [row[0] for row in opening.reset],
+                            running=[row[0] for row in opening.running], until=self.quota_met)
+        return rounds, self.end_partial()
+
+    def begin_partial(self, step: int, specs: Sequence[EpisodeSpec], quota: Sequence[int]) -> SpecRows:
+        """Partial rollouts: open iteration ``step`` with the new episodes ``specs``, owing a group for each slot
+        of ``quota``; hands out the groups that finished past the last quota. The held episodes to reset and
+        those that go on, as rows [traj id, slot, seed, env rank] (``PartialEpisodes.state``)."""
+        if self.partial is None:
+            raise RuntimeError("begin_partial on a rollout without partial rollouts")
+        if self.engine is None:
+            self.engine = TurnEngine(self.cfg.episode, self.tokenizer, [])
+        engine, self.step = self.engine, step
+        engine.new_weights(self.policy_version)
+        opening = self.partial.begin(step, engine, specs, quota)
+        self._handed_now: list[tuple[int, int, list[int]]] = []
+        self._hand_out()  # groups that finished past the last quota: they finished first
+
+        def rows(ids: Sequence[int]) -> list[list[int]]:
+            return [[t, s.slot, s.seed, s.env_rank] for t in ids for s in (engine.episodes[t].spec,)]
+
+        return SpecRows(rows(opening.reset), rows(opening.running))
+
+    def quota_met(self) -> bool:
+        """Partial rollouts: whether this iteration's quota is filled (the turn loop may stop)."""
+        return self.partial is not None and self.partial.met()
+
+    def end_partial(self) -> dict[str, float]:
+        """Partial rollouts: close the iteration (its quota filled); the metrics of the groups it handed out."""
+        assert self.partial is not None and self.engine is not None
+        engine = self.engine
+        engine.drop_caches()  # the devices may serve other components until the carried episodes go on
+        counts = self.partial.close()
+        ids = [t for _, _, ids in self._handed_now for t in ids]
+        trajs = [engine.trajectory(t) for t in ids]
+        metrics = self._metrics(engine.close_some(ids), trajs) | counts.metrics()
+        metrics.pop("rollout/inflight_updates_count")  # weights change between iterations only here
+        engine.reruns = 0
+        return metrics
+
+    def _hand_out(self) -> None:
+        """Send the finished groups that fill the quota's free slots (partial rollouts)."""
+        assert self.partial is not None and self.engine is not None
+        sent = []
+        for instance, slot, ids in self.partial.hand_out():
+            trajs = [self.engine.trajectory(t) for t in ids]
+            sample = group_sample(self.step, slot, trajs, self.backend.pad_id, self.policy_version,
+                                  per_token_versions=True)
+            sent.append(sample)
+            self._handed_now.append((instance, slot, ids))
+            self.emitted.extend(ids)
+            self.handed.append((self.step, slot, trajs[0].seed,
+                                tuple(sorted({v for t in trajs for v, m in zip(t.versions, t.action_mask) if m}))))
+        if sent:
+            self.out.put_many(sent)
 
     def observe(self, results: Mapping[int, EnvStep]) -> list[int]:
         """Record the environments' answers; the ids of the episodes that ended."""
@@ -154,6 +250,13 @@ class AgenticRolloutWorker(ReasoningWorker):
         if len(self._sent) != len(self._groups):
             raise RuntimeError(f"rollout rank {self.rank}: {len(self._groups) - len(self._sent)} group(s) never sent")
         trajs = [self.engine.trajectory(t) for ids in self._groups.values() for t in ids]
+        out = self._metrics(stats, trajs)
+        self.engine = None
+        return out
+
+    def _metrics(self, stats: EpisodeStats, trajs: Sequence[Trajectory]) -> dict[str, float]:
+        """The rollout metrics of the episodes an iteration sent (``trajs``, their ``stats``)."""
+        assert self.engine is not None
         out = stats.as_metrics()
         returns = [t.reward for t in trajs]
         out["reward/mean"] = sum(returns) / max(1, len(returns))
@@ -161,13 +264,18 @@ class AgenticRolloutWorker(ReasoningWorker):
         out["rollout/reruns"] = float(self.engine.reruns)
         out["rollout/responses_count"] = float(len(trajs))
         out["rollout/tokens_count"] = float(stats.model_tokens + stats.observation_tokens)
-        self.engine = None
         return out
 
     def _send(self, ended: Sequence[int]) -> list[int]:
         """Put every group whose last episode is among ``ended`` (all its episodes done) into the stream;
         returns ``ended``."""
         assert self.engine is not None
+        if self.partial is not None:  # a finished group takes a slot of the quota, or waits for the next
+            for instance in sorted({self.engine.episodes[t].spec.slot for t in ended}):
+                if instance in self.partial.groups and all(self.engine.done(t) for t in self.partial.groups[instance]):
+                    self.partial.complete(instance)
+            self._hand_out()
+            return list(ended)
         sent = []
         for slot in sorted({self.engine.episodes[t].spec.slot for t in ended}):
             ids = self._groups[slot]
@@ -183,6 +291,30 @@ class AgenticRolloutWorker(ReasoningWorker):
 
     def emitted_ids(self) -> list[int]:
         return list(self.emitted)
+
+    def handed_groups(self) -> list[tuple[int, int, int, tuple[int, ...]]]:
+        """Partial rollouts: the groups handed out, (iteration, slot, seed, versions of its model tokens)."""
+        return list(self.handed)
+
+    def partial_state(self) -> list[list[int]]:
+        """Partial rollouts: the task instances held, as a checkpoint keeps them (``PartialEpisodes.state``)."""
+        if self.partial is None or self.engine is None:
+            return []
+        return self.partial.state(self.engine)
+
+    def restore_partial(self, state: list[list[int]]) -> None:
+        """Hold the task instances a checkpoint kept; the next iteration plays them from their resets."""
+        if self.partial is None:
+            raise RuntimeError("carried episodes given to a rollout without partial rollouts")
+        if self.engine is None:
+            self.engine = TurnEngine(self.cfg.episode, self.tokenizer, [])
+        self.partial.restore(self.engine, state)
+
+    def carried_seeds(self) -> list[int]:
+        """Partial rollouts: the seeds of the task instances held (each once)."""
+        if self.partial is None or self.engine is None:
+            return []
+        return [self.engine.episodes[ids[0]].spec.seed for ids in self.partial.groups.values()]
 
     # -- evaluation --------------------------------------------------------------------------
     def evaluate(self, env: EnvSettings, seeds: Sequence[int], temperature: float = 0.0) -> dict[str, float]:

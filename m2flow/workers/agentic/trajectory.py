@@ -51,6 +51,9 @@ class Trajectory:
     """Per entry of `turn_rewards`: the index in `response_ids` of that turn's last model token."""
     turn_texts: list[str] = field(default_factory=list)
     """The decoded text of each model turn (what the environment was given)."""
+    versions: list[int] = field(default_factory=list)
+    """Per response token: the policy version playing when it was added (partial rollouts train an episode
+    whose turns span weight versions; ``to_rollout_batch(per_token_versions=True)``)."""
     num_turns: int = 0
     """Model turns taken."""
     finish_reason: FinishReason = "terminated"
@@ -78,17 +81,18 @@ class Trajectory:
         return out
 
 
-def to_rollout_batch(trajectories: Sequence[Trajectory], pad_id: int) -> RolloutBatch:
+def to_rollout_batch(trajectories: Sequence[Trajectory], pad_id: int, per_token_versions: bool = False) -> RolloutBatch:
     """The trajectories that hold at least one model token as a padded batch: prompts (B, Lp) left-padded,
     responses (B, Lr) right-padded, ``action_mask`` (B, Lr) the loss mask, ``rollout_logprobs`` (B, Lr),
     ``rewards`` (B,) the returns, ``group_ids`` (B,), ``truncated`` (B,) cut short by a budget or limit;
     ``meta`` lists ``traj_id``, ``num_turns``, ``finish_reason`` and ``token_rewards`` per row. Trajectories
-    without a model token (an environment that failed at reset) carry no loss and are left out."""
+    without a model token (an environment that failed at reset) carry no loss and are left out.
+    ``per_token_versions``: ``token_versions`` (B, Lr) holds each token's policy version (partial rollouts)."""
     rows = [t for t in trajectories if t.model_tokens > 0]
     if not rows:
         raise ValueError("no trajectory holds a model token")
     prompt_ids, prompt_mask = left_pad([t.prompt_ids for t in rows], pad_id)
-    return RolloutBatch(
+    batch = RolloutBatch(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
         response_ids=right_pad([t.response_ids for t in rows], pad_id),
@@ -102,3 +106,6 @@ def to_rollout_batch(trajectories: Sequence[Trajectory], pad_id: int) -> Rollout
         meta={"traj_id": [t.traj_id for t in rows], "num_turns": [t.num_turns for t in rows],
               "finish_reason": [t.finish_reason for t in rows], "token_rewards": [t.token_rewards() for t in rows]},
     )
+    if per_token_versions:
+        batch.token_versions = right_pad([t.versions for t in rows], 0)
+    return batch

@@ -13,12 +13,16 @@ one ``step`` of the environments given an action, and one ``observe`` of their a
 ends episodes there). An environment side that lost an episode's environment (a dead or hung env worker)
 says so; the loop puts the episode back to its start on the policy (``rerun``) and resets it again, under
 its own id, so every episode ends exactly once. The loop's own metric keys are written in ``Rounds.metrics``.
+
+Partial rollouts (``partial_episodes.py``) stop the loop early and resume it: ``until`` is asked at every
+round boundary whether the iteration has what it owes, and the episodes still running then stay as they are
+on both sides (``Rounds.open``); the next call continues them (``running``) together with new ones.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -71,6 +75,8 @@ class Rounds:
     """seconds in the policy's turns"""
     env_s: float
     """seconds in the environments' resets and steps (restarts of lost env workers included)"""
+    open: tuple[int, ...] = ()
+    """the episodes still running when ``until`` stopped the loop (they go on in the next call)"""
 
     def metrics(self) -> dict[str, float]:
         """The loop's metrics (``time/generate_busy_s`` and ``time/env_busy_s`` are the graph's timings of the
@@ -79,9 +85,12 @@ class Rounds:
                 "rollout/rounds": float(self.rounds)}
 
 
-def play_turns(policy: TurnPolicy, envs: TurnEnvs, traj_ids: Sequence[int]) -> Rounds:
-    """Play the episodes ``traj_ids`` (the policy holds them, not started yet) until every one has ended."""
-    open_ids = set(traj_ids)
+def play_turns(policy: TurnPolicy, envs: TurnEnvs, traj_ids: Sequence[int], *, running: Sequence[int] = (),
+               until: Callable[[], bool] | None = None) -> Rounds:
+    """Play the episodes ``traj_ids`` (the policy holds them, not started yet) and ``running`` (started by an
+    earlier call, their environments mid-episode) until every one has ended, or, with ``until``, until it says
+    so at a round boundary (the episodes then open are left running: ``Rounds.open``)."""
+    open_ids = set(traj_ids) | set(running)
     env_s = generate_s = 0.0
 
     def ended(ids: Sequence[int]) -> None:
@@ -99,9 +108,9 @@ def play_turns(policy: TurnPolicy, envs: TurnEnvs, traj_ids: Sequence[int]) -> R
             ids = lost
         return spent
 
-    env_s += start(sorted(open_ids))
+    env_s += start(sorted(traj_ids))
     round_ = 0
-    while open_ids:
+    while open_ids and not (until is not None and until()):
         t0 = time.perf_counter()
         actions, cut = policy.play_turn(round_)
         t1 = time.perf_counter()
@@ -115,4 +124,4 @@ def play_turns(policy: TurnPolicy, envs: TurnEnvs, traj_ids: Sequence[int]) -> R
             policy.rerun(again)
             env_s += start(again)
         round_ += 1
-    return Rounds(round_, generate_s, env_s)
+    return Rounds(round_, generate_s, env_s, tuple(sorted(open_ids)))

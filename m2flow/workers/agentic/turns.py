@@ -127,8 +127,9 @@ class _Live:
         self.traj.finish_reason, self.traj.error, self.done = reason, error, True
         self.cache = None
 
-    def add(self, ids: Sequence[int], logprobs: Sequence[float] | None) -> None:
+    def add(self, ids: Sequence[int], logprobs: Sequence[float] | None, version: int) -> None:
         self.traj.response_ids.extend(ids)
+        self.traj.versions.extend([version] * len(ids))
         self.context.extend(ids)
         self.traj.action_mask.extend([1 if logprobs is not None else 0] * len(ids))
         self.traj.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
@@ -153,6 +154,48 @@ class TurnEngine:
         self.episodes = {s.traj_id: _Live(s) for s in specs}
         self.stats = EpisodeStats(trajectories=len(specs))
         self.reruns = 0
+        self.version = 0
+        """The policy version of the weights playing now: recorded on every token added (``Trajectory.versions``)."""
+
+    def add_episodes(self, specs: Sequence[EpisodeSpec]) -> None:
+        """Take more episodes, not started yet, besides those held (partial rollouts: the next iteration's)."""
+        for s in specs:
+            if s.traj_id in self.episodes:
+                raise ValueError(f"trajectory {s.traj_id} is held already")
+            self.episodes[s.traj_id] = _Live(s)
+
+    def start_over(self, traj_ids: Sequence[int]) -> None:
+        """Put these episodes back to their start, ended or not (partial rollouts: a token too old to train)."""
+        for tid in traj_ids:
+            self.episodes[tid] = _Live(self.episodes[tid].spec)
+
+    def new_weights(self, version: int) -> None:
+        """Play on under weights of ``version``: the keys and values cached under the old ones are dropped (a
+        running episode's next turn runs its whole context again)."""
+        if version != self.version:
+            self.drop_caches()
+        self.version = version
+
+    def drop_caches(self) -> None:
+        """Let go of every episode's cached keys and values (held episodes between iterations: the devices
+        may go to other components meanwhile)."""
+        for ep in self.episodes.values():
+            ep.cache = None
+
+    def close_some(self, traj_ids: Sequence[int]) -> EpisodeStats:
+        """The statistics of these ended episodes, which are let go; the others stay held (partial rollouts)."""
+        stats = EpisodeStats(trajectories=len(traj_ids), tool_outcomes=self.stats.tool_outcomes)
+        self.stats = EpisodeStats()
+        for tid in traj_ids:
+            ep = self.episodes.pop(tid)
+            if not ep.done:
+                raise RuntimeError(f"episode {tid} has not ended")
+            t = ep.traj
+            stats.turns += t.num_turns
+            stats.model_tokens += t.model_tokens
+            stats.observation_tokens += t.observation_tokens
+            stats.finish[t.finish_reason] += 1
+        return stats
 
     def begin(self, first: Mapping[int, EnvStep]) -> list[int]:
         """Start the episodes whose first observation (reset) is given; the ids of those that ended at once."""
@@ -220,7 +263,7 @@ class TurnEngine:
         for ep, budget, group in zip(live, budgets, groups):
             response = group.responses[0]
             ids, logprobs = response.token_ids[:budget], response.logprobs[:budget]
-            ep.add(ids, logprobs)
+            ep.add(ids, logprobs, self.version)
             ep.last_turn = list(ids)
             ep.traj.num_turns += 1
             if len(response.token_ids) > budget or (response.finish_reason == "length" and len(ids) == budget
@@ -259,7 +302,7 @@ class TurnEngine:
             return
         ids = _encode(self.tokenizer, self._observation_text(ep, step))
         room = self.cfg.max_tokens - len(traj.response_ids)
-        ep.add(ids[:room], None)
+        ep.add(ids[:room], None, self.version)
         if len(ids) >= room:
             ep.end("token_budget")
 

@@ -153,6 +153,13 @@ class RolloutConfig:
                "with the tools as function schemas)")
     prompt_template: str = option("{observation}", "how the first observation becomes the prompt")
     observation_template: str = option("{observation}", "how a later observation is written into the context")
+    partial: bool = option(
+        False, "partial rollouts: an iteration trains on the groups whose episodes finished first; the episodes "
+               "still running keep their context, tokens and environment and go on in the next iteration under "
+               "the new weights, each token with the version it was sampled under (needs "
+               "algorithm.max_staleness >= 1 and old_logprobs 'rollout'; the first iteration "
+               "takes one extra batch of groups; a checkpoint holds the carried task instances, which a resumed "
+               "run plays again from their resets)")
 
     def validate(self) -> None:
         for key in ("max_turns", "max_tokens", "max_turn_tokens", "num_threads"):
@@ -223,6 +230,11 @@ class AgenticConfig(RunConfig):
         if (algo.old_logprobs == "actor" or algo.max_staleness > 0) and not self.actor.updates_once:
             raise ValueError("algorithm.old_logprobs 'actor' and max_staleness > 0 need one optimizer step per "
                              "iteration (actor.mini_batches = actor.update_epochs = 1)")
+        if self.rollout.partial and (algo.max_staleness < 1 or algo.old_logprobs != "rollout"):
+            raise ValueError(
+                "rollout.partial: a carried episode's tokens are trained an iteration after they were sampled: it "
+                "needs algorithm.max_staleness >= 1 and algorithm.old_logprobs 'rollout' (each token's own log-prob) "
+                f"(got max_staleness {algo.max_staleness}, old_logprobs {algo.old_logprobs!r})")
         ws = self.model.warm_start
         if ws.steps and ws.demonstrations is None:
             # After env.imports: a teacher of your own registers itself in one of those modules.

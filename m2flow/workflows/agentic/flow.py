@@ -17,6 +17,14 @@ weights of iteration max(0, j - s), as in the reasoning workflow; every call on 
 order issued (the weight send on the actor from the driver, everything on the rollout from the loop
 thread), so which weights play which iteration is fixed by the loop, not by timing.
 
+Partial rollouts (``rollout.partial``, ``workers/agentic/partial_episodes.py``): an iteration's turn loop stops
+once every rollout rank has handed out the groups it owes (``_play_partial``, or the rank itself with the
+environments fused in), and the running episodes stay on their ranks and env workers for the next iteration,
+which plays them on under its weights together with a new batch of groups. Their tokens are then trained an iteration after they were sampled, so the rollout plays
+max_staleness - 1 iterations ahead, not max_staleness. The first iteration of a fresh run takes one batch of
+groups more than it trains; each later one takes the next batch. A checkpoint holds the carried task instances
+(``PARTIAL_KEY`` in the driver's state), and a resumed run plays them again from their resets.
+
 Fault isolation: every env worker is a group of one rank of its own. One that dies or gives no answer
 within ``env.worker_timeout_s`` is shut down and launched again alone through the executor (the other
 groups keep their processes), and only its episodes that had not ended are played again from their
@@ -30,7 +38,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +47,16 @@ from m2flow.driver.workflow import Flow, Launch
 from m2flow.planner import Plan
 from m2flow.runtime.errors import worker_died
 from m2flow.runtime.executors import Executor, Handle
-from m2flow.workers.agentic.turn_loop import play_turns
+from m2flow.workers.agentic.turn_loop import Rounds, play_turns
 from m2flow.workers.agentic.turns import EpisodeSpec
 from m2flow.workers.stats import WEIGHT_KEY
 from m2flow.workflows.agentic.settings import AgenticRun, WorkerSettings
 from m2flow.workflows.agentic.sides import EnvWorkers, RolloutRanks
 
 log = logging.getLogger(__name__)
+
+PARTIAL_KEY = "partial_episodes"
+"""The driver-state key of the task instances partial rollouts carry at a checkpoint (``PartialEpisodes.state``)."""
 
 EVAL_SEED = 1_000_000_007
 """First seed of the held-out episodes (the same every evaluation, so curves compare like with like)."""
@@ -66,6 +77,15 @@ def episode_specs(groups_per_step: int, group_size: int, seed_offset: int, step:
     return [EpisodeSpec(step * per_step + i, i // group_size, seed_offset + step * groups_per_step + i // group_size,
                         i % env_ranks)
             for i in range(per_step)]
+
+
+def partial_specs(groups_per_step: int, group_size: int, seed_offset: int, batch: int,
+                  env_ranks: int) -> list[EpisodeSpec]:
+    """The episodes of batch ``batch`` of partial rollouts: those of ``episode_specs`` for iteration ``batch``,
+    each group's slot its running number in the run (a task instance is held until an iteration hands it out,
+    at the slot of that iteration's quota it takes then)."""
+    return [replace(s, slot=batch * groups_per_step + s.slot)
+            for s in episode_specs(groups_per_step, group_size, seed_offset, batch, env_ranks)]
 
 
 def merge_rollout_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
@@ -98,6 +118,13 @@ class AgenticFlow(Flow):
         self.max_staleness = int(plan.settings.get("max_staleness", 0))
         self.env_fused = plan.fused("env")
         self.rollout_ranks, self.actor_ranks = plan["rollout"].world_size, plan["actor"].world_size
+        self.partial = settings.partial
+        if self.partial:
+            # Iterations played ahead: one less, since a carried episode's tokens are trained an iteration later.
+            self.max_staleness = max(0, self.max_staleness - 1)
+        carried = state.get(PARTIAL_KEY)
+        self._provision = self.partial and carried is None  # the next iteration takes an extra batch to carry
+        self._batch = run.start + (1 if self.partial and carried is not None else 0)  # the next batch of groups
         self.env_ranks = self.rollout_ranks if self.env_fused else plan["env"].world_size
         # Fused, the rollout hosts the environments; else every env worker is a group of one rank of its own
         # (the graph's ``rank_groups``), so it can be restarted alone.
@@ -113,6 +140,22 @@ class AgenticFlow(Flow):
         self._training: dict[int, Handle] = {}
         self._next = self.done = run.start  # the first iteration whose episodes are not queued yet; trained
         self._synced: int | None = None
+        if carried is not None:
+            self._restore_partial(carried)
+
+    def _restore_partial(self, carried: list[list[int]]) -> None:
+        """Give the rollout the task instances carried at the checkpoint (they start over from their resets)."""
+        groups = len({row[1] for row in carried})
+        if not self.partial:
+            if groups:
+                log.warning("the checkpoint holds %d task instance(s) carried by partial rollouts, which are off in "
+                            "this run: they are not trained", groups)
+            return
+        log.info("%d task instance(s) carried at the checkpoint are played again from their resets", groups)
+        router = RolloutRanks(self.rollout, self.rollout_ranks, [], self.timeout, groups_per_step=self.groups_per_step)
+        shares = [[row for row in carried if router.rank_of(EpisodeSpec(*row)) == r] for r in range(self.rollout_ranks)]
+        gather([self.rollout.execute_each("restore_partial", [(share,) for share in shares])], self.timeout,
+               "restoring the carried episodes")
 
     # -- env workers -----------------------------------------------------------------------------
     def _restart_env(self, e: int, error: BaseException) -> None:
@@ -149,29 +192,42 @@ class AgenticFlow(Flow):
         return self.envs.pids()
 
     # -- one iteration's episodes ---------------------------------------------------------------
-    def _play(self, step: int, version: int | None) -> dict[str, float]:
+    def _specs(self, step: int) -> list[EpisodeSpec]:
+        """The new episodes of iteration ``step``: its own, or with partial rollouts the next batch (two, the
+        first iteration of a fresh run)."""
+        if not self.partial:
+            return episode_specs(self.groups_per_step, self.group_size, self.settings.seed_offset, step,
+                                 self.env_ranks)
+        batches = [self._batch, self._batch + 1] if self._provision else [self._batch]
+        self._batch, self._provision = batches[-1] + 1, False
+        return [s for b in batches for s in partial_specs(self.groups_per_step, self.group_size,
+                                                          self.settings.seed_offset, b, self.env_ranks)]
+
+    def _play(self, step: int, version: int | None, specs: list[EpisodeSpec]) -> dict[str, float]:
         """Every episode of iteration ``step`` until it ends (on the loop thread); the rollout and env metrics."""
         t_start = time.perf_counter()
-        specs = episode_specs(self.groups_per_step, self.group_size, self.settings.seed_offset, step,
-                              self.env_ranks)
         where = f"in iteration {step}"
         # The weights this iteration plays with, when it is the first behind a new version (the actor sends
         # them; see ``start``).
         weights = (self.names["actor"], 0, version) if version is not None else None
         if self.env_fused and self.rollout_ranks == 1:  # every environment in the one rollout process
-            metrics = gather([self.rollout.play_iteration(step, specs, where, weights)],
+            quota = self.groups_per_step if self.partial else None
+            metrics = gather([self.rollout.play_iteration(step, specs, where, weights, quota)],
                              self.timeout, "rollout: play_iteration")[0][0]
             metrics["time/rollout_s"] = time.perf_counter() - t_start
             return metrics
         if weights is not None:
             gather([self.rollout.receive_weights(*weights)], self.timeout, "a weight sync")
-        per_rollout: list[list[EpisodeSpec]] = [[] for _ in range(self.rollout_ranks)]
-        for s in specs:
-            per_rollout[s.slot % self.rollout_ranks].append(s)
-        gather([self.rollout.execute_each("begin", [(step, mine) for mine in per_rollout])], self.timeout)
-        rounds = play_turns(RolloutRanks(self.rollout, self.rollout_ranks, specs, self.timeout),
-                            EnvWorkers(self._env_round, specs), [s.traj_id for s in specs])
-        metrics = merge_rollout_metrics(gather([self.rollout.end()], self.timeout, "rollout: end")[0])
+        if self.partial:
+            rounds, metrics = self._play_partial(step, specs)
+        else:
+            policy = RolloutRanks(self.rollout, self.rollout_ranks, specs, self.timeout)
+            per_rollout: list[list[EpisodeSpec]] = [[] for _ in range(self.rollout_ranks)]
+            for s in specs:
+                per_rollout[policy.rank_of(s)].append(s)
+            gather([self.rollout.execute_each("begin", [(step, mine) for mine in per_rollout])], self.timeout)
+            rounds = play_turns(policy, EnvWorkers(self._env_round, specs), [s.traj_id for s in specs])
+            metrics = merge_rollout_metrics(gather([self.rollout.end()], self.timeout, "rollout: end")[0])
         env_stats, _ = self._env_round({e: ("env_stats", (where,)) for e in range(self.env_ranks)})
         for out in env_stats.values():
             for k, v in out.items():
@@ -181,6 +237,29 @@ class AgenticFlow(Flow):
         metrics["time/env_cpu_s"] = metrics.get("time/env_cpu_s", 0.0) / self.env_ranks
         metrics["time/rollout_s"] = time.perf_counter() - t_start
         return metrics
+
+    def _play_partial(self, step: int, specs: list[EpisodeSpec]) -> tuple[Rounds, dict[str, float]]:
+        """Partial rollouts over rollout ranks and env workers: each rank owes the slots of the iteration's
+        quota it plays (``RolloutRanks.rank_of``); the loop stops once every rank has filled them, and the
+        episodes still running stay on their ranks and env workers for the next iteration."""
+        ranks, per_step = self.rollout_ranks, self.groups_per_step
+        router = RolloutRanks(self.rollout, ranks, specs, self.timeout, groups_per_step=per_step)
+        per_rollout: list[list[EpisodeSpec]] = [[] for _ in range(ranks)]
+        for s in specs:
+            per_rollout[router.rank_of(s)].append(s)
+        quotas = [[g for g in range(per_step) if g % ranks == r] for r in range(ranks)]
+        opened = gather([self.rollout.execute_each("begin_partial", [(step, mine, quota) for mine, quota in
+                                                                     zip(per_rollout, quotas)])], self.timeout)[0]
+        held = [EpisodeSpec(*row) for o in opened for row in [*o[0], *o[1]]]
+        policy = RolloutRanks(self.rollout, ranks, held, self.timeout, groups_per_step=per_step)
+
+        def met() -> bool:
+            return all(gather([self.rollout.quota_met()], self.timeout, "rollout: quota_met")[0])
+
+        rounds = play_turns(policy, EnvWorkers(self._env_round, held, keep_running=True),
+                            [row[0] for o in opened for row in o[0]], running=[row[0] for o in opened for row in o[1]],
+                            until=met)
+        return rounds, merge_rollout_metrics(gather([self.rollout.end_partial()], self.timeout, "rollout: end")[0])
 
     # -- the driver's Flow -------------------------------------------------------------------------
     def start(self, it: int, horizon: int) -> None:
@@ -194,7 +273,7 @@ class AgenticFlow(Flow):
                 self._sending = self.actor.send_weights([(self.names["rollout"], list(range(self.rollout_ranks)))])
                 version, self._synced = it, it
             for j in range(max(self._next, it), horizon + 1):
-                self._played[j] = self._loop.submit(self._play, j, version)
+                self._played[j] = self._loop.submit(self._play, j, version, self._specs(j))
                 version = None
             self._next = horizon + 1
         if it not in self._training:
@@ -247,11 +326,18 @@ class AgenticFlow(Flow):
         return out
 
     def save(self, path: Path) -> dict[str, Any]:
-        """The actor's weights, optimizer and RNG; nothing may be in flight (the loop drains first)."""
+        """The actor's weights, optimizer and RNG; with partial rollouts the carried task instances (not their
+        episodes: an environment's state is not saved; a resumed run plays them again from their resets);
+        nothing may be in flight (the loop drains first)."""
         if self._next > self.done:
             raise RuntimeError(f"checkpoint after iteration {self.done}: iteration {self._next - 1} has started")
         counters = gather([self.actor.save_checkpoint(str(path))], self.timeout, "a checkpoint")[0][0]
-        return {"actor": counters}
+        if not self.partial:
+            return {"actor": counters}
+        carried = [row for rank in gather([self.rollout.partial_state()], self.timeout, "a checkpoint")[0] for row in rank]
+        log.info("checkpoint after iteration %d: %d carried task instance(s) saved; a run resumed from it plays "
+                 "them again from their resets", self.done, len({row[1] for row in carried}))
+        return {"actor": counters, PARTIAL_KEY: carried}
 
     def summary(self, history: list[dict[str, float]]) -> str:
         parts = [f"agentic ({self.plan.mode}): {len(history)} iteration(s)"]

@@ -24,10 +24,12 @@ from m2flow.workflows.agentic.config import AgenticConfig
 
 
 def env_settings(cfg: AgenticConfig, env_ranks: int, kwargs: dict[str, Any] | None = None) -> EnvSettings:
-    """What each env worker holds: enough environments for its share of an iteration's episodes."""
+    """What each env worker holds: enough environments for its share of an iteration's episodes; with partial
+    rollouts, and the carried ones too (one iteration's worth, which may all sit on one worker)."""
     per_step = cfg.episodes.groups_per_step * cfg.episodes.group_size
+    carried = per_step if cfg.rollout.partial else 0
     return EnvSettings(name=cfg.env.name, kwargs=dict(cfg.env.kwargs if kwargs is None else kwargs),
-                       num_envs=math.ceil(per_step / env_ranks), step_timeout_s=cfg.env.step_timeout_s,
+                       num_envs=math.ceil(per_step / env_ranks) + carried, step_timeout_s=cfg.env.step_timeout_s,
                        max_error_rate=cfg.env.max_error_rate, concurrent=cfg.env.concurrent,
                        imports=tuple(cfg.env.imports), tool_format=cfg.rollout.tool_format)
 
@@ -52,7 +54,8 @@ def worker_settings(cfg: AgenticConfig, plan: Plan, model_path: str, trajectorie
         "rollout": AgenticRolloutSettings(model_path=model_path, backend=r.backend, dtype=r.dtype,
                                           episode=episode_config(cfg), trajectories=trajectories, seed=cfg.seed,
                                           compile=r.compile, shares_devices=plan["rollout"].shares_devices,
-                                          offload=plan["rollout"].offload),
+                                          offload=plan["rollout"].offload, partial=r.partial,
+                                          max_staleness=cfg.algorithm.max_staleness),
         "actor": ActorSettings(model_path=model_path, actor=actor, algo=cfg.algorithm, temperature=r.temperature,
                                group_size=cfg.episodes.group_size, ready=trajectories, total_steps=cfg.steps,
                                seed=cfg.seed,
@@ -83,6 +86,9 @@ class AgenticRun:
     """sampling temperature of the held-out evaluation"""
     eval_env: EnvSettings
     """the held-out environments (one worker's worth, with the evaluation's env settings)"""
+    partial: bool = False
+    """partial rollouts (``rollout.partial``): over-provision the first iteration of a fresh run, run one
+    iteration less ahead, save the carried task instances in a checkpoint"""
 
 
 def run_settings(cfg: AgenticConfig) -> AgenticRun:
@@ -92,7 +98,7 @@ def run_settings(cfg: AgenticConfig) -> AgenticRun:
         seed_offset=cfg.episodes.seed_offset, env_timeout_s=cfg.env.worker_timeout_s,
         max_env_restarts=cfg.env.max_worker_restarts, eval_episodes=cfg.eval_episodes,
         eval_temperature=cfg.rollout.eval_temperature,
-        eval_env=env_settings(cfg, 1, {**cfg.env.kwargs, **cfg.env.eval_kwargs}))
+        eval_env=env_settings(cfg, 1, {**cfg.env.kwargs, **cfg.env.eval_kwargs}), partial=cfg.rollout.partial)
 
 
 class WorkerSettings(Protocol):

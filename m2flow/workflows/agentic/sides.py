@@ -27,16 +27,25 @@ env workers lost (restarted already)."""
 class RolloutRanks:
     """The rollout group's ranks as the turn loop's policy side (``turn_loop.TurnPolicy``)."""
 
-    def __init__(self, rollout: WorkerGroup, ranks: int, specs: Sequence[EpisodeSpec], timeout: float) -> None:
+    def __init__(self, rollout: WorkerGroup, ranks: int, specs: Sequence[EpisodeSpec], timeout: float,
+                 groups_per_step: int | None = None) -> None:
+        """``groups_per_step`` (partial rollouts, whose slots number a run's groups): group ``slot`` plays on
+        rank ``(slot mod groups_per_step) mod ranks``, so each rank takes as many new groups as it owes."""
         self.rollout, self.ranks, self.timeout = rollout, ranks, timeout
         self.by_id = {s.traj_id: s for s in specs}
+        self.groups_per_step = groups_per_step
+
+    def rank_of(self, spec: EpisodeSpec) -> int:
+        """The rollout rank that plays an episode (all of a group on one rank)."""
+        slot = spec.slot if self.groups_per_step is None else spec.slot % self.groups_per_step
+        return slot % self.ranks
 
     def _each(self, method: str, per_rank: list[tuple]) -> list[Any]:
         return gather([self.rollout.execute_each(method, per_rank)], self.timeout, f"rollout: {method}")[0]
 
     def _split(self, by_tid: Mapping[int, V]) -> list[tuple[dict[int, V]]]:
         """One argument tuple per rank: the entries of the episodes it plays."""
-        return [({t: v for t, v in by_tid.items() if self.by_id[t].slot % self.ranks == r},) for r in range(self.ranks)]
+        return [({t: v for t, v in by_tid.items() if self.rank_of(self.by_id[t]) == r},) for r in range(self.ranks)]
 
     def start_episodes(self, first: Mapping[int, EnvStep]) -> list[int]:
         return [t for ended in self._each("start_episodes", self._split(first)) for t in ended]
@@ -53,15 +62,18 @@ class RolloutRanks:
         return [t for ended in self._each("observe", self._split(results)) for t in ended]
 
     def rerun(self, traj_ids: Sequence[int]) -> None:
-        self._each("rerun", [([t for t in traj_ids if self.by_id[t].slot % self.ranks == r],) for r in range(self.ranks)])
+        self._each("rerun", [([t for t in traj_ids if self.rank_of(self.by_id[t]) == r],) for r in range(self.ranks)])
 
 
 class EnvWorkers:
     """The env workers as the turn loop's environment side (``turn_loop.TurnEnvs``)."""
 
-    def __init__(self, env_round: EnvRound, specs: Sequence[EpisodeSpec]) -> None:
+    def __init__(self, env_round: EnvRound, specs: Sequence[EpisodeSpec], keep_running: bool = False) -> None:
+        """``keep_running`` (partial rollouts): a reset leaves the running episodes alone, and an episode's end
+        frees its environment for the next iteration's new ones."""
         self.env_round = env_round
         self.by_id = {s.traj_id: s for s in specs}
+        self.keep_running = keep_running
 
     def _by_env(self, traj_ids: Sequence[int]) -> dict[int, list[int]]:
         by_env: dict[int, list[int]] = defaultdict(list)
@@ -71,12 +83,15 @@ class EnvWorkers:
 
     def _answer(self, calls: dict[int, tuple[str, tuple]], by_env: Mapping[int, list[int]]) -> tuple[dict[int, EnvStep], list[int]]:
         answered, lost = self.env_round(calls)
-        return ({tid: step for out in answered.values() for tid, step in out.items()},
-                [tid for e in lost for tid in by_env[e]])
+        out = {tid: step for out in answered.values() for tid, step in out.items()}
+        # An episode asked about and not answered has no environment: its env worker was lost in this call, or
+        # before it, between the iterations of partial rollouts (a restarted worker holds no episode).
+        return out, [tid for tids in by_env.values() for tid in tids if tid not in out]
 
     def reset(self, traj_ids: Sequence[int]) -> tuple[dict[int, EnvStep], list[int]]:
         by_env = self._by_env(traj_ids)
-        return self._answer({e: ("env_reset", (tids, [self.by_id[t].seed for t in tids])) for e, tids in by_env.items()},
+        method = "env_reset_more" if self.keep_running else "env_reset"
+        return self._answer({e: (method, (tids, [self.by_id[t].seed for t in tids])) for e, tids in by_env.items()},
                             by_env)
 
     def step(self, actions: Mapping[int, str]) -> tuple[dict[int, EnvStep], list[int]]:
@@ -84,5 +99,8 @@ class EnvWorkers:
         return self._answer({e: ("env_step", ({t: actions[t] for t in tids},)) for e, tids in by_env.items()}, by_env)
 
     def end(self, traj_ids: Sequence[int]) -> None:
-        """Nothing to send: an env worker steps only the episodes given an action, and the next iteration's
-        ``env_reset`` starts every one of its environments anew."""
+        """Nothing to send (an env worker steps only the episodes given an action, and the next iteration's
+        ``env_reset`` starts every one of its environments anew), but with ``keep_running``: then the ended
+        episodes' environments are freed for the next iteration's new episodes."""
+        if self.keep_running and traj_ids:
+            self.env_round({e: ("env_stop", (tids,)) for e, tids in self._by_env(traj_ids).items()})

@@ -176,3 +176,25 @@ def test_no_episode_is_lost_or_ended_twice(n):
     envs = ScriptedEnvs(solve_at={t: 1 + t % 4 for t in ids if t % 2}, lose=[(0, ids[-1])])
     _play(ids, policy, envs)
     assert all(len(acts) <= 4 for acts in envs.actions.values())
+
+
+def test_a_loop_stopped_at_a_round_boundary_leaves_its_episodes_running_and_the_next_continues_them():
+    # Partial rollouts: the first call stops once episode 10 has ended; 11 stays mid-episode on both sides and
+    # goes on in the second call (no reset, its turns numbered on) beside the new episode 12.
+    policy = ScriptedPolicy([10, 11, 12], max_turns=4)
+    envs = ScriptedEnvs(solve_at={10: 1, 11: 3, 12: 1})
+    first = play_turns(policy, envs, [10, 11], until=lambda: 10 in policy.done)
+    assert first.rounds == 1 and first.open == (11,) and policy.running() == [11] and envs.actions[11] == ["11:0"]
+    second = play_turns(policy, envs, [12], running=first.open)
+    assert second.open == () and not policy.running()
+    assert envs.actions[11] == ["11:0", "11:1", "11:2"] and len(envs.played[11]) == 1  # reset once, played on
+    assert sorted(envs.ended) == [10, 11, 12] and set(envs.ended.values()) == {1}
+    assert policy.done == {10: "terminated", 11: "terminated", 12: "terminated"}
+    assert ("start", [12]) in policy.log and ("start", [11]) not in policy.log
+
+
+def test_a_loop_whose_stop_holds_at_once_only_starts_its_new_episodes():
+    policy = ScriptedPolicy([1, 2], max_turns=2)
+    envs = ScriptedEnvs()
+    rounds = play_turns(policy, envs, [1, 2], until=lambda: True)
+    assert rounds.rounds == 0 and rounds.open == (1, 2) and policy.running() == [1, 2] and envs.step_calls == 0

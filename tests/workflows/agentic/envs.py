@@ -114,3 +114,21 @@ class HermesCaller(MalformedCaller):
             return f'<tool_call>{json.dumps({"name": "calculator", "arguments": {"expression": problem}})}</tool_call>'
 
         ScriptedBackend.__init__(self, tokenizer, script)
+
+
+@register_text_env("test_turns")
+class TurnsBySeed:
+    """An episode of ``1 + seed % spread`` turns whatever the model writes (reward 1 at its end), each step taking
+    ``step_s`` seconds (a slow tool): groups of very different lengths, for partial rollouts."""
+
+    def __init__(self, spread: int = 4, step_s: float = 0.0) -> None:
+        self.spread, self.step_s, self.left = spread, step_s, 0
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+        self.left = 1 + int(seed or 0) % self.spread
+        return "go:", {}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        time.sleep(self.step_s)
+        self.left -= 1
+        return ("on:", 0.0, False, False, {}) if self.left > 0 else ("", 1.0, True, False, {})

@@ -80,3 +80,24 @@ def test_a_hung_env_worker_is_restarted_alone_after_its_deadline(tmp_path):
     assert after[hung] != env_pids[hung] and after[1 - hung] == env_pids[1 - hung] and result.restarts == 0
     assert result.history[0]["faults/env_restarts"] == 1 and result.history[0]["rollout/reruns"] > 0
     assert sorted(emitted) == list(range(8))
+
+
+def test_partial_rollouts_over_two_rollout_ranks_and_two_env_workers_train_each_task_instance_once(tmp_path):
+    # Each rollout rank owes the slots of its groups; the env workers keep the carried episodes' environments
+    # between iterations. Every task instance is trained once or still carried, on whichever rank it played.
+    from tests.workflows.agentic.test_partial_episodes import PARTIAL
+
+    cfg = tiny_config(tmp_path, tmp_path / "model", steps=3, placement="env: 0-1, rollout: 0-1, actor: 0",
+                      **{**PARTIAL, "episodes.groups_per_step": 4})
+    with Run(WORKFLOW, cfg, shared_cluster()) as run:
+        assert run.plan.executor == "ray" and [run.plan[c].world_size for c in ("env", "rollout")] == [2, 2]
+        history = run.train().history
+        taken = [g for part in gather([run.flow.actor.received_groups()])[0] for g in part]
+        handed = [g for part in gather([run.flow.rollout.handed_groups()])[0] for g in part]
+        carried = [s for part in gather([run.flow.rollout.carried_seeds()])[0] for s in part]
+    seeds = [seed for _, _, seed, _ in taken]
+    assert len(seeds) == len(set(seeds)) == 12 and sorted(seeds + carried) == list(range(16))
+    assert sorted(taken) == sorted((s, g, seed, True) for s, g, seed, _ in handed)
+    assert sorted((s, g) for s, g, _, _ in taken) == [(s, g) for s in range(3) for g in range(4)]
+    assert all(h["rollout/partial_carried_count"] == 4 for h in history)
+    assert sum(h["rollout/partial_resumed_count"] for h in history) > 0
