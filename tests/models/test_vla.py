@@ -164,3 +164,21 @@ def test_a_policy_of_the_older_vocabulary_loads_and_reads_mt10_the_same(tmp_path
     fresh = VLAPolicy(small(), 4)
     fresh.load_state_dict(old.state_dict())  # a run's checkpoint (load_state_dict) pads the same way
     assert torch.equal(fresh.word.weight[: old.word.num_embeddings], old.word.weight)
+
+
+@pytest.mark.parametrize("decoding", ["parallel", "autoregressive"])
+def test_the_query_rows_of_the_last_layer_equal_the_whole_encoder(decoding):
+    """``_encode`` computes the last layer for the query rows only: the same outputs as the whole encoder."""
+    torch.manual_seed(0)
+    config = VLAConfig(height=32, width=32, dim=32, depth=3, heads=2, stem_channels=[8, 16], grid=2, num_bins=16,
+                       decoding=decoding, chunk=2)
+    policy = VLAPolicy(config, 4)
+    q, b, length = policy.queries.shape[1], 5, 14
+    x = torch.randn(b, length, config.dim)
+    key_pad = torch.zeros(b, length, dtype=torch.bool)
+    key_pad[1:3, 6:8] = True  # a prompt with padding in two rows
+    mask = policy._causal_mask(length - q, x.device) if decoding == "autoregressive" else None
+    whole = policy.encoder(x, mask=mask, src_key_padding_mask=key_pad)[:, -q:]
+    torch.testing.assert_close(policy._encode(x, mask, key_pad), whole, atol=1e-5, rtol=1e-5)
+    no_pad = policy.encoder(x, mask=mask)[:, -q:]
+    torch.testing.assert_close(policy._encode(x, mask, None), no_pad, atol=1e-5, rtol=1e-5)
