@@ -179,6 +179,18 @@ def test_the_query_rows_of_the_last_layer_equal_the_whole_encoder(decoding):
     key_pad[1:3, 6:8] = True  # a prompt with padding in two rows
     mask = policy._causal_mask(length - q, x.device) if decoding == "autoregressive" else None
     whole = policy.encoder(x, mask=mask, src_key_padding_mask=key_pad)[:, -q:]
-    torch.testing.assert_close(policy._encode(x, mask, key_pad), whole, atol=1e-5, rtol=1e-5)
+    rows = policy._encode(x, mask, key_pad)
+    torch.testing.assert_close(rows, whole, atol=1e-5, rtol=1e-5)
+    # ... and the same gradients: the rows it skips reach no output
+    weights = torch.randn_like(whole)
+    grads = [torch.autograd.grad((out * weights).sum(), list(policy.encoder.parameters())) for out in (whole, rows)]
+    for g_whole, g_rows in zip(*grads):
+        torch.testing.assert_close(g_rows, g_whole, atol=1e-5, rtol=1e-4)
     no_pad = policy.encoder(x, mask=mask)[:, -q:]
     torch.testing.assert_close(policy._encode(x, mask, None), no_pad, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("grid", [0, 9])
+def test_a_grid_the_stem_cannot_give_names_the_field(grid):
+    with pytest.raises(ValueError, match=r"grid: must be in \[1, 8\] for 64x64 images"):
+        VLAConfig(grid=grid).validate()
