@@ -29,8 +29,8 @@ tokens instead of 16). Sides that compile or use autocast time the ``policy`` fo
     python benchmarks/v1_vla_update.py --before ad26a4a --chunks 1 4 --sides before eager grid2 compiled
 
 Writes ``benchmarks/results/v1_vla_update.json``: per chunk size and side, the median CPU milliseconds
-of every part and of the whole update, its median wall milliseconds, the compile time, a torch.profiler table of the eager side's top
-operations, and the load average before and after.
+of every part and of the whole update, its median wall milliseconds, the compile time, a torch.profiler
+table of the eager side's top operations, and the 1-minute load average after every round.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ PARTS = ("image_fwd", "embed_fwd", "transformer_fwd", "heads_fwd", "loss", "back
          "score")
 
 
-def ppo_config(samples: int) -> PPOConfig:
+def ppo_config() -> PPOConfig:
     """The example's PPO settings, ``target_kl`` off (every update does its two epochs)."""
     return PPOConfig(epochs=2, minibatch_size=128, lr=1e-4, gamma=0.99, gae_lambda=0.95, clip=0.2, ent_coef=0.0,
                      vf_coef=0.5, max_grad_norm=0.5, target_kl=None)
@@ -149,7 +149,7 @@ class Side:
         if compile:  # the stem and the transformer, each one graph of fixed shapes
             policy.stem = torch.compile(policy.stem, dynamic=False, fullgraph=True)
             policy._encode = torch.compile(policy._encode, dynamic=False, fullgraph=True)
-        self.updater = PPOUpdater(policy, ppo_config(samples))
+        self.updater = PPOUpdater(policy, ppo_config())
         self.obs = reach_obs(policy.config, samples)
         self.parts = Parts()
         t0 = time.perf_counter()
