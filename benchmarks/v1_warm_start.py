@@ -44,6 +44,8 @@ def main() -> None:
     parser.add_argument("--demos", default=str(Path(__file__).resolve().parents[1] / "runs" / "v1_demos.npz"), help="demo file (made when missing)")
     parser.add_argument("--name", default="v1_warm_start")
     parser.add_argument("--save", default="", help="write the cloned policy here (the file `policy.init_from` reads)")
+    parser.add_argument("--grid", type=int, default=VLAConfig().grid,
+                        help="the VLA's image tokens per side (policy.vla.grid; 2: 4 image tokens)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(args.threads)
@@ -63,7 +65,7 @@ def main() -> None:
                        "action_noise": args.action_noise, "seconds": time.perf_counter() - t0, "file_mb": path.stat().st_size / 1e6}
     logging.info("demos: %s", result["demos"])
 
-    policy = VLAPolicy(VLAConfig(), action_dim=demos.actions.shape[1])
+    policy = VLAPolicy(VLAConfig(grid=args.grid), action_dim=demos.actions.shape[1])
     result["params"] = sum(p.numel() for p in policy.parameters())
     t0 = time.perf_counter()
     history = behaviour_clone(policy, demos.obs, demos.actions,

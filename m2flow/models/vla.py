@@ -152,9 +152,28 @@ class VLAPolicy(nn.Module):
             mask = self._causal_mask(prefix, images.device)
         parts.append(queries)
         pad.append(torch.zeros(b, self.queries.shape[1], dtype=torch.bool, device=images.device))
-        h = self.encoder(torch.cat(parts, dim=1), mask=mask, src_key_padding_mask=torch.cat(pad, dim=1))
-        out = h[:, -self.queries.shape[1] :]  # [B, S + 1, dim]
+        key_pad = torch.cat(pad, dim=1)
+        # No padded key left (one task's instruction, its padding cut above): no mask, the same outputs.
+        out = self._encode(torch.cat(parts, dim=1), mask, key_pad if bool(key_pad.any()) else None)
         return self.action_head(out[:, :-1]), self.value_head(out[:, -1]).squeeze(-1)
+
+    def _encode(self, x: Tensor, mask: Tensor | None, key_pad: Tensor | None) -> Tensor:
+        """Sequence (B, L, dim) -> the final-normed outputs of the S + 1 query slots (B, S + 1, dim).
+
+        The encoder's layers, the last one computed for the query rows alone: nothing reads the other
+        rows' outputs of the last layer, and skipping them saves that layer's MLP and attention for ~80%
+        of the sequence. The last layer is the pre-norm ``nn.TransformerEncoderLayer`` written out
+        (its dropout is 0, so its dropout modules are the identity)."""
+        q = self.queries.shape[1]
+        *layers, last = self.encoder.layers
+        for layer in layers:
+            x = layer(x, src_mask=mask, src_key_padding_mask=key_pad)
+        h = last.norm1(x)
+        rows_mask = None if mask is None else mask[-q:]  # [q, L]: the query rows of the attention mask
+        attn = last.self_attn(h[:, -q:], h, h, attn_mask=rows_mask, key_padding_mask=key_pad, need_weights=False)[0]
+        y = x[:, -q:] + attn
+        y = y + last.linear2(last.activation(last.linear1(last.norm2(y))))
+        return self.encoder.norm(y)
 
     def _previous_tokens(self, tokens: Tensor | None, b: int, device: torch.device) -> Tensor:
         """(B, S + 1, dim): slot j's embedding of token j - 1 (the start id for slot 0), zeros on the value query."""

@@ -164,3 +164,33 @@ def test_a_policy_of_the_older_vocabulary_loads_and_reads_mt10_the_same(tmp_path
     fresh = VLAPolicy(small(), 4)
     fresh.load_state_dict(old.state_dict())  # a run's checkpoint (load_state_dict) pads the same way
     assert torch.equal(fresh.word.weight[: old.word.num_embeddings], old.word.weight)
+
+
+@pytest.mark.parametrize("decoding", ["parallel", "autoregressive"])
+def test_the_query_rows_of_the_last_layer_equal_the_whole_encoder(decoding):
+    """``_encode`` computes the last layer for the query rows only: the same outputs as the whole encoder."""
+    torch.manual_seed(0)
+    config = VLAConfig(height=32, width=32, dim=32, depth=3, heads=2, stem_channels=[8, 16], grid=2, num_bins=16,
+                       decoding=decoding, chunk=2)
+    policy = VLAPolicy(config, 4)
+    q, b, length = policy.queries.shape[1], 5, 14
+    x = torch.randn(b, length, config.dim)
+    key_pad = torch.zeros(b, length, dtype=torch.bool)
+    key_pad[1:3, 6:8] = True  # a prompt with padding in two rows
+    mask = policy._causal_mask(length - q, x.device) if decoding == "autoregressive" else None
+    whole = policy.encoder(x, mask=mask, src_key_padding_mask=key_pad)[:, -q:]
+    rows = policy._encode(x, mask, key_pad)
+    torch.testing.assert_close(rows, whole, atol=1e-5, rtol=1e-5)
+    # ... and the same gradients: the rows it skips reach no output
+    weights = torch.randn_like(whole)
+    grads = [torch.autograd.grad((out * weights).sum(), list(policy.encoder.parameters())) for out in (whole, rows)]
+    for g_whole, g_rows in zip(*grads):
+        torch.testing.assert_close(g_rows, g_whole, atol=1e-5, rtol=1e-4)
+    no_pad = policy.encoder(x, mask=mask)[:, -q:]
+    torch.testing.assert_close(policy._encode(x, mask, None), no_pad, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("grid", [0, 9])
+def test_a_grid_the_stem_cannot_give_names_the_field(grid):
+    with pytest.raises(ValueError, match=r"grid: must be in \[1, 8\] for 64x64 images"):
+        VLAConfig(grid=grid).validate()

@@ -24,7 +24,7 @@ class ForwardCounter:
 
     def __init__(self, p: VLAPolicy) -> None:
         self.calls = 0
-        p.encoder.register_forward_hook(lambda *_: self._count())
+        p.encoder.norm.register_forward_hook(lambda *_: self._count())  # the final norm: once per pass
 
     def _count(self) -> None:
         self.calls += 1
