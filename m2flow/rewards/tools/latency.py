@@ -9,7 +9,8 @@
 
 The heavy-tailed ones are capped at ``max_s`` (a draw above it waits ``max_s``): a tool whose slowest
 calls take about the cap, e.g. ``{dist: lognormal, median_s: 0.02, sigma: 1.5, max_s: 0.5}`` waits
-0-500 ms, half its calls under 20 ms, about one in fifty at the cap.
+0-500 ms, half its calls under 20 ms, 1.6% at the cap, 53 ms on average, the slowest 5% of calls taking 36%
+of all the waiting.
 """
 
 from __future__ import annotations
