@@ -12,11 +12,12 @@ calls wait side by side); one side adds ``rollout.partial: true``.
 Sides alternate, each round starting with the other one (A B, B A, ...), each run a fresh process on Ray with
 ``cluster.cpu_devices_per_node: 8``. Per run: trajectories/s over the whole run (episodes trained over the
 summed iteration times, the first iteration not counted: it warms processes up and, under partial rollouts,
-plays two batches) and per iteration, the turn rounds per iteration, and the training reward of every
-iteration (the learning level at equal samples: both sides train the same number of trajectories per
-iteration); ``--eval-episodes`` adds a held-out success rate after the last iteration.
+plays two batches; then whole pairs of iterations, see ``counted``) and per iteration, the turn rounds per
+iteration, and the training reward of every iteration (the learning level at equal samples: both sides train
+the same number of trajectories per iteration); ``--eval-episodes`` adds a held-out success rate after the
+last iteration.
 
-    python benchmarks/a1_long_tail.py --iterations 10 --rounds 2
+    python benchmarks/a1_long_tail.py --iterations 11 --rounds 2 --staleness 2 --eval-episodes 64
 
 Writes ``benchmarks/results/a1_long_tail.json`` (or ``--out``) and prints one summary line.
 """
@@ -77,26 +78,53 @@ def run_side(model: Path, args: argparse.Namespace, partial: bool) -> dict[str, 
             "iterations": rows, "eval": evals}
 
 
+def counted(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The iterations a run's figures count: after the first, in whole pairs. Under partial rollouts an
+    iteration may play two batches in its rounds and the next hand out the batch held back without a round,
+    so an odd count would tip the run towards the cheap or the dear half of that cycle."""
+    rest = rows[1:]
+    return rest[: len(rest) - len(rest) % 2]
+
+
+def run_rate(rows: list[dict[str, Any]]) -> float:
+    """Trajectories per second over these iterations: episodes trained over the summed iteration times."""
+    return sum(x["trajectories"] for x in rows) / sum(x["step_s"] for x in rows)
+
+
 def side_figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One side over its rounds: whole-run and median per-iteration trajectories/s, rounds, rewards."""
-    counted = [row for r in runs for row in r["iterations"][1:]]
-    per_run = [sum(x["trajectories"] for x in r["iterations"][1:]) / sum(x["step_s"] for x in r["iterations"][1:])
-               for r in runs]
+    rows = [row for r in runs for row in counted(r["iterations"])]
+    per_run = [run_rate(counted(r["iterations"])) for r in runs]
     n = len(runs[0]["iterations"])
     reward_by_it = [round(median([r["iterations"][i]["reward"] for r in runs]), 4) for i in range(n)]
     return {"trajectories_per_s_run": [round(x, 2) for x in per_run],
-            "trajectories_per_s_iteration_median": round(median([x["trajectories_per_s"] for x in counted]), 2),
-            "step_s_median": round(median([x["step_s"] for x in counted]), 4),
-            "rounds_median": median([x["rounds"] for x in counted if x["rounds"] is not None]),
-            "env_s_median": round(median([x["env_s"] for x in counted]), 4),
+            "trajectories_per_s_iteration_median": round(median([x["trajectories_per_s"] for x in rows]), 2),
+            "step_s_median": round(median([x["step_s"] for x in rows]), 4),
+            "rounds_mean": round(sum(x["rounds"] or 0.0 for x in rows) / len(rows), 3),
+            "env_s_mean": round(sum(x["env_s"] for x in rows) / len(rows), 4),
+            "generate_s_mean": round(sum(x["generate_s"] for x in rows) / len(rows), 4),
             "reward_by_iteration": reward_by_it,
             "reward_mean_all": round(median([sum(x["reward"] for x in r["iterations"]) / n for r in runs]), 4),
             "eval": [r["eval"] for r in runs], "load": [r["load"] for r in runs]}
 
 
+def summarize(runs: dict[str, list[dict[str, Any]]], order: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """The results record: each side's figures, the ratio of partial to whole by round and its median."""
+    sides = {name: side_figures(rs) for name, rs in runs.items()}
+    by_round = [round(a / b, 3) for a, b in zip(sides["partial"]["trajectories_per_s_run"],
+                                                 sides["whole"]["trajectories_per_s_run"])]
+    return {"benchmark": "A1-long-tail", "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            "cpus": os.cpu_count(), "placement": PLACEMENT, "staleness": args.staleness, "latency": args.latency,
+            "env_concurrent": bool(args.concurrent), "iterations": args.iterations,
+            "warm_steps": None if args.model else args.warm_steps, "order": order, "sides": sides,
+            "ratio_by_round": by_round, "ratio_median": median(by_round),
+            "load_max": max(x for rs in runs.values() for r in rs for x in r["load"]), "runs": runs}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--iterations", type=int, default=10, help="iterations per run (the first is not counted)")
+    p.add_argument("--iterations", type=int, default=11,
+                   help="iterations per run (the first is not counted, then whole pairs)")
     p.add_argument("--rounds", type=int, default=2, help="A B rounds, each starting with the other side")
     p.add_argument("--staleness", type=int, default=1)
     p.add_argument("--concurrent", type=int, default=1, help="env.concurrent: a worker's calls wait side by side")
@@ -108,16 +136,25 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=900, help="seconds allowed per run")
     p.add_argument("--out", default=str(RESULTS / "a1_long_tail.json"))
+    p.add_argument("--resummarize", default=None, help="recompute the figures of a results file from its runs")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # the side to run here: partial|whole
     args = p.parse_args()
     if args.one:
         print(json.dumps(run_side(Path(args.model), args, SIDES[args.one])))
         return
+    if args.resummarize:
+        path = Path(args.resummarize)
+        old = json.loads(path.read_text())
+        args.staleness, args.latency, args.concurrent = old["staleness"], old["latency"], old["env_concurrent"]
+        args.iterations, args.model, args.warm_steps = old["iterations"], old["warm_steps"] is None, old["warm_steps"]
+        path.write_text(json.dumps({**summarize(old["runs"], old["order"], args), "command": old["command"]},
+                                   indent=2) + "\n")
+        return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import torch
 
     torch.set_num_threads(1)
-    model = Path(args.model) if args.model else warm_start(Path(args.work), args.warm_steps, args.seed)
+    model = Path(args.model).resolve() if args.model else warm_start(Path(args.work), args.warm_steps, args.seed)
     print(f"model: {model}", file=sys.stderr, flush=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")])))
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in SIDES}
@@ -137,21 +174,15 @@ def main() -> None:
             runs[name].append(json.loads(lines[-1]))
             order.append(name)
             tps = side_figures([runs[name][-1]])["trajectories_per_s_run"][0]
-            print(f"round {round_} {name}: {tps:.1f} traj/s, load {runs[name][-1]['load']}", file=sys.stderr, flush=True)
-    sides = {name: side_figures(rs) for name, rs in runs.items()}
-    by_round = [round(a / b, 3) for a, b in zip(sides["partial"]["trajectories_per_s_run"],
-                                                 sides["whole"]["trajectories_per_s_run"])]
-    record = {"benchmark": "A1-long-tail", "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-              "cpus": os.cpu_count(), "placement": PLACEMENT, "staleness": args.staleness, "latency": args.latency,
-              "env_concurrent": bool(args.concurrent),
-              "iterations": args.iterations, "warm_steps": None if args.model else args.warm_steps,
-              "order": order, "sides": sides, "ratio_by_round": by_round, "ratio_median": median(by_round),
-              "load_max": max(x for rs in runs.values() for r in rs for x in r["load"]), "runs": runs}
+            load = runs[name][-1]["load"]
+            print(f"round {round_} {name}: {tps:.1f} traj/s, load {load}", file=sys.stderr, flush=True)
+    record = summarize(runs, order, args)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
+    sides = record["sides"]
     print(f"A1 long tail (load up to {record['load_max']}): partial/whole {record['ratio_median']:.3f}x "
-          f"(by round {by_round}); reward over the run {sides['partial']['reward_mean_all']} vs "
+          f"(by round {record['ratio_by_round']}); reward over the run {sides['partial']['reward_mean_all']} vs "
           f"{sides['whole']['reward_mean_all']}")
 
 
