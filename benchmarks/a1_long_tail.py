@@ -5,8 +5,8 @@ turns, GRPO) from one model warm-started at the start (``--warm-steps`` supervis
 teacher, so the model calls the tool; ``--model`` reuses one), with a tool whose latency is heavy-tailed:
 ``tool_latency_s: {dist: lognormal, median_s: 0.02, sigma: 1.5, max_s: 0.5}`` by default (0-500 ms a call,
 half of them under 20 ms, about 2% at the 500 ms cap; seeded by the episode, so both sides see the same
-waits for the same episode). Both sides run A2's best plan, four env workers apart
-(``env: 1-4, rollout,actor: 0``) with ``algorithm.max_staleness: 1`` and ``env.concurrent: true`` (a worker's
+waits for the same episode). Both sides run the same plan, four env workers apart (``env: 1-4, rollout,actor: 0``
+by default, ``--placement`` for another) with ``--staleness`` (1) and ``env.concurrent: true`` (a worker's
 calls wait side by side); one side adds ``rollout.partial: true``.
 
 Sides alternate, each round starting with the other one (A B, B A, ...), each run a fresh process on Ray with
@@ -51,7 +51,7 @@ def overrides(model: Path, run_dir: Path, args: argparse.Namespace, partial: boo
     return [f"model.path={model}", "model.create_tiny=false", "model.warm_start.steps=0", f"run_dir={run_dir}",
             f"steps={args.iterations}", f"seed={args.seed}", "metrics.sinks=[jsonl]",
             f"eval_every={args.iterations if args.eval_episodes else 0}", f"eval_episodes={args.eval_episodes}",
-            f"cluster.cpu_devices_per_node={DEVICES}", f"placement={PLACEMENT}", f"env.kwargs={env}",
+            f"cluster.cpu_devices_per_node={DEVICES}", f"placement={args.placement}", f"env.kwargs={env}",
             f"env.concurrent={str(bool(args.concurrent)).lower()}", f"algorithm.max_staleness={args.staleness}",
             f"rollout.partial={str(partial).lower()}"]
 
@@ -114,7 +114,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]], order: list[str], args: arg
     by_round = [round(a / b, 3) for a, b in zip(sides["partial"]["trajectories_per_s_run"],
                                                  sides["whole"]["trajectories_per_s_run"])]
     return {"benchmark": "A1-long-tail", "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-            "cpus": os.cpu_count(), "placement": PLACEMENT, "staleness": args.staleness, "latency": args.latency,
+            "cpus": os.cpu_count(), "placement": args.placement, "staleness": args.staleness, "latency": args.latency,
             "env_concurrent": bool(args.concurrent), "iterations": args.iterations,
             "warm_steps": None if args.model else args.warm_steps, "order": order, "sides": sides,
             "ratio_by_round": by_round, "ratio_median": median(by_round),
@@ -127,6 +127,7 @@ def main() -> None:
                    help="iterations per run (the first is not counted, then whole pairs)")
     p.add_argument("--rounds", type=int, default=2, help="A B rounds, each starting with the other side")
     p.add_argument("--staleness", type=int, default=1)
+    p.add_argument("--placement", default=PLACEMENT, help="the plan of both sides (env workers apart)")
     p.add_argument("--concurrent", type=int, default=1, help="env.concurrent: a worker's calls wait side by side")
     p.add_argument("--latency", default=LATENCY, help="env.kwargs.tool_latency_s, YAML")
     p.add_argument("--warm-steps", type=int, default=1500, help="supervised warm-start steps of the policy")
@@ -146,6 +147,7 @@ def main() -> None:
         path = Path(args.resummarize)
         old = json.loads(path.read_text())
         args.staleness, args.latency, args.concurrent = old["staleness"], old["latency"], old["env_concurrent"]
+        args.placement = old["placement"]
         args.iterations, args.model, args.warm_steps = old["iterations"], old["warm_steps"] is None, old["warm_steps"]
         path.write_text(json.dumps({**summarize(old["runs"], old["order"], args), "command": old["command"]},
                                    indent=2) + "\n")
@@ -164,6 +166,7 @@ def main() -> None:
         for name in names:
             cmd = [sys.executable, str(Path(__file__).resolve()), "--one", name, "--model", str(model),
                    "--iterations", str(args.iterations), "--staleness", str(args.staleness),
+                   "--placement", args.placement,
                    "--concurrent", str(args.concurrent), "--latency", args.latency,
                    "--eval-episodes", str(args.eval_episodes), "--seed", str(args.seed)]
             with tempfile.TemporaryDirectory(prefix="a1-tail-cwd-") as cwd:
