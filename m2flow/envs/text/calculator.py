@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import re
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
 
 from m2flow.envs.text.base import register_text_env
 from m2flow.envs.text.tool_env import ToolEnv
+from m2flow.rewards.tools.latency import parse_latency
 from m2flow.rewards.tools.registry import ToolBox
 
 Split = Literal["train", "test"]
@@ -77,14 +78,16 @@ class CalculatorTask:
 @register_text_env("calculator")
 def calculator_env(digits: int = 3, split: Split = "train", heldout_fraction: float = 0.1, tools: bool = True,
                    tool_timeout_s: float = 5.0, max_calls: int | None = 4,
-                   tool_latency_s: Sequence[float] | None = None) -> CalculatorTask | ToolEnv:
+                   tool_latency_s: Sequence[float] | Mapping[str, Any] | None = None) -> CalculatorTask | ToolEnv:
     """The calculator task, with the ``calculator`` tool unless ``tools`` is False; ``tool_latency_s``
-    ``[low, high]``: each call waits a time drawn uniformly from it (seconds, seeded by the episode)."""
+    ``[low, high]``: each call waits a time drawn uniformly from it (seconds, seeded by the episode); or a
+    distribution, e.g. ``{dist: lognormal, median_s: 0.02, sigma: 1.5, max_s: 0.5}`` (``tools/latency.py``)."""
     task = CalculatorTask(digits, split, heldout_fraction)
     if not tools:
         return task
-    if tool_latency_s is not None and len(tool_latency_s) != 2:
-        raise ValueError(f"tool_latency_s must be [low, high] seconds, got {tool_latency_s}")
-    latency = None if tool_latency_s is None else (float(tool_latency_s[0]), float(tool_latency_s[1]))
+    try:
+        latency = parse_latency(tool_latency_s)
+    except ValueError as e:
+        raise ValueError(f"tool_latency_s: {e}") from None
     box = ToolBox.from_names(["calculator"], timeout_s=tool_timeout_s, latency_s=latency)
     return ToolEnv(task, box, max_calls=max_calls)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
@@ -29,6 +29,7 @@ from m2flow.rewards.deadline import CallResult, DeadlineRunner, call_with_deadli
 from m2flow.rewards.tools.base import Tool, ToolTimeout
 from m2flow.rewards.tools.calculator import Calculator
 from m2flow.rewards.tools.formats import CALL_FORMATS, CallFormat
+from m2flow.rewards.tools.latency import ToolLatency, parse_latency
 from m2flow.rewards.tools.python import PythonTool
 from m2flow.rewards.tools.schema import ArgumentError, argument_from, function_schema
 
@@ -40,6 +41,8 @@ TOOLS.add("calculator", Calculator)
 TOOLS.add("python", PythonTool)
 
 CallOutcome = Literal["none", "ok", "malformed", "unknown", "error", "timeout"]
+LatencySpec = ToolLatency | Sequence[float] | Mapping[str, Any] | None
+"""A tool latency as configs give it: ``[low, high]`` seconds (uniform), a ``{dist: ...}`` mapping, or none."""
 
 
 @dataclass
@@ -84,20 +87,19 @@ class ToolBox:
 
     With ``latency_s = (low, high)`` every call to a tool first waits a time drawn uniformly from
     ``[low, high]`` seconds, outside the time limit: a stand-in for a tool that answers over a network
-    (a search engine, a remote sandbox). The draws come from a generator seeded by ``seed(n)`` (a
+    (a search engine, a remote sandbox); a ``ToolLatency`` or its mapping form (``latency.py``) draws from
+    another distribution, e.g. a heavy-tailed one. The draws come from a generator seeded by ``seed(n)`` (a
     ``ToolEnv`` calls it with each episode's seed, so an episode's waits do not depend on where it runs).
     """
 
     def __init__(self, tools: Sequence[Tool], timeout_s: float = 5.0,
-                 latency_s: tuple[float, float] | None = None, call_format: str = "tag") -> None:
+                 latency_s: LatencySpec = None, call_format: str = "tag") -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        if latency_s is not None:
-            low, high = (float(x) for x in latency_s)
-            if not 0.0 <= low <= high:
-                raise ValueError(f"latency_s must be (low, high) seconds with 0 <= low <= high, got {latency_s}")
-            latency_s = (low, high)
-        self.latency_s = latency_s
+        try:
+            self.latency_s = parse_latency(latency_s)
+        except ValueError as e:
+            raise ValueError(f"latency_s: {e}") from None
         self._latency_rng = np.random.default_rng(0)
         self.tools: dict[str, Tool] = {}
         for tool in tools:
@@ -112,7 +114,7 @@ class ToolBox:
         """One long-lived thread for the in-process tools' calls (started at the first call), not one per call."""
 
     @classmethod
-    def from_names(cls, names: Sequence[str], timeout_s: float = 5.0, latency_s: tuple[float, float] | None = None,
+    def from_names(cls, names: Sequence[str], timeout_s: float = 5.0, latency_s: LatencySpec = None,
                    call_format: str = "tag", **settings: dict[str, Any]) -> ToolBox:
         """A box of registered tools by name; ``settings[name]`` are keyword arguments of that tool's factory."""
         unknown = set(settings) - set(names)
@@ -137,8 +139,7 @@ class ToolBox:
         """The wait of the next call in seconds (0.0 without ``latency_s``)."""
         if self.latency_s is None:
             return 0.0
-        low, high = self.latency_s
-        return float(self._latency_rng.uniform(low, high))
+        return self.latency_s.draw(self._latency_rng)
 
     def describe(self) -> str:
         """One line per tool, for a prompt."""
