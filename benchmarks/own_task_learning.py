@@ -4,10 +4,13 @@
         policy.warm_start.epochs=3 policy.warm_start.threads=1 total_env_steps=5120 checkpoint_every=5
     python benchmarks/own_task_learning.py vla --config examples/embodied/metaworld_vla_any_task_grpo.yaml \
         --tag grpo_c4 --seeds 0,1,2 --name own_task_vla_grpo_c4 --checkpoint 30 --eval-seeds 20 --threads 1 \
-        policy.warm_start.threads=1 checkpoint_every=5
+        policy.warm_start.threads=1 checkpoint_every=5 algorithm.lr=0.0001 total_env_steps=24000
     python benchmarks/own_task_learning.py vla --config examples/embodied/metaworld_vla_any_task_grpo.yaml \
         --tag grpo_c4 --seeds 0,1,2 --name own_task_vla_grpo_c4_it50 --eval-seeds 20 --threads 1 \
-        policy.warm_start.threads=1 checkpoint_every=5 total_env_steps=40000 resume=auto   # the same runs, on to 50
+        policy.warm_start.threads=1 checkpoint_every=5 algorithm.lr=0.0001 total_env_steps=40000 resume=auto
+    python benchmarks/own_task_learning.py vla --config examples/embodied/metaworld_vla_any_task_grpo.yaml \
+        --tag grpo_c4_lr5e4 --seeds 0,1,2 --name own_task_vla_grpo_c4_lr5e4 --eval-seeds 20 --threads 1 \
+        policy.warm_start.threads=1 checkpoint_every=5   # the example as it is
     python benchmarks/own_task_learning.py reasoning --seeds 0,1,2 model.warm_start.threads=1 actor.num_threads=1
 
 ``vla``: a MetaWorld task outside MT10 with the product's commands alone: ``m2flow demos`` of the run
