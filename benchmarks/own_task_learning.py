@@ -2,13 +2,25 @@
 
     python benchmarks/own_task_learning.py vla --seeds 0,1,2 --eval-seeds 20 --checkpoint 5 --threads 1 \
         policy.warm_start.epochs=3 policy.warm_start.threads=1 total_env_steps=5120 checkpoint_every=5
+    python benchmarks/own_task_learning.py vla --config examples/embodied/metaworld_vla_any_task_grpo.yaml \
+        --tag grpo_c4 --seeds 0,1,2 --name own_task_vla_grpo_c4 --checkpoint 30 --eval-seeds 20 --threads 1 \
+        policy.warm_start.threads=1 checkpoint_every=5 algorithm.lr=0.0001 total_env_steps=24000
+    python benchmarks/own_task_learning.py vla --config examples/embodied/metaworld_vla_any_task_grpo.yaml \
+        --tag grpo_c4 --seeds 0,1,2 --name own_task_vla_grpo_c4_it50 --eval-seeds 20 --threads 1 \
+        policy.warm_start.threads=1 checkpoint_every=5 algorithm.lr=0.0001 total_env_steps=40000 resume=auto
+    python benchmarks/own_task_learning.py vla --config examples/embodied/metaworld_vla_any_task_grpo.yaml \
+        --tag grpo_c4_lr5e4 --seeds 0,1,2 --name own_task_vla_grpo_c4_lr5e4 --eval-seeds 20 --threads 1 \
+        policy.warm_start.threads=1 checkpoint_every=5   # the example as it is
     python benchmarks/own_task_learning.py reasoning --seeds 0,1,2 model.warm_start.threads=1 actor.num_threads=1
 
-``vla``: a MetaWorld task outside MT10 (handle-press-v3) with the product's commands alone: ``m2flow
-demos`` (one file, made once with ``--demo-seed``, shared by every seed), then per seed ``m2flow train
-examples/embodied/metaworld_vla_any_task.yaml seed=S`` (the behaviour-cloning warm start of
-``policy.warm_start.demos``, then PPO), then the success of the warm start and of one checkpoint (``--checkpoint``, default the last) on
-the same held-out seeds (1,000,000 up), with greedy and with sampled action tokens, as
+``vla``: a MetaWorld task outside MT10 with the product's commands alone: ``m2flow demos`` of the run
+config's ``env.env_id`` (one file, made once per task, episode count and ``--demo-seed``, shared by every
+seed and config), then per seed ``m2flow train CONFIG seed=S`` (``--config``, default
+``examples/embodied/metaworld_vla_any_task.yaml``, PPO on handle-press-v3;
+``metaworld_vla_any_task_grpo.yaml`` is the same with GRPO: the behaviour-cloning warm start of
+``policy.warm_start.demos``, then RL) in ``RUN_ROOT/TAG_sS`` (``--tag``: one per setting compared), then
+the success of the warm start and of one checkpoint (``--checkpoint``, default the last) on the same
+held-out seeds (1,000,000 up), with greedy and with sampled action tokens, as
 ``benchmarks/v1_rl.py`` evaluates, but in episodes of up to ``--eval-max-steps`` (100, the length of the
 example's training episodes; v1_rl plays 200) that end at success.
 
@@ -47,7 +59,6 @@ from m2flow.driver.registry import load_workflow_config  # noqa: E402
 
 VLA_CONFIG = "examples/embodied/metaworld_vla_any_task.yaml"
 REASONING_CONFIG = "m2flow/workflows/reasoning/demo.yaml"
-TASK = "handle-press-v3"
 
 SEED_RESULT = "own_task_success.json"
 """A seed's measured numbers (a VLA seed's success per policy evaluated), kept in its run directory: a later call
@@ -90,14 +101,17 @@ def metrics_rows(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
-# --- VLA on handle-press-v3 ---------------------------------------------------------------------------------------
+# --- VLA on one MetaWorld task ---------------------------------------------------------------------------------------
 
-def total_env_steps(overrides: list[str]) -> int:
-    """The env steps the VLA run is configured for, with ``overrides``."""
-    return load_workflow_config(REPO / VLA_CONFIG, overrides)[1].total_env_steps
+def vla_task(config: str, overrides: list[str]) -> str:
+    """The one MetaWorld task the VLA run's config trains on (its ``env.env_id``)."""
+    task = load_workflow_config(REPO / config, overrides)[1].env.env_id
+    if "," in task or not task.endswith("-v3"):
+        raise SystemExit(f"{config}: env.env_id must be one MetaWorld v3 task here, got {task!r}")
+    return task
 
 
-def vla_seed(args: argparse.Namespace, seed: int, demos: Path) -> dict[str, Any]:
+def vla_seed(args: argparse.Namespace, seed: int, demos: Path, task: str) -> dict[str, Any]:
     """Train one seed (unless trained, or ``--checkpoint`` exists) and evaluate its warm start and that checkpoint."""
     import numpy as np
     import torch
@@ -110,14 +124,15 @@ def vla_seed(args: argparse.Namespace, seed: int, demos: Path) -> dict[str, Any]
     from m2flow.workflows.embodied.config import EmbodiedConfig
     from m2flow.workflows.embodied.warm_start import POLICY_FILE, WARM_START_DIR
 
-    run_dir = Path(args.run_root) / f"vla_s{seed}"
+    run_dir = Path(args.run_root) / f"{args.tag}_s{seed}"
     overrides = [f"seed={seed}", f"run_dir={run_dir}", f"policy.warm_start.demos={demos}", "metrics.sinks=[jsonl]",
                  *args.overrides]
-    command = m2flow("train", VLA_CONFIG, *overrides)
+    command = m2flow("train", args.config, *overrides)
     wanted = None if args.checkpoint == "last" else run_dir / "checkpoints" / f"step_{int(args.checkpoint):06d}"
     train_s = None
     rows = metrics_rows(run_dir)
-    trained_to_end = bool(rows) and rows[-1].get("env/total_steps", 0) >= total_env_steps(overrides)
+    total = load_workflow_config(REPO / args.config, overrides)[1].total_env_steps
+    trained_to_end = bool(rows) and rows[-1].get("env/total_steps", 0) >= total
     if not trained_to_end and not (wanted is not None and wanted.is_dir()):
         train_s = run(command, run_dir.with_suffix(".log"))
     checkpoint = wanted or sorted((run_dir / "checkpoints").glob("step_*"))[-1]
@@ -150,7 +165,7 @@ def vla_seed(args: argparse.Namespace, seed: int, demos: Path) -> dict[str, Any]
                 return policy.act(torch.from_numpy(obs), deterministic=greedy, generator=generator).actions.numpy()
 
         t0 = time.perf_counter()
-        cache["success"][key] = evaluate_success(act, [TASK], seeds, env_kwargs, parallel=args.parallel)[TASK]
+        cache["success"][key] = evaluate_success(act, [task], seeds, env_kwargs, parallel=args.parallel)[task]
         log.info("seed %d: %s success %.2f (%.0f s)", seed, key, cache["success"][key], time.perf_counter() - t0)
         cache_file.write_text(json.dumps(cache, indent=1))
         return cache["success"][key]
@@ -161,23 +176,24 @@ def vla_seed(args: argparse.Namespace, seed: int, demos: Path) -> dict[str, Any]
     bc_rows = [json.loads(line) for line in (run_dir / "warm_start.jsonl").read_text().splitlines() if line.strip()]
     return {
         "command": " ".join(["m2flow", *command[3:]]), "train_wall_s": train_s, "checkpoint": checkpoint.name,
-        "env_steps": step * cfg.rollout_steps * cfg.env.num_envs,
+        "env_steps": step * cfg.rollout_steps * cfg.env.num_envs * cfg.policy.action_chunk,  # at most
         "bc_loss": [r["warm_start/loss"] for r in bc_rows],
         "train_success_rate": [r.get("env/success_rate") for r in rows],
         # sampled first: their episodes mostly end early at success, and they are the pair that moves
         "bc_sampled": success("warm_start", warm, False),
-        "ppo_sampled": success(checkpoint.name, checkpoint / "actor.pt", False),
+        "rl_sampled": success(checkpoint.name, checkpoint / "actor.pt", False),
         "bc_greedy": success("warm_start", warm, True),
-        "ppo_greedy": success(checkpoint.name, checkpoint / "actor.pt", True),
+        "rl_greedy": success(checkpoint.name, checkpoint / "actor.pt", True),
         "all_evaluated": cache["success"],
     }
 
 
 def vla(args: argparse.Namespace) -> None:
-    demos = Path(args.run_root) / "demos_handle_press.npz"
-    demos_command = m2flow("demos", TASK, "--episodes", str(args.demo_episodes), "--seed", str(args.demo_seed),
+    task = vla_task(args.config, args.overrides)
+    demos = Path(args.run_root) / f"demos_{task}_{args.demo_episodes}ep_seed{args.demo_seed}.npz"
+    demos_command = m2flow("demos", task, "--episodes", str(args.demo_episodes), "--seed", str(args.demo_seed),
                            "--image-size", "64", "-o", str(demos))
-    result: dict[str, Any] = {"command": " ".join(["python", *sys.argv]), "config": VLA_CONFIG, "task": TASK,
+    result: dict[str, Any] = {"command": " ".join(["python", *sys.argv]), "config": args.config, "task": task,
                               "demos": {"command": " ".join(["m2flow", *demos_command[3:]]), "seed": args.demo_seed,
                                         "shared_by_all_seeds": True},
                               "eval": {"held_out_seeds": args.eval_seeds, "first_seed": 1_000_000,
@@ -187,12 +203,12 @@ def vla(args: argparse.Namespace) -> None:
     if not demos.is_file():
         result["demos"]["wall_s"] = run(demos_command, demos.with_suffix(".log"))
     for seed in args.seeds:
-        result["seeds"][str(seed)] = vla_seed(args, seed, demos)
+        result["seeds"][str(seed)] = vla_seed(args, seed, demos, task)
         result["environment_end"] = environment()
-        summarise(result, ["bc_greedy", "bc_sampled", "ppo_greedy", "ppo_sampled"])
+        summarise(result, ["bc_greedy", "bc_sampled", "rl_greedy", "rl_sampled"])
         path = write_result(args.name or "own_task_vla", result)
         log.info("seed %d: %s -> %s", seed, {k: v for k, v in result["seeds"][str(seed)].items()
-                                              if k.startswith(("bc_g", "bc_s", "ppo"))}, path)
+                                              if k.startswith(("bc_g", "bc_s", "rl_"))}, path)
 
 
 # --- reasoning from a JSONL warm start ----------------------------------------------------------------------------
@@ -258,6 +274,8 @@ def main() -> None:
     parser.add_argument("--run-root", default=str(REPO / "runs" / "own_task"))
     parser.add_argument("--name", default="", help="results file name (default own_task_<path>)")
     vla_opts = parser.add_argument_group("vla")
+    vla_opts.add_argument("--config", default=VLA_CONFIG, help="the run's config (its env.env_id: the task)")
+    vla_opts.add_argument("--tag", default="vla", help="run directories RUN_ROOT/TAG_sSEED: one tag per setting")
     vla_opts.add_argument("--demo-episodes", type=int, default=50)
     vla_opts.add_argument("--demo-seed", type=int, default=0)
     vla_opts.add_argument("--eval-seeds", type=int, default=20, help="held-out seeds, the same for every policy")

@@ -153,6 +153,9 @@ def evaluate_success(
     An episode counts as solved when ``info['success']`` is set at any step. ``parallel`` episodes of
     each task (consecutive seeds) run side by side, so ``act`` sees up to ``len(tasks) * parallel``
     observations at a time; each episode is still a function of its seed and the actions alone.
+    ``act`` returns one action per observation, (B, 4), or a chunk of K, (B, K, 4) (a VLA with
+    ``chunk: K``): each env then takes its chunk's actions in order until the episode ends, rendering
+    only the frame the next call reads, as the embodied workflow's env workers do.
     """
     if parallel < 1:
         raise ValueError(f"parallel: must be >= 1, got {parallel}")
@@ -168,12 +171,17 @@ def evaluate_success(
             running = np.ones(len(live), dtype=bool)
             while running.any():
                 actions = np.asarray(act(obs[running]))
+                chunks = actions if actions.ndim == 3 else actions[:, None]  # (B, K, 4)
                 for row, i in enumerate(np.flatnonzero(running)):
-                    o, _, term, trunc, info = live[i].step(actions[row])
-                    obs[i] = o
                     t, k = slots[i]
-                    solved[t, first + k] |= info["success"] > 0
-                    running[i] = not (term or trunc)
+                    for j, action in enumerate(chunks[row]):
+                        # a chunk's inner actions: physics only, the image nobody reads is not rendered
+                        step = live[i].step if j == len(chunks[row]) - 1 else live[i].step_without_render
+                        obs[i], _, term, trunc, info = step(action)
+                        solved[t, first + k] |= info["success"] > 0
+                        running[i] = not (term or trunc)
+                        if not running[i]:
+                            break
     finally:
         for env in envs:
             env.close()

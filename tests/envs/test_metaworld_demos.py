@@ -69,3 +69,33 @@ def test_parallel_evaluation_plays_the_same_episodes():
     a = evaluate_success(recorder(one), ["reach-v3"], [5, 6, 7], env_kwargs=kwargs)
     b = evaluate_success(recorder(three), ["reach-v3"], [5, 6, 7], env_kwargs=kwargs, parallel=3)
     assert a == b and one == three and len(one) > 3
+
+
+@needs_metaworld
+def test_chunks_of_actions_are_executed_in_order_and_read_the_frame_after_the_chunk():
+    """A policy returning (B, K, 4) chunks plays the episodes a policy repeating one action for K steps plays."""
+    def rule(obs: np.ndarray) -> np.ndarray:
+        return np.tanh(obs[:, -16:-12].astype(np.float32) / 64.0 - 2.0)
+
+    def chunked(seen: list[bytes], k: int):
+        def act(obs: np.ndarray) -> np.ndarray:
+            seen.extend(row.tobytes() for row in obs)
+            return np.repeat(rule(obs)[:, None], k, axis=1)  # (B, K, 4)
+        return act
+
+    def repeating(seen: list[bytes], k: int):
+        calls = {"n": 0, "last": None}
+
+        def act(obs: np.ndarray) -> np.ndarray:
+            if calls["n"] % k == 0:  # a new decision every k steps; the frames between are not read
+                seen.extend(row.tobytes() for row in obs)
+                calls["last"] = rule(obs)
+            calls["n"] += 1
+            return calls["last"]
+        return act
+
+    kwargs = {"height": 32, "width": 32, "max_episode_steps": 7}
+    a, b = [], []
+    evaluate_success(chunked(a, 3), ["reach-v3"], [5], env_kwargs=kwargs)
+    evaluate_success(repeating(b, 3), ["reach-v3"], [5], env_kwargs=kwargs)
+    assert len(a) == 3 and a == b  # decisions at steps 0, 3 and 6: the last chunk cut by the episode's end
