@@ -139,7 +139,7 @@ def vla_seed(args: argparse.Namespace, seed: int, demos: Path, task: str) -> dic
     cfg = load_config(EmbodiedConfig, checkpoint / CONFIG_FILE)
     env_kwargs = {k: v for k, v in cfg.env.env_kwargs.items() if k in ("height", "width", "camera", "proprio")}
     env_kwargs["max_episode_steps"] = args.eval_max_steps
-    seeds = held_out_seeds(args.eval_seeds)
+    seeds = held_out_seeds(args.eval_seeds, args.eval_offset)
     torch.set_num_threads(args.threads)
     policy = VLAPolicy(cfg.policy.vla, action_dim=4).eval()
     generator = torch.Generator()
@@ -148,6 +148,8 @@ def vla_seed(args: argparse.Namespace, seed: int, demos: Path, task: str) -> dic
     cache_file = run_dir / SEED_RESULT
     protocol = {"eval_seeds": args.eval_seeds, "max_episode_steps": args.eval_max_steps,
                 "sample_seed": args.sample_seed, "parallel": args.parallel}
+    if args.eval_offset:  # another set of held-out seeds (absent from the protocol of the first set)
+        protocol["eval_offset"] = args.eval_offset
     cache = json.loads(cache_file.read_text()) if cache_file.is_file() else {}
     if cache.get("protocol") != protocol:
         cache = {"protocol": protocol, "success": {}}
@@ -196,7 +198,7 @@ def vla(args: argparse.Namespace) -> None:
     result: dict[str, Any] = {"command": " ".join(["python", *sys.argv]), "config": args.config, "task": task,
                               "demos": {"command": " ".join(["m2flow", *demos_command[3:]]), "seed": args.demo_seed,
                                         "shared_by_all_seeds": True},
-                              "eval": {"held_out_seeds": args.eval_seeds, "first_seed": 1_000_000,
+                              "eval": {"held_out_seeds": args.eval_seeds, "first_seed": 1_000_000 + args.eval_offset,
                                        "max_episode_steps": args.eval_max_steps, "ends_at_success": True,
                                        "sample_seed": args.sample_seed},
                               "environment": environment(), "seeds": {}}
@@ -279,6 +281,8 @@ def main() -> None:
     vla_opts.add_argument("--demo-episodes", type=int, default=50)
     vla_opts.add_argument("--demo-seed", type=int, default=0)
     vla_opts.add_argument("--eval-seeds", type=int, default=20, help="held-out seeds, the same for every policy")
+    vla_opts.add_argument("--eval-offset", type=int, default=0,
+                          help="the held-out seeds start at 1,000,000 + this: another set than the default one")
     vla_opts.add_argument("--checkpoint", default="last", help="the RL checkpoint evaluated: 'last' or its iteration")
     vla_opts.add_argument("--eval-max-steps", type=int, default=100,
                           help="evaluation episode length (the example's training episodes: 100)")
