@@ -6,7 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from m2flow.config import from_dict
+from m2flow.driver.run import Run
 from m2flow.workflows.reasoning.config import ReasoningConfig
+from m2flow.workflows.reasoning.workflow import WORKFLOW
 
 
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
@@ -38,3 +40,22 @@ def improved(history: list[dict[str, float]], key: str = "reward/mean", margin: 
     first = sum(h[key] for h in history[:2]) / 2
     last = sum(h[key] for h in history[-2:]) / 2
     return last > first + margin
+
+
+def train_partial(cfg: ReasoningConfig, cluster: Any = None) -> tuple[list, list, list[int], list[int]]:
+    """Train ``cfg``; (history, the groups the actor took, the dataset indices put, those still carried at
+    the end)."""
+    put: list[int] = []
+    with Run(WORKFLOW, cfg, cluster) as run:
+        flow = run.flow
+        put_prompts = flow.put_prompts
+
+        def recording(step, items):
+            put.extend(item.index for item in items)
+            return put_prompts(step, items)
+
+        flow.put_prompts = recording
+        result = run.train()
+        received = flow.actor.received_groups().wait()
+        carried = flow.rollout.carried_prompts().wait()
+    return result.history, [g for rank in received for g in rank], put, sum(carried, [])

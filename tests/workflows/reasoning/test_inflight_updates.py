@@ -14,13 +14,11 @@ import pytest
 import torch
 
 from m2flow.config import ConfigError, from_dict
-from m2flow.driver.run import Run
 from m2flow.models.causal_lm import load_causal_lm, response_logprobs
 from m2flow.workers.actor import ActorWorker
 from m2flow.workers.rollout import RolloutWorker
 from m2flow.workflows.reasoning.config import ReasoningConfig
-from m2flow.workflows.reasoning.workflow import WORKFLOW
-from tests.workflows.reasoning.setup import improved, toy_config
+from tests.workflows.reasoning.setup import improved, toy_config, train_partial
 
 pytestmark = pytest.mark.timeout(600)
 logger = logging.getLogger(__name__)
@@ -85,18 +83,7 @@ def test_inflight_updates_need_partial_rollouts():
 def test_weights_land_mid_generation_and_every_token_keeps_its_versions_log_prob(tmp_path, monkeypatch):
     cfg = _config(tmp_path, steps=3)
     sent, taken = _instrument(monkeypatch, land_at=1)
-    put: list[int] = []
-    with Run(WORKFLOW, cfg) as run:
-        flow = run.flow
-        put_prompts = flow.put_prompts
-
-        def recording(step, items):
-            put.extend(item.index for item in items)
-            return put_prompts(step, items)
-
-        flow.put_prompts = recording
-        history = run.train().history
-        carried = sum(flow.rollout.carried_prompts().wait(), [])
+    history, _, put, carried = train_partial(cfg)
     assert len(history) == 3
     # Generation of iteration j starts with version j - 1 (one ahead); version j's weights landed in it.
     assert history[1]["rollout/inflight_updates_count"] >= 1
@@ -136,10 +123,7 @@ def test_weights_land_mid_generation_and_every_token_keeps_its_versions_log_prob
 # sync queued behind that generation finds it loaded and the run goes on, nothing lost, nothing twice.
 def test_two_rollout_ranks_on_ray_with_inflight_updates_lose_nothing(cluster, tmp_path):
     cfg = _config(tmp_path, "rollout,reward: 0-1, inference,actor: 2", steps=4)
-    with Run(WORKFLOW, cfg, cluster) as run:
-        history = run.train().history
-        groups = [g for rank in run.flow.actor.received_groups().wait() for g in rank]
-        carried = sum(run.flow.rollout.carried_prompts().wait(), [])
+    history, groups, _, carried = train_partial(cfg, cluster)
     assert len(history) == 4
     assert sorted((s, k) for s, k, _, _ in groups) == [(s, k) for s in range(4) for k in range(8)]
     trained = [index for _, _, index, ok in groups if ok]
@@ -154,10 +138,7 @@ def test_two_rollout_ranks_on_ray_with_inflight_updates_lose_nothing(cluster, tm
 def test_a_run_with_weights_landing_in_flight_learns_and_trains_every_prompt_once(tmp_path, monkeypatch):
     # Updates land as timing has it (no forced wait), the rollout's turns bypassed as above.
     monkeypatch.setattr(RolloutWorker, "turn", lambda self, last=True: contextlib.nullcontext())
-    with Run(WORKFLOW, _config(tmp_path, steps=7)) as run:
-        history = run.train().history
-        groups = [g for rank in run.flow.actor.received_groups().wait() for g in rank]
-        carried = sum(run.flow.rollout.carried_prompts().wait(), [])
+    history, groups, _, carried = train_partial(_config(tmp_path, steps=7))
     trained = [index for _, _, index, ok in groups if ok]
     # 7 iterations of 8 and one extra batch: the data's 64 items, one epoch, each trained once or carried.
     assert len(trained) == 7 * 8 and sorted(trained + carried) == list(range(64))

@@ -11,13 +11,12 @@ import pytest
 
 from m2flow.config import ConfigError, from_dict
 from m2flow.driver.checkpoints import CHECKPOINTS
-from m2flow.driver.run import Run
 from m2flow.workers.actor import ActorWorker
 from m2flow.workers.partial import PARTIAL_FILE
 from m2flow.workers.state_file import load_state
 from m2flow.workflows.reasoning.config import ReasoningConfig
 from m2flow.workflows.reasoning.workflow import WORKFLOW
-from tests.workflows.reasoning.setup import improved, toy_config
+from tests.workflows.reasoning.setup import improved, toy_config, train_partial
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -29,25 +28,6 @@ def _config(root: Path, placement: str = "local", **overrides) -> ReasoningConfi
                       rollout={"backend": "lean", "partial": True, "fuse_with_actor": False,
                                "sampling": {"n": 8, "max_new_tokens": 12}},
                       **overrides)
-
-
-def _run(cfg: ReasoningConfig, cluster=None):
-    """Train ``cfg``; (history, the groups the actor took, the dataset indices put, those still carried at
-    the end)."""
-    put: list[int] = []
-    with Run(WORKFLOW, cfg, cluster) as run:
-        flow = run.flow
-        put_prompts = flow.put_prompts
-
-        def recording(step, items):
-            put.extend(item.index for item in items)
-            return put_prompts(step, items)
-
-        flow.put_prompts = recording
-        result = run.train()
-        received = flow.actor.received_groups().wait()
-        carried = flow.rollout.carried_prompts().wait()
-    return result.history, [g for rank in received for g in rank], put, sum(carried, [])
 
 
 def _recording_trained_tokens(monkeypatch) -> list[tuple]:
@@ -129,7 +109,7 @@ def test_the_planner_prices_partial_rollouts_one_iteration_less_ahead(tmp_path):
 
 @pytest.mark.learning
 def test_partial_rollouts_train_every_prompt_once_learn_and_checkpoints_hold_the_carried_ones(tmp_path):
-    history, groups, put, carried = _run(_config(tmp_path, steps=6, checkpoint_every=3))
+    history, groups, put, carried = train_partial(_config(tmp_path, steps=6, checkpoint_every=3))
     assert len(history) == 6
     trained = [index for _, _, index, ok in groups if ok]
     assert len(groups) == 6 * 8 and len(trained) == len(groups)  # 8 groups an iteration, none too old
@@ -151,11 +131,11 @@ def test_partial_rollouts_train_every_prompt_once_learn_and_checkpoints_hold_the
 
 def test_a_resumed_run_trains_the_groups_of_the_uninterrupted_one_token_for_token(tmp_path, monkeypatch):
     trained = _recording_trained_tokens(monkeypatch)
-    history, _, put, _ = _run(_config(tmp_path, steps=4, checkpoint_every=2))
+    history, _, put, _ = train_partial(_config(tmp_path, steps=4, checkpoint_every=2))
     whole = list(trained)
     trained.clear()
     checkpoint = tmp_path / "run" / CHECKPOINTS / "step_000002"
-    resumed, _, resumed_put, carried = _run(
+    resumed, _, resumed_put, carried = train_partial(
         _config(tmp_path, steps=4, checkpoint_every=2, run_dir=str(tmp_path / "resumed"), resume=str(checkpoint)))
     assert len(resumed) == 2
     after = sorted(g for g in whole if g[0] >= 2)
@@ -174,7 +154,7 @@ def test_two_rollout_ranks_on_ray_checkpoint_their_carried_prompts_and_resume_on
     # Each rank owes the iteration's slots routed to it (slot % 2) and carries its own prompts: the
     # over-provisioned batch splits between the ranks, so each carries 4 and owes 4 an iteration.
     cfg = _config(tmp_path, "rollout,reward: 0-1, inference,actor: 2", steps=4, checkpoint_every=2)
-    history, groups, put, carried = _run(cfg, cluster)
+    history, groups, put, carried = train_partial(cfg, cluster)
     assert len(history) == 4
     assert sorted((s, k) for s, k, _, _ in groups) == [(s, k) for s in range(4) for k in range(8)]
     trained = [index for _, _, index, ok in groups if ok]
@@ -189,7 +169,7 @@ def test_two_rollout_ranks_on_ray_checkpoint_their_carried_prompts_and_resume_on
     assert all(h["async/staleness_max"] <= 1 and h["async/dropped_samples"] == 0 for h in history)
     # Resumed on one rollout rank: the two ranks' carried prompts are dealt to it; with the prompts trained
     # before the checkpoint, every prompt put is trained once or carried, none lost, none twice.
-    resumed, resumed_groups, resumed_put, resumed_carried = _run(
+    resumed, resumed_groups, resumed_put, resumed_carried = train_partial(
         _config(tmp_path, steps=4, checkpoint_every=2, run_dir=str(tmp_path / "resumed"), resume=str(checkpoint)))
     assert len(resumed) == 2 and set(resumed_put) == set(put[24:])
     before = [index for s, _, index, _ in groups if s < 2]
