@@ -35,8 +35,7 @@ from m2flow.workers.partial import StepCounts
 
 def oldest_version(engine: TurnEngine, traj_ids: Sequence[int]) -> int | None:
     """The oldest policy version among these episodes' model tokens (None: no model token yet)."""
-    versions = [v for t in traj_ids for v, m in zip(engine.trajectory(t).versions, engine.trajectory(t).action_mask)
-                if m]
+    versions = [v for t in traj_ids for v in engine.trajectory(t).model_versions]
     return min(versions) if versions else None
 
 

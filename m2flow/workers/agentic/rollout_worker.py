@@ -79,7 +79,7 @@ def group_sample(step: int, slot: int, trajs: Sequence[Trajectory], pad_id: int,
     live = [t for t in trajs if t.model_tokens > 0]
     batch = to_rollout_batch(live, pad_id, per_token_versions) if live else empty_batch(pad_id)
     if per_token_versions and live:
-        version = min(v for t in live for v, m in zip(t.versions, t.action_mask) if m)
+        version = min(v for t in live for v in t.model_versions)
     return GroupSample(step, slot, trajs[0].seed, None, ["".join(t.turn_texts) for t in live], batch,
                        dropped=not live, version=version)
 
@@ -225,7 +225,7 @@ class AgenticRolloutWorker(ReasoningWorker):
             self._handed_now.append((instance, slot, ids))
             self.emitted.extend(ids)
             self.handed.append((self.step, slot, trajs[0].seed,
-                                tuple(sorted({v for t in trajs for v, m in zip(t.versions, t.action_mask) if m}))))
+                                tuple(sorted({v for t in trajs for v in t.model_versions}))))
         if sent:
             self.out.put_many(sent)
 

@@ -70,6 +70,11 @@ class Trajectory:
         return int(sum(self.action_mask))
 
     @property
+    def model_versions(self) -> list[int]:
+        """The policy version of each model token, in order (observation tokens left out)."""
+        return [v for v, m in zip(self.versions, self.action_mask) if m]
+
+    @property
     def observation_tokens(self) -> int:
         return len(self.response_ids) - self.model_tokens
 
