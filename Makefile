@@ -26,6 +26,7 @@ run: $(STAMP)
 # tests wait on processes starting, deadlines and restarts, and most in-process tests keep one core
 # busy; each fills the other's gaps, and the lower priority never takes a core from a Ray worker whose
 # deadline a test measures (11:52 in all from a clean clone, 17:50 one stream after the other).
+# PYTHONFAULTHANDLER: a crash of the Ray stream's process, even after its last test, prints every thread's stack.
 test: $(STAMP)
 	@log=$$(mktemp); \
 	( nice -n 10 $(BIN)/python -m pytest -q -m "not slow and not ray" --durations=10 -o cache_dir=.pytest_cache/in_process \
@@ -34,7 +35,7 @@ test: $(STAMP)
 	  && if [ -n "$$cap" ]; then ATEN_CPU_CAPABILITY=$$cap nice -n 10 $(BIN)/python -m pytest -q \
 	      -m "learning and not slow and not ray" -o cache_dir=.pytest_cache/in_process --basetemp=$$log.d; fi \
 	) > $$log 2>&1 & bg=$$!; \
-	$(BIN)/python -m pytest -q -m "ray and not slow" --durations=10; ray=$$?; \
+	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest -q -m "ray and not slow" --durations=10; ray=$$?; \
 	wait $$bg; inproc=$$?; \
 	echo; echo "---- in-process tests (run beside the Ray tests) ----"; cat $$log; rm -rf $$log $$log.d; \
 	echo "Ray tests: exit $$ray; in-process tests: exit $$inproc"; \

@@ -55,3 +55,14 @@ def cluster():
     from tests.ray_session import shared_cluster
 
     return shared_cluster()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Stop the shared Ray session while the test process is whole: its pooled rank processes are killed and
+    every thread waiting on them has returned before Ray's own exit hook runs."""
+    import sys
+
+    ray_session = sys.modules.get("tests.ray_session")
+    if ray_session is not None and ray_session._CLUSTER is not None:
+        ray_session._CLUSTER.shutdown()
+        ray_session._CLUSTER = None

@@ -229,8 +229,9 @@ class Cluster:
                     raise
                 self._started_ray = True
         self.cluster_id = uuid.uuid4().hex[:12]
-        # A driver that exits without shutdown() still leaves no lock directory behind.
-        atexit.register(remove_lock_dir, self.cluster_id)
+        # A driver that exits without shutdown() still leaves no lock directory behind, and its pooled rank
+        # processes are gone before Ray's own exit hook (registered earlier, so it runs later) stops Ray.
+        atexit.register(self.shutdown)
         self.nodes = self._discover_nodes()
         for name, ranks in self.config.node_groups.items():
             bad = [r for r in ranks if r >= len(self.nodes)]

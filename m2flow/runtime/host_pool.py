@@ -39,6 +39,8 @@ _pending: dict[int, tuple[Any, str]] = {}
 """Hosts asked to release and not yet settled, by ``id``."""
 _epoch = 0
 """Bumped by ``clear``: a hand-back begun before it kills its hosts instead of pooling them."""
+_settling: set[threading.Thread] = set()
+"""Hand-back threads still waiting on their hosts' answers."""
 counts = {"reused": 0, "pooled": 0, "killed": 0}
 """Since this process started: hosts taken from the pool, handed back clean, killed at a shutdown."""
 
@@ -62,14 +64,21 @@ def idle_count() -> int:
 
 def clear() -> None:
     """Kill every pooled host and every host still handing itself back (Ray is about to shut down): a run's
-    end leaves no rank process to Ray's own teardown, as when each group killed its processes itself."""
+    end leaves no rank process to Ray's own teardown, as when each group killed its processes itself.
+
+    Returns once every hand-back thread has left Ray (its hosts are dead, so their answers come at once; at
+    most ``RELEASE_TIMEOUT_S``): a thread still inside ``ray.wait`` while Ray shuts down can crash the
+    process at exit."""
     global _epoch
     with _lock:
         _epoch += 1
         hosts = [h for pooled in _idle.values() for h, _ in pooled] + [h for h, _ in _pending.values()]
         _idle.clear()
         _pending.clear()
+        threads = list(_settling)
     _kill_all(hosts)
+    for t in threads:
+        t.join(RELEASE_TIMEOUT_S)
 
 
 def release_later(hosts: Sequence[tuple[Any, str]], keys: Sequence[tuple[str, str, int]], keep: int) -> None:
@@ -89,8 +98,19 @@ def release_later(hosts: Sequence[tuple[Any, str]], keys: Sequence[tuple[str, st
             refs.append(h.release.remote())
         except Exception:  # noqa: BLE001 - the host is gone (or Ray is); nothing to release
             refs.append(None)
-    threading.Thread(target=_settle, args=(list(hosts), list(keys), refs, keep, epoch), daemon=True,
-                     name="m2flow-host-release").start()
+    thread = threading.Thread(target=_settle_then_leave, args=(list(hosts), list(keys), refs, keep, epoch),
+                              daemon=True, name="m2flow-host-release")
+    with _lock:
+        _settling.add(thread)
+    thread.start()
+
+
+def _settle_then_leave(*args: Any) -> None:
+    try:
+        _settle(*args)
+    finally:
+        with _lock:
+            _settling.discard(threading.current_thread())
 
 
 def _settle(hosts: list[tuple[Any, str]], keys: list[tuple[str, str, int]], refs: list[Any], keep: int,

@@ -141,3 +141,17 @@ def test_a_pooled_process_that_died_is_replaced_by_a_new_one(cluster):
         assert again.state().wait(timeout=60)[0]["pid"] != pid
     finally:
         again.shutdown()
+
+
+def test_clearing_the_pool_returns_after_every_hand_back_has_left_ray(cluster):
+    """Ray is shut down right after ``clear`` (a run's end, the interpreter's exit): a hand-back thread still
+    waiting inside Ray then could crash the process, so ``clear`` kills the hosts and waits for the threads."""
+    group = WorkerGroup(Marks, cluster, "pool-clear", num_ranks=1, max_concurrency=1)
+    pid = group.pids()[0]
+    group.sleep(60)
+    time.sleep(0.5)  # the one call slot is taken: the host's release queues behind the sleep
+    group.shutdown()
+    assert [t for t in threading.enumerate() if t.name == "m2flow-host-release"]  # waiting on the answer
+    host_pool.clear()
+    assert not [t for t in threading.enumerate() if t.name == "m2flow-host-release" and t.is_alive()]
+    assert process_gone(pid, within=30.0)
