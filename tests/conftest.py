@@ -62,7 +62,28 @@ def pytest_sessionfinish(session, exitstatus):
     every thread waiting on them has returned before Ray's own exit hook runs."""
     import sys
 
+    session.config._m2flow_exitstatus = exitstatus
     ray_session = sys.modules.get("tests.ray_session")
     if ray_session is not None and ray_session._CLUSTER is not None:
         ray_session._CLUSTER.shutdown()
         ray_session._CLUSTER = None
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """End the test process once pytest has reported: the exit hooks run (Ray's, the channels', the sandbox
+    pool's, each at its registered place), then the process exits with pytest's status without tearing down
+    the interpreter's modules one by one. That teardown unloads Ray's core worker, torch, gloo and MuJoCo's
+    renderer in no fixed order; a crash there once failed a run whose every test had passed (exit 139 after
+    the report). A crash during a test, or in an exit hook, still fails the run, its stacks printed by
+    ``PYTHONFAULTHANDLER`` in ``make test``."""
+    import atexit
+    import sys
+
+    status = getattr(config, "_m2flow_exitstatus", None)
+    if status is None:
+        return
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(int(status))

@@ -17,3 +17,20 @@ def shared_cluster():
             ray.shutdown()
         _CLUSTER = Cluster(ClusterConfig(cpu_devices_per_node=8))
     return _CLUSTER
+
+
+def stop_ray() -> None:
+    """Shut Ray down from a test (to start it again differently): the pooled rank processes are killed and
+    the threads handing processes back have left Ray first. A thread still inside ``ray.wait`` while Ray
+    shuts down, or after it starts again, can crash the test process."""
+    global _CLUSTER
+    import ray
+
+    from m2flow.runtime import host_pool
+
+    host_pool.clear()
+    if _CLUSTER is not None:
+        _CLUSTER.shutdown()
+        _CLUSTER = None
+    if ray.is_initialized():
+        ray.shutdown()

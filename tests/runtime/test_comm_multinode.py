@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 
 import pytest
-import ray
 import torch
 from ray.cluster_utils import Cluster as RayTestCluster
 
@@ -18,6 +17,7 @@ from m2flow.runtime import Cluster, ClusterConfig, WorkerGroup
 from m2flow.runtime.channel import Channel, ChannelClosed
 from m2flow.runtime.comm import recv_weights, send_weights
 from m2flow.runtime.worker import Worker
+from tests.ray_session import stop_ray
 from tests.runtime.test_comm_serialization import assert_same, payloads
 
 pytestmark = pytest.mark.ray  # starts a two-node Ray of its own (not the shared session)
@@ -76,8 +76,7 @@ def _drain(ch: Channel) -> list[tuple[int, int]]:
 
 @pytest.fixture(scope="module")
 def mn():
-    if ray.is_initialized():
-        ray.shutdown()  # the shared single-node session comes back on its next use
+    stop_ray()  # the shared single-node session comes back on its next use
     raycluster = RayTestCluster(initialize_head=True, head_node_args={"num_cpus": 2})
     raycluster.add_node(num_cpus=2)
     raycluster.wait_for_nodes()
@@ -85,7 +84,7 @@ def mn():
     group = WorkerGroup(Node, cluster, "mn", placement="0,2,3")  # rank 0 on node 0; ranks 1, 2 on node 1
     yield group
     group.shutdown()
-    ray.shutdown()
+    stop_ray()
     raycluster.shutdown()
 
 

@@ -135,14 +135,11 @@ def test_grpo_raises_the_held_out_success_of_the_warm_started_policy(module_dir,
 def test_the_own_task_trains_on_ray_ranks(module_dir, tmp_path, monkeypatch):
     import os
 
-    import ray
-
-    from tests.ray_session import shared_cluster
+    from tests.ray_session import shared_cluster, stop_ray
 
     # Ray's worker processes import env.imports too: the module's directory is on their path as on a user's.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(module_dir), os.environ.get("PYTHONPATH", "")]))
-    if ray.is_initialized():
-        ray.shutdown()  # the shared cluster starts again, its workers with this path
+    stop_ray()  # the shared cluster starts again, its workers with this path
     cfg = own_config(tmp_path, placement="env: 0-1, rollout: 0, actor: 1")
     result = train(WORKFLOW, cfg, cluster=shared_cluster())
     assert result.plan.executor == "ray" and result.plan["env"].world_size == 2
