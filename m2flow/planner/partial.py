@@ -36,5 +36,5 @@ def partial_notes(partial: bool, max_staleness: int, what: str = "responses") ->
     return (f"rollout.partial: {what} unfinished at an iteration's end continue in the next, so with max_staleness "
             f"{max_staleness} the rollout generates {ahead} iteration(s) ahead, not {max_staleness}",
             "rollout.partial: generation priced as the profile measured it: its probes run partial rollouts, so the "
-            "rollout's curve holds iterations that stop at the groups that finish first instead of waiting for the "
+            "measured curves hold iterations that stop at the groups that finish first instead of waiting for the "
             "slowest (no length model: what that saves depends on this machine's cost of a decoding step)")
