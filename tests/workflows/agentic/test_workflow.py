@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from m2flow.driver.registry import load_workflow_config
+from m2flow.planner.bound import FastBound
 from m2flow.planner.cost import ComponentCost, CostModel, Link
 from m2flow.planner.setup import setup_from_plan
 from m2flow.planner.simulate import Simulator
@@ -49,3 +50,8 @@ def test_playing_ahead_overlaps_the_turns_with_training(staleness, partial, seco
     plan = _plan(staleness, partial)
     setup = setup_from_plan(plan, ("rollout", "actor"))
     assert Simulator(GRAPH, WORKLOAD, COST).simulate(setup).iteration_time == pytest.approx(seconds)
+    # The search's bound drops what running ahead overlaps, and stays below the simulation.
+    bound, _ = FastBound(GRAPH, WORKLOAD, COST, setup).evaluate({c: p.ranks for c, p in setup.components.items()})
+    assert bound <= seconds + 1e-9
+    if plan.settings["run_ahead"]:
+        assert bound == pytest.approx(1.0)  # the training, which the turns of the next iteration overlap
