@@ -142,6 +142,10 @@ def run_search(args: argparse.Namespace) -> int:
                                        for k in cand.setup.classes))
         settings = " ".join(_override(k, v) for k, v in ctx.spec.overrides(cand.choice).items())
         say(f"   use: {settings}")
+        if i == 1 and cand.plan is not None:
+            # What the plan's structure means for the config (staleness overlap; how partial rollouts are priced).
+            for note in cand.plan.notes:
+                say(f"   note: {note}")
     for line in rejection_summary(result):
         say(f"  {line}")
     if args.trace is not None:

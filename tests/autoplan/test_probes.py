@@ -54,3 +54,33 @@ def test_the_cpu_share_is_the_median_over_the_probes_of_cpu_over_busy_seconds():
               Probe("d2", {}, "env: 0-1", 2, busy={"env": 0.5, "actor": 0.5}, cpu={"env": 0.9})]
     assert cpu_share("env", probes) == pytest.approx(0.2)  # 0.1, 0.2 and 1.8 (counted as 1): the median
     assert cpu_share("actor", probes) is None  # no metric: the profile leaves it out (the cost model takes 1)
+
+
+PARTIAL = ["rollout.partial=true", "rollout.backend=lean", "rollout.fuse_with_actor=false", "algorithm.max_staleness=1",
+           "algorithm.old_logprobs=rollout", "data.prompts_per_step=4", "model.tiny.hidden_size=32",
+           "model.tiny.num_layers=1", "model.tiny.intermediate_size=64", "actor.num_threads=1",
+           "cluster.cpu_devices_per_node=1"]
+"""A tiny demo config with partial rollouts (one device, one thread: the batch-size probes and one unfused)."""
+
+
+def test_a_profile_without_partial_rollouts_is_not_one_of_a_config_with_them(tmp_path):
+    # The hash a profile carries holds rollout.partial: a config with partial rollouts is priced only by a profile
+    # whose probes ran them (planner/partial.py: generation is priced as measured, not by a length model).
+    from m2flow.autoplan.plan_context import PlanContext
+
+    spec, cfg = load_workflow_config(DEMO, [f"run_dir={tmp_path / 'run'}", *PARTIAL])
+    spec, without = load_workflow_config(DEMO, [f"run_dir={tmp_path / 'run'}", *PARTIAL, "rollout.partial=false"])
+    assert PlanContext(spec, cfg).config_hash() != PlanContext(spec, without).config_hash()
+
+
+@pytest.mark.slow
+def test_a_partial_rollout_config_is_profiled_with_partial_rollouts(tmp_path):
+    # The rollout's curve of a config with partial rollouts is fitted on iterations that stop at the groups that
+    # finish first and carry the rest, measured by the probes (about 10 CPU-seconds: slow).
+    import json
+
+    profiler = _profiler(tmp_path, *PARTIAL)
+    probe = profiler.run_probe(profiler.probes()[0])
+    rows = [json.loads(line) for line in (tmp_path / probe.label / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(r["rollout/partial_carried_count"] >= 1 for r in rows)
+    assert probe.points["rollout"][0] == 8  # the iteration's 1 prompt x 8 responses, not the 2 it holds

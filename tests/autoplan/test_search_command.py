@@ -163,3 +163,17 @@ def test_the_plan_search_command_imports_neither_torch_nor_transformers(tmp_path
     assert done.returncode == 0, done.stderr[-2000:]
     loaded = json.loads(done.stdout.strip().splitlines()[-1])
     assert loaded == {config: [] for config in shapes}, loaded
+
+
+def test_a_search_with_partial_rollouts_says_how_they_were_priced(tmp_path, capsys):
+    partial = ["rollout.partial=true", "rollout.backend=lean", "algorithm.max_staleness=2",
+               "algorithm.old_logprobs=rollout"]
+    path = _profile(tmp_path, capsys, REASONING, {"rollout": (0.05, 0.02), "reward": (0.001, 0.0005),
+                                                  "actor": (0.05, 0.015)}, *partial)
+    assert main(["plan", "search", REASONING, "--profile", str(path), "--devices", "2", *partial]) == 0
+    notes = [line.strip() for line in capsys.readouterr().out.splitlines() if line.strip().startswith("note:")]
+    assert any("generates 1 iteration(s) ahead, not 2" in n for n in notes)
+    assert any("generation priced as the profile measured it" in n for n in notes)
+    # The same profile is not one of the config without partial rollouts: its probes ran them.
+    assert main(["plan", "search", REASONING, "--profile", str(path), *partial[1:]]) != 0
+    assert "is stale" in capsys.readouterr().err

@@ -45,6 +45,7 @@ from typing import Any
 from m2flow.runtime.waiting import gather
 from m2flow.driver.workflow import Flow, Launch
 from m2flow.planner import Plan
+from m2flow.planner.partial import run_ahead
 from m2flow.runtime.errors import worker_died
 from m2flow.runtime.executors import Executor, Handle
 from m2flow.workers.agentic.turn_loop import Rounds, play_turns
@@ -115,13 +116,14 @@ class AgenticFlow(Flow):
         self.iterations = self.progress_total = settings.steps
         # the batch shape is the plan's: groups (seeds) per iteration, episodes per group
         self.groups_per_step, self.group_size = plan.settings["groups_per_step"], plan.settings["group_size"]
-        self.max_staleness = int(plan.settings.get("max_staleness", 0))
+        # Iterations played ahead: the plan's run_ahead (max_staleness, one less with partial rollouts: a carried
+        # episode's tokens are trained an iteration later), which the simulator plays too; a plan file saved before
+        # the setting existed says max_staleness only.
+        self.max_staleness = int(plan.settings.get("run_ahead", run_ahead(int(plan.settings.get("max_staleness", 0)),
+                                                                          settings.partial)))
         self.env_fused = plan.fused("env")
         self.rollout_ranks, self.actor_ranks = plan["rollout"].world_size, plan["actor"].world_size
         self.partial = settings.partial
-        if self.partial:
-            # Iterations played ahead: one less, since a carried episode's tokens are trained an iteration later.
-            self.max_staleness = max(0, self.max_staleness - 1)
         carried = state.get(PARTIAL_KEY)
         self._provision = self.partial and carried is None  # the next iteration takes an extra batch to carry
         self._batch = run.start + (1 if self.partial and carried is not None else 0)  # the next batch of groups

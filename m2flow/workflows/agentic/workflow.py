@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from m2flow.driver.registry import register_workflow
 from m2flow.driver.workflow import CheckpointEval, EvalOptions, Launch, Workflow
 from m2flow.planner import Plan
+from m2flow.planner.partial import partial_notes, run_ahead
 from m2flow.planner.setup import Workload
 from m2flow.runtime.executors import Executor
 from m2flow.workflows.agentic.config import AgenticConfig
@@ -34,6 +35,7 @@ WORKLOAD = Workload(
     inputs={"rollout": ("observations",), "env": ("actions",), "actor": ("trajectories",)},
     weights=(("actor", "rollout"),),
     categories={"env": "env_step", "rollout": "generate", "actor": "train"},
+    run_ahead="run_ahead",
 )
 
 
@@ -47,8 +49,16 @@ class AgenticWorkflow(Workflow):
         actor = cfg.actor
         micro = ({"actor_micro_batch_tokens": actor.micro_batch_tokens} if actor.micro_batch_tokens is not None
                  else {"actor_micro_batch": actor.micro_batch_size})  # the actor's micro-batches
+        staleness = cfg.algorithm.max_staleness
+        # run_ahead: the iterations the rollout plays ahead of the actor (one less with partial rollouts), what the
+        # flow runs and the simulator plays
         return {"groups_per_step": cfg.episodes.groups_per_step, "group_size": cfg.episodes.group_size,
-                "max_turns": cfg.rollout.max_turns, "max_staleness": cfg.algorithm.max_staleness, **micro}
+                "max_turns": cfg.rollout.max_turns, "max_staleness": staleness,
+                "run_ahead": run_ahead(staleness, cfg.rollout.partial), **micro}
+
+    def notes(self, cfg: AgenticConfig, plan: Plan) -> tuple[str, ...]:
+        """With partial rollouts: the rollout plays one iteration less ahead, and how its turns are priced."""
+        return partial_notes(cfg.rollout.partial, cfg.algorithm.max_staleness, "episodes")
 
     def workload(self) -> Workload:
         return WORKLOAD

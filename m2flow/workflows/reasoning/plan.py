@@ -17,6 +17,8 @@ from collections.abc import Mapping
 
 from m2flow.driver.workflow import Tunable
 from m2flow.planner import Plan
+from m2flow.planner.partial import partial_notes
+from m2flow.planner.partial import run_ahead as partial_run_ahead
 from m2flow.planner.setup import Workload
 from m2flow.workers.config import batching_mode
 from m2flow.workflows.reasoning.config import ReasoningConfig
@@ -93,28 +95,24 @@ def settings(cfg: ReasoningConfig, plan: Plan, values: Mapping[str, Any]) -> dic
 
 def run_ahead(cfg: ReasoningConfig) -> int:
     """Iterations the rollout generates ahead of the actor (0: synchronous): ``max_staleness`` s, or s - 1
-    with partial rollouts, whose carried tokens are trained an iteration after they were sampled.
+    with partial rollouts, whose carried tokens are trained an iteration after they were sampled
+    (``planner.partial.run_ahead``).
 
-    This is also all the planner knows of partial rollouts: an iteration's generation is priced by the
-    rollout's curve for the iteration's responses, as without them. The curve is fitted on whole batches,
-    each waiting for its slowest response; a partial-rollout iteration hands out the groups that finish
-    first instead, so the model overprices its generation where response lengths have a long tail (it
-    holds no length distribution to price that by)."""
-    staleness = cfg.algorithm.max_staleness
-    return max(0, staleness - 1) if cfg.rollout.partial else staleness
+    The other half of what the planner knows of partial rollouts is in the profile: its probes run this
+    config, partial rollouts included, so the rollout's curve is fitted on iterations that stop at the groups
+    that finish first, as measured on this machine (``planner/partial.py`` says why no length model)."""
+    return partial_run_ahead(cfg.algorithm.max_staleness, cfg.rollout.partial)
 
 
 def notes(cfg: ReasoningConfig, plan: Plan) -> tuple[str, ...]:
-    """With staleness, what generating ahead overlaps on this plan (with partial rollouts the rollout runs
-    one iteration less ahead: a carried response's tokens are trained an iteration after they were sampled)."""
+    """With staleness, what generating ahead overlaps on this plan; with partial rollouts, that the rollout runs
+    one iteration less ahead (a carried response's tokens are trained an iteration after they were sampled) and
+    how their generation is priced."""
     staleness, ahead = cfg.algorithm.max_staleness, run_ahead(cfg)
     if not staleness:
         return ()
-    if not cfg.rollout.partial:
-        return (_overlap_note(staleness, plan),)
-    partial = (f"rollout.partial: responses unfinished at an iteration's end continue in the next, so with "
-               f"max_staleness {staleness} the rollout generates {ahead} iteration(s) ahead, not {staleness}")
-    return (partial, _overlap_note(ahead, plan)) if ahead else (partial,)
+    partial = partial_notes(cfg.rollout.partial, staleness)
+    return (*partial, _overlap_note(ahead, plan)) if ahead else partial
 
 
 def _model_groups(plan: Plan) -> list[str]:
