@@ -163,12 +163,14 @@ class ActorWorker(Worker):
         metrics["actor/lr"] = lr
         if self.updater.compiled is not None:
             metrics["actor/compiled"] = float(self.updater.compiling)  # 0 once a compile failure fell back
-        metrics.update(self._policy_stats(batch))
+        metrics.update(self._policy_stats(batch, metrics))
         return metrics
 
-    def _policy_stats(self, batch: PPOBatch) -> dict[str, float]:
-        if not isinstance(self.policy, ActorCritic):  # any policy: its mean entropy on a sample of the batch
-            with torch.no_grad():
+    def _policy_stats(self, batch: PPOBatch, update: dict[str, float]) -> dict[str, float]:
+        if not isinstance(self.policy, ActorCritic):
+            if "actor/entropy" in update:  # the mean over the update's minibatch forwards, no pass of its own
+                return {}
+            with torch.no_grad():  # an update that ran no forward (a critic warm-up): a sample of the batch
                 out = self.policy.evaluate(batch.obs[:_ENTROPY_SAMPLE], batch.actions[:_ENTROPY_SAMPLE])
             return {"actor/entropy": float(out.entropy.mean())}
         head = self.policy.head

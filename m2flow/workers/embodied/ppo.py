@@ -44,7 +44,7 @@ from m2flow.workers.embodied.closed_form import ClosedFormPPO, supports
 from m2flow.workers.embodied.compiled_step import CompiledStep
 from m2flow.workers.embodied.config import PPOConfig
 from m2flow.workers.embodied.flat import FlatAdam, FlatParameters
-from m2flow.workers.embodied.minibatch_forward import minibatch_forward
+from m2flow.workers.embodied.minibatch_forward import PolicyForward, minibatch_forward
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +150,7 @@ class PPOUpdater:
         self.all_reduce = all_reduce
         self.flat = FlatParameters(policy)
         self.policy_forward = minibatch_forward(policy)
+        self._entropy_seen: list = [torch.zeros(()), 0]  # summed entropy and samples of this update's forwards
         """The policy's forward for minibatches: log-ratio, values and entropy with few tensor operations."""
         self.closed_form = (ClosedFormPPO(policy, cfg, self.flat.params) if closed_form and supports(policy, cfg)
                             else None)
@@ -229,6 +230,7 @@ class PPOUpdater:
         for start, end in bounds:
             neg_scale[start:end] = -1.0 / (end - start)
         sums = torch.zeros(len(_SUMS), dtype=batch.advantages.dtype, device=batch.advantages.device)
+        self._entropy_seen = [torch.zeros((), dtype=sums.dtype, device=sums.device), 0]
         weights: dict[int, Tensor] = {}
         count = 0.0  # sum over minibatches of this rank's share of it
         steps = 0
@@ -274,7 +276,10 @@ class PPOUpdater:
             self._restore(saved)
         self._count_skip(skipped)
         pg, sq, ratio, log_ratio, clipped, count = (float(v) / max(steps, 1) for v in values)
+        entropy_sum, entropy_samples = self._entropy_seen
+        entropy = {"actor/entropy": float(entropy_sum) / entropy_samples} if entropy_samples else {}
         return {
+            **entropy,
             "actor/skipped_updates_count": float(skipped),
             "actor/pg_loss": pg,
             "critic/value_loss": sq,
@@ -394,6 +399,11 @@ class PPOUpdater:
         cfg = self.cfg
         log_ratio, values, log_p = self.policy_forward.evaluate(obs, actions, offset)
         entropy = self.policy_forward.entropy_sum(log_p, obs.shape[0]) if cfg.ent_coef else None
+        if isinstance(self.policy_forward, PolicyForward) and log_p is not None:
+            # Any policy's ``evaluate`` gives each sample's entropy with its log-probs: the update's
+            # ``actor/entropy`` comes from here, with no forward pass of its own.
+            self._entropy_seen[0] += log_p.detach().sum()
+            self._entropy_seen[1] += log_p.shape[0]
         per_token = log_ratio.dim() == 2
         k = log_ratio.shape[1] if per_token else 1
         if per_token:  # [B, K] -> [B * K]

@@ -126,3 +126,18 @@ def test_a_critic_warmup_update_fits_the_value_and_leaves_the_vla_acting_as_befo
     assert ((policy.value(batch.obs) - batch.returns) ** 2).mean() < error_before
     assert updater.update(batch)["actor/critic_warmup"] == 0.0  # a normal update moves the policy again
     assert not torch.equal(policy(batch.obs)[0], logits_before)
+
+
+def test_the_updates_entropy_is_the_mean_over_its_own_forwards_with_no_pass_of_its_own(monkeypatch):
+    # lr 0: the policy stays as it was, so every minibatch forward sees the batch's entropies; the mean over
+    # two epochs of three minibatches is the batch's mean entropy, and evaluate ran once per minibatch only.
+    policy = _vla()
+    batch = _batch(policy)
+    expected = float(policy.evaluate(batch.obs, batch.actions).entropy.mean())
+    updater = PPOUpdater(policy, PPOConfig(epochs=2, minibatch_size=8, lr=0.0))
+    calls = []
+    evaluate = policy.evaluate
+    monkeypatch.setattr(policy, "evaluate", lambda obs, actions: calls.append(len(obs)) or evaluate(obs, actions))
+    metrics = updater.update(batch, lr=0.0)
+    assert calls == [8] * 6
+    assert metrics["actor/entropy"] == pytest.approx(expected, rel=1e-5)
