@@ -14,7 +14,15 @@ the rollout, placement ``local``):
 - ``partial``: an iteration trains on the groups that finished first; the rest continue in the next
   iteration (the rollout does not run ahead: carried tokens use the staleness bound);
 - ``partial_s2``: the same with ``max_staleness: 2``, so the rollout runs one iteration ahead, as
-  ``full`` does (the same overlap of generation with training; carried tokens up to two versions old).
+  ``full`` does (the same overlap of generation with training; carried tokens up to two versions old);
+- ``trl_tN``: TRL's ``GRPOTrainer`` on the same model directory, prompts, group size, length limit, sampling,
+  learning rate and reward, with N torch threads (``--trl-threads``; G1's peer script,
+  ``peers/trl_grpo.py``, in the environment ``g1_reasoning.py --setup`` makes). TRL generates with
+  transformers ``generate``, each batch until its longest response ends; its step is timed from the
+  step's start to its end by a trainer callback, the same span as m2flow's ``time/step``.
+
+Every side reads one model directory built once per invocation (the run config's tiny model), so all
+start from the same weights.
 
 Both may decode ``--max-running`` rows at once (default: two iterations' responses, room for the
 carried prompts and the new ones together; the full side never fills more than one iteration's). With
@@ -28,6 +36,7 @@ Before the runs, generation alone (fixed weights, no training) is measured both 
 
     python benchmarks/g3_long_tail.py                     # 16 prompts x 4 samples, up to 96 tokens
     python benchmarks/g3_long_tail.py --rounds 3 --steps 10 --max-new-tokens 128
+    python benchmarks/g3_long_tail.py --rounds 3 --trl-threads 1,2     # with TRL beside (after g1's --setup)
 
 Writes ``benchmarks/results/g3.json`` and prints one summary line.
 """
@@ -36,7 +45,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -59,15 +70,18 @@ def parity_reward(response: str, reference: str) -> float:
 SIDES = {"full": (False, 1), "partial": (True, 1), "partial_s2": (True, 2)}
 
 
-def config(args: argparse.Namespace, root: Path, partial: bool, staleness: int) -> Any:
-    """The reasoning config of one side."""
+TRL_PYTHON = HERE / ".venvs" / "trl" / "bin" / "python"
+
+
+def config(args: argparse.Namespace, root: Path, partial: bool, staleness: int, model_dir: Path | None = None) -> Any:
+    """The reasoning config of one side (its tiny model built at ``root/model``, or read from ``model_dir``)."""
     from m2flow.config.convert import from_dict
     from m2flow.workflows.reasoning.config import ReasoningConfig
 
     return from_dict(ReasoningConfig, {
         "placement": "local",
         "seed": args.seed,
-        "model": {"path": str(root / "model"), "create_tiny": True,
+        "model": {"path": str(model_dir or root / "model"), "create_tiny": True,
                   "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "seed": args.seed}},
         "data": {"prompts_per_step": args.prompts, "shuffle": False,
                  "arithmetic": {"train_size": args.prompts * (args.steps + 2), "test_size": 8}},
@@ -83,13 +97,48 @@ def config(args: argparse.Namespace, root: Path, partial: bool, staleness: int) 
     })
 
 
-def run_side(args: argparse.Namespace, side: str) -> dict[str, float]:
+def shared_model(args: argparse.Namespace, workdir: Path) -> Path:
+    """The run config's tiny model and tokenizer, built once in ``workdir`` for every side."""
+    from m2flow.workflows.reasoning.data import prepare_model
+
+    cfg = config(args, workdir, False, 1)
+    return prepare_model(cfg.model, cfg.data)
+
+
+def trl_workload(args: argparse.Namespace, model_dir: Path, workdir: Path) -> Path:
+    """The TRL peer's workload file: the shared model, arithmetic prompts, and the m2flow sides' settings."""
+    from m2flow.data.arithmetic import ArithmeticTask
+
+    count = args.prompts * (args.steps + 2)
+    prompts = [p["prompt"] for p in ArithmeticTask(digits=2).sample("train", count, seed=args.seed)]
+    workload = {"model_dir": str(model_dir), "prompts": prompts, "prompts_per_step": args.prompts,
+                "group_size": args.group, "max_new_tokens": args.max_new_tokens, "temperature": 1.0,
+                "lr": 1e-5, "steps": args.steps - args.warmup, "warmup_steps": args.warmup, "seed": args.seed}
+    path = workdir / "workload.json"
+    path.write_text(json.dumps(workload))
+    return path
+
+
+def run_trl(workload: Path, threads: int) -> dict[str, float]:
+    """One TRL run in its own environment and process; its figures over the steps after the warm-up."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.run([str(TRL_PYTHON), str(HERE / "peers" / "trl_grpo.py"), "--workload", str(workload),
+                           "--threads", str(threads)], env=env, capture_output=True, text=True, timeout=3600)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"TRL failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    out = json.loads(lines[-1])
+    return {"completions_per_s": out["completions_per_s"], "tokens_per_s": out["tokens_per_s"],
+            "seconds_per_step": out["seconds_per_step"], "mean_response_tokens": out["mean_completion_tokens"]}
+
+
+def run_side(args: argparse.Namespace, side: str, model_dir: Path) -> dict[str, float]:
     """One training run; completions/s and tokens/s over the iterations after the warm-up."""
     from m2flow.driver.run import Run
     from m2flow.workflows.reasoning.workflow import WORKFLOW
 
     with tempfile.TemporaryDirectory(prefix="g3-") as tmp:
-        with Run(WORKFLOW, config(args, Path(tmp), *SIDES[side])) as run:
+        with Run(WORKFLOW, config(args, Path(tmp), *SIDES[side], model_dir=model_dir)) as run:
             history = run.train().history[args.warmup:]
     seconds = sum(h["time/step"] for h in history)
     completions = sum(h["rollout/responses_count"] for h in history)
@@ -190,30 +239,53 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="iterations left out of each run's figures")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each side, alternating")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trl-threads", default="",
+                        help="comma-separated torch thread counts of TRL sides (e.g. 1,2; empty: no TRL side)")
+    parser.add_argument("--sides", default=",".join(SIDES), help="comma-separated m2flow sides")
+    parser.add_argument("--no-generation-only", action="store_true", help="skip the generation-alone measurement")
+    parser.add_argument("--out", default="g3", help="result file name under benchmarks/results/")
     args = parser.parse_args()
     import torch
 
     torch.set_num_threads(1)
+    trl_threads = [int(t) for t in args.trl_threads.split(",") if t]
+    if trl_threads and not TRL_PYTHON.exists():
+        parser.error(f"no TRL environment at {TRL_PYTHON}: run `python benchmarks/g1_reasoning.py --setup` first")
+    workdir = Path(tempfile.mkdtemp(prefix="g3-model-"))
+    model_dir = shared_model(args, workdir)
+    workload = trl_workload(args, model_dir, workdir)
     spread = length_spread(args)
-    alone = generation_only(args)
-    runs: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
+    alone = None if args.no_generation_only else generation_only(args)
+    m2flow_sides = [s for s in args.sides.split(",") if s]
+    runs: dict[str, list[dict[str, float]]] = {side: [] for side in m2flow_sides + [f"trl_t{t}" for t in trl_threads]}
     for r in range(args.rounds):
         for side in runs:
             t0 = time.perf_counter()
-            runs[side].append(run_side(args, side))
+            if side.startswith("trl_t"):
+                runs[side].append(run_trl(workload, int(side[len("trl_t"):])))
+            else:
+                runs[side].append(run_side(args, side, model_dir))
             print(f"  round {r + 1}/{args.rounds} {side}: {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
     med = {side: {k: statistics.median(row[k] for row in rows) for k in rows[0]} for side, rows in runs.items()}
-    ratios = {side: med[side]["completions_per_s"] / med["full"]["completions_per_s"] for side in SIDES if side != "full"}
-    steps_ratio = alone["partial"]["decode_steps_per_iteration"] / alone["full"]["decode_steps_per_iteration"]
+    ratios = ({side: med[side]["completions_per_s"] / med["full"]["completions_per_s"] for side in m2flow_sides
+               if side != "full"} if "full" in med else {})
+    trl_best = max((med[f"trl_t{t}"]["completions_per_s"] for t in trl_threads), default=None)
+    over_trl = {side: med[side]["completions_per_s"] / trl_best for side in m2flow_sides} if trl_best else {}
+    steps_ratio = (alone["partial"]["decode_steps_per_iteration"] / alone["full"]["decode_steps_per_iteration"]
+                   if alone else None)
     result = {"workload": vars(args), "length_spread": spread, "generation_only": alone, "runs": runs, "medians": med,
-              "over_full_completions_per_s": ratios, "partial_over_full_decode_steps": steps_ratio,
-              "environment": environment()}
-    path = write_result("g3", result)
+              "over_full_completions_per_s": ratios, "over_trl_best_completions_per_s": over_trl,
+              "partial_over_full_decode_steps": steps_ratio, "environment": environment()}
+    path = write_result(args.out, result)
     print(json.dumps({"lengths": spread,
                       "completions_per_s": {side: round(m["completions_per_s"], 2) for side, m in med.items()},
                       "over_full": {side: round(r, 3) for side, r in ratios.items()},
-                      "generation_only": {k: {m: round(v, 3) for m, v in d.items()} for k, d in alone.items()},
-                      "partial_over_full_decode_steps": round(steps_ratio, 3), "result": str(path)}))
+                      "over_trl_best": {side: round(r, 3) for side, r in over_trl.items()},
+                      "generation_only": {k: {m: round(v, 3) for m, v in d.items()} for k, d in (alone or {}).items()},
+                      "partial_over_full_decode_steps": steps_ratio and round(steps_ratio, 3), "result": str(path)}))
+    import shutil
+
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":
