@@ -38,7 +38,7 @@ Before the runs, generation alone (fixed weights, no training) is measured both 
     python benchmarks/g3_long_tail.py --rounds 3 --steps 10 --max-new-tokens 128
     python benchmarks/g3_long_tail.py --rounds 3 --trl-threads 1,2     # with TRL beside (after g1's --setup)
 
-Writes ``benchmarks/results/g3.json`` and prints one summary line.
+Writes ``benchmarks/results/g3.json`` (or ``--out NAME``: ``NAME.json``) and prints one summary line.
 """
 
 from __future__ import annotations
