@@ -12,6 +12,7 @@ al. 2017). Files are compressed ``.npz`` read without pickle; a bad file raises 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,11 +49,15 @@ class Demos:
         return int(self.obs.shape[0])
 
     def save(self, path: str | Path) -> Path:
-        """Write a compressed ``.npz`` (no pickled objects)."""
+        """Write a compressed ``.npz`` (no pickled objects). Written beside it, then renamed: a reader never
+        sees half a file, and processes making the same file at once each leave a whole one."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez_compressed(path, obs=self.obs, actions=self.actions, episode=self.episode,
-                            tasks=self.tasks.astype(np.str_), seeds=self.seeds, success=self.success)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        with open(tmp, "wb") as f:  # a file object: savez would add ".npz" to a name not ending in it
+            np.savez_compressed(f, obs=self.obs, actions=self.actions, episode=self.episode,
+                                tasks=self.tasks.astype(np.str_), seeds=self.seeds, success=self.success)
+        os.replace(tmp, path)
         return path
 
     @classmethod

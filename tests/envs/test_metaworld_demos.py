@@ -32,6 +32,7 @@ def test_demos_round_trip_and_bad_files_are_named(tmp_path):
     bad.episode[0] = 7
     with pytest.raises(ValueError, match="episode"):
         Demos.load(bad.save(tmp_path / "bad.npz"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.npz", "d.npz", "junk.npz", "partial.npz"]  # no leftovers
     pickled = tmp_path / "pickled.npz"
     np.savez(pickled, obs=np.array([object()]), actions=np.zeros(1), episode=np.zeros(1), tasks=np.array(["a"]),
              seeds=np.zeros(1), success=np.zeros(1))
@@ -99,3 +100,21 @@ def test_chunks_of_actions_are_executed_in_order_and_read_the_frame_after_the_ch
     evaluate_success(chunked(a, 3), ["reach-v3"], [5], env_kwargs=kwargs)
     evaluate_success(repeating(b, 3), ["reach-v3"], [5], env_kwargs=kwargs)
     assert len(a) == 3 and a == b  # decisions at steps 0, 3 and 6: the last chunk cut by the episode's end
+
+
+def test_processes_writing_the_same_demos_file_at_once_leave_a_whole_one(tmp_path):
+    # Runs of several seeds may each make the task's demonstrations; every write goes beside the file and is
+    # renamed over it, so no reader sees a half-written file and the last rename leaves a whole one.
+    import multiprocessing
+
+    path = tmp_path / "same.npz"
+    ctx = multiprocessing.get_context("fork")
+    writers = [ctx.Process(target=fake_demos(600).save, args=(path,)) for _ in range(4)]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join()
+    assert all(w.exitcode == 0 for w in writers)
+    assert np.array_equal(Demos.load(path).obs, fake_demos(600).obs)
+    assert [p.name for p in tmp_path.iterdir()] == ["same.npz"]
+
