@@ -150,8 +150,8 @@ class PPOUpdater:
         self.all_reduce = all_reduce
         self.flat = FlatParameters(policy)
         self.policy_forward = minibatch_forward(policy)
-        self._entropy_seen: list = [torch.zeros(()), 0]  # summed entropy and samples of this update's forwards
         """The policy's forward for minibatches: log-ratio, values and entropy with few tensor operations."""
+        self._entropy_seen: list = [torch.zeros(()), 0]  # summed entropy and samples of this update's forwards
         self.closed_form = (ClosedFormPPO(policy, cfg, self.flat.params) if closed_form and supports(policy, cfg)
                             else None)
         self._clip_coef = torch.zeros((), dtype=self.flat.param.dtype, device=self.flat.param.device)
