@@ -64,9 +64,8 @@ def pytest_sessionfinish(session, exitstatus):
 
     session.config._m2flow_exitstatus = exitstatus
     ray_session = sys.modules.get("tests.ray_session")
-    if ray_session is not None and ray_session._CLUSTER is not None:
-        ray_session._CLUSTER.shutdown()
-        ray_session._CLUSTER = None
+    if ray_session is not None:  # a test used Ray
+        ray_session.stop_ray()
 
 
 @pytest.hookimpl(trylast=True)
