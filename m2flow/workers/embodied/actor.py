@@ -133,11 +133,14 @@ class ActorWorker(Worker):
             del self._sent[version]  # no sample of it can be trained on any more
         return [t for t, ok in zip(trajs, split.fresh) if ok], split
 
-    def _behaviour_policies(self, trajs: list[Trajectory], iteration: int) -> list[Policy | None] | None:
-        """Per trajectory, the policy that collected it where that is not the current one (None: current)."""
-        stale = sorted({t.policy_version for t in trajs if t.policy_version != iteration})
-        if not stale:
+    def _behaviour_policies(self, trajs: list[Trajectory], iteration: int) -> list[Policy | np.ndarray | None] | None:
+        """Per trajectory collected by weights other than the current ones, its behaviour log-probs: those the
+        rollout recorded as it acted, else the policy that acted (a copy of those weights, to score them);
+        None where the current weights acted."""
+        if all(t.policy_version == iteration for t in trajs):
             return None
+        stale = sorted({t.policy_version for t in trajs
+                        if t.policy_version != iteration and t.behaviour_logprobs is None})
         while len(self._scratch) < len(stale):  # one scratch copy per version in use, reused
             self._scratch.append(copy.deepcopy(self.policy))
         loaded: dict[int, Policy] = {}
@@ -147,7 +150,9 @@ class ActorWorker(Worker):
                                    f"version {v}, which this actor never sent")
             policy.load_state_dict(self._sent[v])
             loaded[v] = policy
-        return [loaded.get(t.policy_version) for t in trajs]
+        return [None if t.policy_version == iteration
+                else t.behaviour_logprobs if t.behaviour_logprobs is not None else loaded[t.policy_version]
+                for t in trajs]
 
     def _train(self, trajs: list[Trajectory], iteration: int) -> dict[str, float]:
         behaviour = self._behaviour_policies(trajs, iteration) if self.max_staleness > 0 else None

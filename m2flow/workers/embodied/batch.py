@@ -61,13 +61,14 @@ def decision_discounts(trajs: list[Trajectory], gamma: float, device: torch.devi
 
 def build_batch(policy: Policy, trajs: list[Trajectory], cfg: PPOConfig,
                 device: torch.device | str = "cpu",
-                behaviour: Sequence[Policy | None] | None = None) -> tuple[PPOBatch, dict[str, float]]:
+                behaviour: Sequence[Policy | np.ndarray | None] | None = None) -> tuple[PPOBatch, dict[str, float]]:
     """Join trajectories along the env axis ((T, N) with N = all envs) and flatten to T * N samples.
 
     Old log-probabilities and values come from ``policy`` in one pass. Without ``behaviour`` it must
     hold the weights the rollout acted with. With ``behaviour`` (one entry per trajectory: the
-    policy that acted, or None where that is ``policy`` itself) the old log-probs are the proximal
-    policy's (``policy``) and the batch carries the decoupled-PPO weights pi_prox / pi_behav
+    policy that acted, scored here, or the (T, n) joint log-probs it recorded as it acted
+    (``Trajectory.behaviour_logprobs``), or None where that is ``policy`` itself) the old log-probs are the
+    proximal policy's (``policy``) and the batch carries the decoupled-PPO weights pi_prox / pi_behav
     (``m2flow.algorithms.offpolicy``); values, and so GAE, are always ``policy``'s critic. GAE bootstraps time-limit truncations from V(true last observation) and
     treats terminations as value 0; with ``use_critic`` off, values are 0 and lambda 1, so the
     advantages are discounted returns. With action chunks a sample is a decision and GAE runs over
@@ -117,7 +118,9 @@ def build_batch(policy: Policy, trajs: list[Trajectory], cfg: PPOConfig,
             for t, b in zip(trajs, behaviour):
                 cols = slice(offset, offset + t.num_envs)
                 offset += t.num_envs
-                if b is not None:  # (T, n) samples of this trajectory, scored by the weights that acted
+                if isinstance(b, np.ndarray):  # recorded by the rollout as it sampled
+                    behaviour_logprobs[:, cols] = torch.from_numpy(b).to(device)
+                elif b is not None:  # (T, n) samples of this trajectory, scored by the weights that acted
                     o, a = obs[:, cols], actions[:, cols]
                     lp, _ = score(b, o.reshape(-1, *o.shape[2:]), a.reshape(-1, *a.shape[2:]))
                     behaviour_logprobs[:, cols] = (lp if lp.dim() == 1 else lp.sum(-1)).view(T, -1)

@@ -68,6 +68,9 @@ class EnvWorker(Worker):
         # env steps each decision executed (action chunks only; otherwise one each)
         self.env_steps = np.zeros((self.T, n), dtype=np.int64) if self.chunk > 1 else None
         self.rewards = np.zeros((self.T, n), dtype=np.float32)
+        # the log-probs of the actions under the weights that acted, where the policy hands them over
+        self.logprobs = np.zeros((self.T, n), dtype=np.float32)
+        self._scored = True
         self.terminated = np.zeros((self.T, n), dtype=bool)
         self.truncated = np.zeros((self.T, n), dtype=bool)
         self.obs[0] = self.vec.reset()
@@ -124,14 +127,16 @@ class EnvWorker(Worker):
             rewards=self.rewards, terminated=self.terminated, truncated=self.truncated,
             final_index=self._final_index, final_obs=self._final_obs, last_obs=self.obs[self.T],
             policy_version=policy_version, env_steps=self.env_steps,
+            behaviour_logprobs=self.logprobs if self._scored else None,
         )
         self.comm.broadcast(traj, self.actor_group, list(range(self.actor_ranks)))
         # Sent: the next iteration may overwrite the buffers, since receivers in other processes got
         # their own copies; one in this process holds these very arrays, so new ones are taken.
         last = self.obs[self.T]
         if self._actors_in_process():
-            self.obs, self.actions, self.rewards, self.terminated, self.truncated = (
-                np.empty_like(a) for a in (self.obs, self.actions, self.rewards, self.terminated, self.truncated))
+            self.obs, self.actions, self.rewards, self.logprobs, self.terminated, self.truncated = (
+                np.empty_like(a) for a in (self.obs, self.actions, self.rewards, self.logprobs, self.terminated,
+                                           self.truncated))
             if self.env_steps is not None:
                 self.env_steps = np.empty_like(self.env_steps)
         self.obs[0] = last
@@ -155,6 +160,7 @@ class EnvWorker(Worker):
         finals_env: list[np.ndarray] = []
         finals_obs: list[np.ndarray] = []
         busy = wait = 0.0
+        scored = True  # every decision's log-probs came with its actions
         policy_before = link.policy_s
         start = time.perf_counter()
         for k, sl in enumerate(self.stages):
@@ -162,9 +168,13 @@ class EnvWorker(Worker):
         for t in range(T):
             for k, sl in enumerate(self.stages):
                 t0 = time.perf_counter_ns()
-                actions = link.recv_actions(k)
+                actions, logprobs = link.recv_actions(k)
                 t1 = time.perf_counter_ns()
                 self.actions[t, sl] = actions
+                if logprobs is None:
+                    scored = False
+                else:
+                    self.logprobs[t, sl] = logprobs
                 if chunked:
                     res = vec.step_group_chunk(k, actions, self.chunk_discount)
                     self.env_steps[t, sl] = res.env_steps
@@ -201,6 +211,7 @@ class EnvWorker(Worker):
         self._final_obs = np.concatenate(finals_obs) if finals_obs else np.zeros((0, *shape), self.obs.dtype)
         if chunked:  # metrics count env steps, not decisions, so rates compare across chunk sizes
             stats.steps = executed
+        self._scored = scored
         stats.errors, last_error = vec.pop_errors()
         if stats.errors > self.max_error_rate * stats.steps:
             raise RunHealthError(

@@ -1,7 +1,10 @@
 """``PolicyEngine``: a rollout-side copy of the policy that turns observations into actions.
 
-Actions only: the actor recomputes old log-probabilities and values for the whole batch in one pass
-with the very weights this copy acted with, which costs far less than doing it here on every step.
+The actor recomputes old log-probabilities and values for the whole batch in one pass with the very
+weights this copy acted with, which costs far less than doing it here on every step. A policy whose
+``act`` returns the log-probabilities of what it sampled anyway (the VLA: the logits it sampled from)
+hands them over too (``act_scored``): with bounded staleness they are the behaviour log-probs of the
+decoupled objective, which the actor would otherwise score with a second pass under the old weights.
 
 Each env rank it serves has its own random generator, so the actions an env sees do not depend on
 the order in which the rollout served its sources, or on whether it ran in the env's own process.
@@ -128,7 +131,22 @@ class PolicyEngine:
     ) -> list[np.ndarray]:
         """One forward pass over several sources' observations; their actions, in the same order."""
         if not self._actor_critic:
-            return [self._act_policy(o, s, deterministic) for o, s in zip(obs, sources)]
+            return [self._act_policy(o, s, deterministic)[0] for o, s in zip(obs, sources)]
+        return self._act_actor_critic(obs, sources, deterministic)
+
+    def act_scored(
+        self, obs: Sequence[np.ndarray], sources: Sequence[int]
+    ) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """As ``act_many`` (sampled actions), each source's actions with their (n,) float32 log-probabilities
+        (every token of an action chunk together) where the policy's ``act`` computes them, None otherwise
+        (the actor-critics' fast path samples from the action head alone)."""
+        if not self._actor_critic:
+            return [self._act_policy(o, s, False) for o, s in zip(obs, sources)]
+        return [(a, None) for a in self._act_actor_critic(obs, sources, False)]
+
+    def _act_actor_critic(
+        self, obs: Sequence[np.ndarray], sources: Sequence[int], deterministic: bool
+    ) -> list[np.ndarray]:
         sizes = [len(o) for o in obs]
         batch = obs[0] if len(obs) == 1 else np.concatenate(obs)
         out = self._head_out(batch)  # (B, A): means or logits
@@ -149,12 +167,15 @@ class PolicyEngine:
             return [actions]
         return np.split(actions, np.cumsum(sizes)[:-1])
 
-    def _act_policy(self, obs: np.ndarray, source: int, deterministic: bool) -> np.ndarray:
-        """Any policy: its ``act`` on one source's observations, sampling from that source's generator."""
+    def _act_policy(self, obs: np.ndarray, source: int, deterministic: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Any policy: its ``act`` on one source's observations, sampling from that source's generator;
+        the actions and their (n,) joint log-probabilities."""
         with torch.inference_mode():
             x = torch.from_numpy(obs).to(self.device, non_blocking=True)
             out = self.policy.act(x, deterministic, generator=self.generators[source])
-            return out.actions.cpu().numpy().astype(self._action_dtype, copy=False)
+            logprobs = out.logprobs.reshape(len(obs), -1).sum(-1)  # per token (n, S) or joint (n,)
+            return (out.actions.cpu().numpy().astype(self._action_dtype, copy=False),
+                    logprobs.float().cpu().numpy())
 
     def _head_out(self, batch: np.ndarray) -> np.ndarray:
         if self._numpy is not None:

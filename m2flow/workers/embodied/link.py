@@ -30,8 +30,9 @@ class StepLink(Protocol):
     def send_obs(self, stage: int, obs: np.ndarray) -> None:
         """Hand stage ``stage``'s (n_k, *obs_shape) observations to the policy."""
 
-    def recv_actions(self, stage: int) -> np.ndarray:
-        """The (n_k, *action_shape) actions for the observations last sent for ``stage``."""
+    def recv_actions(self, stage: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """The (n_k, *action_shape) actions for the observations last sent for ``stage``, and their (n_k,)
+        log-probabilities under the weights that acted (None where the policy does not record them)."""
 
 
 class InlineLink:
@@ -41,18 +42,18 @@ class InlineLink:
         self.engine = engine
         self.source = source
         self.policy_s = 0.0
-        self._ready: dict[int, np.ndarray] = {}
+        self._ready: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
 
     def send_obs(self, stage: int, obs: np.ndarray) -> None:
         t0 = time.perf_counter_ns()
-        self._ready[stage] = self.engine.act(obs, self.source)
+        self._ready[stage] = self.engine.act_scored([obs], [self.source])[0]
         dt = time.perf_counter_ns() - t0
         self.policy_s += dt * 1e-9
         tracer = get_tracer()
         if tracer.enabled:
             tracer.complete("act", t0, dt, cat="rollout", stage=stage)
 
-    def recv_actions(self, stage: int) -> np.ndarray:
+    def recv_actions(self, stage: int) -> tuple[np.ndarray, np.ndarray | None]:
         return self._ready.pop(stage)
 
 
@@ -68,5 +69,6 @@ class CommLink:
     def send_obs(self, stage: int, obs: np.ndarray) -> None:
         self.comm.send(obs, self.group, self.rank)
 
-    def recv_actions(self, stage: int) -> np.ndarray:
-        return self.comm.recv(self.group, self.rank)
+    def recv_actions(self, stage: int) -> tuple[np.ndarray, np.ndarray | None]:
+        msg = self.comm.recv(self.group, self.rank)  # the actions alone, or (actions, log-probs)
+        return msg if isinstance(msg, tuple) else (msg, None)

@@ -40,6 +40,11 @@ class Trajectory:
     env_steps: np.ndarray | None = None
     """(T, n) int64: env steps decision t executed (action chunks: K, fewer where an episode ended inside
     the chunk); the discount from decision t to t + 1 is gamma ** env_steps[t]. None: one step each."""
+    behaviour_logprobs: np.ndarray | None = None
+    """(T, n) float32: the log-probability of each decision's actions (every token of a chunk together)
+    under the weights that acted, as the rollout sampled them. None: not recorded (the MLP and CNN
+    actor-critics sample from their action head alone); a stale trajectory's are then scored by the
+    actor with its copy of those weights."""
 
     @property
     def num_steps(self) -> int:

@@ -58,9 +58,8 @@ class RolloutWorker(Worker):
                 t0 = time.perf_counter_ns()
                 obs = [comm.recv(group, s) for s in sources]
                 t1 = time.perf_counter_ns()
-                actions = engine.act_many(obs, sources)
-                for s, a in zip(sources, actions):
-                    comm.send(a, group, s)
+                for s, (a, lp) in zip(sources, engine.act_scored(obs, sources)):
+                    comm.send(a if lp is None else (a, lp), group, s)
                 t2 = time.perf_counter_ns()
                 wait += t1 - t0
                 busy += t2 - t1

@@ -61,6 +61,32 @@ def test_engine_actions_per_source_repeat_and_survive_a_checkpoint():
     assert all(np.array_equal(x, y) for x, y in zip(a.act_many([obs[:3], obs[3:]], [0, 1]), again))
 
 
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_engine_hands_over_the_log_probs_of_what_it_sampled(chunk):
+    # The behaviour log-probs of bounded staleness, recorded as the rollout acts: the same actions as
+    # act_many draws, and per decision the joint log-probability evaluate gives those actions.
+    config = PolicyConfig(kind="vla", vla=VLAConfig(**{**vars(TINY), "chunk": chunk}))
+    obs = packed_obs(TINY, 5).numpy()
+    torch.manual_seed(0)
+    a = PolicyEngine(OBS, ACT, config, seed=3, sources=[0, 1])
+    torch.manual_seed(0)
+    b = PolicyEngine(OBS, ACT, config, seed=3, sources=[0, 1])
+    scored = a.act_scored([obs[:2], obs[2:]], [0, 1])
+    plain = b.act_many([obs[:2], obs[2:]], [0, 1])
+    for (actions, logprobs), expected, o in zip(scored, plain, (obs[:2], obs[2:])):
+        assert np.array_equal(actions, expected)
+        assert logprobs.dtype == np.float32 and logprobs.shape == (len(o),)
+        with torch.no_grad():
+            out = a.policy.evaluate(torch.from_numpy(o), torch.from_numpy(actions))
+        np.testing.assert_allclose(logprobs, out.logprobs.reshape(len(o), -1).sum(-1).numpy(), atol=1e-5)
+
+
+def test_the_actor_critic_engine_records_no_log_probs():
+    engine = PolicyEngine(gym.spaces.Box(-1, 1, (3,), np.float32), ACT, PolicyConfig(), seed=0, sources=[0])
+    [(actions, logprobs)] = engine.act_scored([np.zeros((2, 3), np.float32)], [0])
+    assert actions.shape == (2, 4) and logprobs is None
+
+
 def test_token_level_loss_is_the_registered_ppo_loss_over_action_tokens():
     policy = _vla()
     batch = _batch(policy)

@@ -125,3 +125,36 @@ def test_stale_samples_carry_the_decoupled_weights_and_fresh_ones_none():
     sync_batch, _ = build_batch(actor.policy, [fresh, stale], actor.cfg, "cpu")
     assert sync_batch.weights is None
     assert torch.equal(sync_batch.logprobs, batch.logprobs) and torch.equal(sync_batch.advantages, batch.advantages)
+
+
+def test_behaviour_log_probs_recorded_by_the_rollout_replace_the_scoring_of_the_old_weights():
+    # A stale trajectory that carries the log-probs the rollout sampled with: the decoupled weights are
+    # pi_prox / exp(recorded), and the actor needs no copy of the weights that acted.
+    actor = _actor(1, env_ranks=2)
+    _advance(actor, range(2))
+    fresh, stale = _traj(0, 2, 2, 3), _traj(1, 2, 1, 4)
+    scoring = actor._behaviour_policies([fresh, stale], 2)
+    obs = torch.from_numpy(stale.obs).reshape(-1, 4)
+    act = torch.from_numpy(stale.actions).reshape(-1)
+    from m2flow.workers.embodied.ppo import evaluate_actions
+
+    with torch.no_grad():
+        behav, _ = evaluate_actions(scoring[1], obs, act)
+        prox, _ = evaluate_actions(actor.policy, obs, act)
+    stale.behaviour_logprobs = behav.view(T, N).numpy() - 0.25  # as if sampled where each action was less likely
+    del actor._sent[1]  # nothing left to score with
+    behaviour = actor._behaviour_policies([fresh, stale], 2)
+    assert behaviour[0] is None and behaviour[1] is stale.behaviour_logprobs
+    batch, metrics = build_batch(actor.policy, [fresh, stale], actor.cfg, "cpu", behaviour)
+    w = batch.weights.view(T, 2 * N)
+    assert torch.equal(w[:, :N], torch.ones(T, N))
+    torch.testing.assert_close(w[:, N:].reshape(-1), torch.exp(prox - behav + 0.25))
+    assert metrics["async/importance_weight_max"] == pytest.approx(float(w.max()))
+
+
+def test_recorded_log_probs_of_the_current_weights_leave_a_fresh_batch_unweighted():
+    actor = _actor(1, env_ranks=1)
+    _advance(actor, range(1))
+    fresh = _traj(0, 1, 1, 5)
+    fresh.behaviour_logprobs = np.zeros((T, N), np.float32)
+    assert actor._behaviour_policies([fresh], 1) is None

@@ -124,6 +124,28 @@ def test_resume_equals_the_uninterrupted_run(full_run, tmp_path):
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
 
 
+def test_at_staleness_one_the_actor_scores_each_batch_once(tmp_path, monkeypatch):
+    # The rollout one iteration ahead: every trajectory was sampled by the weights before the actor's. The
+    # behaviour log-probs come with the trajectory, as the VLA sampled its tokens, so the actor scores the
+    # batch once, under its own weights, and never under the old ones.
+    from m2flow.workers.embodied import batch as batch_module
+
+    passes = []
+    real = batch_module.score
+
+    def counted(policy, obs, actions):
+        passes.append(len(obs))
+        return real(policy, obs, actions)
+
+    monkeypatch.setattr(batch_module, "score", counted)
+    cfg = vla_config(tmp_path, **{"algorithm.max_staleness": 1, "checkpoint_every": 0})
+    result = train(EMBODIED, cfg)
+    assert len(result.history) == 4 and max(h["async/staleness_max"] for h in result.history) == 1
+    assert passes == [16] * 4  # one pass of an iteration's 2 envs x 8 decisions each
+    stale = [h for h in result.history if h.get("async/age_1_samples")]
+    assert stale and all(0.5 < h["async/importance_weight_mean"] < 2.0 for h in stale)
+
+
 @pytest.mark.parametrize("content, words", [
     (None, "no such file (policy.init_from)"),
     (b"not a torch file at all", "not a readable weights file"),
