@@ -45,13 +45,18 @@ def test_the_fast_paths_are_for_the_actor_critic_only():
     assert isinstance(minibatch_forward(mlp), MinibatchForward) and supports(mlp, PPOConfig())
 
 
+def _twin_engines(config: PolicyConfig, seed: int) -> tuple[PolicyEngine, PolicyEngine]:
+    """Two rollout engines with the same weights and action-noise seeds, serving sources 0 and 1."""
+    engines = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        engines.append(PolicyEngine(OBS, ACT, config, seed=seed, sources=[0, 1]))
+    return engines[0], engines[1]
+
+
 def test_engine_actions_per_source_repeat_and_survive_a_checkpoint():
-    config = PolicyConfig(kind="vla", vla=TINY)
     obs = packed_obs(TINY, 6).numpy()
-    torch.manual_seed(0)
-    a = PolicyEngine(OBS, ACT, config, seed=7, sources=[0, 1])
-    torch.manual_seed(0)
-    b = PolicyEngine(OBS, ACT, config, seed=7, sources=[0, 1])
+    a, b = _twin_engines(PolicyConfig(kind="vla", vla=TINY), seed=7)
     first = a.act_many([obs[:3], obs[3:]], [0, 1])
     assert b.act(obs[3:], 1).tolist() == first[1].tolist()  # source 1 alone: the same actions
     assert first[0].dtype == np.float32 and first[0].shape == (3, 4)
@@ -65,12 +70,8 @@ def test_engine_actions_per_source_repeat_and_survive_a_checkpoint():
 def test_engine_hands_over_the_log_probs_of_what_it_sampled(chunk):
     # The behaviour log-probs of bounded staleness, recorded as the rollout acts: the same actions as
     # act_many draws, and per decision the joint log-probability evaluate gives those actions.
-    config = PolicyConfig(kind="vla", vla=VLAConfig(**{**vars(TINY), "chunk": chunk}))
     obs = packed_obs(TINY, 5).numpy()
-    torch.manual_seed(0)
-    a = PolicyEngine(OBS, ACT, config, seed=3, sources=[0, 1])
-    torch.manual_seed(0)
-    b = PolicyEngine(OBS, ACT, config, seed=3, sources=[0, 1])
+    a, b = _twin_engines(PolicyConfig(kind="vla", vla=VLAConfig(**{**vars(TINY), "chunk": chunk})), seed=3)
     scored = a.act_scored([obs[:2], obs[2:]], [0, 1])
     plain = b.act_many([obs[:2], obs[2:]], [0, 1])
     for (actions, logprobs), expected, o in zip(scored, plain, (obs[:2], obs[2:])):
