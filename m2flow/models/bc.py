@@ -36,6 +36,10 @@ class BCConfig:
     weight_decay: float = option(0.01, "AdamW weight decay")
     grad_clip: float = option(1.0, "gradient norm clip")
     shift: int = option(4, "random-shift augmentation in pixels (0: off)")
+    standardize_proprio: bool = option(
+        True, "standardise the policy's proprioception by the demonstrations' mean and standard deviation "
+        "(kept with its weights); off: read unscaled, as before, and a policy cloned from one task's "
+        "demonstrations learns one action distribution for every frame")
     seed: int = option(0, "seed of the shuffling and the augmentation")
 
     def validate(self) -> None:
@@ -113,6 +117,8 @@ def behaviour_clone(
         actions = chunk_targets(np.asarray(actions), np.asarray(episode), policy.chunk).reshape(len(obs), -1)
     generator = torch.Generator().manual_seed(config.seed)
     obs_t = torch.from_numpy(np.ascontiguousarray(obs))
+    if config.standardize_proprio and policy.proprio is not None:
+        policy.set_proprio_stats(policy.layout.unpack_torch(obs_t)[2])
     tokens = policy.bins.to_tokens(torch.as_tensor(actions, dtype=torch.float32))  # [N, K * A]
     layout = policy.layout
     steps_per_epoch = -(-len(obs) // config.batch_size)

@@ -91,6 +91,9 @@ class WarmStartConfig:
     lr: float = option(1e-3, "AdamW learning rate (cosine-decayed to 10% over the warm start)")
     weight_decay: float = option(0.01, "AdamW weight decay")
     shift: int = option(4, "random-shift image augmentation in pixels (0: off)")
+    standardize_proprio: bool = option(
+        True, "standardise proprioception by the demonstrations' mean and standard deviation, kept with the "
+        "weights (false: read unscaled; cloned from one task, the policy then acts the same on every frame)")
     threads: int = option(0, "torch threads of the warm start (0: torch's default)")
 
     def validate(self) -> None:

@@ -96,6 +96,11 @@ class VLAPolicy(nn.Module):
         self.word = nn.Embedding(vocab, dim, padding_idx=PAD_ID)
         self.text_pos = nn.Parameter(torch.zeros(1, config.text_len, dim))
         self.proprio = nn.Linear(config.proprio_dim, dim) if config.proprio_dim else None
+        # Proprioception is standardised before its token (``set_proprio_stats``; identity until set): the
+        # arm moves a few centimetres within a task, and unscaled, those differences are too small for the
+        # cloning's gradients to find, so the policy learns one action distribution for every frame.
+        self.register_buffer("proprio_mean", torch.zeros(config.proprio_dim))
+        self.register_buffer("proprio_std", torch.ones(config.proprio_dim))
         self.queries = nn.Parameter(torch.zeros(1, self.slots + 1, dim))  # S action slots, then the value query
         layer = nn.TransformerEncoderLayer(
             dim, config.heads, config.mlp_ratio * dim, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
@@ -119,6 +124,7 @@ class VLAPolicy(nn.Module):
         The vocabulary is append-only (``m2flow.envs.instructions``): an old policy's rows keep their ids,
         and the words added since take this policy's own initial rows. Any other mismatch is left as is.
         """
+        state = self._with_proprio_stats(state)
         key = "word.weight"
         old, own = state.get(key), self.word.weight
         if old is None or old.ndim != 2 or old.shape[1] != own.shape[1] or old.shape[0] >= own.shape[0]:
@@ -126,6 +132,26 @@ class VLAPolicy(nn.Module):
         padded = own.detach().clone().to(old.dtype)
         padded[: old.shape[0]] = old
         return {**state, key: padded}
+
+    def _with_proprio_stats(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        """A state of a policy from before proprioception was standardised reads it unscaled, as it did."""
+        if "word.weight" not in state or "proprio_mean" in state:
+            return state
+        return {**state, "proprio_mean": torch.zeros_like(self.proprio_mean),
+                "proprio_std": torch.ones_like(self.proprio_std)}
+
+    @torch.no_grad()
+    def set_proprio_stats(self, proprio: Tensor, min_std: float = 1e-3) -> None:
+        """Standardise proprioception by the mean and standard deviation of ``proprio`` (N, proprio_dim), e.g.
+        the demonstrations' (behaviour cloning sets them); a dimension that hardly varies (std below
+        ``min_std``) is only centred. Saved and synced with the weights (buffers of the state dict)."""
+        proprio = torch.as_tensor(proprio, dtype=torch.float32)
+        if proprio.ndim != 2 or proprio.shape[1] != self.proprio_mean.shape[0] or len(proprio) < 2:
+            raise ValueError(f"proprio stats need (N >= 2, {self.proprio_mean.shape[0]}) values, got "
+                             f"{tuple(proprio.shape)}")
+        std = proprio.std(0)
+        self.proprio_mean.copy_(proprio.mean(0))
+        self.proprio_std.copy_(torch.where(std < min_std, torch.ones_like(std), std))
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):  # type: ignore[override]
         """``nn.Module.load_state_dict`` after :meth:`upgrade_state` (a checkpoint of an older vocabulary loads)."""
@@ -142,7 +168,7 @@ class VLAPolicy(nn.Module):
         parts = [self.stem(images) + self.image_pos, self.word(ids) + text_pos]
         pad = [torch.zeros(b, parts[0].shape[1], dtype=torch.bool, device=images.device), ids == PAD_ID]
         if self.proprio is not None:
-            parts.append(self.proprio(proprio).unsqueeze(1))
+            parts.append(self.proprio((proprio - self.proprio_mean) / self.proprio_std).unsqueeze(1))
             pad.append(pad[0][:, :1])
         prefix = sum(p.shape[1] for p in parts)
         queries = self.queries.expand(b, -1, -1)

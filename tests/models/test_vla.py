@@ -194,3 +194,39 @@ def test_the_query_rows_of_the_last_layer_equal_the_whole_encoder(decoding):
 def test_a_grid_the_stem_cannot_give_names_the_field(grid):
     with pytest.raises(ValueError, match=r"grid: must be in \[1, 8\] for 64x64 images"):
         VLAConfig(grid=grid).validate()
+
+
+def test_proprioception_is_read_standardised_so_its_units_do_not_matter():
+    # The same weights read x with statistics (m, s) as they read 100 x + 3 with (100 m + 3, 100 s).
+    torch.manual_seed(0)
+    a, b = VLAPolicy(small(), 4), VLAPolicy(small(), 4)
+    b.load_state_dict(a.state_dict())
+    obs = packed_obs(small(), 6, seed=2)
+    lay = small().layout()
+    images, ids, proprio = (np.asarray(x) for x in lay.unpack(obs.numpy()))
+    scaled = torch.from_numpy(np.stack([lay.pack(i, t, 100.0 * p + 3.0) for i, t, p in zip(images, ids, proprio)]))
+    a.set_proprio_stats(torch.from_numpy(proprio))
+    b.set_proprio_stats(torch.from_numpy(100.0 * proprio + 3.0))
+    with torch.no_grad():
+        for x, y in zip(a(obs), b(scaled)):
+            torch.testing.assert_close(x, y, atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(a(obs)[0], VLAPolicy(small(), 4).eval()(obs)[0])  # not the identity any more
+
+
+def test_proprio_statistics_are_saved_and_an_older_policy_loads_unscaled(tmp_path):
+    from m2flow.models.vla import save_policy
+
+    torch.manual_seed(0)
+    policy = VLAPolicy(small(), 4)
+    values = torch.tensor([[0.4, 0.6, 0.2, 1.0], [0.5, 0.7, 0.2, 1.0], [0.6, 0.5, 0.2, 1.0]])
+    policy.set_proprio_stats(values)
+    torch.testing.assert_close(policy.proprio_mean, values.mean(0))
+    assert policy.proprio_std[2] == 1.0 and policy.proprio_std[3] == 1.0  # constant dimensions: centred only
+    loaded = torch.load(save_policy(policy, tmp_path / "p.pt"), weights_only=True)["policy"]
+    torch.testing.assert_close(loaded["proprio_std"], policy.proprio_std)
+    older = {k: v for k, v in loaded.items() if not k.startswith("proprio_mean") and not k.startswith("proprio_std")}
+    fresh = VLAPolicy(small(), 4)
+    fresh.load_state_dict(older)  # a file from before the statistics existed
+    assert torch.equal(fresh.proprio_mean, torch.zeros(4)) and torch.equal(fresh.proprio_std, torch.ones(4))
+    with pytest.raises(ValueError, match=r"proprio stats need \(N >= 2, 4\) values"):
+        policy.set_proprio_stats(torch.zeros(5, 3))

@@ -105,7 +105,7 @@ def warm_start_policy(cfg: EmbodiedConfig, run_dir: Path) -> Path:
 
         load_policy_weights(policy, cfg.policy.init_from)
     bc = BCConfig(epochs=ws.epochs, batch_size=ws.batch_size, lr=ws.lr, weight_decay=ws.weight_decay, shift=ws.shift,
-                  seed=cfg.seed)
+                  standardize_proprio=ws.standardize_proprio, seed=cfg.seed)
     log.info("warm start: behaviour cloning on %d steps of %d episodes (%s), %d epochs", len(demos),
              len(demos.tasks), ws.demos, ws.epochs)
     (run_dir / METRICS_FILE).unlink(missing_ok=True)
