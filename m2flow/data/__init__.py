@@ -1,4 +1,4 @@
-"""Datasets of prompts (jsonl/parquet, GSM8K, synthetic arithmetic), samplers, and batch types.
+"""Datasets of prompts (jsonl/parquet, GSM8K, synthetic arithmetic and running sums), samplers, and batch types.
 
 Names are loaded on first use (``from m2flow.data import PromptDataset`` works as usual), so that the
 ``m2flow data`` command, which lives in this package, answers ``m2flow --help`` without importing torch.
@@ -22,9 +22,11 @@ _LAZY = {
     "PromptItem": "m2flow.data.prompts",
     "ReadReport": "m2flow.data.records",
     "Record": "m2flow.data.records",
+    "RUNNING_SUMS_ALPHABET": "m2flow.data.running_sums",
     "Response": "m2flow.data.batch",
     "ResponseGroup": "m2flow.data.batch",
     "RolloutBatch": "m2flow.data.batch",
+    "RunningSumsTask": "m2flow.data.running_sums",
     "extract_gsm8k_reference": "m2flow.data.gsm8k",
     "format_prompt": "m2flow.data.prompts",
     "gsm8k_dataset": "m2flow.data.gsm8k",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 
@@ -31,6 +31,7 @@ _ENUMERATE_LIMIT = 200_000  # below this many problems, enumerate instead of rej
 class ArithmeticTask:
     """Problems `a<op>b=` with operands of up to `digits` digits; the answer is the exact result."""
 
+    alphabet: ClassVar[str] = ARITHMETIC_ALPHABET
     digits: int = 2
     """Largest number of digits of each operand (operands are 0 .. 10**digits - 1)."""
     operators: tuple[str, ...] = ("+", "-")

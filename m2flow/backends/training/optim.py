@@ -60,10 +60,16 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimConfig) -> t
         raise ValueError("optim.fused=true needs plain floating-point parameters on CPU or CUDA")
     kind = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}.get(cfg.name)
     if kind is not None:
-        return kind(trainable, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                    fused=fused or None)
-    return torch.optim.SGD(trainable, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                           fused=fused or None)
+        optimizer = kind(trainable, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                         fused=fused or None)
+    else:
+        optimizer = torch.optim.SGD(trainable, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                                    fused=fused or None)
+    if fused:
+        # torch's fused kernels write the parameters without bumping their version counters, the sign by
+        # which a generator over the same model (a fused rollout's FunctionalLM) sees that its weights changed.
+        optimizer.register_step_post_hook(lambda opt, args, kwargs: torch.autograd.graph.increment_version(trainable))
+    return optimizer
 
 
 def fused_applies(params: Iterable[torch.nn.Parameter]) -> bool:

@@ -48,7 +48,8 @@ class WarmStartConfig:
     warmup_steps: int = option(0, "steps over which the learning rate rises linearly from 0")
     source: Literal["answers", "teacher", "file"] = option(
         "answers", "demonstrations: the training split's reference answers (GSM8K: its worked solutions), the "
-                   "data's imperfect teacher (arithmetic: forgets carries and borrows at data.arithmetic.teacher_slip_rate), "
+                   "data's imperfect teacher (arithmetic: forgets carries and borrows at data.arithmetic.teacher_slip_rate; "
+                   "running_sums: skips digits that wrap the sum, at data.running_sums.teacher_slip_rate), "
                    "or your own file (see file)")
     file: str | None = option(
         None, "source: file: a JSONL file of {\"prompt\": ..., \"response\": ...} lines; each prompt is formatted as "
@@ -102,11 +103,41 @@ class ArithmeticDataConfig:
 
 
 @dataclass
+class RunningSumsDataConfig:
+    """The built-in running-sums task ('314' at a fixed width -> '348'): 1..max_steps reasoning steps, a long tail."""
+
+    max_steps: int = option(24, "most digits in a prompt, so most steps (answer tokens) in a response")
+    length_tail: float = option(1.0, "P(k digits) proportional to k ** -length_tail (0: uniform; larger: fewer long)")
+    train_size: int = option(4000, "training problems (drawn with replacement)")
+    test_size: int = option(400, "held-out problems (a disjoint split, drawn with replacement)")
+    seed: int = option(0, "seed of the problem draw")
+    teacher_slip_rate: float = option(
+        0.0, "share of the teacher's demonstrations (model.warm_start.source: teacher) in which it skips every digit "
+             "that would take the running sum past 9")
+
+    def validate(self) -> None:
+        if self.max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
+        if not self.length_tail >= 0.0:
+            raise ValueError(f"length_tail must be >= 0, got {self.length_tail}")
+        for key in ("train_size", "test_size"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        if not 0.0 <= self.teacher_slip_rate <= 1.0:
+            raise ValueError(f"teacher_slip_rate must be in [0, 1], got {self.teacher_slip_rate}")
+
+
+SYNTHETIC_KINDS = ("arithmetic", "running_sums")
+"""The data kinds generated here, each with an imperfect teacher for the warm start."""
+
+
+@dataclass
 class DataConfig:
     """Where prompts and reference answers come from."""
 
-    kind: Literal["arithmetic", "gsm8k", "file"] = option(
-        "arithmetic", "arithmetic (built in), gsm8k (a directory with train/test jsonl), file (jsonl or parquet)")
+    kind: Literal["arithmetic", "running_sums", "gsm8k", "file"] = option(
+        "arithmetic", "arithmetic or running_sums (built in), gsm8k (a directory with train/test jsonl), file (jsonl "
+                      "or parquet)")
     path: str | None = option(None, "gsm8k: directory or file; file: the training prompts")
     eval_path: str | None = option(None, "file: held-out prompts (None: no held-out set); gsm8k: the test split of path")
     prompt_key: str = option("prompt", "file: key of the prompt text")
@@ -118,6 +149,7 @@ class DataConfig:
     on_bad_line: Literal["error", "skip"] = option("error", "a malformed record: fail naming file and line, or skip and count")
     limit: int | None = option(None, "use only the first this-many training records")
     arithmetic: ArithmeticDataConfig = option(ArithmeticDataConfig(), "the arithmetic task (kind: arithmetic)")
+    running_sums: RunningSumsDataConfig = option(RunningSumsDataConfig(), "the running-sums task (kind: running_sums)")
     prompts_per_step: int = option(8, "prompts per iteration (each gets rollout.sampling.n responses)")
     shuffle: bool = option(True, "shuffle the prompts every epoch")
 
@@ -157,8 +189,9 @@ class ReasoningConfig(RunConfig):
             raise ValueError(
                 "algorithm.old_logprobs: 'actor' is exact only with one optimizer step per iteration "
                 "(actor.mini_batches = actor.update_epochs = 1)")
-        if self.model.warm_start.source == "teacher" and self.data.kind != "arithmetic":
-            raise ValueError(f"model.warm_start.source: 'teacher' needs data.kind 'arithmetic', got {self.data.kind!r}")
+        if self.model.warm_start.source == "teacher" and self.data.kind not in SYNTHETIC_KINDS:
+            raise ValueError(f"model.warm_start.source: 'teacher' needs data.kind in {list(SYNTHETIC_KINDS)}, got "
+                             f"{self.data.kind!r}")
         if self.algorithm.max_staleness > 0 and not self.actor.updates_once:
             raise ValueError(
                 "algorithm.max_staleness > 0 needs one optimizer step per iteration (actor.mini_batches = "

@@ -13,10 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from m2flow.config.errors import InputError
-from m2flow.data import ArithmeticTask, DataNotFoundError, PromptDataset, read_records
+from m2flow.data import ArithmeticTask, DataNotFoundError, PromptDataset, RunningSumsTask, read_records
 from m2flow.data.gsm8k import GSM8K_PROMPT_TEMPLATE, read_gsm8k, resolve_split
 from m2flow.data.prompts import format_prompt
-from m2flow.workflows.reasoning.config import DataConfig, ModelConfig
+from m2flow.workflows.reasoning.config import (
+    SYNTHETIC_KINDS,
+    ArithmeticDataConfig,
+    DataConfig,
+    ModelConfig,
+    RunningSumsDataConfig,
+)
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +36,27 @@ def arithmetic_task(data: DataConfig) -> ArithmeticTask:
                           pad_operands=a.pad_operands)
 
 
+def synthetic_task(data: DataConfig) -> ArithmeticTask | RunningSumsTask:
+    """The built-in task of a synthetic data kind (``SYNTHETIC_KINDS``): its problems, alphabet and teacher."""
+    if data.kind == "arithmetic":
+        return arithmetic_task(data)
+    if data.kind == "running_sums":
+        r = data.running_sums
+        return RunningSumsTask(max_steps=r.max_steps, length_tail=r.length_tail)
+    raise ValueError(f"data.kind {data.kind!r} is not generated here; synthetic kinds: {list(SYNTHETIC_KINDS)}")
+
+
+def synthetic_settings(data: DataConfig) -> ArithmeticDataConfig | RunningSumsDataConfig:
+    """The section of a synthetic kind's own settings (sizes, seed, the teacher's slip rate)."""
+    return data.arithmetic if data.kind == "arithmetic" else data.running_sums
+
+
 def raw_records(data: DataConfig, split: Split) -> list[Any] | None:
     """The records of one split (dicts or ``Record``s), or None when the data has no such split."""
-    if data.kind == "arithmetic":
-        size = data.arithmetic.train_size if split == "train" else data.arithmetic.test_size
-        return arithmetic_task(data).sample(split, size, seed=data.arithmetic.seed)  # type: ignore[arg-type]
+    if data.kind in SYNTHETIC_KINDS:
+        own = synthetic_settings(data)
+        size = own.train_size if split == "train" else own.test_size
+        return synthetic_task(data).sample(split, size, seed=own.seed)  # type: ignore[arg-type]
     if data.kind == "gsm8k":
         assert data.path is not None
         try:
@@ -59,7 +81,7 @@ def raw_records(data: DataConfig, split: Split) -> list[Any] | None:
 def _keys(data: DataConfig) -> tuple[str, str]:
     if data.kind == "gsm8k":
         return "question", "answer"
-    if data.kind == "arithmetic":
+    if data.kind in SYNTHETIC_KINDS:
         return "prompt", "answer"
     return data.prompt_key, data.answer_key
 
@@ -147,15 +169,14 @@ def prepare_model(model: ModelConfig, data: DataConfig) -> Path:
         return path
     if not model.create_tiny:
         raise InputError(f"model.path: {path} does not exist (set model.create_tiny to build a tiny model)")
-    from m2flow.data import ARITHMETIC_ALPHABET
     from m2flow.models.tiny import TinyModelConfig, build_tiny_model, save_checkpoint
     from m2flow.models.tokenizer import train_tokenizer
 
     records = raw_records(data, "train") or []
     if not records:
         raise InputError(f"data: {_source(data)} has no records to build the tiny model's tokenizer from")
-    if data.kind == "arithmetic":
-        texts = [ARITHMETIC_ALPHABET]
+    if data.kind in SYNTHETIC_KINDS:
+        texts = [synthetic_task(data).alphabet]
     else:
         texts = [p + t for p, t in warm_start_pairs(data, records, None)]
     if model.warm_start.source == "file" and model.warm_start.file:  # the warm start's own text, tokenized too

@@ -1,7 +1,7 @@
 """The supervised warm start of a reasoning run: a model-preparation step before any worker starts.
 
 ``warm_start_model`` trains the model at ``model.path`` for ``model.warm_start.steps`` supervised
-steps on demonstrations (the training split's reference answers, the arithmetic task's imperfect
+steps on demonstrations (the training split's reference answers, a synthetic task's imperfect
 teacher, or a JSONL file of the user's own prompt/response pairs) and saves it in ``run_dir/warm_start``
 together with the settings that made it (a file's settings include a hash of its content). A later
 start with the same settings (a resumed run, a rerun in the same directory) loads that model instead
@@ -20,7 +20,13 @@ from m2flow.config.convert import to_dict
 from m2flow.metrics import ConsoleSink, JsonlSink, MetricsLogger
 from m2flow.workflows.reasoning.config import ReasoningConfig
 from m2flow.workflows.warm_start_dir import SETTINGS_FILE, WARM_START_DIR, file_digest, keep, reusable
-from m2flow.workflows.reasoning.data import arithmetic_task, file_demonstrations, raw_records, warm_start_pairs
+from m2flow.workflows.reasoning.data import (
+    file_demonstrations,
+    raw_records,
+    synthetic_settings,
+    synthetic_task,
+    warm_start_pairs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +42,8 @@ def demonstrations(cfg: ReasoningConfig, tokenizer: Any) -> list[tuple[str, str]
     if ws.source == "teacher":
         # A fresh draw for every demonstration shown (steps x batch), as a teacher answering on demand
         # would give; each slips or not independently, so a problem seen twice may get both answers.
-        records: list[Any] = arithmetic_task(cfg.data).teacher_demonstrations(
-            max(1, ws.steps) * ws.batch_size, cfg.data.arithmetic.teacher_slip_rate, seed=cfg.seed)
+        records: list[Any] = synthetic_task(cfg.data).teacher_demonstrations(
+            max(1, ws.steps) * ws.batch_size, synthetic_settings(cfg.data).teacher_slip_rate, seed=cfg.seed)
     else:
         records = raw_records(cfg.data, "train") or []
     return warm_start_pairs(cfg.data, records, tokenizer)

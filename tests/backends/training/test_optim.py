@@ -80,3 +80,21 @@ def test_fused_is_refused_for_parameters_it_cannot_take():
     assert not build_optimizer([meta], OptimConfig()).defaults["fused"]
     with pytest.raises(ValueError, match="optim.fused=true needs plain floating-point parameters"):
         build_optimizer([meta], OptimConfig(fused=True))
+
+
+@pytest.mark.parametrize("name", ["adamw", "adam", "sgd"])
+def test_a_fused_step_marks_the_parameters_changed(name):
+    """A generator over the trained model (a fused rollout's FunctionalLM) rebuilds its weights when their
+    version counters move; torch's fused kernels do not move them, so the optimizer must."""
+    from m2flow.models.functional_lm import FunctionalLM
+    from m2flow.models.tiny import TinyModelConfig, build_tiny_model
+    from m2flow.models.tokenizer import train_tokenizer
+
+    model = build_tiny_model(TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
+                                             intermediate_size=32), train_tokenizer(["0123456789"]))
+    decoder = FunctionalLM.from_hf(model)
+    opt = build_optimizer(model.parameters(), OptimConfig(name=name, lr=0.1, fused=True))
+    assert not decoder.stale
+    model(torch.tensor([[1, 2, 3]])).logits.sum().backward()
+    opt.step()
+    assert decoder.stale

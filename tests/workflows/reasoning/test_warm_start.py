@@ -75,8 +75,28 @@ def test_teacher_demonstrations_slip_at_the_configured_rate(tmp_path):
     assert 0.4 * carries < wrong < 0.6 * carries, (wrong, carries)
 
 
-def test_the_teacher_needs_the_arithmetic_data():
-    with pytest.raises(ConfigError, match="warm_start.source"):
+def test_the_running_sums_teacher_slips_on_problems_whose_sum_wraps(tmp_path):
+    cfg = _config(tmp_path, steps=50, batch_size=40)
+    cfg.data.kind = "running_sums"
+    cfg.data.running_sums.max_steps, cfg.data.running_sums.teacher_slip_rate = 6, 0.5
+    from m2flow.workflows.reasoning.data import synthetic_task
+
+    task = synthetic_task(cfg.data)
+    pairs = warm_start.demonstrations(cfg, None)
+    assert len(pairs) == 2000
+    wrong = sum(answer != task.solve(task.parse(prompt)) for prompt, answer in pairs)
+    wraps = sum(task.slip(task.parse(p)) != task.solve(task.parse(p)) for p, _ in pairs)
+    assert 0.4 * wraps < wrong < 0.6 * wraps, (wrong, wraps)
+    model = prepare_model(cfg.model, cfg.data)  # its tokenizer: one token per character of the task
+    from m2flow.models.causal_lm import load_model_and_tokenizer
+
+    _, tokenizer = load_model_and_tokenizer(str(model))
+    prompt, answer = pairs[0]
+    assert tokenizer.decode(tokenizer.encode(prompt + answer, add_special_tokens=False)) == prompt + answer
+
+
+def test_the_teacher_needs_a_synthetic_data_kind():
+    with pytest.raises(ConfigError, match="warm_start.source.*'arithmetic', 'running_sums'"):
         from_dict(ReasoningConfig, {"model": {"warm_start": {"source": "teacher", "steps": 1}},
                                     "data": {"kind": "file", "path": "x.jsonl"}})
 
