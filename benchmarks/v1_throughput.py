@@ -88,6 +88,11 @@ M2FLOW_PLANS: dict[str, tuple[str, int, tuple[str, ...]]] = {
     # The same with a 2x2 grid of image tokens (4 instead of 16): a cheaper update and decision.
     "m2flow-split-chunk4-grid2": ("env,rollout: 0, actor: 1", 1, ("policy.vla.chunk=4", "policy.vla.decoding=parallel",
                                                                   "policy.vla.grid=2")),
+    # The same with SB3's horizon in env steps: 16 decisions of 4 env steps, 8 envs x 64 env steps an iteration,
+    # so 128 decisions an update (2 epochs of one minibatch of 128) and 16 updates a run, SB3's count; the
+    # pipeline fills (the first collection) and drains (the last update) in a quarter of the time.
+    "m2flow-split-chunk4-grid2-h16": ("env,rollout: 0, actor: 1", 1, ("policy.vla.chunk=4", "policy.vla.decoding=parallel",
+                                                                      "policy.vla.grid=2", "rollout_steps=16")),
     # The same policy on both sides: m2flow's CNN actor-critic shaped as SB3's CnnPolicy, on the image alone.
     "m2flow-cnn-local": ("local", 0, CNN),
     "m2flow-cnn-split": ("env,rollout: 0, actor: 1", 1, CNN),
