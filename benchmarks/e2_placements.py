@@ -66,6 +66,9 @@ PLANS: dict[str, tuple[str, int, bool]] = {
     # the plan search's first choice for the VLA example at staleness 0 (`m2flow plan search` over a
     # profile on two devices): env and actor over both devices, the rollout apart on device 0, two stages
     "planner-choice-vla": ("env,actor: 0-1, rollout: 0", 2, False),
+    # every component on both devices, the policy in the env processes (two env ranks of 4 envs, the actor
+    # data-parallel over both): the plan search's first choice for the VLA with chunks of 4 at staleness 1
+    "collocated-fused-both": ("env,rollout,actor: 0-1", 1, True),
 }
 BASELINE = "collocated-sequential"  # always synchronous: what every plan is compared with
 VLA_EXAMPLE = ROOT / "examples" / "embodied" / "metaworld_vla_ppo.yaml"
