@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from m2flow.models.compile_cache import cache_per_float_path
 from m2flow.models.functional_layers import LayerWeights, Shape, attention_inputs, gated_mlp, rms_norm
 
 __all__ = ["CompiledDecode", "decode_step"]
@@ -91,6 +92,7 @@ class CompiledDecode:
             return decode_step(shape, *args)
 
         self.shape = shape
+        cache_per_float_path()
         self._compiled: Callable[..., Any] | None = torch.compile(step, fullgraph=True)
         self.failure: str | None = None
         """Why the compiled step was given up (None: it was not)."""

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from m2flow.models.compile_cache import cache_per_float_path
 from m2flow.workers.embodied.closed_form import Constants, GradList, Net, minibatch_gradient
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class CompiledStep:
         # C++ calling code instead of Python: ~15% less per call at this size
         options: dict[str, Any] = {"fullgraph": True, "dynamic": False, "options": {"cpp_wrapper": True}}
         betas = (float(betas[0]), float(betas[1]))
+        cache_per_float_path()
 
         def gradient(*args: Any) -> tuple[Tensor, Tensor]:
             return _gradient(net, layout, *args)
