@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import atexit
 import ctypes.util
+import hashlib
 import importlib.util
 import inspect
 import logging
 import os
+import threading
 import weakref
 from typing import Any, Literal
 
@@ -105,24 +107,56 @@ def metaworld_unavailable_reason() -> str | None:
     return None
 
 
-_LIVE_CAMERAS: weakref.WeakSet[OffscreenCamera] = weakref.WeakSet()
+_THREAD = threading.local()
+"""``contexts``: the render contexts made in this thread, by their scene's assets (see ``_RenderContext``)."""
+_LIVE_CONTEXTS: weakref.WeakSet[_RenderContext] = weakref.WeakSet()
 _exit_hook = False
+_ASSET_PREFIXES = ("tex_", "mesh_", "hfield_", "skin_", "flex_")
+"""The ``MjModel`` arrays a render context uploads (textures, meshes, height fields, skins, flexes)."""
 
 
-def _close_cameras() -> None:
-    for camera in list(_LIVE_CAMERAS):
-        camera.close()
+def _close_contexts() -> None:
+    for context in list(_LIVE_CONTEXTS):
+        context.free()
 
 
-class OffscreenCamera:
-    """Renders one named camera of a MuJoCo model into (H, W, 3) uint8 images with cheap settings.
+def _thread_contexts() -> dict[str, _RenderContext]:
+    contexts = getattr(_THREAD, "contexts", None)
+    if contexts is None:
+        contexts = _THREAD.contexts = {}
+    return contexts
 
-    Not ``mujoco.Renderer``: that takes its OpenGL backend from ``MUJOCO_GL`` as it was when
-    ``mujoco`` was first imported (often by gymnasium, before any env asked for pixels); here the
-    EGL or OSMesa context is made explicitly, whatever was imported first.
+
+def _asset_key(model: Any) -> str:
+    """What a render context depends on: the model's asset arrays and its offscreen buffer's settings.
+
+    MetaWorld's resets move bodies, sites and geoms, which a scene reads from the env's own model at each
+    render; nothing of that is uploaded into the context."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name in sorted(n for n in dir(model) if n.startswith(_ASSET_PREFIXES)):
+        value = getattr(model, name)
+        if isinstance(value, np.ndarray):
+            digest.update(f"{name}{value.shape}{value.dtype}".encode())
+            digest.update(np.ascontiguousarray(value).tobytes())
+    vis = model.vis
+    digest.update(repr((vis.global_.offwidth, vis.global_.offheight, vis.quality.offsamples,
+                        vis.quality.shadowsize)).encode())
+    return digest.hexdigest()
+
+
+class _RenderContext:
+    """An offscreen OpenGL context and MuJoCo's render context in it, shared by every camera of this process
+    whose model has the same assets, in the thread that made it.
+
+    Making MuJoCo's render context uploads the scene's textures and meshes: ~0.3 s in a software renderer
+    for a MetaWorld scene (a 1024x1024 texture among them), paid per env of a vector at start-up before it was
+    shared. The cameras render one after another under ``lock``; each keeps its own scene, filled from its
+    own env's model and data at each render. An OpenGL context is current in one thread at a time, so each thread
+    has contexts of its own (workers run as threads of one process in the in-process executor); a camera renders
+    in the thread that built it, as before the contexts were shared.
     """
 
-    def __init__(self, model: Any, camera: str, height: int, width: int, rotate: bool, fast: bool = True) -> None:
+    def __init__(self, model: Any, key: str) -> None:
         import mujoco
 
         backend = gl_backend()
@@ -132,6 +166,60 @@ class OffscreenCamera:
             from mujoco.osmesa import GLContext
         else:
             raise RuntimeError("no offscreen OpenGL: neither libEGL nor libOSMesa is installed")
+        self.key, self.users, self.lock = key, 0, threading.Lock()
+        self.registry = _thread_contexts()
+        self.gl: Any = GLContext(model.vis.global_.offwidth, model.vis.global_.offheight)
+        global _exit_hook
+        if not _exit_hook:
+            # Registered after the first context, so it runs before the GL display's own exit hook:
+            # contexts freed after the display is gone raise at interpreter exit.
+            atexit.register(_close_contexts)
+            _exit_hook = True
+        self.gl.make_current()
+        # The smallest font: no text is ever drawn on these frames, and the larger fonts' glyph textures
+        # made a context ~4x slower to create.
+        self.mjr = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_50)
+        mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self.mjr)
+        _LIVE_CONTEXTS.add(self)
+
+    @classmethod
+    def acquire(cls, model: Any) -> _RenderContext:
+        """The context for ``model``'s assets, made on first use; the caller releases it once."""
+        key, contexts = _asset_key(model), _thread_contexts()
+        context = contexts.get(key)
+        if context is None:
+            context = contexts[key] = cls(model, key)
+        context.users += 1
+        return context
+
+    def release(self) -> None:
+        self.users -= 1
+        if self.users <= 0:
+            self.free()
+
+    def free(self) -> None:
+        if self.registry.get(self.key) is self:
+            del self.registry[self.key]
+        if self.gl is not None:
+            with self.lock:
+                self.gl.make_current()
+                self.mjr.free()
+                self.gl.free()
+                self.gl = None
+
+
+class OffscreenCamera:
+    """Renders one named camera of a MuJoCo model into (H, W, 3) uint8 images with cheap settings.
+
+    Not ``mujoco.Renderer``: that takes its OpenGL backend from ``MUJOCO_GL`` as it was when
+    ``mujoco`` was first imported (often by gymnasium, before any env asked for pixels); here the
+    EGL or OSMesa context is made explicitly, whatever was imported first. Cameras of one process
+    whose models have the same assets render through one context (``_RenderContext``).
+    """
+
+    def __init__(self, model: Any, camera: str, height: int, width: int, rotate: bool, fast: bool = True) -> None:
+        import mujoco
+
         self._mj = mujoco
         self.height, self.width, self.rotate = height, width, rotate
         cam_id = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
@@ -142,19 +230,7 @@ class OffscreenCamera:
             model.vis.quality.offsamples = 0
         model.vis.global_.offwidth = max(model.vis.global_.offwidth, width)
         model.vis.global_.offheight = max(model.vis.global_.offheight, height)
-        self._gl = GLContext(width, height)
-        global _exit_hook
-        if not _exit_hook:
-            # Registered after the first context, so it runs before the GL display's own exit hook:
-            # contexts freed after the display is gone raise at interpreter exit.
-            atexit.register(_close_cameras)
-            _exit_hook = True
-        _LIVE_CAMERAS.add(self)
-        self._gl.make_current()
-        # The smallest font: no text is ever drawn on these frames, and the larger fonts' glyph textures
-        # made a context ~4x slower to create (each env of a vector pays it at start-up).
-        self._context = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_50)
-        mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self._context)
+        self._shared: _RenderContext | None = _RenderContext.acquire(model)
         self._scene = mujoco.MjvScene(model, maxgeom=1000)
         if fast:  # in a software renderer shadows and reflections are extra passes over the scene
             for flag in (mujoco.mjtRndFlag.mjRND_SHADOW, mujoco.mjtRndFlag.mjRND_REFLECTION, mujoco.mjtRndFlag.mjRND_SKYBOX):
@@ -169,20 +245,21 @@ class OffscreenCamera:
 
     def render(self, data: Any) -> np.ndarray:
         """A new (H, W, 3) uint8 image of the camera's view of ``data``."""
-        mj = self._mj
-        self._gl.make_current()
-        mj.mjv_updateScene(self._model, data, self._option, None, self._camera, mj.mjtCatBit.mjCAT_ALL, self._scene)
-        mj.mjr_render(self._viewport, self._scene, self._context)
-        mj.mjr_readPixels(self._pixels, None, self._viewport, self._context)
+        mj, shared = self._mj, self._shared
+        if shared is None:
+            raise RuntimeError("the camera is closed")
+        with shared.lock:
+            shared.gl.make_current()
+            mj.mjv_updateScene(self._model, data, self._option, None, self._camera, mj.mjtCatBit.mjCAT_ALL, self._scene)
+            mj.mjr_render(self._viewport, self._scene, shared.mjr)
+            mj.mjr_readPixels(self._pixels, None, self._viewport, shared.mjr)
         # OpenGL rows run bottom-up: flip them; a camera mounted upside down also needs a left-right flip.
         return self._pixels[:, ::-1].copy() if self.rotate else self._pixels[::-1].copy()
 
     def close(self) -> None:
-        if self._gl is not None:
-            self._gl.make_current()
-            self._context.free()
-            self._gl.free()
-            self._gl = None
+        if self._shared is not None:
+            self._shared.release()
+            self._shared = None
 
 
 def _check_available() -> None:

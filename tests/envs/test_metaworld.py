@@ -234,3 +234,68 @@ def test_gl_backend_choice_and_the_reason_without_one(monkeypatch):
     assert reason is not None and ("OpenGL" in reason or "metaworld" in reason)
     with pytest.raises(RuntimeError, match="'metaworld' is unavailable"):
         MetaWorldPixelEnv("reach-v3")
+
+
+def _frames(envs, seeds=None, steps=6):
+    rng = np.random.default_rng(0)
+    out = [env.reset(seed=s)[0] for s, env in zip(seeds or range(len(envs)), envs)]
+    for _ in range(steps):
+        out += [env.step(rng.uniform(-1, 1, 4))[0] for env in envs]
+    return np.stack(out)
+
+
+@needs_metaworld
+def test_envs_of_a_process_share_a_render_context_and_render_the_same_frames(reach, monkeypatch):
+    """Two reach envs and a drawer env: the reach envs share one context (its textures uploaded once), the drawer
+    env's own assets get another; every frame equals the frame rendered with a context per env; a context is
+    freed with its last env."""
+    from m2flow.envs import metaworld
+
+    def build():
+        return [MetaWorldPixelEnv(task, max_episode_steps=20) for task in ("reach-v3", "drawer-close-v3", "reach-v3")]
+
+    before, users = dict(metaworld._thread_contexts()), reach._camera._shared.users
+    envs = build()
+    ours = [env._camera._shared for env in envs]
+    assert ours[0] is ours[2] is reach._camera._shared and ours[1] is not ours[0]
+    assert ours[0].users == users + 2 and ours[1].users == 1  # with the fixture's reach env
+    shared = _frames(envs)
+
+    keys = iter(range(1_000_000))
+    monkeypatch.setattr(metaworld, "_asset_key", lambda model: f"own-{next(keys)}")
+    apart = build()
+    assert len({id(env._camera._shared) for env in apart}) == 3
+    np.testing.assert_array_equal(_frames(apart), shared)
+    for env in apart:
+        env.close()
+
+    envs[1].close()
+    assert ours[1].gl is None  # its last user is gone
+    envs[0].close()
+    assert ours[0].gl is not None and ours[0].users == users + 1
+    again = _frames([envs[2]], seeds=[2], steps=0)  # the survivor renders on: its first frame as before
+    np.testing.assert_array_equal(again[0], shared[2])
+    envs[2].close()
+    assert dict(metaworld._thread_contexts()) == before
+    with pytest.raises(RuntimeError, match="closed"):
+        envs[2]._camera.render(envs[2].simulator.data)
+
+
+@needs_metaworld
+def test_each_thread_renders_through_contexts_of_its_own(reach):
+    """An OpenGL context is current in one thread at a time: an env built in another thread (a worker of the
+    in-process executor) gets a context of its own and renders there, the same frame as this thread's env."""
+    import threading
+
+    seen = {}
+
+    def other():
+        env = MetaWorldPixelEnv("reach-v3", max_episode_steps=20)
+        seen["context"], seen["frame"] = env._camera._shared, env.reset(seed=3)[0]
+        env.close()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert seen["context"] is not reach._camera._shared and seen["context"].gl is None  # freed with its env
+    np.testing.assert_array_equal(seen["frame"], reach.reset(seed=3)[0])
