@@ -200,10 +200,17 @@ class _RenderContext:
     def free(self) -> None:
         if self.registry.get(self.key) is self:
             del self.registry[self.key]
+        _LIVE_CONTEXTS.discard(self)
         if self.gl is not None:
             with self.lock:
-                self.gl.make_current()
-                self.mjr.free()
+                try:
+                    self.gl.make_current()
+                except Exception:  # noqa: BLE001 - current in another thread: one that built envs and ended
+                    # without closing them (freed at exit). The context's GL objects go with it.
+                    logger.debug("render context %s: current in another thread; destroyed without freeing its "
+                                 "objects first", self.key, exc_info=True)
+                else:
+                    self.mjr.free()
                 self.gl.free()
                 self.gl = None
 

@@ -299,3 +299,26 @@ def test_each_thread_renders_through_contexts_of_its_own(reach):
     thread.join()
     assert seen["context"] is not reach._camera._shared and seen["context"].gl is None  # freed with its env
     np.testing.assert_array_equal(seen["frame"], reach.reset(seed=3)[0])
+
+
+@needs_metaworld
+def test_a_context_left_current_in_an_ended_thread_is_freed_at_exit_quietly():
+    """Envs built in a thread that ended without closing them (a worker thread dropped at a run's end): the exit
+    hook, in another thread, cannot make their context current; it destroys the context without raising."""
+    import threading
+
+    from m2flow.envs import metaworld
+
+    left = {}
+
+    def worker():
+        env = MetaWorldPixelEnv("reach-v3", max_episode_steps=20)
+        env.reset(seed=0)
+        left["env"], left["context"] = env, env._camera._shared
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert left["context"] in set(metaworld._LIVE_CONTEXTS)
+    left["context"].free()  # what the exit hook runs for each live context
+    assert left["context"].gl is None and left["context"] not in set(metaworld._LIVE_CONTEXTS)
