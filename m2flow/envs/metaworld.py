@@ -166,7 +166,7 @@ class _RenderContext:
             from mujoco.osmesa import GLContext
         else:
             raise RuntimeError("no offscreen OpenGL: neither libEGL nor libOSMesa is installed")
-        self.key, self.users, self.lock = key, 0, threading.Lock()
+        self.key, self.users, self.lock, self.pid = key, 0, threading.Lock(), os.getpid()
         self.registry = _thread_contexts()
         self.gl: Any = GLContext(model.vis.global_.offwidth, model.vis.global_.offheight)
         global _exit_hook
@@ -187,7 +187,7 @@ class _RenderContext:
         """The context for ``model``'s assets, made on first use; the caller releases it once."""
         key, contexts = _asset_key(model), _thread_contexts()
         context = contexts.get(key)
-        if context is None:
+        if context is None or context.pid != os.getpid():  # a forked child inherits the parent's, unusable here
             context = contexts[key] = cls(model, key)
         context.users += 1
         return context

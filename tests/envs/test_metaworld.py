@@ -322,3 +322,25 @@ def test_a_context_left_current_in_an_ended_thread_is_freed_at_exit_quietly():
     assert left["context"] in set(metaworld._LIVE_CONTEXTS)
     left["context"].free()  # what the exit hook runs for each live context
     assert left["context"].gl is None and left["context"] not in set(metaworld._LIVE_CONTEXTS)
+
+
+@needs_metaworld
+def test_a_forked_child_makes_contexts_of_its_own(reach, monkeypatch):
+    """A process forked after an env was built inherits the parent's contexts, which are not its own: its envs
+    make new ones (as seen through another process id)."""
+    import os
+
+    from m2flow.envs import metaworld
+
+    parent = reach._camera._shared
+    monkeypatch.setattr(metaworld.os, "getpid", lambda: os.getppid() + 10**7)
+    child = MetaWorldPixelEnv("reach-v3", max_episode_steps=20)
+    try:
+        assert child._camera._shared is not parent
+    finally:
+        child.close()
+    monkeypatch.undo()
+    assert metaworld._thread_contexts().get(parent.key) is not parent  # the child's took its place here ...
+    again = MetaWorldPixelEnv("reach-v3", max_episode_steps=20)  # ... and a later env makes one anew
+    np.testing.assert_array_equal(again.reset(seed=1)[0], reach.reset(seed=1)[0])
+    again.close()
