@@ -93,6 +93,12 @@ M2FLOW_PLANS: dict[str, tuple[str, int, tuple[str, ...]]] = {
     # pipeline fills (the first collection) and drains (the last update) in a quarter of the time.
     "m2flow-split-chunk4-grid2-h16": ("env,rollout: 0, actor: 1", 1, ("policy.vla.chunk=4", "policy.vla.decoding=parallel",
                                                                       "policy.vla.grid=2", "rollout_steps=16")),
+    # The same with one PPO ratio per chunk (``policy.vla.logprob: action``), with which PPO on chunks learned level with
+    # one action per decision at equal env steps (docs/vla.md); a ratio per token lets a chunk of 16 tokens change
+    # its probability up to 1.2^16 times in an update.
+    "m2flow-split-chunk4-grid2-h16-chunkratio": ("env,rollout: 0, actor: 1", 1, (
+        "policy.vla.chunk=4", "policy.vla.decoding=parallel", "policy.vla.grid=2", "rollout_steps=16",
+        "policy.vla.logprob=action")),
     # The same policy on both sides: m2flow's CNN actor-critic shaped as SB3's CnnPolicy, on the image alone.
     "m2flow-cnn-local": ("local", 0, CNN),
     "m2flow-cnn-split": ("env,rollout: 0, actor: 1", 1, CNN),
