@@ -45,7 +45,8 @@ class VLAConfig:
     action_high: float = option(1.0, "upper bound of every action dimension")
     logprob: Literal["token", "action"] = option(
         "token", "what act / evaluate return: 'token': one log-prob per action token (B, chunk * A), so PPO clips a "
-        "ratio per token; 'action': their sum (B,), one ratio per decision (per chunk when chunk > 1)")
+        "ratio per token; 'action': their sum (B,), one ratio per decision (per chunk when chunk > 1; with PPO on "
+        "chunks it learned level with one action per decision where a ratio per token fell below, docs/vla.md)")
     chunk: int = option(
         1, "actions per decision (K): the policy emits K consecutive actions from one observation and the env "
         "worker executes them, rendering only the frame the next decision reads; 1: one action per env step")
