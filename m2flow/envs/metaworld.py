@@ -150,10 +150,10 @@ class _RenderContext:
 
     Making MuJoCo's render context uploads the scene's textures and meshes: ~0.3 s in a software renderer
     for a MetaWorld scene (a 1024x1024 texture among them), paid per env of a vector at start-up before it was
-    shared. The cameras render one after another under ``lock``; each keeps its own scene, filled from its
-    own env's model and data at each render. An OpenGL context is current in one thread at a time, so each thread
-    has contexts of its own (workers run as threads of one process in the in-process executor); a camera renders
-    in the thread that built it, as before the contexts were shared.
+    shared. Each camera keeps its own scene, filled from its own env's model and data at each render. An OpenGL
+    context is current in one thread at a time, so each thread has contexts of its own (workers run as threads
+    of one process in the in-process executor) and a camera renders in the thread that built it, as before the
+    contexts were shared: no lock is needed.
     """
 
     def __init__(self, model: Any, key: str) -> None:
@@ -166,7 +166,7 @@ class _RenderContext:
             from mujoco.osmesa import GLContext
         else:
             raise RuntimeError("no offscreen OpenGL: neither libEGL nor libOSMesa is installed")
-        self.key, self.users, self.lock, self.pid = key, 0, threading.Lock(), os.getpid()
+        self.key, self.users, self.pid = key, 0, os.getpid()
         self.registry = _thread_contexts()
         self.gl: Any = GLContext(model.vis.global_.offwidth, model.vis.global_.offheight)
         global _exit_hook
@@ -202,17 +202,16 @@ class _RenderContext:
             del self.registry[self.key]
         _LIVE_CONTEXTS.discard(self)
         if self.gl is not None:
-            with self.lock:
-                try:
-                    self.gl.make_current()
-                except Exception:  # noqa: BLE001 - current in another thread: one that built envs and ended
-                    # without closing them (freed at exit). The context's GL objects go with it.
-                    logger.debug("render context %s: current in another thread; destroyed without freeing its "
-                                 "objects first", self.key, exc_info=True)
-                else:
-                    self.mjr.free()
-                self.gl.free()
-                self.gl = None
+            try:
+                self.gl.make_current()
+            except Exception:  # noqa: BLE001 - current in another thread: one that built envs and ended
+                # without closing them (freed at exit). The context's GL objects go with it.
+                logger.debug("render context %s: current in another thread; destroyed without freeing its "
+                             "objects first", self.key, exc_info=True)
+            else:
+                self.mjr.free()
+            self.gl.free()
+            self.gl = None
 
 
 class OffscreenCamera:
@@ -255,11 +254,10 @@ class OffscreenCamera:
         mj, shared = self._mj, self._shared
         if shared is None:
             raise RuntimeError("the camera is closed")
-        with shared.lock:
-            shared.gl.make_current()
-            mj.mjv_updateScene(self._model, data, self._option, None, self._camera, mj.mjtCatBit.mjCAT_ALL, self._scene)
-            mj.mjr_render(self._viewport, self._scene, shared.mjr)
-            mj.mjr_readPixels(self._pixels, None, self._viewport, shared.mjr)
+        shared.gl.make_current()
+        mj.mjv_updateScene(self._model, data, self._option, None, self._camera, mj.mjtCatBit.mjCAT_ALL, self._scene)
+        mj.mjr_render(self._viewport, self._scene, shared.mjr)
+        mj.mjr_readPixels(self._pixels, None, self._viewport, shared.mjr)
         # OpenGL rows run bottom-up: flip them; a camera mounted upside down also needs a left-right flip.
         return self._pixels[:, ::-1].copy() if self.rotate else self._pixels[::-1].copy()
 
