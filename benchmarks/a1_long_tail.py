@@ -53,7 +53,7 @@ def overrides(model: Path, run_dir: Path, args: argparse.Namespace, partial: boo
             f"eval_every={args.iterations if args.eval_episodes else 0}", f"eval_episodes={args.eval_episodes}",
             f"cluster.cpu_devices_per_node={DEVICES}", f"placement={args.placement}", f"env.kwargs={env}",
             f"env.concurrent={str(bool(args.concurrent)).lower()}", f"algorithm.max_staleness={args.staleness}",
-            f"rollout.partial={str(partial).lower()}"]
+            f"rollout.partial={str(partial).lower()}", f"env.async_steps={str(bool(args.async_steps)).lower()}"]
 
 
 def run_side(model: Path, args: argparse.Namespace, partial: bool) -> dict[str, Any]:
@@ -72,7 +72,9 @@ def run_side(model: Path, args: argparse.Namespace, partial: bool) -> dict[str, 
     rows = [{"step_s": h["time/step"], "trajectories_per_s": h["perf/trajectories_per_s"],
              "trajectories": h["perf/trajectories_per_s"] * h["time/step"], "rounds": h.get("rollout/rounds"),
              "env_s": h["time/env_busy_s"], "generate_s": h["time/generate_busy_s"], "reward": h["reward/mean"],
-             "resumed": h.get("rollout/partial_resumed_count", 0.0)} for h in result.history]
+             "resumed": h.get("rollout/partial_resumed_count", 0.0),
+             "restarted": h.get("rollout/partial_restarted_count", 0.0), "rollout_s": h.get("time/rollout_s"),
+             "train_s": h.get("time/train_busy")} for h in result.history]
     evals = {k: v for h in result.history for k, v in h.items() if k.startswith("eval/")}
     return {"partial": partial, "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
             "iterations": rows, "eval": evals}
@@ -115,7 +117,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]], order: list[str], args: arg
                                                  sides["whole"]["trajectories_per_s_run"])]
     return {"benchmark": "A1-long-tail", "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
             "cpus": os.cpu_count(), "placement": args.placement, "staleness": args.staleness, "latency": args.latency,
-            "env_concurrent": bool(args.concurrent), "iterations": args.iterations,
+            "env_concurrent": bool(args.concurrent), "async_steps": bool(args.async_steps), "iterations": args.iterations,
             "warm_steps": None if args.model else args.warm_steps, "order": order, "sides": sides,
             "ratio_by_round": by_round, "ratio_median": median(by_round),
             "load_max": max(x for rs in runs.values() for r in rs for x in r["load"]), "runs": runs}
@@ -129,6 +131,8 @@ def main() -> None:
     p.add_argument("--staleness", type=int, default=1)
     p.add_argument("--placement", default=PLACEMENT, help="the plan of both sides (env workers apart)")
     p.add_argument("--concurrent", type=int, default=1, help="env.concurrent: a worker's calls wait side by side")
+    p.add_argument("--async-steps", type=int, default=0,
+                   help="env.async_steps on both sides: a round takes the answers that have come, not all")
     p.add_argument("--latency", default=LATENCY, help="env.kwargs.tool_latency_s, YAML")
     p.add_argument("--warm-steps", type=int, default=1500, help="supervised warm-start steps of the policy")
     p.add_argument("--model", default=None, help="a warm-started model to reuse (no warm start then)")
@@ -147,6 +151,7 @@ def main() -> None:
         path = Path(args.resummarize)
         old = json.loads(path.read_text())
         args.staleness, args.latency, args.concurrent = old["staleness"], old["latency"], old["env_concurrent"]
+        args.async_steps = old.get("async_steps", False)
         args.placement = old["placement"]
         args.iterations, args.model, args.warm_steps = old["iterations"], old["warm_steps"] is None, old["warm_steps"]
         path.write_text(json.dumps({**summarize(old["runs"], old["order"], args), "command": old["command"]},
@@ -168,6 +173,7 @@ def main() -> None:
                    "--iterations", str(args.iterations), "--staleness", str(args.staleness),
                    "--placement", args.placement,
                    "--concurrent", str(args.concurrent), "--latency", args.latency,
+                   "--async-steps", str(args.async_steps),
                    "--eval-episodes", str(args.eval_episodes), "--seed", str(args.seed)]
             with tempfile.TemporaryDirectory(prefix="a1-tail-cwd-") as cwd:
                 proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=args.timeout)

@@ -204,3 +204,83 @@ def _close_state(state: _RunnerState) -> None:
     with state.cond:
         state.closed = True
         state.cond.notify_all()
+
+
+class PendingCalls:
+    """Calls started one at a time, a daemon thread each, and taken back as they finish: for steps that wait (a
+    tool's latency) where the caller goes on with the calls that have answered instead of waiting for all.
+
+    Each call has ``timeout_s`` from its own start; one still running past it is taken back as ``timeout`` and
+    abandoned with its thread (whatever it returns later is dropped). Calls are keyed (an environment's index):
+    one call per key at a time.
+    """
+
+    def __init__(self, timeout_s: float) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.timeout_s = timeout_s
+        self._cond = threading.Condition()
+        self._started: dict[Any, tuple[float, object]] = {}  # key -> (start, the call's token)
+        self._done: dict[Any, CallResult] = {}
+
+    def start(self, key: Any, fn: Callable[..., Any], *args: Any) -> None:
+        """Start ``fn(*args)`` in a thread of its own under ``key`` (no call of that key may be out)."""
+        token = object()
+        with self._cond:
+            if key in self._started:
+                raise ValueError(f"a call of {key!r} is out already")
+            self._started[key] = (time.monotonic(), token)
+
+        def run() -> None:
+            box: list[CallResult] = []
+            _run(fn, args, box)
+            with self._cond:
+                entry = self._started.get(key)
+                if entry is not None and entry[1] is token:  # not abandoned (nor dropped) meanwhile
+                    self._done[key] = box[0]
+                    self._cond.notify_all()
+
+        threading.Thread(target=run, daemon=True, name=f"pending-{getattr(fn, '__name__', 'call')}").start()
+
+    def out(self) -> list[Any]:
+        """The keys whose calls are out (started, not taken back)."""
+        with self._cond:
+            return list(self._started)
+
+    def take(self, wait: bool = True, linger_s: float = 0.0) -> dict[Any, CallResult]:
+        """The calls that have ended (or passed their limit), taken back; with ``wait``, when calls are out and
+        none has ended, first wait until one ends or passes its limit, and go on waiting for the others up to
+        ``linger_s`` from the call (taking more answers at once when they come close together)."""
+        linger_until = time.monotonic() + linger_s
+        with self._cond:
+            while wait and len(self._done) < len(self._started):
+                now = time.monotonic()
+                left = min(t for t, _ in self._started.values()) + self.timeout_s - now
+                if left <= 0 or (self._done and now >= linger_until):
+                    break
+                self._cond.wait(min(left, linger_until - now) if self._done else left)
+            out, self._done = self._done, {}
+            now = time.monotonic()
+            for key in out:
+                del self._started[key]
+            for key, (began, _) in list(self._started.items()):
+                if now - began >= self.timeout_s:  # abandoned: its thread's later result is dropped
+                    del self._started[key]
+                    out[key] = CallResult("timeout", error=f"no result within {self.timeout_s:g}s")
+            return out
+
+    def drop(self, key: Any) -> bool:
+        """Wait for ``key``'s call to end, within its limit, and drop its result (the caller starts over); False
+        when it did not end in time (abandoned: its thread may still be in the call)."""
+        with self._cond:
+            if key not in self._started:
+                return True
+            began = self._started[key][0]
+            while key not in self._done:
+                left = began + self.timeout_s - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            ended = self._done.pop(key, None) is not None
+            del self._started[key]
+            return ended

@@ -196,3 +196,50 @@ def test_the_cpu_the_calls_wanted_is_counted_and_a_wait_is_not(concurrent):
     before = computes.stats.cpu_s
     computes.step({0: "a", 1: "b"})
     assert computes.pop_stats().cpu_s > before
+
+
+class Slow(Scripted):
+    """Scripted 'ok' whose every step waits ``wait_s`` first (a tool with latency)."""
+
+    def __init__(self, wait_s: float) -> None:
+        super().__init__("ok")
+        self.wait_s = wait_s
+
+    def step(self, action: str) -> tuple[Any, Any, bool, bool, dict]:
+        import time
+
+        time.sleep(self.wait_s)
+        return super().step(action)
+
+
+def test_sent_steps_come_back_as_they_answer_and_the_slow_one_stays_out():
+    waits = iter([0.0, 0.02, 0.8])
+    envs = TextEnvBatch(lambda: Slow(next(waits)), 3, name="slow", step_timeout_s=10.0, concurrent=True)
+    envs.reset([0, 1, 2])
+    envs.send({0: "a", 1: "b", 2: "c"})
+    with pytest.raises(ValueError, match="has a step out"):
+        envs.send({2: "again"})
+    got = envs.receive(linger_s=0.3)
+    assert sorted(got) == [0, 1] and got[0].observation == "echo a" and envs.stepping() == [2]
+    envs.send({0: "a2"})  # episode 0 plays on while env 2's step is still out
+    got = envs.receive()
+    assert got[0].terminated and envs.stepping() == [2] and not envs.running[0]
+    assert envs.receive()[2].observation == "echo c" and envs.stepping() == []
+    assert envs.pop_stats().steps == 4
+
+
+def test_a_sent_step_past_its_limit_ends_its_episode_and_a_reset_drops_a_step_still_out():
+    envs = _batch(["hang", "ok"], step_timeout_s=0.3, concurrent=True)
+    envs.reset([0, 1])
+    envs.send({0: "x", 1: "y"})
+    first = envs.receive()
+    assert list(first) == [1] and envs.stepping() == [0]
+    late = envs.receive()
+    assert late[0].error and "no result within" in late[0].error and not envs.running[0]
+    assert envs.pop_stats().timeouts == 1
+    envs.reset([0, 1])  # the hung env is replaced
+    envs.send({1: "z"})
+    envs.reset_some({1: 5})  # a reset of an env with a step out drops that step's answer
+    assert envs.stepping() == [] and envs.receive() == {}
+    with pytest.raises(ValueError, match="step_timeout_s"):
+        TextEnvBatch(lambda: Scripted(), 1, step_timeout_s=None).send({0: "x"})

@@ -87,3 +87,69 @@ def test_calls_know_they_run_under_a_deadline():
     assert DeadlineRunner(30.0).run_all([(under_deadline, ())])[0].value is True
     assert call_with_deadline(under_deadline, timeout_s=30.0).value is True
     assert call_with_deadline(under_deadline).value is False  # in the caller's thread, no limit
+
+
+def _after(seconds: float, value):
+    import time
+
+    time.sleep(seconds)
+    return value
+
+
+def test_pending_calls_come_back_as_they_finish_and_the_wait_is_for_the_first():
+    import time
+
+    from m2flow.rewards.deadline import PendingCalls
+
+    calls = PendingCalls(30.0)
+    calls.start("slow", _after, 0.6, "s")
+    calls.start("fast", _after, 0.05, "f")
+    with pytest.raises(ValueError, match="out already"):
+        calls.start("fast", _after, 0.0, "again")
+    t0 = time.monotonic()
+    first = calls.take()  # waits for the fast one only
+    assert time.monotonic() - t0 < 0.5 and {k: r.value for k, r in first.items()} == {"fast": "f"}
+    assert calls.out() == ["slow"]
+    assert calls.take(wait=False) == {}  # nothing more yet, and no wait
+    assert {k: r.value for k, r in calls.take().items()} == {"slow": "s"}
+    assert calls.out() == [] and calls.take() == {}  # nothing out: no wait
+
+
+def test_pending_calls_linger_takes_answers_that_come_close_together_in_one_take():
+    from m2flow.rewards.deadline import PendingCalls
+
+    calls = PendingCalls(30.0)
+    for i, s in enumerate([0.02, 0.1, 0.15, 2.0]):
+        calls.start(i, _after, s, i)
+    got = calls.take(linger_s=0.5)
+    assert sorted(got) == [0, 1, 2] and calls.out() == [3]  # not the 2 s one: past the linger
+    calls.drop(3)
+
+
+def test_a_pending_call_past_its_limit_comes_back_timed_out_and_its_late_result_is_dropped():
+    import time
+
+    from m2flow.rewards.deadline import PendingCalls
+
+    calls = PendingCalls(0.2)
+    calls.start("hung", _after, 0.5, "late")
+    t0 = time.monotonic()
+    got = calls.take()
+    assert 0.15 < time.monotonic() - t0 < 0.45 and got["hung"].status == "timeout"
+    time.sleep(0.4)  # the thread returns now: its result goes nowhere
+    assert calls.take(wait=False) == {} and calls.out() == []
+    calls.start("hung", _after, 0.0, "again")  # the key is free again
+    assert calls.take()["hung"].value == "again"
+
+
+def test_dropping_a_pending_call_waits_for_it_and_forgets_its_result():
+    from m2flow.rewards.deadline import PendingCalls
+
+    calls = PendingCalls(0.3)
+    calls.start("a", _after, 0.05, 1)
+    assert calls.drop("a") is True and calls.out() == [] and calls.take(wait=False) == {}
+    calls.start("b", _after, 1.0, 2)
+    assert calls.drop("b") is False  # did not end within its limit: abandoned
+    assert calls.drop("never") is True
+    with pytest.raises(ValueError):
+        PendingCalls(0)

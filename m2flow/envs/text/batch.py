@@ -10,7 +10,9 @@ ends with ``EnvStep.error`` set, and the failure is counted by kind in ``TextEnv
 The calls of one ``reset`` or ``step`` run in turn on the batch's one long-lived thread (``DeadlineRunner``),
 each under ``step_timeout_s`` from its own start: no thread is started per call.
 With ``concurrent`` the calls of one ``reset`` or ``step`` run side by side, a thread each, so steps
-that wait (a tool's latency, a remote environment) overlap.
+that wait (a tool's latency, a remote environment) overlap. ``send`` and ``receive`` go further: steps are
+started, and their answers taken back as they come, so the caller goes on with the episodes that have
+answered while the others still wait (each step still under ``step_timeout_s``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 
 from m2flow.envs.text.base import TextEnv
 from m2flow.envs.text.registry import make_text_env
-from m2flow.rewards.deadline import CallResult, DeadlineRunner, call_all_with_deadline
+from m2flow.rewards.deadline import CallResult, DeadlineRunner, PendingCalls, call_all_with_deadline
 from m2flow.runtime.cpu_clock import cpu_demand_s
 from m2flow.runtime.errors import RunHealthError
 
@@ -128,6 +130,8 @@ class TextEnvBatch:
         self.stats = TextEnvStats()
         self.last_error = ""
         self._cpu_lock = threading.Lock()
+        self._pending: PendingCalls | None = None
+        """The steps started by ``send`` whose answers ``receive`` has not taken back."""
 
     @classmethod
     def from_registry(cls, env: str, num_envs: int, env_kwargs: Mapping[str, Any] | None = None,
@@ -203,6 +207,8 @@ class TextEnvBatch:
         """Start an episode in environment i with ``seeds[i]`` for each i given; the others go on as they are
         (partial rollouts keep unfinished episodes across iterations). The first observations (reward 0), by i."""
         for i in seeds:
+            if self._pending is not None and not self._pending.drop(i):  # a step still out: its answer is dropped
+                self._hung[i] = True
             if self._hung[i]:
                 self.envs[i], self._hung[i] = self.make(), False
                 self.stats.replaced += 1
@@ -219,25 +225,64 @@ class TextEnvBatch:
 
     def step(self, actions: Mapping[int, str]) -> dict[int, EnvStep]:
         """Step environment i with ``actions[i]`` for each i given (each must be running)."""
+        self._check_steppable(actions)
+        self.stats.steps += len(actions)
+        results = self._call_all({i: (self.envs[i].step, action) for i, action in actions.items()}, "step")
+        return {i: self._step_result(i, result) for i, result in results.items()}
+
+    def send(self, actions: Mapping[int, str]) -> None:
+        """Start stepping environment i with ``actions[i]`` for each i given (each running, none with a step
+        out), a thread each; ``receive`` takes the answers back as they come."""
+        if self.step_timeout_s is None:
+            raise ValueError("stepping in the background needs a step_timeout_s")
+        self._check_steppable(actions)
+        if self._pending is None:
+            self._pending = PendingCalls(self.step_timeout_s)
+        self.stats.steps += len(actions)
+        for i, action in actions.items():
+            self._pending.start(i, self._cpu_counted(self.envs[i].step), action)
+
+    def receive(self, wait: bool = True, linger_s: float = 0.0) -> dict[int, EnvStep]:
+        """The answers of the steps ``send`` started that have come back (a step past ``step_timeout_s`` comes
+        back failed), by environment; with ``wait``, when steps are out and none has answered, first wait for
+        one, then for the others up to ``linger_s`` from the call."""
+        if self._pending is None:
+            return {}
+        out = {}
+        for i, result in self._pending.take(wait, linger_s).items():
+            if result.status == "timeout":
+                self._hung[i] = True  # its thread may still run: never call this object again
+                out[i] = self._fail(i, "timeouts", f"step gave no result within {self.step_timeout_s:g}s")
+            elif result.status == "error":
+                out[i] = self._fail(i, "raised", f"step raised {result.error}")
+            else:
+                out[i] = self._step_result(i, result)
+        return out
+
+    def stepping(self) -> list[int]:
+        """The environments with a step out (sent, its answer not received)."""
+        return self._pending.out() if self._pending is not None else []
+
+    def _check_steppable(self, actions: Mapping[int, str]) -> None:
+        out = set(self.stepping())
         for i in actions:
             if not self.running[i]:
                 raise ValueError(f"env {i} ({self.name}) is not running; reset it first")
-        self.stats.steps += len(actions)
-        results = self._call_all({i: (self.envs[i].step, action) for i, action in actions.items()}, "step")
-        out: dict[int, EnvStep] = {}
-        for i, result in results.items():
-            if isinstance(result, CallResult) and (problem := _check_step(result.value)):
-                result = self._fail(i, "bad_outputs", problem)
-            if isinstance(result, EnvStep):
-                out[i] = result
-                continue
-            obs, reward, terminated, truncated, info = result.value
-            step = EnvStep(obs, float(reward), bool(terminated), bool(truncated), dict(info))
-            if step.done:
-                self.running[i] = False
-                self.stats.episodes += 1
-            out[i] = step
-        return out
+            if i in out:
+                raise ValueError(f"env {i} ({self.name}) has a step out; receive its answer first")
+
+    def _step_result(self, i: int, result: CallResult | EnvStep) -> EnvStep:
+        """What environment i's step gave, checked: its ``EnvStep`` (a failed one ends its episode)."""
+        if isinstance(result, CallResult) and (problem := _check_step(result.value)):
+            result = self._fail(i, "bad_outputs", problem)
+        if isinstance(result, EnvStep):
+            return result
+        obs, reward, terminated, truncated, info = result.value
+        step = EnvStep(obs, float(reward), bool(terminated), bool(truncated), dict(info))
+        if step.done:
+            self.running[i] = False
+            self.stats.episodes += 1
+        return step
 
     def stop(self, i: int) -> None:
         """End environment i's episode from outside (a turn or token budget ran out)."""

@@ -2,7 +2,8 @@
 
 An env worker holds a ``TextEnvBatch`` of the configured environment and plays the episodes the flow
 assigns it, keyed by trajectory id: ``env_reset`` starts them, ``env_step`` steps those given an action,
-``env_stats`` gives (and clears) the counts of calls and failures. An environment that raises, hangs or
+``env_stats`` gives (and clears) the counts of calls and failures; ``env_exchange`` starts steps and gives back
+the answers that have come (``env.async_steps``: the turn loop goes on without the others). An environment that raises, hangs or
 returns a bad value ends only its own episode (``TextEnvBatch``); too many such failures stop the run
 (``RunHealthError``). ``TextEnvs`` is that part alone: the env worker is one, and when the plan fuses the
 ``env`` component into ``rollout`` the rollout worker hosts one (``EnvSettings.hosted_in``). ``EnvsInProcess``
@@ -93,6 +94,16 @@ class TextEnvs:
         results = self.envs.step({self._slots[tid]: text for tid, text in actions.items() if tid in self._slots})
         by_index = {i: tid for tid, i in self._slots.items()}
         return {by_index[i]: step for i, step in results.items()}
+
+    def env_exchange(self, actions: Mapping[int, str], linger_s: float = 0.0) -> tuple[dict[int, EnvStep], list[int]]:
+        """Start stepping the episodes given an action (by trajectory id) and give back the answers that have
+        come, waiting for one when steps are out and none has, and for the others up to ``linger_s``: (the
+        answers by id, the ids whose steps are still out). An id without an environment here (a restarted
+        worker) is neither: lost."""
+        self.envs.send({self._slots[tid]: text for tid, text in actions.items() if tid in self._slots})
+        answers = self.envs.receive(wait=True, linger_s=linger_s)
+        by_index = {i: tid for tid, i in self._slots.items()}
+        return {by_index[i]: step for i, step in answers.items()}, [by_index[i] for i in self.envs.stepping()]
 
     def env_stop(self, traj_ids: Sequence[int]) -> None:
         """End these episodes' environments from outside (a budget ran out): they take no more steps."""

@@ -8,9 +8,11 @@
 - a ``TurnEnvs`` resets and steps the episodes' environments (``EnvsInProcess`` over ``TextEnvs``; the
   env workers of a flow, which may be lost and restarted).
 
-One round is one ``play_turn`` (the policy's turn for every running episode; the token budget may cut some),
-one ``step`` of the environments given an action, and one ``observe`` of their answers (the turn budget
-ends episodes there). An environment side that lost an episode's environment (a dead or hung env worker)
+One round is one ``play_turn`` (the policy's turn for every running episode not waiting for an answer; the
+token budget may cut some), one ``step`` of the environments given an action, and one ``observe`` of their
+answers (the turn budget ends episodes there). A ``step`` may give back only the answers that have come
+(``EnvWorkers`` with ``env.async_steps``): the others' episodes wait and play on in a later round, so a slow
+tool call holds up its own episode, not the round. An environment side that lost an episode's environment (a dead or hung env worker)
 says so; the loop puts the episode back to its start on the policy (``rerun``) and resets it again, under
 its own id, so every episode ends exactly once. The loop's own metric keys are written in ``Rounds.metrics``.
 
@@ -118,6 +120,9 @@ def play_turns(policy: TurnPolicy, envs: TurnEnvs, traj_ids: Sequence[int], *, r
         ended(cut)  # a turn cut by the token budget is not an action to judge: its environment gets nothing
         results, lost = envs.step(actions)
         env_s += time.perf_counter() - t1
+        if not (actions or cut or results or lost):
+            raise RuntimeError(f"the turn loop stalled: {len(open_ids)} episode(s) open, none given a turn, none "
+                               "answered by its environment")
         ended(policy.observe(results))
         again = sorted(t for t in lost if t in open_ids)
         if again:  # the lost environments' episodes that had not ended start over, under their own ids

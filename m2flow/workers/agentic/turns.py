@@ -122,6 +122,8 @@ class _Live:
         """The backend's cache of the context's first tokens, from the last turn (``EpisodeConfig.reuse_kv``)."""
         self.started = False
         self.done = False
+        self.waiting = False
+        """its last turn's action is with the environment, not answered yet (``env.async_steps``)"""
 
     def end(self, reason: FinishReason, error: str = "") -> None:
         self.traj.finish_reason, self.traj.error, self.done = reason, error, True
@@ -231,11 +233,12 @@ class TurnEngine:
         return [tid for tid, ep in self.episodes.items() if ep.started and not ep.done]
 
     def turn(self, backend: GenerationBackend, seed: int, seed_base: int | None = None) -> tuple[dict[int, str], list[int]]:
-        """One model turn for every running episode: the actions to step the environments with, and the ids of
-        episodes the token budget ended (their environments get nothing). The round is sampled from ``seed``;
+        """One model turn for every running episode not waiting for its environment's answer: the actions to
+        step the environments with, and the ids of episodes the token budget ended (their environments get
+        nothing). The round is sampled from ``seed``;
         with ``seed_base`` and a backend with continuous batching, each episode's turn from
         ``episode_seed(seed_base, trajectory id, turn)`` instead."""
-        live = [self.episodes[t] for t in self.running()]
+        live = [ep for ep in (self.episodes[t] for t in self.running()) if not ep.waiting]
         if not live:
             return {}, []
         cfg = self.cfg
@@ -274,6 +277,7 @@ class TurnEngine:
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
             ep.traj.turn_texts.append(text)
             actions[ep.spec.traj_id] = text
+            ep.waiting = True
         return actions, cut
 
     def observe(self, results: Mapping[int, EnvStep]) -> list[int]:
@@ -290,6 +294,7 @@ class TurnEngine:
 
     def _observe(self, ep: _Live, step: EnvStep) -> None:
         traj = ep.traj
+        ep.waiting = False
         if step.error:
             ep.end("env_error", step.error)
             return

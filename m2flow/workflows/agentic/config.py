@@ -93,6 +93,10 @@ class EnvConfig:
         0.05, "failed environment calls (raised, hung, bad value) tolerated per iteration, as a share of calls; "
               "more stop the run with one error line")
     concurrent: bool = option(False, "step a worker's environments side by side, a thread each (tools with latency)")
+    async_steps: bool = option(
+        False, "with concurrent and env workers apart: a round of the turn loop takes the answers that have come "
+               "and goes on with those episodes while the others' steps are still out, instead of waiting for the "
+               "slowest answer (tools with a long-tailed latency)")
     worker_timeout_s: float | None = option(
         60.0, "an env worker that gives no answer for this long is restarted alone (None: wait for ever)")
     max_worker_restarts: int = option(
@@ -111,6 +115,10 @@ class EnvConfig:
             raise ValueError(f"max_error_rate must be in [0, 1], got {self.max_error_rate}")
         if self.max_worker_restarts < 0:
             raise ValueError(f"max_worker_restarts must be >= 0, got {self.max_worker_restarts}")
+        if self.async_steps and not self.concurrent:
+            raise ValueError("async_steps needs concurrent: true (the steps left out run in threads of their own)")
+        if self.async_steps and self.step_timeout_s is None:
+            raise ValueError("async_steps needs a step_timeout_s (a step left out is given up on after it)")
         import importlib
 
         from m2flow.envs.text import text_env_names

@@ -142,6 +142,7 @@ class AgenticFlow(Flow):
         self._training: dict[int, Handle] = {}
         self._next = self.done = run.start  # the first iteration whose episodes are not queued yet; trained
         self._synced: int | None = None
+        self._awaiting: list[int] = []  # partial rollouts with env.async_steps: the episodes whose steps are out
         if carried is not None:
             self._restore_partial(carried)
 
@@ -228,7 +229,8 @@ class AgenticFlow(Flow):
             for s in specs:
                 per_rollout[policy.rank_of(s)].append(s)
             gather([self.rollout.execute_each("begin", [(step, mine) for mine in per_rollout])], self.timeout)
-            rounds = play_turns(policy, EnvWorkers(self._env_round, specs), [s.traj_id for s in specs])
+            envs = EnvWorkers(self._env_round, specs, overlap=self.settings.async_steps)
+            rounds = play_turns(policy, envs, [s.traj_id for s in specs])
             metrics = merge_rollout_metrics(gather([self.rollout.end()], self.timeout, "rollout: end")[0])
         env_stats, _ = self._env_round({e: ("env_stats", (where,)) for e in range(self.env_ranks)})
         for out in env_stats.values():
@@ -258,9 +260,11 @@ class AgenticFlow(Flow):
         def met() -> bool:
             return all(gather([self.rollout.quota_met()], self.timeout, "rollout: quota_met")[0])
 
-        rounds = play_turns(policy, EnvWorkers(self._env_round, held, keep_running=True),
-                            [row[0] for o in opened for row in o[0]], running=[row[0] for o in opened for row in o[1]],
-                            until=met)
+        envs = EnvWorkers(self._env_round, held, keep_running=True, overlap=self.settings.async_steps,
+                          awaiting=self._awaiting)
+        rounds = play_turns(policy, envs, [row[0] for o in opened for row in o[0]],
+                            running=[row[0] for o in opened for row in o[1]], until=met)
+        self._awaiting = sorted(envs.awaiting)  # steps still out go on in the next iteration's loop
         return rounds, merge_rollout_metrics(gather([self.rollout.end_partial()], self.timeout, "rollout: end")[0])
 
     # -- the driver's Flow -------------------------------------------------------------------------

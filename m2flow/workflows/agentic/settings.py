@@ -89,6 +89,8 @@ class AgenticRun:
     partial: bool = False
     """partial rollouts (``rollout.partial``): over-provision the first iteration of a fresh run, run one
     iteration less ahead, save the carried task instances in a checkpoint"""
+    async_steps: bool = False
+    """``env.async_steps``: the turn loop goes on with the episodes whose env workers have answered"""
 
 
 def run_settings(cfg: AgenticConfig) -> AgenticRun:
@@ -98,7 +100,8 @@ def run_settings(cfg: AgenticConfig) -> AgenticRun:
         seed_offset=cfg.episodes.seed_offset, env_timeout_s=cfg.env.worker_timeout_s,
         max_env_restarts=cfg.env.max_worker_restarts, eval_episodes=cfg.eval_episodes,
         eval_temperature=cfg.rollout.eval_temperature,
-        eval_env=env_settings(cfg, 1, {**cfg.env.kwargs, **cfg.env.eval_kwargs}), partial=cfg.rollout.partial)
+        eval_env=env_settings(cfg, 1, {**cfg.env.kwargs, **cfg.env.eval_kwargs}), partial=cfg.rollout.partial,
+        async_steps=cfg.env.async_steps)
 
 
 class WorkerSettings(Protocol):

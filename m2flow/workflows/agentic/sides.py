@@ -8,6 +8,7 @@ An env worker that died or hung is restarted by the flow (``env_call``); its epi
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -68,12 +69,18 @@ class RolloutRanks:
 class EnvWorkers:
     """The env workers as the turn loop's environment side (``turn_loop.TurnEnvs``)."""
 
-    def __init__(self, env_round: EnvRound, specs: Sequence[EpisodeSpec], keep_running: bool = False) -> None:
+    def __init__(self, env_round: EnvRound, specs: Sequence[EpisodeSpec], keep_running: bool = False,
+                 overlap: bool = False, awaiting: Sequence[int] = ()) -> None:
         """``keep_running`` (partial rollouts): a reset leaves the running episodes alone, and an episode's end
-        frees its environment for the next iteration's new ones."""
+        frees its environment for the next iteration's new ones. ``overlap`` (``env.async_steps``): a ``step``
+        gives back the answers that have come and leaves the others out (``awaiting``, given to the next
+        call; a loop stopped by partial rollouts hands them to the next iteration's)."""
         self.env_round = env_round
         self.by_id = {s.traj_id: s for s in specs}
-        self.keep_running = keep_running
+        self.keep_running, self.overlap = keep_running, overlap
+        self.awaiting: set[int] = set(awaiting)
+        """episodes whose step is out on their env worker (``overlap``)"""
+        self._returned: float | None = None  # when the last exchange came back
 
     def _by_env(self, traj_ids: Sequence[int]) -> dict[int, list[int]]:
         by_env: dict[int, list[int]] = defaultdict(list)
@@ -89,14 +96,37 @@ class EnvWorkers:
         return out, [tid for tids in by_env.values() for tid in tids if tid not in out]
 
     def reset(self, traj_ids: Sequence[int]) -> tuple[dict[int, EnvStep], list[int]]:
+        self.awaiting.difference_update(traj_ids)  # started over: a step still out is dropped by the reset
         by_env = self._by_env(traj_ids)
         method = "env_reset_more" if self.keep_running else "env_reset"
         return self._answer({e: (method, (tids, [self.by_id[t].seed for t in tids])) for e, tids in by_env.items()},
                             by_env)
 
     def step(self, actions: Mapping[int, str]) -> tuple[dict[int, EnvStep], list[int]]:
+        if self.overlap:
+            return self._exchange(actions)
         by_env = self._by_env(list(actions))
         return self._answer({e: ("env_step", ({t: actions[t] for t in tids},)) for e, tids in by_env.items()}, by_env)
+
+    def _exchange(self, actions: Mapping[int, str]) -> tuple[dict[int, EnvStep], list[int]]:
+        """Send the actions and take the answers that have come from every env worker with a step out (each
+        waits for one of its own); the others stay out. An episode sent or out and now neither answered nor out
+        on its worker has lost its environment."""
+        asked = set(actions) | self.awaiting
+        by_env = self._by_env(sorted(asked))
+        # Each worker waits for the others' answers as long as the policy's side of the last round took: waiting
+        # less would make more rounds (each a model turn), waiting more would idle the policy.
+        linger = 0.0 if self._returned is None else time.perf_counter() - self._returned
+        answered, _ = self.env_round({e: ("env_exchange", ({t: actions[t] for t in tids if t in actions}, linger))
+                                      for e, tids in by_env.items()})
+        self._returned = time.perf_counter()
+        out: dict[int, EnvStep] = {}
+        still: set[int] = set()
+        for answers, pending in answered.values():
+            out.update(answers)
+            still.update(pending)
+        self.awaiting = still & asked
+        return out, sorted(t for t in asked if t not in out and t not in still)
 
     def end(self, traj_ids: Sequence[int]) -> None:
         """Nothing to send (an env worker steps only the episodes given an action, and the next iteration's

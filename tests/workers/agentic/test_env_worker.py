@@ -25,3 +25,30 @@ def test_a_reset_that_keeps_the_running_episodes_takes_free_environments_only():
         envs.env_reset_more([5], [9])  # three environments, three held
     envs.env_reset_more([1], [5])  # an id that holds one starts over in it
     assert envs.envs.envs[envs._slots[1]].turns == 0
+
+
+class _Waits(GuessNumber):
+    """Guess-the-number whose steps wait ``wait_s[seed]`` seconds (a tool with latency)."""
+
+    wait_s = {5: 0.0, 6: 0.6}
+
+    def reset(self, seed=None):
+        self.wait = self.wait_s.get(int(seed or 0), 0.0)
+        return super().reset(seed)
+
+    def step(self, action):
+        import time
+
+        time.sleep(self.wait)
+        return super().step(action)
+
+
+def test_an_exchange_gives_the_answers_that_came_and_names_the_steps_still_out():
+    envs = TextEnvs(TextEnvBatch(lambda: _Waits(high=8, max_turns=3), 2, step_timeout_s=10.0, concurrent=True))
+    envs.env_reset([1, 2], [5, 6])
+    answers, out = envs.env_exchange({1: "0", 2: "0"})
+    assert list(answers) == [1] and answers[1].observation == "higher" and out == [2]
+    answers, out = envs.env_exchange({1: "0"})  # episode 1 plays on; 2's step is still out
+    assert list(answers) == [1] and out == [2]
+    answers, out = envs.env_exchange({9: "0"})  # an id this worker does not hold: neither answered nor out
+    assert list(answers) == [2] and out == []

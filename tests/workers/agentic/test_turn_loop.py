@@ -198,3 +198,69 @@ def test_a_loop_whose_stop_holds_at_once_only_starts_its_new_episodes():
     envs = ScriptedEnvs()
     rounds = play_turns(policy, envs, [1, 2], until=lambda: True)
     assert rounds.rounds == 0 and rounds.open == (1, 2) and policy.running() == [1, 2] and envs.step_calls == 0
+
+
+class WaitingPolicy(ScriptedPolicy):
+    """ScriptedPolicy that, as the rollout does, gives no turn to an episode whose last action is unanswered."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.waiting: set[int] = set()
+
+    def running(self) -> list[int]:
+        return [t for t in super().running() if t not in self.waiting]
+
+    def play_turn(self, round_: int) -> tuple[dict[int, str], list[int]]:
+        actions, cut = super().play_turn(round_)
+        self.waiting.update(actions)
+        return actions, cut
+
+    def observe(self, results: Mapping[int, EnvStep]) -> list[int]:
+        self.waiting.difference_update(results)
+        return super().observe(results)
+
+
+class LateEnvs(ScriptedEnvs):
+    """ScriptedEnvs whose episode t answers a step only ``late[t]`` step calls after it was sent (async steps),
+    or sooner when nothing else is there to answer."""
+
+    def __init__(self, late: Mapping[int, int], **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.late, self.due = dict(late), {}
+
+    def step(self, actions):
+        n = self.step_calls
+        answers, lost = super().step(actions)
+        for t, step in answers.items():
+            self.due[t] = (n + self.late.get(t, 0), step)
+        ready = {t: s for t, (at, s) in self.due.items() if at <= n}
+        if not ready and self.due:  # as an env worker does, wait for the next answer rather than give none
+            t = min(self.due, key=lambda t: self.due[t][0])
+            ready = {t: self.due[t][1]}
+        for t in ready:
+            del self.due[t]
+        return ready, lost
+
+
+def test_with_steps_that_answer_late_the_others_play_on_and_every_episode_ends_once():
+    ids = [0, 1, 2]
+    policy = WaitingPolicy(ids, max_turns=3)
+    envs = LateEnvs(late={1: 3}, solve_at={0: 3, 2: 2})  # episode 1's answers come three rounds late
+    rounds = _play(ids, policy, envs)
+    # episode 0 played its three turns while 1 waited for its first answer
+    assert envs.actions[0] == ["0:0", "0:1", "0:2"] and envs.actions[1][:1] == ["1:0"]
+    assert policy.log[:5] == [("start", ids), ("turn", 0), ("observe", [0, 2]), ("turn", 1), ("observe", [0, 2])]
+    assert policy.done == {0: "terminated", 1: "turn_budget", 2: "terminated"}
+    assert rounds.rounds > 3
+
+
+def test_a_loop_with_no_turn_to_play_and_no_answer_coming_stops_with_an_error():
+    class Forgetful(ScriptedEnvs):
+        def step(self, actions):  # takes the actions, never answers, reports nothing lost
+            super().step(actions)
+            return {}, []
+
+    policy = WaitingPolicy([0], max_turns=3)
+    envs = Forgetful()
+    with pytest.raises(RuntimeError, match="stalled"):
+        play_turns(policy, envs, [0])

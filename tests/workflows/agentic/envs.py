@@ -119,16 +119,20 @@ class HermesCaller(MalformedCaller):
 @register_text_env("test_turns")
 class TurnsBySeed:
     """An episode of ``1 + seed % spread`` turns whatever the model writes (reward 1 at its end), each step taking
-    ``step_s`` seconds (a slow tool): groups of very different lengths, for partial rollouts."""
+    ``step_s`` seconds (a slow tool), or ``slow_s`` in the episodes whose seed is a multiple of ``slow_every``:
+    groups of very different lengths, for partial rollouts."""
 
-    def __init__(self, spread: int = 4, step_s: float = 0.0) -> None:
+    def __init__(self, spread: int = 4, step_s: float = 0.0, slow_s: float = 0.0, slow_every: int = 0) -> None:
         self.spread, self.step_s, self.left = spread, step_s, 0
+        self.slow_s, self.slow_every, self.wait_s = slow_s, slow_every, step_s
 
     def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         self.left = 1 + int(seed or 0) % self.spread
+        slow = self.slow_every and int(seed or 0) % self.slow_every == 0
+        self.wait_s = self.slow_s if slow else self.step_s
         return "go:", {}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        time.sleep(self.step_s)
+        time.sleep(self.wait_s)
         self.left -= 1
         return ("on:", 0.0, False, False, {}) if self.left > 0 else ("", 1.0, True, False, {})

@@ -35,12 +35,19 @@ def _run(cfg):
     return history, taken, handed, carried
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["env-in-rollout", "env-workers"])
-def test_every_task_instance_is_trained_once_or_still_carried(tmp_path, model, fused):
+ASYNC = {"env.fuse_with_rollout": False, "env.concurrent": True, "env.async_steps": True,
+         "env.kwargs": {"spread": 4, "step_s": 0.001, "slow_s": 0.25, "slow_every": 3}}
+"""Env workers apart whose steps answer as they come; every third seed's steps are slow (0.25 s)."""
+
+
+@pytest.mark.parametrize("setting", [{"env.fuse_with_rollout": True}, {"env.fuse_with_rollout": False}, ASYNC],
+                         ids=["env-in-rollout", "env-workers", "env-workers-async-steps"])
+def test_every_task_instance_is_trained_once_or_still_carried(tmp_path, model, setting):
     # Fused, the rollout runs the turn loop over its own environments; apart, the flow runs it over the rollout
-    # rank and an env worker, which keeps the carried episodes' environments between iterations.
+    # rank and an env worker, which keeps the carried episodes' environments between iterations (with async
+    # steps, and the steps still out, too).
     steps, groups = 5, 2
-    cfg = tiny_config(tmp_path, model, steps=steps, **{**PARTIAL, "env.fuse_with_rollout": fused})
+    cfg = tiny_config(tmp_path, model, steps=steps, **{**PARTIAL, **setting})
     history, taken, handed, carried = _run(cfg)
     seeds = [seed for _, _, seed, _ in taken]
     assert len(seeds) == len(set(seeds)) == steps * groups  # never twice
@@ -49,6 +56,9 @@ def test_every_task_instance_is_trained_once_or_still_carried(tmp_path, model, f
     # every instance taken from the data (one batch more than trained) is trained or still carried: none lost
     assert sorted(seeds + carried) == list(range((steps + 1) * groups))
     assert all(h["rollout/partial_carried_count"] == groups for h in history)
+    if setting is ASYNC:  # the slow steps of seed 0's one-turn group held up that group only: it was overtaken
+        assert seeds[0] != 0 and 0 in seeds + carried
+        return
     assert sum(h["rollout/partial_resumed_count"] for h in history) > 0
     # the short groups of a batch are handed out in it, before the long ones of earlier batches finish
     assert seeds[:2] == [0, 1]
@@ -85,3 +95,23 @@ def test_partial_without_what_it_needs_is_one_clear_error(tmp_path, overrides, n
     with pytest.raises(ValueError, match="rollout.partial") as e:
         tiny_config(tmp_path, **{**PARTIAL, **overrides})
     assert needs in str(e.value)
+
+
+def test_async_steps_without_partial_rollouts_play_the_same_episodes_in_more_rounds(tmp_path, model):
+    # Each episode's turns are sampled from its own seed, so the rounds it shares do not change what it plays:
+    # async steps change when an episode's turn is played, not what it writes.
+    whole = {**PARTIAL, "rollout.partial": False, "algorithm.max_staleness": 0, "env.fuse_with_rollout": False,
+             "env.concurrent": True, "env.kwargs": ASYNC["env.kwargs"]}
+    runs = {on: _run(tiny_config(tmp_path / str(on), model, steps=3, **{**whole, "env.async_steps": on}))
+            for on in (False, True)}
+    (sync, sync_taken, _, _), (overlap, overlap_taken, _, _) = runs[False], runs[True]
+    assert sorted(sync_taken) == sorted(overlap_taken) and len(sync_taken) == 6
+    assert [h["rollout/model_tokens"] for h in sync] == [h["rollout/model_tokens"] for h in overlap]
+    assert sum(h["rollout/rounds"] for h in overlap) > sum(h["rollout/rounds"] for h in sync)
+
+
+def test_async_steps_need_concurrent_steps_and_a_step_limit(tmp_path):
+    with pytest.raises(ValueError, match="env.async_steps: needs concurrent"):
+        tiny_config(tmp_path, **{"env.async_steps": True})
+    with pytest.raises(ValueError, match="async_steps: needs a step_timeout_s"):
+        tiny_config(tmp_path, **{"env.async_steps": True, "env.concurrent": True, "env.step_timeout_s": None})

@@ -51,3 +51,34 @@ def test_partial_groups_are_routed_by_their_place_in_their_batch():
     assert [ranks.rank_of(EpisodeSpec(0, slot, 0, 0)) for slot in range(8)] == [0, 1, 0, 1, 0, 1, 0, 1]
     odd = RolloutRanks(NoGroup(), 2, SPECS, 1.0, groups_per_step=3)  # batch b's group g on rank g mod 2
     assert [odd.rank_of(EpisodeSpec(0, slot, 0, 0)) for slot in range(6)] == [0, 1, 0, 0, 1, 0]
+
+
+def test_with_async_steps_a_step_gives_back_what_came_keeps_the_rest_awaited_and_counts_the_vanished_as_lost():
+    out = {20}  # env worker 0 holds episode 20's step out at first
+
+    def exchange(calls):
+        answered = {}
+        for e, (method, (actions, linger)) in calls.items():
+            assert method == "env_exchange" and linger >= 0.0
+            if e == 0:
+                answered[0] = ({t: EnvStep(f"obs {t}") for t in [*actions, 20] if t not in out},
+                               sorted(t for t in out if t in [*actions, 20]))
+            else:  # env worker 1 was restarted: it holds nothing, answers nothing
+                answered[1] = ({}, [])
+        calls_seen.append(calls)
+        return answered, []
+
+    calls_seen: list[dict] = []
+    envs = EnvWorkers(exchange, SPECS, keep_running=True, overlap=True)
+    answers, lost = envs.step({10: "a", 20: "b", 11: "c"})
+    assert sorted(answers) == [10] and lost == [11] and envs.awaiting == {20}
+    out.clear()
+    answers, lost = envs.step({10: "d"})  # 20 is asked about again though given no action
+    assert sorted(answers) == [10, 20] and lost == [] and envs.awaiting == set()
+    assert calls_seen[-1] == {0: ("env_exchange", ({10: "d"}, calls_seen[-1][0][1][1]))}
+    # the next iteration's loop takes over the steps still out; a reset drops an episode's step
+    again = EnvWorkers(exchange, SPECS, keep_running=True, overlap=True, awaiting=[20])
+    assert again.awaiting == {20}
+    again.env_round = Calls()
+    again.reset([20])
+    assert again.awaiting == set()
