@@ -16,6 +16,14 @@ sequence on both sides.
 - ``trl:SETTING``: TRL's ``GRPOTrainer`` with its own tool loop (``benchmarks/peers/trl_agentic.py``, its
   own virtual environment, ``--setup``), under each setting of ``TRL_SETTINGS``.
 
+``--latency SPEC`` (YAML, a ``tool_latency_s`` of ``m2flow/rewards/tools/latency.py``, e.g. ``{dist: lognormal,
+median_s: 0.02, sigma: 1.5, max_s: 0.5}``) makes every tool call on every side first wait a time drawn from
+that distribution: a tool that answers over a network. The m2flow sides take it as
+``env.kwargs.tool_latency_s`` (each episode's waits drawn from the episode's seed), the TRL sides as the peer's
+``--tool-latency`` (one generator seeded with the run's seed, in call order: TRL's tool call carries no
+episode seed), so both sides wait from the same distribution but not the same individual waits. Without it
+the tool answers at once.
+
 Every run is a fresh process at ``T`` torch threads (``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` set to T
 and ``torch.set_num_threads(T)`` in every process that computes: TRL's, and each m2flow worker's through
 ``rollout/actor/env.num_threads``). Rounds alternate the sides (A B C A B C ...); round r trains with seed
@@ -32,6 +40,8 @@ problems) on each side's saved final weights.
     python benchmarks/a1_agentic.py --setup          # the TRL environment: benchmarks/.venvs/trl-a1
     python benchmarks/a1_agentic.py                  # 40 steps of 8 x 4, 3 rounds, every plan, 1 thread
     python benchmarks/a1_agentic.py --plans local --trl whole --rounds 1 --steps 5   # a quick check
+    python benchmarks/a1_agentic.py --plans local,local_concurrent --trl whole,async_tool \\
+        --latency "{dist: lognormal, median_s: 0.02, sigma: 1.5, max_s: 0.5}"       # a long-tail tool
 
 Writes ``benchmarks/results/a1.json`` (or ``--out``) and prints one summary line.
 """
@@ -108,6 +118,9 @@ PLANS = {
     # The same with the actor's packed training forward (each group's shared prompt run once, no padding
     # inside a group).
     "local_fast": M2flowPlan("local", ("rollout.compile=true", "actor.forward=packed"), max_threads=1),
+    # One process, each turn's environment steps side by side, a thread each: with --latency the tool calls
+    # of a turn wait together instead of one after another.
+    "local_concurrent": M2flowPlan("local", ("env.concurrent=true",)),
 }
 
 
@@ -122,6 +135,9 @@ TRL_SETTINGS = {
     "whole": TrlSetting(),                            # the step's 32 completions in one forward/backward
     "mb16": TrlSetting(("--micro-batch", "16")),      # two micro-batches of 16 (as the m2flow side's actor)
     "cb": TrlSetting(("--continuous-batching",)),     # transformers' continuous-batching generation
+    # The tool as a coroutine function, TRL's async tools (they matter only with --latency): TRL 1.16 gathers
+    # the calls of one completion on its event loop but takes the completions one after another.
+    "async_tool": TrlSetting(("--async-tool",)),
 }
 
 
@@ -175,6 +191,7 @@ def make_workload(args: argparse.Namespace, model_dir: Path, workdir: Path) -> P
         "groups_per_step": args.groups, "group_size": args.group, "digits": args.digits,
         "max_turns": args.max_turns, "max_tokens": args.max_tokens, "max_turn_tokens": args.max_turn_tokens,
         "warmup_steps": args.warmup_steps, "temperature": 1.0, "lr": args.lr, "grad_clip": 1.0, "clip": 0.2,
+        "tool_latency_s": args.latency,  # None: the tool answers at once
     }
     path = workdir / "workload.json"
     path.write_text(json.dumps(workload))
@@ -192,6 +209,9 @@ def sides(workload: Path, threads: int, plans: list[str], trl: list[str]) -> lis
             out.append(Side(f"m2flow:{plan}", threads, [*me, "--plan", plan]))
     peer = [str(TRL_VENV / "bin" / "python"), str(HERE / "peers" / "trl_agentic.py"), "--workload", str(workload),
             "--threads", str(threads)]
+    latency = json.loads(workload.read_text()).get("tool_latency_s")
+    if latency is not None:
+        peer += ["--tool-latency", json.dumps(latency)]
     for name in trl:
         out.append(Side(f"trl:{name}", threads, [*peer, *TRL_SETTINGS[name].args]))
     return out
@@ -259,6 +279,9 @@ def m2flow_side(workload: str, threads: int, plan_name: str, seed: int, save: st
     w = json.loads(Path(workload).read_text())
     plan = PLANS[plan_name]
     steps = w["steps"]
+    # JSON is YAML: the spec goes in as the override's value as it is.
+    spec = w.get("tool_latency_s")
+    latency = [] if spec is None else [f"env.kwargs.tool_latency_s={json.dumps(spec)}"]
     with tempfile.TemporaryDirectory(prefix="a1-m2flow-") as run_dir:
         cfg = load_config(AgenticConfig, EXAMPLE, [
             f"placement={plan.placement}", f"model.path={w['model_dir']}", "model.create_tiny=false",
@@ -272,7 +295,7 @@ def m2flow_side(workload: str, threads: int, plan_name: str, seed: int, save: st
             f"actor.optim.lr={w['lr']}", f"actor.optim.grad_clip={w['grad_clip']}",
             f"algorithm.clip_low={w['clip']}",
             f"rollout.num_threads={threads}", f"actor.num_threads={threads}", f"env.num_threads={threads}",
-            *plan.overrides])
+            *latency, *plan.overrides])
         ends: list[tuple[float, float]] = []
 
         def watch(it: int, metrics: dict[str, float]) -> bool:
@@ -337,6 +360,21 @@ def summarize(runs: dict[str, list[dict[str, Any]]], baseline: dict[str, float])
     return out
 
 
+def latency_spec(text: str, ap: argparse.ArgumentParser) -> Any:
+    """``--latency``'s YAML as plain data (what the workload carries to every side), checked here so that a bad
+    spec fails before any run."""
+    from m2flow.config.errors import ConfigError
+    from m2flow.config.yaml_io import parse_yaml
+    from m2flow.rewards.tools.latency import parse_latency
+
+    try:
+        spec = parse_yaml(text, source=repr(text))
+        parse_latency(spec)
+    except (ConfigError, ValueError, TypeError) as e:
+        ap.error(f"--latency: {e}")
+    return spec
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--setup", action="store_true", help="create the TRL environment and exit")
@@ -362,6 +400,9 @@ def main() -> None:
     ap.add_argument("--trl", default="whole,mb16", help=f"TRL settings: {', '.join(TRL_SETTINGS)}")
     ap.add_argument("--eval-episodes", type=int, default=400, help="held-out episodes per evaluation")
     ap.add_argument("--warm-start-dir", default=str(ROOT / "runs" / "a1"), help="where the warm start is kept")
+    ap.add_argument("--latency", default=None,
+                    help="every tool call first waits a time drawn from this tool_latency_s (YAML), on every side, "
+                         "e.g. '{dist: lognormal, median_s: 0.02, sigma: 1.5, max_s: 0.5}' (default: no wait)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds allowed for one run")
     ap.add_argument("--out", default=str(HERE / "results" / "a1.json"))
     args = ap.parse_args()
@@ -381,6 +422,8 @@ def main() -> None:
             ap.error(f"unknown TRL setting {s!r}; valid: {', '.join(TRL_SETTINGS)}")
     if trl and not (TRL_VENV / "bin" / "python").exists():
         ap.error(f"no {TRL_VENV}; run with --setup first")
+    if args.latency is not None:
+        args.latency = latency_spec(args.latency, ap)
     thread_counts = [int(t) for t in args.threads.split(",")]
     eval_threads = min(thread_counts)
     loads = [os.getloadavg()[0]]
@@ -431,7 +474,8 @@ def main() -> None:
     parts = [f"{n} {s['trajectories_per_s']:.1f} traj/s acc {s['accuracy_mean']:.3f}"
              for n, s in result["sides"].items()]
     ratio = f"; best m2flow / best TRL {result['ratio_trajectories']}x" if "ratio_trajectories" in result else ""
-    print(f"A1 {args.groups}x{args.group} x {args.steps} steps: " + ", ".join(parts) + ratio)
+    tool = f", tool latency {json.dumps(args.latency)}" if args.latency else ""
+    print(f"A1 {args.groups}x{args.group} x {args.steps} steps{tool}: " + ", ".join(parts) + ratio)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,15 @@ turn is rewarded 1.0 when it is exactly the product. TRL runs it with its own ma
   argument positionally, as the task's call format has it.)
 - The tool is m2flow's calculator (``m2flow.rewards.tools.calculator``, standard library only), so
   both sides compute the same results.
+- ``--tool-latency SPEC`` (JSON, a ``tool_latency_s`` spec of ``m2flow/rewards/tools/latency.py``, numpy and
+  the standard library only): every call first sleeps a wait drawn from that distribution, the same one the
+  m2flow side's tool draws from. The draws come from one generator seeded with the run's ``--seed``, in
+  call order: TRL calls a tool with its arguments only, so the per-episode seeding of the m2flow side (each
+  episode's waits drawn from its own seed) is not available here; the distribution is the same, the
+  individual waits are not. ``--async-tool`` makes the tool a coroutine function (``await
+  asyncio.sleep(wait)``), which TRL runs on its event loop thread: TRL 1.16's ``_tool_call_loop``
+  gathers the coroutines of one completion's calls but takes the completions one after another, so with
+  one call per turn (this task) the waits still add up; the setting is there to measure that.
 
 Settings are the workload's where it fixes them (group size, prompts per step, learning rate, turn
 and token budgets, temperature, PPO clip 0.2, no KL, gradient clipping 1.0, one optimizer step per
@@ -34,17 +43,22 @@ weights are saved to ``--save`` for the benchmark's common held-out evaluation. 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import re
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from m2flow.rewards.tools.calculator import evaluate, format_number
+from m2flow.rewards.tools.latency import ToolLatency, parse_latency
 
 CHAT_TEMPLATE = (
     "{%- for m in messages -%}"
@@ -80,8 +94,7 @@ RESPONSE_TEMPLATE = {
 _ANSWER = re.compile(r"\s*(-?\d+)\s*")
 
 
-def calculator(expression: str) -> str:
-    """Exact arithmetic on an expression of numbers, + - * / // % ** and parentheses.
+CALCULATOR_DOC = """Exact arithmetic on an expression of numbers, + - * / // % ** and parentheses.
 
     Args:
         expression: The arithmetic expression, e.g. 123*456.
@@ -89,7 +102,41 @@ def calculator(expression: str) -> str:
     Returns:
         The value of the expression.
     """
-    return format_number(evaluate(expression))
+"""The tool's description, from which TRL writes its schema (the same for every form of the tool)."""
+
+
+@dataclass
+class Waits:
+    """The tool's calls so far and the seconds they were made to wait."""
+
+    calls: int = 0
+    seconds: float = 0.0
+
+
+def make_calculator(latency: ToolLatency | None, seed: int, asynchronous: bool, waits: Waits) -> Callable[..., Any]:
+    """The ``calculator`` tool: without ``latency`` the plain function; with it, each call first sleeps a wait
+    drawn from ``latency`` by a generator seeded with ``seed`` (in call order), counted in ``waits``;
+    ``asynchronous``: a coroutine function that awaits ``asyncio.sleep`` instead (TRL's async tools)."""
+    rng = np.random.default_rng(seed)
+
+    def wait() -> float:
+        seconds = latency.draw(rng) if latency is not None else 0.0
+        waits.calls += 1
+        waits.seconds += seconds
+        return seconds
+
+    if asynchronous:
+        async def calculator(expression: str) -> str:
+            if latency is not None:
+                await asyncio.sleep(wait())
+            return format_number(evaluate(expression))
+    else:
+        def calculator(expression: str) -> str:
+            if latency is not None:
+                time.sleep(wait())
+            return format_number(evaluate(expression))
+    calculator.__doc__ = CALCULATOR_DOC
+    return calculator
 
 
 def answer_reward(completions: list[list[dict[str, Any]]], answer: list[str], **kwargs: Any) -> list[float]:
@@ -112,9 +159,20 @@ def main() -> None:
     ap.add_argument("--micro-batch", type=int, default=0, help="completions per forward/backward (0: the whole batch)")
     ap.add_argument("--continuous-batching", action="store_true",
                     help="generate with transformers' continuous batching (use_transformers_continuous_batching)")
+    ap.add_argument("--tool-latency", default=None,
+                    help="each tool call first waits a time drawn from this tool_latency_s spec (JSON), "
+                         'e.g. \'{"dist": "lognormal", "median_s": 0.02, "sigma": 1.5, "max_s": 0.5}\'')
+    ap.add_argument("--async-tool", action="store_true",
+                    help="the tool as a coroutine function (TRL's async tools; it awaits asyncio.sleep for the wait)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--save", default=None, help="directory for the final weights")
     args = ap.parse_args()
+    try:
+        latency = parse_latency(json.loads(args.tool_latency)) if args.tool_latency else None
+    except ValueError as e:  # json.JSONDecodeError is a ValueError too
+        ap.error(f"--tool-latency: {e}")
+    waits = Waits()
+    calculator = make_calculator(latency, args.seed, args.async_tool, waits)
     w = json.loads(Path(args.workload).read_text())
     torch.set_num_threads(args.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -137,18 +195,20 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(w["model_dir"], local_files_only=True, dtype=torch.float32)
 
     class Meter(TrainerCallback):
-        """The first step's start, and at each step's end the time and the trajectories and tokens so far."""
+        """The first step's start, and at each step's end the time, the trajectories and tokens so far and the
+        tool's calls and waiting so far."""
 
         def __init__(self) -> None:
             self.first: float | None = None
-            self.ends: list[tuple[float, int, int]] = []
+            self.ends: list[tuple[float, int, int, int, float]] = []
 
         def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001
             if self.first is None:
                 self.first = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
-            self.ends.append((time.perf_counter(), CountingTrainer.trajectories, CountingTrainer.generated_tokens))
+            self.ends.append((time.perf_counter(), CountingTrainer.trajectories, CountingTrainer.generated_tokens,
+                              waits.calls, waits.seconds))
 
     class CountingTrainer(GRPOTrainer):
         """GRPOTrainer that also counts the trajectories and the tokens the model generated (not the tools')."""
@@ -219,12 +279,16 @@ def main() -> None:
         AutoTokenizer.from_pretrained(w["model_dir"], local_files_only=True).save_pretrained(args.save)
     # From the first timed step's start (the end of the workload's warm-up steps) to the last step's end.
     k = w.get("warmup_steps", 0)
-    start, traj0, tok0 = meter.ends[k - 1] if k else (meter.first, 0, 0)
-    last, traj, tok = meter.ends[-1]
+    start, traj0, tok0, calls0, wait0 = meter.ends[k - 1] if k else (meter.first, 0, 0, 0, 0.0)
+    last, traj, tok, calls, wait = meter.ends[-1]
     seconds = last - start
     print(json.dumps({
         "side": "trl", "threads": args.threads, "micro_batch": micro,
-        "continuous_batching": args.continuous_batching, "steps": len(meter.ends), "warmup_steps": k,
+        "continuous_batching": args.continuous_batching, "async_tool": args.async_tool,
+        "tool_latency": json.loads(args.tool_latency) if args.tool_latency else None,
+        # The timed steps' tool calls and the seconds they were made to wait (summed over calls).
+        "tool_calls": calls - calls0, "tool_wait_s": wait - wait0,
+        "steps": len(meter.ends), "warmup_steps": k,
         "warmup_seconds": start - meter.first, "seconds": seconds,
         "trajectories": traj - traj0, "generated_tokens": tok - tok0,
         "trajectories_per_s": (traj - traj0) / seconds, "tokens_per_s": (tok - tok0) / seconds,
