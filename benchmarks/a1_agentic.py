@@ -121,6 +121,15 @@ PLANS = {
     # One process, each turn's environment steps side by side, a thread each: with --latency the tool calls
     # of a turn wait together instead of one after another.
     "local_concurrent": M2flowPlan("local", ("env.concurrent=true",)),
+    # For a tool with latency (--latency): four env workers apart, each stepping its episodes side by side,
+    # rollout and actor on device 0, staleness 2 (A1-long-tail's plan, on 8 logical devices over the cores) ...
+    "tail_apart_s2": M2flowPlan("env: 1-4, rollout,actor: 0", ("cluster.cpu_devices_per_node=8", "env.concurrent=true",
+                                                               "algorithm.max_staleness=2"), max_threads=1),
+    # ... with partial rollouts (an iteration takes the groups that finished; the others go on in the next) and
+    # async steps (a turn round takes the tool answers that came and plays on).
+    "tail_partial_async_s2": M2flowPlan("env: 1-4, rollout,actor: 0", (
+        "cluster.cpu_devices_per_node=8", "env.concurrent=true", "algorithm.max_staleness=2", "rollout.partial=true",
+        "env.async_steps=true"), max_threads=1),
 }
 
 

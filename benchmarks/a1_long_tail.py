@@ -7,7 +7,9 @@ teacher, so the model calls the tool; ``--model`` reuses one), with a tool whose
 half of them under 20 ms, about 2% at the 500 ms cap; seeded by the episode, so both sides see the same
 waits for the same episode). Both sides run the same plan, four env workers apart (``env: 1-4, rollout,actor: 0``
 by default, ``--placement`` for another) with ``--staleness`` (1) and ``env.concurrent: true`` (a worker's
-calls wait side by side); one side adds ``rollout.partial: true``.
+calls wait side by side); one side adds ``rollout.partial: true``. ``--sides`` picks among four: ``partial`` and
+``whole`` (with ``env.async_steps`` as ``--async-steps`` says), ``partial_async`` and ``whole_async`` (with it on:
+a turn round takes the tool answers that have come and plays on, ``m2flow/envs/text/batch.py``).
 
 Sides alternate, each round starting with the other one (A B, B A, ...), each run a fresh process on Ray with
 ``cluster.cpu_devices_per_node: 8``. Per run: trajectories/s over the whole run (episodes trained over the
@@ -18,6 +20,7 @@ the same number of trajectories per iteration); ``--eval-episodes`` adds a held-
 last iteration.
 
     python benchmarks/a1_long_tail.py --iterations 11 --rounds 2 --staleness 2 --eval-episodes 64
+    python benchmarks/a1_long_tail.py --sides partial_async,whole_async,whole --staleness 2 --rounds 3
 
 Writes ``benchmarks/results/a1_long_tail.json`` (or ``--out``) and prints one summary line.
 """
@@ -41,22 +44,27 @@ from common import RESULTS, median  # noqa: E402
 
 PLACEMENT = "env: 1-4, rollout,actor: 0"
 DEVICES = 8
-SIDES = {"partial": True, "whole": False}  # name: rollout.partial
+SIDES = {"partial": (True, None), "whole": (False, None), "partial_async": (True, True), "whole_async": (False, True)}
+"""name: (rollout.partial, env.async_steps; None: ``--async-steps``)"""
+PAIRS = [("partial", "whole"), ("partial_async", "whole_async"), ("partial_async", "whole"), ("whole_async", "whole")]
+"""The ratios reported, of the sides run (A / B by round)."""
 LATENCY = "{dist: lognormal, median_s: 0.02, sigma: 1.5, max_s: 0.5}"
 
 
-def overrides(model: Path, run_dir: Path, args: argparse.Namespace, partial: bool) -> list[str]:
+def overrides(model: Path, run_dir: Path, args: argparse.Namespace, side: str) -> list[str]:
     """One side's config: the example from the warm-started model, the long-tail tool, the plan."""
+    partial, async_steps = SIDES[side]
+    async_steps = bool(args.async_steps) if async_steps is None else async_steps
     env = "{digits: 3, tools: true, max_calls: 2, tool_latency_s: %s}" % args.latency
     return [f"model.path={model}", "model.create_tiny=false", "model.warm_start.steps=0", f"run_dir={run_dir}",
             f"steps={args.iterations}", f"seed={args.seed}", "metrics.sinks=[jsonl]",
             f"eval_every={args.iterations if args.eval_episodes else 0}", f"eval_episodes={args.eval_episodes}",
             f"cluster.cpu_devices_per_node={DEVICES}", f"placement={args.placement}", f"env.kwargs={env}",
             f"env.concurrent={str(bool(args.concurrent)).lower()}", f"algorithm.max_staleness={args.staleness}",
-            f"rollout.partial={str(partial).lower()}", f"env.async_steps={str(bool(args.async_steps)).lower()}"]
+            f"rollout.partial={str(partial).lower()}", f"env.async_steps={str(async_steps).lower()}"]
 
 
-def run_side(model: Path, args: argparse.Namespace, partial: bool) -> dict[str, Any]:
+def run_side(model: Path, args: argparse.Namespace, side: str) -> dict[str, Any]:
     """Train one side in this process; its per-iteration figures."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from m2flow.autoplan.entry import train
@@ -67,7 +75,7 @@ def run_side(model: Path, args: argparse.Namespace, partial: bool) -> dict[str, 
     setup_logging(console=False)
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="a1-tail-") as tmp:
-        _, cfg = load_workflow_config(EXAMPLE, overrides(model, Path(tmp), args, partial))
+        _, cfg = load_workflow_config(EXAMPLE, overrides(model, Path(tmp), args, side))
         result = train(AGENTIC, cfg)
     rows = [{"step_s": h["time/step"], "trajectories_per_s": h["perf/trajectories_per_s"],
              "trajectories": h["perf/trajectories_per_s"] * h["time/step"], "rounds": h.get("rollout/rounds"),
@@ -76,7 +84,7 @@ def run_side(model: Path, args: argparse.Namespace, partial: bool) -> dict[str, 
              "restarted": h.get("rollout/partial_restarted_count", 0.0), "rollout_s": h.get("time/rollout_s"),
              "train_s": h.get("time/train_busy")} for h in result.history]
     evals = {k: v for h in result.history for k, v in h.items() if k.startswith("eval/")}
-    return {"partial": partial, "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+    return {"partial": SIDES[side][0], "side": side, "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
             "iterations": rows, "eval": evals}
 
 
@@ -112,14 +120,18 @@ def side_figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def summarize(runs: dict[str, list[dict[str, Any]]], order: list[str], args: argparse.Namespace) -> dict[str, Any]:
     """The results record: each side's figures, the ratio of partial to whole by round and its median."""
-    sides = {name: side_figures(rs) for name, rs in runs.items()}
-    by_round = [round(a / b, 3) for a, b in zip(sides["partial"]["trajectories_per_s_run"],
-                                                 sides["whole"]["trajectories_per_s_run"])]
+    sides = {name: side_figures(rs) for name, rs in runs.items() if rs}
+    ratios = {f"{a}/{b}": [round(x / y, 3) for x, y in zip(sides[a]["trajectories_per_s_run"],
+                                                           sides[b]["trajectories_per_s_run"])]
+              for a, b in PAIRS if a in sides and b in sides}
+    first = next(iter(ratios.values()))
+    by_round = ratios.get("partial/whole", first)
     return {"benchmark": "A1-long-tail", "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
             "cpus": os.cpu_count(), "placement": args.placement, "staleness": args.staleness, "latency": args.latency,
             "env_concurrent": bool(args.concurrent), "async_steps": bool(args.async_steps), "iterations": args.iterations,
             "warm_steps": None if args.model else args.warm_steps, "order": order, "sides": sides,
             "ratio_by_round": by_round, "ratio_median": median(by_round),
+            "ratios_by_round": ratios, "ratios_median": {k: median(v) for k, v in ratios.items()},
             "load_max": max(x for rs in runs.values() for r in rs for x in r["load"]), "runs": runs}
 
 
@@ -131,6 +143,7 @@ def main() -> None:
     p.add_argument("--staleness", type=int, default=1)
     p.add_argument("--placement", default=PLACEMENT, help="the plan of both sides (env workers apart)")
     p.add_argument("--concurrent", type=int, default=1, help="env.concurrent: a worker's calls wait side by side")
+    p.add_argument("--sides", default="partial,whole", help=f"the sides run, of {', '.join(SIDES)}")
     p.add_argument("--async-steps", type=int, default=0,
                    help="env.async_steps on both sides: a round takes the answers that have come, not all")
     p.add_argument("--latency", default=LATENCY, help="env.kwargs.tool_latency_s, YAML")
@@ -145,7 +158,7 @@ def main() -> None:
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # the side to run here: partial|whole
     args = p.parse_args()
     if args.one:
-        print(json.dumps(run_side(Path(args.model), args, SIDES[args.one])))
+        print(json.dumps(run_side(Path(args.model), args, args.one)))
         return
     if args.resummarize:
         path = Path(args.resummarize)
@@ -164,10 +177,14 @@ def main() -> None:
     model = Path(args.model).resolve() if args.model else warm_start(Path(args.work), args.warm_steps, args.seed)
     print(f"model: {model}", file=sys.stderr, flush=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")])))
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in SIDES}
+    chosen = args.sides.split(",")
+    unknown = [n for n in chosen if n not in SIDES]
+    if unknown or len(chosen) < 2:
+        raise SystemExit(f"--sides: two or more of {', '.join(SIDES)}, got {args.sides!r}")
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in chosen}
     order: list[str] = []
     for round_ in range(args.rounds):
-        names = list(SIDES) if round_ % 2 == 0 else list(SIDES)[::-1]  # A B, B A: neither side always first
+        names = chosen if round_ % 2 == 0 else chosen[::-1]  # A B, B A: neither side always first
         for name in names:
             cmd = [sys.executable, str(Path(__file__).resolve()), "--one", name, "--model", str(model),
                    "--iterations", str(args.iterations), "--staleness", str(args.staleness),
@@ -190,9 +207,10 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
     sides = record["sides"]
-    print(f"A1 long tail (load up to {record['load_max']}): partial/whole {record['ratio_median']:.3f}x "
-          f"(by round {record['ratio_by_round']}); reward over the run {sides['partial']['reward_mean_all']} vs "
-          f"{sides['whole']['reward_mean_all']}")
+    ratios = "; ".join(f"{k} {v:.3f}x (by round {record['ratios_by_round'][k]})"
+                       for k, v in record["ratios_median"].items())
+    rewards = ", ".join(f"{name} {fig['reward_mean_all']}" for name, fig in sides.items())
+    print(f"A1 long tail (load up to {record['load_max']}): {ratios}; reward over the run: {rewards}")
 
 
 if __name__ == "__main__":

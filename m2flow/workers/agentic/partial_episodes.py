@@ -15,8 +15,11 @@ reasoning's:
 - A group whose every episode has ended takes the next slot of the quota; past the quota it is kept whole and
   handed out first in the next iteration. Every group taken is handed out exactly once or still held.
 - Staleness per token: a group trained at iteration k holds no model token sampled by weights older than
-  k - ``max_staleness``. A held group with such a token starts over from its reset, every episode of it (counted
-  as restarted); the task instance (its seed) is kept.
+  k - ``max_staleness``. A group that could not be trained after iteration k is due at k: it takes a slot of
+  k's quota before any other, and the loop waits for it (a slot is kept for each due group still running), so
+  an episode slowed by its tool is waited for, not thrown away. Only a group that still could not make it
+  (more due groups than slots) starts over from its reset, every episode of it (counted as restarted); the
+  task instance (its seed) is kept.
 - Counts: ``StepCounts`` (``rollout/partial_resumed_count``, ``..._restarted_count``, ``..._carried_count``).
 
 A checkpoint holds the carried task instances (their episodes' ids, slots and seeds), not their episodes: an
@@ -67,6 +70,8 @@ class PartialEpisodes:
     """the groups that started in an earlier iteration (a hand-out of one counts as resumed)"""
     restored: int = 0
     """groups given back by a checkpoint, not played yet (counted as restarted by the next ``begin``)"""
+    due: set[int] = field(default_factory=set)
+    """groups with a token too old to be trained after this iteration: they take the quota's slots first"""
 
     def begin(self, step: int, engine: TurnEngine, specs: Sequence[EpisodeSpec], quota: Sequence[int]) -> Opening:
         """Open iteration ``step`` owing a group for each slot of ``quota``: start over the held groups with a
@@ -81,6 +86,11 @@ class PartialEpisodes:
                 if slot in self.finished:
                     self.finished.remove(slot)
         self.began = {slot for slot, ids in self.groups.items() if any(engine.episodes[t].started for t in ids)}
+        # A group whose oldest token could not be trained at the next iteration is owed a slot of this one: the
+        # loop waits for it (throttling) rather than start it over at the next (which would waste its turns and
+        # tilt training towards the episodes that end fast: a slow tool's episodes would start over for ever).
+        self.due = {slot for slot, ids in self.groups.items()
+                    if (oldest := oldest_version(engine, ids)) is not None and oldest < step + 1 - self.max_staleness}
         engine.add_episodes(specs)
         for s in specs:
             self.groups.setdefault(s.slot, []).append(s.traj_id)
@@ -96,11 +106,19 @@ class PartialEpisodes:
             self.finished.append(slot)
 
     def hand_out(self) -> list[tuple[int, int, list[int]]]:
-        """The finished groups that take the quota's free slots, in the order they finished: (task instance,
-        slot, its episodes' ids); they are let go."""
+        """The finished groups that take the quota's free slots: the due ones first, the others in the order they
+        finished while a slot is left for each due group still running; (task instance, slot, its episodes' ids);
+        they are let go."""
         out = []
         while self.finished and self.quota:
-            instance = self.finished.pop(0)
+            instance = next((g for g in self.finished if g in self.due), None)
+            if instance is None:
+                running_due = sum(1 for g in self.due if g in self.groups and g not in self.finished)
+                if len(self.quota) <= running_due:
+                    break  # the slots left are the due groups'
+                instance = self.finished[0]
+            self.finished.remove(instance)
+            self.due.discard(instance)
             out.append((instance, self.quota.pop(0), self.groups.pop(instance)))
             self.counts.resumed += instance in self.began
         self.handed.extend((instance, slot) for instance, slot, _ in out)

@@ -84,3 +84,29 @@ def test_a_checkpoint_keeps_the_task_instances_and_a_restore_plays_them_from_the
     fresh.restore(fresh_engine, state)
     opening = fresh.begin(1, fresh_engine, _specs(2), quota=range(1))
     assert opening.reset == [10, 11, 20, 21] and fresh.counts.restarted == 1  # played again, counted
+
+
+def test_a_group_that_could_not_be_trained_later_takes_a_slot_first_and_the_quota_waits_for_it():
+    engine, p = TurnEngine(EpisodeConfig(), None, []), PartialEpisodes(max_staleness=1)
+    p.begin(0, engine, [s for i in range(4) for s in _specs(i)], quota=range(2))
+    for t in (0, 1, 10, 11):
+        _play(engine, t, [0], done=False)  # instances 0 and 1 played under version 0, still running
+    for i in (2, 3):
+        p.complete(i)
+    p.hand_out()
+    p.close()
+    # At iteration 1 a version-0 token is as old as may be trained: instances 0 and 1 are due, owed the slots.
+    p.begin(1, engine, _specs(4) + _specs(5), quota=range(2))
+    assert p.due == {0, 1}
+    p.complete(4)
+    assert p.hand_out() == [] and not p.met()  # both slots kept for the due groups still running
+    for t in (0, 1):
+        engine.episodes[t].done = True
+    p.complete(0)
+    assert p.hand_out() == [(0, 0, [0, 1])]  # one slot left, one due group running: instance 4 still waits
+    p.complete(5)
+    assert p.hand_out() == []
+    p.complete(1)
+    assert p.hand_out() == [(1, 1, [10, 11])] and p.met()
+    counts = p.close()
+    assert counts.restarted == 0 and sorted(p.groups) == [4, 5] and p.finished == [4, 5]
