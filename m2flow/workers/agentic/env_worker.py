@@ -2,12 +2,13 @@
 
 An env worker holds a ``TextEnvBatch`` of the configured environment and plays the episodes the flow
 assigns it, keyed by trajectory id: ``env_reset`` starts them, ``env_step`` steps those given an action,
-``env_stats`` gives (and clears) the counts of calls and failures; ``env_exchange`` starts steps and gives back
-the answers that have come (``env.async_steps``: the turn loop goes on without the others). An environment that raises, hangs or
-returns a bad value ends only its own episode (``TextEnvBatch``); too many such failures stop the run
-(``RunHealthError``). ``TextEnvs`` is that part alone: the env worker is one, and when the plan fuses the
-``env`` component into ``rollout`` the rollout worker hosts one (``EnvSettings.hosted_in``). ``EnvsInProcess``
-is a ``TextEnvs`` in the caller's process as the turn loop's environment side (``turn_loop.py``).
+``env_exchange`` starts steps and gives back the answers that have come (``env.async_steps``: the turn loop
+goes on without the others), ``env_stats`` gives (and clears) the counts of calls and failures. An
+environment that raises, hangs or returns a bad value ends only its own episode (``TextEnvBatch``); too
+many such failures stop the run (``RunHealthError``). ``TextEnvs`` is that part alone: the env worker is
+one, and when the plan fuses the ``env`` component into ``rollout`` the rollout worker hosts one
+(``EnvSettings.hosted_in``). ``EnvsInProcess`` is a ``TextEnvs`` in the caller's process as the turn loop's
+environment side (``turn_loop.py``).
 """
 
 from __future__ import annotations
