@@ -173,16 +173,17 @@ class TextEnvBatch:
         else:  # in this thread (no limit), or side by side, a thread each
             items = [(i, (self._cpu_counted(fn), arg)) for i, (fn, arg) in calls.items()]
             results = call_all_with_deadline([(fn, (arg,)) for _, (fn, arg) in items], self.step_timeout_s)
-        out: dict[int, CallResult | EnvStep] = {}
-        for (i, _), result in zip(items, results):
-            if result.status == "timeout":
-                self._hung[i] = True  # its thread may still run: never call this object again
-                out[i] = self._fail(i, "timeouts", f"{what} gave no result within {self.step_timeout_s:g}s")
-            elif result.status == "error":
-                out[i] = self._fail(i, "raised", f"{what} raised {result.error}")
-            else:
-                out[i] = result
-        return out
+        return {i: self._outcome(i, result, what) for (i, _), result in zip(items, results)}
+
+    def _outcome(self, i: int, result: CallResult, what: str) -> CallResult | EnvStep:
+        """Env i's call as it ended: its result, or, when it hung or raised, the failed ``EnvStep`` that ends
+        its episode (counted)."""
+        if result.status == "timeout":
+            self._hung[i] = True  # its thread may still run: never call this object again
+            return self._fail(i, "timeouts", f"{what} gave no result within {self.step_timeout_s:g}s")
+        if result.status == "error":
+            return self._fail(i, "raised", f"{what} raised {result.error}")
+        return result
 
     def _cpu_counted(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
         """``fn``, adding the CPU its thread wanted during the call to ``stats.cpu_s`` (a tool's wait is not)."""
@@ -248,16 +249,8 @@ class TextEnvBatch:
         one, then for the others up to ``linger_s`` from the call."""
         if self._pending is None:
             return {}
-        out = {}
-        for i, result in self._pending.take(wait, linger_s).items():
-            if result.status == "timeout":
-                self._hung[i] = True  # its thread may still run: never call this object again
-                out[i] = self._fail(i, "timeouts", f"step gave no result within {self.step_timeout_s:g}s")
-            elif result.status == "error":
-                out[i] = self._fail(i, "raised", f"step raised {result.error}")
-            else:
-                out[i] = self._step_result(i, result)
-        return out
+        return {i: self._step_result(i, self._outcome(i, result, "step"))
+                for i, result in self._pending.take(wait, linger_s).items()}
 
     def stepping(self) -> list[int]:
         """The environments with a step out (sent, its answer not received)."""
