@@ -87,8 +87,9 @@ class PartialEpisodes:
                     self.finished.remove(slot)
         self.began = {slot for slot, ids in self.groups.items() if any(engine.episodes[t].started for t in ids)}
         # A group whose oldest token could not be trained at the next iteration is owed a slot of this one: the
-        # loop waits for it (throttling) rather than start it over at the next (which would waste its turns and
-        # tilt training towards the episodes that end fast: a slow tool's episodes would start over for ever).
+        # loop waits for it (throttling) rather than start it over at the next, which would waste its turns and
+        # tilt training towards the episodes that end fast (a group started over by a tool whose waits follow the
+        # episode's seed waits the same again).
         self.due = {slot for slot, ids in self.groups.items()
                     if (oldest := oldest_version(engine, ids)) is not None and oldest < step + 1 - self.max_staleness}
         engine.add_episodes(specs)
