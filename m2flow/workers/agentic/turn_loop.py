@@ -14,7 +14,8 @@ answers (the turn budget ends episodes there). A ``step`` may give back only the
 (``EnvWorkers`` with ``env.async_steps``): the others' episodes wait and play on in a later round, so a slow
 tool call holds up its own episode, not the round. An environment side that lost an episode's environment
 (a dead or hung env worker) says so; the loop puts the episode back to its start on the policy (``rerun``)
-and resets it again, under its own id, so every episode ends exactly once. The loop's own metric keys are written in ``Rounds.metrics``.
+and resets it again, under its own id, so every episode ends exactly once. The loop's own metric keys are
+written in ``Rounds.metrics``.
 
 Partial rollouts (``partial_episodes.py``) stop the loop early and resume it: ``until`` is asked at every
 round boundary whether the iteration has what it owes, and the episodes still running then stay as they are
