@@ -78,6 +78,11 @@ class PartialEpisodes:
         token too old, take the new episodes ``specs`` (into ``engine`` too); what to reset and what goes on."""
         self.counts, self.handed, self.quota = StepCounts(), [], list(quota)
         self.counts.restarted, self.restored = self.restored, 0
+        # A group whose oldest token could not be trained at the next iteration is due: owed a slot of this one,
+        # the loop waits for it (throttling) rather than start it over at the next, which would waste its turns and
+        # tilt training towards the episodes that end fast (a group started over by a tool whose waits follow the
+        # episode's seed waits the same again).
+        self.due = set()
         for slot, ids in self.groups.items():
             oldest = oldest_version(engine, ids)
             if oldest is not None and oldest < step - self.max_staleness:
@@ -85,13 +90,9 @@ class PartialEpisodes:
                 self.counts.restarted += 1
                 if slot in self.finished:
                     self.finished.remove(slot)
+            elif oldest is not None and oldest < step + 1 - self.max_staleness:
+                self.due.add(slot)
         self.began = {slot for slot, ids in self.groups.items() if any(engine.episodes[t].started for t in ids)}
-        # A group whose oldest token could not be trained at the next iteration is owed a slot of this one: the
-        # loop waits for it (throttling) rather than start it over at the next, which would waste its turns and
-        # tilt training towards the episodes that end fast (a group started over by a tool whose waits follow the
-        # episode's seed waits the same again).
-        self.due = {slot for slot, ids in self.groups.items()
-                    if (oldest := oldest_version(engine, ids)) is not None and oldest < step + 1 - self.max_staleness}
         engine.add_episodes(specs)
         for s in specs:
             self.groups.setdefault(s.slot, []).append(s.traj_id)
